@@ -1,0 +1,417 @@
+//! The ratio budget (Finagle, Linkerd and tower's family; stormguard's default).
+//!
+//! `balance = floor(min_per_sec × ttl + percent × deposits − withdrawals)` over a sliding window
+//! of `ttl`; a retry is allowed while `balance ≥ 1` and withdraws 1. The window is 10 slices of
+//! `ttl / 10`, aligned to the clock's zero; it holds the current slice and the 9 before it, so an
+//! entry counts for between 0.9 and 1.0 × `ttl`. Withdrawals age out like deposits, so the reserve
+//! `min_per_sec × ttl` refills: it is a burst allowed per window, not a lifetime allowance.
+//!
+//! ## The window in atomics
+//! Each slice is one `AtomicU64` for deposits and one for withdrawals, packing the slice number
+//! (low 32 bits of `now / slice_len`) in the high half and the count in the low half, so a slot
+//! is rotated to a new slice and counted in one compare-exchange. A retry withdraws first and
+//! then checks the balance including its own withdrawal, undoing it if the balance went below
+//! zero. Racing retries can therefore both be refused when one would have fit (conservative), but
+//! never both granted when only one fits.
+//!
+//! ## Exactness
+//! `percent` and `min_per_sec` are integer millionths; the balance is computed in `u128`
+//! millionths and rounded down once, at the end. Over `n` deposits with no reserve exactly
+//! `floor(n × percent)` retries are granted.
+
+use std::time::Duration;
+
+use super::{BudgetExhausted, BudgetSnapshot, FailureKind, Outcome, RetryBudget, RetryPermit};
+use crate::clock::{Timestamp, duration_nanos};
+use crate::decimal::Fraction;
+use crate::sync::{AtomicU64, Ordering};
+
+const SLICES: usize = 10;
+const MICRO: u128 = 1_000_000;
+
+/// When an original request deposits into the ratio budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DepositOn {
+    /// When the original request is admitted to a slot (the default; a shed request deposits
+    /// nothing).
+    #[default]
+    Admission,
+    /// When the original request's final response succeeds: a failing dependency earns no
+    /// retries.
+    Success,
+}
+
+/// Parameters of a [`RatioBudget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RatioConfig {
+    /// Retries allowed per original request, as a fraction in `[0, 1000]` (`0.2` = one retry per
+    /// five requests; `2` = two per request). Default `0.2`.
+    pub percent: Fraction,
+    /// The reserve, in retries per second of `ttl`, `≥ 0`, so a quiet service can still retry.
+    /// Default `10`.
+    pub min_per_sec: Fraction,
+    /// How long a deposit or a withdrawal counts, 1 s to 60 s. Default 10 s.
+    pub ttl: Duration,
+    /// When an original request deposits. Default [`DepositOn::Admission`].
+    pub deposit_on: DepositOn,
+}
+
+impl Default for RatioConfig {
+    fn default() -> Self {
+        RatioConfig {
+            percent: Fraction::from_millionths(200_000),
+            min_per_sec: Fraction::from_millionths(10_000_000),
+            ttl: Duration::from_secs(10),
+            deposit_on: DepositOn::Admission,
+        }
+    }
+}
+
+impl RatioConfig {
+    /// Checks every rule, returning the first broken one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.percent > Fraction::from_millionths(1_000 * Fraction::ONE_MILLIONTHS) {
+            return Err(format!(
+                "percent must be a fraction in [0, 1000], got {}",
+                self.percent
+            ));
+        }
+        if self.min_per_sec > Fraction::from_millionths(1_000_000 * Fraction::ONE_MILLIONTHS) {
+            return Err(format!(
+                "min_per_sec must be at most 1000000, got {}",
+                self.min_per_sec
+            ));
+        }
+        if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
+            return Err(format!(
+                "ttl must be between 1s and 60s, got {:?}",
+                self.ttl
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The ratio retry budget. See the [module docs](self).
+#[derive(Debug)]
+pub struct RatioBudget {
+    config: RatioConfig,
+    slice_nanos: u64,
+    /// `min_per_sec × ttl` in millionths of a retry, rounded down.
+    reserve_micro: u128,
+    deposits: [AtomicU64; SLICES],
+    withdrawals: [AtomicU64; SLICES],
+}
+
+fn pack(tag: u32, count: u32) -> u64 {
+    (u64::from(tag) << 32) | u64::from(count)
+}
+
+fn unpack(v: u64) -> (u32, u32) {
+    ((v >> 32) as u32, v as u32)
+}
+
+/// Whether slice `tag` is inside the window that ends at slice `current`. Slices a racing caller
+/// with a slightly later clock already opened count too.
+fn in_window(current: u32, tag: u32) -> bool {
+    let age = current.wrapping_sub(tag) as i32;
+    age > -(SLICES as i32) && age < SLICES as i32
+}
+
+impl RatioBudget {
+    /// Builds the budget, refusing invalid parameters.
+    pub fn try_new(config: RatioConfig) -> Result<RatioBudget, String> {
+        config.validate()?;
+        let ttl_nanos = duration_nanos(config.ttl);
+        let reserve_micro =
+            u128::from(config.min_per_sec.millionths()) * u128::from(ttl_nanos) / 1_000_000_000;
+        Ok(RatioBudget {
+            config,
+            slice_nanos: (ttl_nanos / SLICES as u64).max(1),
+            reserve_micro,
+            deposits: std::array::from_fn(|_| AtomicU64::new(0)),
+            withdrawals: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+
+    /// The parameters it was built with.
+    pub fn config(&self) -> &RatioConfig {
+        &self.config
+    }
+
+    fn slice(&self, now: Timestamp) -> (usize, u32) {
+        let s = now.as_nanos() / self.slice_nanos;
+        ((s % SLICES as u64) as usize, s as u32)
+    }
+
+    /// Adds one to the slot for slice `tag`, rotating it if it holds an older slice. Returns the
+    /// slice the count went into.
+    fn add(slot: &AtomicU64, tag: u32) -> u32 {
+        // SeqCst: a withdrawal must be visible to every later balance check, including checks
+        // that read other slots first (see `try_retry`).
+        let mut cur = slot.load(Ordering::SeqCst);
+        loop {
+            let (t, count) = unpack(cur);
+            let next = if t == tag || (tag.wrapping_sub(t) as i32) < 0 {
+                // Same slice, or a caller with a later clock already opened a newer one: count
+                // into it rather than lose the entry.
+                pack(t, count.saturating_add(1))
+            } else {
+                pack(tag, 1)
+            };
+            match slot.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return unpack(next).0,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Takes back one count from slice `tag`, unless the slot has moved on (then it aged out).
+    fn undo(slot: &AtomicU64, tag: u32) {
+        let mut cur = slot.load(Ordering::SeqCst);
+        loop {
+            let (t, count) = unpack(cur);
+            if t != tag || count == 0 {
+                return;
+            }
+            match slot.compare_exchange_weak(
+                cur,
+                pack(t, count - 1),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn sum(slots: &[AtomicU64; SLICES], current: u32) -> u64 {
+        slots
+            .iter()
+            .map(|s| unpack(s.load(Ordering::SeqCst)))
+            .filter(|&(tag, _)| in_window(current, tag))
+            .map(|(_, count)| u64::from(count))
+            .sum()
+    }
+
+    /// `(credit, withdrawals)` in millionths of a retry.
+    fn totals(&self, now: Timestamp) -> (u128, u128) {
+        let (_, current) = self.slice(now);
+        let deposits = u128::from(Self::sum(&self.deposits, current));
+        let withdrawals = u128::from(Self::sum(&self.withdrawals, current));
+        let credit = self.reserve_micro + u128::from(self.config.percent.millionths()) * deposits;
+        (credit, withdrawals * MICRO)
+    }
+
+    fn deposit(&self, now: Timestamp) {
+        let (idx, tag) = self.slice(now);
+        Self::add(&self.deposits[idx], tag);
+    }
+
+    /// Whole retries available now: `floor(credit − withdrawals)`, negative when deposits aged
+    /// out before the withdrawals that spent them.
+    pub fn balance(&self, now: Timestamp) -> i64 {
+        let (credit, spent) = self.totals(now);
+        let diff = credit as i128 - spent as i128;
+        i64::try_from(diff.div_euclid(MICRO as i128)).unwrap_or(i64::MAX)
+    }
+}
+
+impl RetryBudget for RatioBudget {
+    fn record_request(&self, now: Timestamp) {
+        if self.config.deposit_on == DepositOn::Admission {
+            self.deposit(now);
+        }
+    }
+
+    fn record_outcome(&self, now: Timestamp, outcome: Outcome) {
+        if self.config.deposit_on == DepositOn::Success
+            && matches!(outcome, Outcome::Success { .. })
+        {
+            self.deposit(now);
+        }
+    }
+
+    fn try_retry(
+        &self,
+        now: Timestamp,
+        _kind: FailureKind,
+    ) -> Result<RetryPermit, BudgetExhausted> {
+        let (idx, tag) = self.slice(now);
+        // Withdraw first, then check the balance with the withdrawal in it: of two racing
+        // retries the later compare-exchange sees both, so they cannot both spend one credit.
+        let written = Self::add(&self.withdrawals[idx], tag);
+        let (credit, spent) = self.totals(now);
+        // `balance ≥ 1` before the withdrawal is `credit − spent ≥ 0` after it.
+        if credit >= spent {
+            Ok(RetryPermit::plain())
+        } else {
+            Self::undo(&self.withdrawals[idx], written);
+            Err(BudgetExhausted)
+        }
+    }
+
+    fn snapshot(&self, now: Timestamp) -> BudgetSnapshot {
+        let (credit, spent) = self.totals(now);
+        BudgetSnapshot {
+            balance: self.balance(now) as f64,
+            utilization: super::utilization(spent as f64, credit as f64),
+            percent: Some(self.config.percent.as_f64()),
+        }
+    }
+}
+
+#[cfg(all(test, not(stormguard_loom)))]
+mod tests {
+    use super::*;
+
+    fn budget(percent: &str, min_per_sec: &str, ttl_secs: u64) -> RatioBudget {
+        RatioBudget::try_new(RatioConfig {
+            percent: percent.parse().unwrap(),
+            min_per_sec: min_per_sec.parse().unwrap(),
+            ttl: Duration::from_secs(ttl_secs),
+            deposit_on: DepositOn::Admission,
+        })
+        .unwrap()
+    }
+
+    fn grants(b: &RatioBudget, now: Timestamp, max: usize) -> usize {
+        (0..max)
+            .filter(|_| b.try_retry(now, FailureKind::Error).map(drop).is_ok())
+            .count()
+    }
+
+    #[test]
+    fn exact_floor_over_ten_thousand_deposits() {
+        for (p, expected) in [
+            ("0.29", 2_900),
+            ("0.75", 7_500),
+            ("0.9999", 9_999),
+            ("0.2", 2_000),
+        ] {
+            let b = budget(p, "0", 10);
+            for _ in 0..10_000 {
+                b.record_request(Timestamp::ZERO);
+            }
+            assert_eq!(b.balance(Timestamp::ZERO), expected, "percent {p}");
+            assert_eq!(
+                grants(&b, Timestamp::ZERO, 20_000) as i64,
+                expected,
+                "percent {p}"
+            );
+            assert_eq!(b.balance(Timestamp::ZERO), 0);
+        }
+    }
+
+    #[test]
+    fn fractional_credit_is_not_rounded_up() {
+        let b = budget("0.29", "0", 10);
+        for _ in 0..3 {
+            b.record_request(Timestamp::ZERO);
+        }
+        // 0.87 of a retry is not a retry.
+        assert_eq!(grants(&b, Timestamp::ZERO, 5), 0);
+        b.record_request(Timestamp::ZERO); // 1.16
+        assert_eq!(grants(&b, Timestamp::ZERO, 5), 1);
+    }
+
+    #[test]
+    fn deposits_expire_after_the_window() {
+        let b = budget("1", "0", 10);
+        b.record_request(Timestamp::from_millis(0)); // slice 0
+        b.record_request(Timestamp::from_millis(2_500)); // slice 2
+        assert_eq!(b.balance(Timestamp::from_millis(9_999)), 2);
+        // At 10 s slice 10 opens; slice 0 leaves the window (it counted for exactly 10 s).
+        assert_eq!(b.balance(Timestamp::from_millis(10_000)), 1);
+        // A deposit at 2.5 s leaves when slice 12 opens at 12 s: it counted for 9.5 s.
+        assert_eq!(b.balance(Timestamp::from_millis(11_999)), 1);
+        assert_eq!(b.balance(Timestamp::from_millis(12_000)), 0);
+    }
+
+    #[test]
+    fn reserve_refills_as_withdrawals_age_out() {
+        let b = budget("0", "1", 10); // reserve: 1/s × 10 s = 10 retries per window
+        assert_eq!(grants(&b, Timestamp::from_millis(500), 50), 10);
+        assert_eq!(grants(&b, Timestamp::from_millis(9_000), 50), 0);
+        // The withdrawals were made in slice 0; at 10 s they age out and the reserve is back.
+        assert_eq!(b.balance(Timestamp::from_millis(10_000)), 10);
+        assert_eq!(grants(&b, Timestamp::from_millis(10_000), 50), 10);
+    }
+
+    #[test]
+    fn balance_goes_negative_when_deposits_age_out_first() {
+        let b = budget("1", "0", 10);
+        b.record_request(Timestamp::ZERO);
+        assert_eq!(grants(&b, Timestamp::from_millis(5_000), 2), 1);
+        assert_eq!(b.balance(Timestamp::from_millis(10_000)), -1);
+        assert_eq!(grants(&b, Timestamp::from_millis(10_000), 1), 0);
+        assert_eq!(b.balance(Timestamp::from_millis(15_000)), 0);
+    }
+
+    #[test]
+    fn zero_percent_zero_reserve_never_retries() {
+        let b = budget("0", "0", 10);
+        for _ in 0..1_000 {
+            b.record_request(Timestamp::ZERO);
+        }
+        assert_eq!(grants(&b, Timestamp::ZERO, 100), 0);
+        assert_eq!(b.snapshot(Timestamp::ZERO).utilization, 1.0);
+    }
+
+    #[test]
+    fn deposit_on_success_ignores_admission() {
+        let b = RatioBudget::try_new(RatioConfig {
+            percent: Fraction::ONE,
+            min_per_sec: Fraction::ZERO,
+            ttl: Duration::from_secs(10),
+            deposit_on: DepositOn::Success,
+        })
+        .unwrap();
+        b.record_request(Timestamp::ZERO);
+        b.record_outcome(
+            Timestamp::ZERO,
+            Outcome::RetryableFailure(FailureKind::Error),
+        );
+        assert_eq!(b.balance(Timestamp::ZERO), 0);
+        b.record_outcome(Timestamp::ZERO, Outcome::Success { retried: false });
+        assert_eq!(b.balance(Timestamp::ZERO), 1);
+    }
+
+    #[test]
+    fn percent_above_one_allows_several_retries_per_request() {
+        let b = budget("2", "0", 10);
+        b.record_request(Timestamp::ZERO);
+        assert_eq!(grants(&b, Timestamp::ZERO, 5), 2);
+    }
+
+    #[test]
+    fn fractional_reserve() {
+        // 0.25/s over 10 s is 2.5: two whole retries.
+        let b = budget("0", "0.25", 10);
+        assert_eq!(b.balance(Timestamp::ZERO), 2);
+    }
+
+    #[test]
+    fn refuses_bad_parameters() {
+        let mut c = RatioConfig::default();
+        c.ttl = Duration::from_millis(999);
+        assert!(RatioBudget::try_new(c).unwrap_err().contains("ttl"));
+        c.ttl = Duration::from_secs(61);
+        assert!(RatioBudget::try_new(c).is_err());
+        let mut c = RatioConfig::default();
+        c.percent = Fraction::from_millionths(1_000_000_001);
+        assert!(RatioBudget::try_new(c).unwrap_err().contains("percent"));
+    }
+
+    #[test]
+    fn utilization_tracks_spending() {
+        let b = budget("0.5", "0", 10);
+        for _ in 0..4 {
+            b.record_request(Timestamp::ZERO);
+        }
+        assert_eq!(b.snapshot(Timestamp::ZERO).utilization, 0.0);
+        let _ = b.try_retry(Timestamp::ZERO, FailureKind::Error).unwrap();
+        assert_eq!(b.snapshot(Timestamp::ZERO).utilization, 0.5);
+    }
+}

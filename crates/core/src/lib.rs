@@ -1,0 +1,23 @@
+//! # stormguard-core
+//!
+//! The rules that keep a slow dependency from becoming an outage, in one place: retry budgets,
+//! and the arithmetic of a cap. The in-process middleware, the sidecar proxy, the fleet-wide
+//! budget and the simulator all call this same code, so what the simulator predicts is what the
+//! proxy does.
+//!
+//! This crate knows nothing of runtimes or networks: std only, no I/O, no global state. Time is
+//! a parameter ([`clock::Timestamp`]), so every rule is deterministic under a manual clock.
+//!
+//! - [`budget`]: the four retry budget policies behind one non-blocking trait, and their SPECs;
+//! - [`plan`]: what a dependency sees at a given error rate, and the budget that fits a cap;
+//! - [`decimal`]: exact decimal parameters (no `f64` in budget arithmetic);
+//! - [`clock`]: timestamps, a monotonic clock and a manual one.
+
+pub mod budget;
+pub mod clock;
+pub mod decimal;
+pub mod plan;
+mod sync;
+
+pub use budget::{AnyBudget, BudgetSpec, FailureKind, Outcome, RetryBudget, RetryPermit};
+pub use clock::{Clock, ManualClock, MonotonicClock, Timestamp};
