@@ -128,7 +128,8 @@ impl PlanInput {
                     in_flight_retry_once: round(retry_once),
                     in_flight_unbounded: unbounded.map(round),
                     in_flight_budgeted: round(budgeted),
-                    retries_shed: round(wanted - (budgeted - pf)),
+                    // + 0.0 turns a rounded -0 into 0.
+                    retries_shed: round((wanted - allowed).max(0.0)) + 0.0,
                     verdict: if retry_once > capf {
                         Verdict::OverCap
                     } else if retry_once > capf - 1.0 {

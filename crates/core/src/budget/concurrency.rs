@@ -140,7 +140,7 @@ impl RetryBudget for ConcurrencyBudget {
             ) {
                 Ok(_) => {
                     return Ok(RetryPermit {
-                        inner: PermitInner::InFlight(self.granted.clone()),
+                        inner: PermitInner::InFlight(Some(self.granted.clone())),
                     });
                 }
                 Err(actual) => granted = actual,
@@ -215,6 +215,20 @@ mod tests {
         let p = take(&b).unwrap();
         assert_eq!(b.balance(), 0, "n 11 allows 5, 5 in flight");
         drop(p);
+        assert_eq!(b.balance(), 1);
+    }
+
+    #[test]
+    fn finish_ends_the_count_but_keeps_the_permit() {
+        let b = budget("0", 1);
+        let mut p = take(&b).unwrap();
+        assert!(take(&b).is_none());
+        p.finish();
+        assert!(!p.is_in_flight());
+        let q = take(&b).unwrap();
+        drop(p); // already finished: does not free q's place
+        assert!(take(&b).is_none());
+        drop(q);
     }
 
     #[test]

@@ -37,9 +37,9 @@ mod ratio;
 mod spec;
 mod token_bucket;
 
+use crate::sync::{AtomicU64, Ordering};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use concurrency::{ConcurrencyBudget, ConcurrencyConfig};
 pub use quota::{QuotaBudget, QuotaConfig};
@@ -168,8 +168,8 @@ pub struct RetryPermit {
 enum PermitInner {
     /// Nothing to do when the retry ends.
     Plain,
-    /// One retry in flight, counted in this atomic.
-    InFlight(Arc<AtomicU64>),
+    /// One retry in flight, counted in this atomic until it finishes.
+    InFlight(Option<Arc<AtomicU64>>),
     /// A quota charge that a success refunds.
     Refund {
         bucket: Arc<quota::Bucket>,
@@ -188,6 +188,24 @@ impl RetryPermit {
     /// A permit that records the retry was granted without any budget (shadow mode, tests).
     pub fn unbudgeted() -> RetryPermit {
         RetryPermit::plain()
+    }
+
+    /// The retry finished, but its permit is kept (to call [`succeeded`](Self::succeeded) once the
+    /// outcome is known): a concurrency policy stops counting it now. Dropping the permit
+    /// finishes it too; finishing twice counts once.
+    pub fn finish(&mut self) {
+        if let PermitInner::InFlight(count) = &mut self.inner {
+            if let Some(count) = count.take() {
+                // Release pairs with the Acquire in the grant's compare-exchange, so a caller
+                // that sees the lower count also sees everything this retry did before it ended.
+                count.fetch_sub(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// Whether the retry still counts as in flight for a concurrency policy.
+    pub fn is_in_flight(&self) -> bool {
+        matches!(self.inner, PermitInner::InFlight(Some(_)))
     }
 
     /// The retry succeeded: a quota policy refunds the cost it charged for this retry. Calling it
@@ -209,11 +227,7 @@ impl RetryPermit {
 
 impl Drop for RetryPermit {
     fn drop(&mut self) {
-        if let PermitInner::InFlight(count) = &self.inner {
-            // Release pairs with the Acquire in the grant's compare-exchange, so a caller that
-            // sees the lower count also sees everything this retry did before it finished.
-            count.fetch_sub(1, Ordering::Release);
-        }
+        self.finish();
     }
 }
 

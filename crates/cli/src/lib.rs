@@ -1,0 +1,99 @@
+//! The `stormguard` command line: `plan` and `replay` (more commands arrive with the proxy,
+//! the simulator and the test tools).
+//!
+//! `main.rs` only calls [`main_with_args`]; tests call [`run`] with their own output buffers.
+//! Exit codes: 0 success, 2 bad flags, SPEC, config or input (with one clear sentence on stderr),
+//! 1 anything else.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod cmd;
+
+/// stormguard keeps a slow or failing dependency from turning into an outage: every attempt
+/// takes a slot under one concurrency cap, and retries spend a bounded budget.
+#[derive(Debug, Parser)]
+#[command(name = "stormguard", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print what a dependency sees at given error rates, and the budget that keeps it under its
+    /// cap.
+    Plan(cmd::plan::PlanArgs),
+    /// Run a trace of events through one budget policy on a virtual clock.
+    Replay(cmd::replay::ReplayArgs),
+}
+
+/// A command's failure: an exit code and one sentence for stderr.
+#[derive(Debug)]
+pub struct Failure {
+    /// 2 for bad input or config, 1 otherwise.
+    pub code: u8,
+    /// What went wrong, and where.
+    pub message: String,
+}
+
+impl Failure {
+    /// Bad flags, SPEC, config or input: exit 2.
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// Anything else (an I/O error writing output, say): exit 1.
+    pub fn runtime(message: impl Into<String>) -> Failure {
+        Failure {
+            code: 1,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Failure::runtime(format!("i/o error: {e}"))
+    }
+}
+
+/// Runs a parsed command, writing results to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
+    match cli.command {
+        Command::Plan(args) => cmd::plan::run(&args, out),
+        Command::Replay(args) => cmd::replay::run(&args, out),
+    }
+}
+
+/// Parses `args`, runs the command against stdout, and reports a failure on stderr.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        // clap prints help and version to stdout (exit 0) and errors to stderr (exit 2).
+        Err(e) => e.exit(),
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = run(cli, &mut out).and_then(|()| out.flush().map_err(Failure::from));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            let _ = out.flush();
+            eprintln!("stormguard: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
