@@ -45,18 +45,12 @@ pub struct Failure {
 impl Failure {
     /// Bad flags, SPEC, config or input: exit 2.
     pub fn usage(message: impl Into<String>) -> Failure {
-        Failure {
-            code: 2,
-            message: message.into(),
-        }
+        Failure { code: 2, message: message.into() }
     }
 
     /// Anything else (an I/O error writing output, say): exit 1.
     pub fn runtime(message: impl Into<String>) -> Failure {
-        Failure {
-            code: 1,
-            message: message.into(),
-        }
+        Failure { code: 1, message: message.into() }
     }
 }
 

@@ -9,17 +9,8 @@ fn stormguard() -> Command {
 }
 
 fn plan_json(args: &[&str]) -> Value {
-    let out = stormguard()
-        .arg("plan")
-        .args(args)
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = stormguard().arg("plan").args(args).args(["--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -78,10 +69,7 @@ fn worked_example_json() {
     assert!(close(&v["fan_out"]["p_all_fast"], 0.95099));
     assert_eq!(v["pool"]["per_instance"], 19);
     assert_eq!(v["pool"]["demanded"], 400);
-    assert_eq!(
-        v["specs"]["ratio"],
-        "ratio:percent=0.25,min_per_sec=3,ttl=10s"
-    );
+    assert_eq!(v["specs"]["ratio"], "ratio:percent=0.25,min_per_sec=3,ttl=10s");
 }
 
 #[test]
@@ -95,12 +83,8 @@ fn total_failure_is_null_and_optional_sections_absent() {
 #[test]
 fn default_error_rates_are_the_worked_example() {
     let v = plan_json(&["--cap", "20", "--primary", "16"]);
-    let rates: Vec<f64> = v["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["error_rate"].as_f64().unwrap())
-        .collect();
+    let rates: Vec<f64> =
+        v["rows"].as_array().unwrap().iter().map(|r| r["error_rate"].as_f64().unwrap()).collect();
     assert_eq!(rates, [0.05, 0.2, 0.4]);
 }
 
@@ -118,9 +102,7 @@ fn table_shows_the_numbers_and_the_specs() {
         .stdout(predicate::str::contains("95.1 %"))
         .stdout(predicate::str::contains("over-cap"))
         .stdout(predicate::str::contains("at-edge"))
-        .stdout(predicate::str::contains(
-            "ratio:percent=0.25,min_per_sec=3,ttl=10s",
-        ))
+        .stdout(predicate::str::contains("ratio:percent=0.25,min_per_sec=3,ttl=10s"))
         .stdout(predicate::str::contains("concurrency:percent=0.2,min=3"));
 }
 
@@ -131,9 +113,7 @@ fn toml_carries_the_planned_budget() {
         .assert()
         .success()
         .stdout(predicate::str::contains("cap = 20"))
-        .stdout(predicate::str::contains(
-            "budget = \"ratio:percent=0.25,min_per_sec=3,ttl=10s\"",
-        ));
+        .stdout(predicate::str::contains("budget = \"ratio:percent=0.25,min_per_sec=3,ttl=10s\""));
 }
 
 #[test]
@@ -142,30 +122,14 @@ fn refusals_exit_2_with_the_reason() {
         .args(["plan", "--cap", "20", "--primary", "21"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains(
-            "primary concurrency (21) is above the cap (20)",
-        ));
+        .stderr(predicate::str::contains("primary concurrency (21) is above the cap (20)"));
     stormguard()
-        .args([
-            "plan",
-            "--cap",
-            "20",
-            "--primary",
-            "16",
-            "--error-rate",
-            "1.5",
-        ])
+        .args(["plan", "--cap", "20", "--primary", "16", "--error-rate", "1.5"])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("error rate 1.5 is outside [0, 1]"));
-    stormguard()
-        .args(["plan", "--cap", "twenty", "--primary", "16"])
-        .assert()
-        .code(2);
-    stormguard()
-        .args(["plan", "--primary", "16"])
-        .assert()
-        .code(2);
+    stormguard().args(["plan", "--cap", "twenty", "--primary", "16"]).assert().code(2);
+    stormguard().args(["plan", "--primary", "16"]).assert().code(2);
     stormguard()
         .args(["plan", "--cap", "20", "--primary", "16", "--format", "yaml"])
         .assert()
@@ -180,9 +144,5 @@ fn help_is_actionable() {
         .success()
         .stdout(predicate::str::contains("--error-rate"))
         .stdout(predicate::str::contains("Example"));
-    stormguard()
-        .arg("--help")
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("replay"));
+    stormguard().arg("--help").assert().success().stdout(predicate::str::contains("replay"));
 }

@@ -41,19 +41,12 @@ fn parse_lines(text: &str) -> Vec<Value> {
 #[test]
 fn hand_computed_traces() {
     let all = traces(false);
-    assert!(
-        all.len() >= 8,
-        "expected the fixture traces, found {}",
-        all.len()
-    );
+    assert!(all.len() >= 8, "expected the fixture traces, found {}", all.len());
     for trace in all {
         let spec = std::fs::read_to_string(trace.with_extension("spec")).unwrap();
         let expected = std::fs::read_to_string(trace.with_extension("expected.jsonl")).unwrap();
-        let out = stormguard()
-            .args(["replay", "--policy", spec.trim()])
-            .arg(&trace)
-            .output()
-            .unwrap();
+        let out =
+            stormguard().args(["replay", "--policy", spec.trim()]).arg(&trace).output().unwrap();
         assert!(
             out.status.success(),
             "{}: {}",
@@ -62,12 +55,7 @@ fn hand_computed_traces() {
         );
         let got = parse_lines(&String::from_utf8(out.stdout).unwrap());
         let want = parse_lines(&expected);
-        assert_eq!(
-            got.len(),
-            want.len(),
-            "{}: number of output lines",
-            trace.display()
-        );
+        assert_eq!(got.len(), want.len(), "{}: number of output lines", trace.display());
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g, w, "{}: output line {}", trace.display(), i + 1);
         }
@@ -115,14 +103,8 @@ fn bad_specs_exit_2_with_the_reason() {
         ("leaky:rate=1", "unknown budget kind `leaky`"),
         ("ratio:percent=0.1234567", "more than 6 decimal places"),
         ("ratio:ttl=90s", "ttl must be between 1s and 60s"),
-        (
-            "concurrency:pct=0.2",
-            "`pct` is not a parameter of concurrency",
-        ),
-        (
-            "token-bucket:max_tokens=2000",
-            "max_tokens must be above 0 and at most 1000",
-        ),
+        ("concurrency:pct=0.2", "`pct` is not a parameter of concurrency"),
+        ("token-bucket:max_tokens=2000", "max_tokens must be above 0 and at most 1000"),
         ("quota:retry_cost=-5", "not a non-negative integer"),
     ] {
         stormguard()
@@ -142,17 +124,11 @@ fn missing_file_and_bad_fields_exit_2() {
         .code(2)
         .stderr(predicate::str::contains("cannot read"));
     for (line, reason) in [
-        (
-            "{\"t_ms\":0,\"op\":\"retry\",\"kind\":\"slow\"}",
-            "kind `slow`",
-        ),
+        ("{\"t_ms\":0,\"op\":\"retry\",\"kind\":\"slow\"}", "kind `slow`"),
         ("{\"t_ms\":0,\"op\":\"active\"}", "active needs \"n\""),
         ("{\"t_ms\":-1,\"op\":\"request\"}", "line 2"),
         ("{\"op\":\"request\"}", "t_ms"),
-        (
-            "{\"t_ms\":0,\"op\":\"request\",\"id\":[1]}",
-            "id must be a string or a number",
-        ),
+        ("{\"t_ms\":0,\"op\":\"request\",\"id\":[1]}", "id must be a string or a number"),
     ] {
         stormguard()
             .args(["replay", "--policy", "ratio"])
@@ -171,9 +147,7 @@ fn unmatched_retry_done_is_reported_not_dropped() {
         .write_stdin("{\"t_ms\":0,\"op\":\"request\"}\n{\"t_ms\":1,\"op\":\"retry_done\"}\n")
         .assert()
         .success()
-        .stderr(predicate::str::contains(
-            "1 retry_done event(s) matched no retry in flight",
-        ));
+        .stderr(predicate::str::contains("1 retry_done event(s) matched no retry in flight"));
 }
 
 #[test]
@@ -187,11 +161,7 @@ fn ten_thousand_requests_grant_the_exact_floor() {
         input.push_str("{\"t_ms\":0,\"op\":\"retry\"}\n");
     }
     let out = stormguard()
-        .args([
-            "replay",
-            "--policy",
-            "ratio:percent=0.29,min_per_sec=0,ttl=10s",
-        ])
+        .args(["replay", "--policy", "ratio:percent=0.29,min_per_sec=0,ttl=10s"])
         .write_stdin(input)
         .output()
         .unwrap();

@@ -63,10 +63,7 @@ pub fn parse_scaled(text: &str, scale: u32, excess: Excess) -> Result<u64, Parse
     let kept = if frac.len() as u64 > u64::from(scale) {
         let (kept, extra) = frac.split_at(scale as usize);
         if excess == Excess::Refuse && extra.bytes().any(|b| b != b'0') {
-            return Err(ParseError::TooPrecise {
-                text: text.to_string(),
-                max: scale,
-            });
+            return Err(ParseError::TooPrecise { text: text.to_string(), max: scale });
         }
         kept
     } else {
@@ -74,23 +71,13 @@ pub fn parse_scaled(text: &str, scale: u32, excess: Excess) -> Result<u64, Parse
     };
     let too_large = || ParseError::TooLarge(text.to_string());
     let unit = 10u64.checked_pow(scale).ok_or_else(too_large)?;
-    let int_part: u64 = if int.is_empty() {
-        0
-    } else {
-        int.parse().map_err(|_| too_large())?
-    };
-    let mut frac_part: u64 = if kept.is_empty() {
-        0
-    } else {
-        kept.parse().map_err(|_| too_large())?
-    };
+    let int_part: u64 = if int.is_empty() { 0 } else { int.parse().map_err(|_| too_large())? };
+    let mut frac_part: u64 =
+        if kept.is_empty() { 0 } else { kept.parse().map_err(|_| too_large())? };
     for _ in kept.len()..scale as usize {
         frac_part *= 10;
     }
-    int_part
-        .checked_mul(unit)
-        .and_then(|v| v.checked_add(frac_part))
-        .ok_or_else(too_large)
+    int_part.checked_mul(unit).and_then(|v| v.checked_add(frac_part)).ok_or_else(too_large)
 }
 
 /// Formats `value` units of `10^-scale` as the shortest exact decimal text.
@@ -176,9 +163,7 @@ impl fmt::Debug for Fraction {
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, ParseError> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let nanos_per_unit: u64 = match unit.trim() {
         "ns" => 1,
@@ -203,11 +188,11 @@ pub fn format_duration(d: Duration) -> String {
     let n = d.as_nanos();
     if n == 0 {
         "0s".to_string()
-    } else if n % 1_000_000_000 == 0 {
+    } else if n.is_multiple_of(1_000_000_000) {
         format!("{}s", n / 1_000_000_000)
-    } else if n % 1_000_000 == 0 {
+    } else if n.is_multiple_of(1_000_000) {
         format!("{}ms", n / 1_000_000)
-    } else if n % 1_000 == 0 {
+    } else if n.is_multiple_of(1_000) {
         format!("{}us", n / 1_000)
     } else {
         format!("{n}ns")
@@ -232,10 +217,7 @@ mod tests {
         for bad in ["", ".", "-0.1", "1e-3", "0,2", "abc", "1.2.3", "+1"] {
             assert!(matches!(p(bad), Err(ParseError::NotDecimal(_))), "{bad}");
         }
-        assert!(matches!(
-            p("99999999999999999999"),
-            Err(ParseError::TooLarge(_))
-        ));
+        assert!(matches!(p("99999999999999999999"), Err(ParseError::TooLarge(_))));
     }
 
     #[test]

@@ -144,11 +144,9 @@ impl PlanInput {
             None => None,
             Some((0, _)) => return Err(PlanError::ZeroFanOut),
             Some((_, q)) if !(q > 0.0 && q <= 1.0) => return Err(PlanError::Quantile(q)),
-            Some((calls, quantile)) => Some(FanOut {
-                calls,
-                quantile,
-                p_all_fast: round(quantile.powi(calls as i32)),
-            }),
+            Some((calls, quantile)) => {
+                Some(FanOut { calls, quantile, p_all_fast: round(quantile.powi(calls as i32)) })
+            }
         };
         let pool = match self.pool {
             None => None,
@@ -334,13 +332,7 @@ mod tests {
         let r: Vec<_> = p
             .rows
             .iter()
-            .map(|r| {
-                (
-                    r.in_flight_retry_once,
-                    r.in_flight_unbounded,
-                    r.in_flight_budgeted,
-                )
-            })
+            .map(|r| (r.in_flight_retry_once, r.in_flight_unbounded, r.in_flight_budgeted))
             .collect();
         assert_eq!(r[0], (16.8, Some(16.842105263), 16.8));
         assert_eq!(r[1], (19.2, Some(20.0), 19.2));
@@ -351,14 +343,8 @@ mod tests {
             [Verdict::Fits, Verdict::AtEdge, Verdict::OverCap]
         );
         assert_eq!(p.separate_pools_in_flight, 24);
-        assert_eq!(
-            p.ratio_spec().to_string(),
-            "ratio:percent=0.25,min_per_sec=3,ttl=10s"
-        );
-        assert_eq!(
-            p.concurrency_spec().to_string(),
-            "concurrency:percent=0.2,min=3"
-        );
+        assert_eq!(p.ratio_spec().to_string(), "ratio:percent=0.25,min_per_sec=3,ttl=10s");
+        assert_eq!(p.concurrency_spec().to_string(), "concurrency:percent=0.2,min=3");
     }
 
     #[test]
@@ -389,14 +375,8 @@ mod tests {
 
     #[test]
     fn refusals() {
-        assert!(matches!(
-            PlanInput::new(20, 21).plan(),
-            Err(PlanError::PrimaryOverCap { .. })
-        ));
-        assert!(matches!(
-            PlanInput::new(0, 0).plan(),
-            Err(PlanError::ZeroCap)
-        ));
+        assert!(matches!(PlanInput::new(20, 21).plan(), Err(PlanError::PrimaryOverCap { .. })));
+        assert!(matches!(PlanInput::new(0, 0).plan(), Err(PlanError::ZeroCap)));
         assert!(matches!(
             PlanInput::new(20, 16).error_rates([1.5]).plan(),
             Err(PlanError::ErrorRate(_))

@@ -9,3 +9,35 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering}
 #[cfg(stormguard_loom)]
 #[allow(unused_imports)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(not(stormguard_loom))]
+pub(crate) use std::sync::Arc;
+
+#[cfg(stormguard_loom)]
+pub(crate) use loom::sync::Arc;
+
+/// A mutex whose `lock` ignores poisoning: the limiter's slow path keeps its invariants before
+/// any call that could panic, so the data behind a poisoned lock is still consistent.
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T>(
+    #[cfg(not(stormguard_loom))] std::sync::Mutex<T>,
+    #[cfg(stormguard_loom)] loom::sync::Mutex<T>,
+);
+
+#[cfg(not(stormguard_loom))]
+pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+#[cfg(stormguard_loom)]
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Mutex<T> {
+        #[cfg(not(stormguard_loom))]
+        return Mutex(std::sync::Mutex::new(value));
+        #[cfg(stormguard_loom)]
+        return Mutex(loom::sync::Mutex::new(value));
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

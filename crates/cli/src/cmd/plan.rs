@@ -123,10 +123,7 @@ fn num(x: f64) -> String {
 fn table(plan: &Plan) -> String {
     let mut s = String::new();
     let (cap, primary, slots) = (plan.cap, plan.primary, plan.retry_slots);
-    let _ = writeln!(
-        s,
-        "stormguard plan: a cap of {cap}, {primary} primaries planned in flight\n"
-    );
+    let _ = writeln!(s, "stormguard plan: a cap of {cap}, {primary} primaries planned in flight\n");
     let _ = writeln!(s, "  retry slots (cap - primary):                {slots}");
     let _ = writeln!(
         s,
@@ -148,14 +145,8 @@ fn table(plan: &Plan) -> String {
         "  separate pools ({cap} primaries + {slots} retries):  the dependency sees {}\n",
         plan.separate_pools_in_flight
     );
-    let header = [
-        "error rate",
-        "retry once",
-        "retry until success",
-        "with budget",
-        "shed",
-        "verdict",
-    ];
+    let header =
+        ["error rate", "retry once", "retry until success", "with budget", "shed", "verdict"];
     let rows: Vec<[String; 6]> = plan
         .rows
         .iter()
@@ -163,8 +154,7 @@ fn table(plan: &Plan) -> String {
             [
                 pct(r.error_rate),
                 num(r.in_flight_retry_once),
-                r.in_flight_unbounded
-                    .map_or_else(|| "unbounded".to_string(), num),
+                r.in_flight_unbounded.map_or_else(|| "unbounded".to_string(), num),
                 num(r.in_flight_budgeted),
                 num(r.retries_shed),
                 r.verdict.as_str().to_string(),
@@ -172,20 +162,11 @@ fn table(plan: &Plan) -> String {
         })
         .collect();
     let widths: Vec<usize> = (0..6)
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([header[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|i| rows.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
         .collect();
     let line = |cells: &[&str]| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:>w$}"))
-            .collect();
+        let parts: Vec<String> =
+            cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
         format!("  {}\n", parts.join("  "))
     };
     s.push_str("  in flight at the dependency (cap ");
@@ -224,23 +205,11 @@ fn table(plan: &Plan) -> String {
             }
         );
     }
-    let _ = writeln!(
-        s,
-        "\nready-made budget SPECs (stormguard proxy --budget SPEC):"
-    );
+    let _ = writeln!(s, "\nready-made budget SPECs (stormguard proxy --budget SPEC):");
     let specs = [
-        (
-            plan.ratio_spec().to_string(),
-            "ratio form: retries per original request",
-        ),
-        (
-            plan.concurrency_spec().to_string(),
-            "Envoy's form: a share of all in flight",
-        ),
-        (
-            plan.slots_spec().to_string(),
-            "fixed: cap - primary concurrent retries",
-        ),
+        (plan.ratio_spec().to_string(), "ratio form: retries per original request"),
+        (plan.concurrency_spec().to_string(), "Envoy's form: a share of all in flight"),
+        (plan.slots_spec().to_string(), "fixed: cap - primary concurrent retries"),
     ];
     let w = specs.iter().map(|(spec, _)| spec.len()).max().unwrap_or(0);
     for (spec, what) in &specs {
@@ -257,18 +226,12 @@ fn toml(plan: &Plan, args: &PlanArgs) -> String {
          # Check it with `stormguard check-config FILE`; replace the upstream with the dependency's address.\n",
         args.cap, args.primary
     );
-    let _ = writeln!(
-        s,
-        "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"dependency\"\n"
-    );
+    let _ = writeln!(s, "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"dependency\"\n");
     let _ = writeln!(
         s,
         "[[dependency]]\nname = \"dependency\"\nupstreams = [\"http://127.0.0.1:9000\"]"
     );
-    let _ = writeln!(
-        s,
-        "# every attempt, first tries and retries, takes a slot under this cap"
-    );
+    let _ = writeln!(s, "# every attempt, first tries and retries, takes a slot under this cap");
     let _ = writeln!(s, "cap = {}", plan.cap);
     let _ = writeln!(
         s,

@@ -95,23 +95,13 @@ fn failure_kind(kind: Option<&str>) -> Result<FailureKind, String> {
 }
 
 fn number(x: f64) -> Value {
-    if x.fract() == 0.0 && x.abs() < 9.0e15 {
-        Value::from(x as i64)
-    } else {
-        Value::from(x)
-    }
+    if x.fract() == 0.0 && x.abs() < 9.0e15 { Value::from(x as i64) } else { Value::from(x) }
 }
 
 impl<B: RetryBudget> Replay<B> {
     /// A replay over `budget`, at virtual time zero.
     pub fn new(budget: B) -> Replay<B> {
-        Replay {
-            budget,
-            requests: HashMap::new(),
-            current: None,
-            last_t_ms: 0,
-            unmatched_done: 0,
-        }
+        Replay { budget, requests: HashMap::new(), current: None, last_t_ms: 0, unmatched_done: 0 }
     }
 
     /// The request an event belongs to: its `id`, or the most recent `request`.
@@ -133,10 +123,8 @@ impl<B: RetryBudget> Replay<B> {
                 ev.t_ms, self.last_t_ms
             ));
         }
-        if matches!(
-            ev.id,
-            Some(Value::Array(_) | Value::Object(_) | Value::Null | Value::Bool(_))
-        ) {
+        if matches!(ev.id, Some(Value::Array(_) | Value::Object(_) | Value::Null | Value::Bool(_)))
+        {
             return Err("id must be a string or a number".into());
         }
         self.last_t_ms = ev.t_ms;
@@ -168,13 +156,11 @@ impl<B: RetryBudget> Replay<B> {
                         self.requests.remove(&key);
                     }
                 }
-                self.budget
-                    .record_outcome(now, Outcome::Success { retried });
+                self.budget.record_outcome(now, Outcome::Success { retried });
                 None
             }
             "failure" => {
-                self.budget
-                    .record_outcome(now, Outcome::RetryableFailure(kind));
+                self.budget.record_outcome(now, Outcome::RetryableFailure(kind));
                 None
             }
             "retry" => {
@@ -204,8 +190,7 @@ impl<B: RetryBudget> Replay<B> {
                 None
             }
             "active" => {
-                let n =
-                    ev.n.ok_or("active needs \"n\" (requests in flight, pending included)")?;
+                let n = ev.n.ok_or("active needs \"n\" (requests in flight, pending included)")?;
                 self.budget.set_active(n, ev.retries.unwrap_or(0));
                 None
             }
@@ -228,9 +213,7 @@ impl<B: RetryBudget> Replay<B> {
 pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let spec = BudgetSpec::parse(&args.policy)
         .map_err(|e| Failure::usage(format!("--policy `{}`: {e}", args.policy)))?;
-    let budget = spec
-        .build()
-        .map_err(|e| Failure::usage(format!("--policy: {e}")))?;
+    let budget = spec.build().map_err(|e| Failure::usage(format!("--policy: {e}")))?;
     let (input, name): (Box<dyn BufRead>, String) = match &args.file {
         None => (Box::new(std::io::stdin().lock()), "<stdin>".into()),
         Some(p) if p.as_os_str() == "-" => (Box::new(std::io::stdin().lock()), "<stdin>".into()),

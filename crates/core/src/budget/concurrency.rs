@@ -36,11 +36,7 @@ pub struct ConcurrencyConfig {
 
 impl Default for ConcurrencyConfig {
     fn default() -> Self {
-        ConcurrencyConfig {
-            percent: Fraction::from_millionths(200_000),
-            min: 3,
-            slots: None,
-        }
+        ConcurrencyConfig { percent: Fraction::from_millionths(200_000), min: 3, slots: None }
     }
 }
 
@@ -97,10 +93,7 @@ impl ConcurrencyBudget {
     /// `(limit, retries in flight)` now.
     fn state(&self) -> (u64, u64) {
         let granted = self.granted.load(Ordering::Acquire);
-        let n = self
-            .requests
-            .load(Ordering::Acquire)
-            .saturating_add(granted);
+        let n = self.requests.load(Ordering::Acquire).saturating_add(granted);
         let in_flight = self.retries.load(Ordering::Acquire).saturating_add(granted);
         (self.limit(n), in_flight)
     }
@@ -158,11 +151,7 @@ impl RetryBudget for ConcurrencyBudget {
         BudgetSnapshot {
             balance: limit.saturating_sub(in_flight) as f64,
             utilization: super::utilization(in_flight as f64, limit as f64),
-            percent: self
-                .config
-                .slots
-                .is_none()
-                .then(|| self.config.percent.as_f64()),
+            percent: self.config.slots.is_none().then(|| self.config.percent.as_f64()),
         }
     }
 }
@@ -233,11 +222,9 @@ mod tests {
 
     #[test]
     fn slots_form_is_fixed() {
-        let b = ConcurrencyBudget::try_new(ConcurrencyConfig {
-            slots: Some(4),
-            ..Default::default()
-        })
-        .unwrap();
+        let b =
+            ConcurrencyBudget::try_new(ConcurrencyConfig { slots: Some(4), ..Default::default() })
+                .unwrap();
         b.set_active(1_000, 0);
         let held: Vec<_> = std::iter::from_fn(|| take(&b)).take(10).collect();
         assert_eq!(held.len(), 4);
@@ -247,14 +234,7 @@ mod tests {
 
     #[test]
     fn percent_above_one_is_refused() {
-        let c = ConcurrencyConfig {
-            percent: "1.5".parse().unwrap(),
-            ..Default::default()
-        };
-        assert!(
-            ConcurrencyBudget::try_new(c)
-                .unwrap_err()
-                .contains("percent")
-        );
+        let c = ConcurrencyConfig { percent: "1.5".parse().unwrap(), ..Default::default() };
+        assert!(ConcurrencyBudget::try_new(c).unwrap_err().contains("percent"));
     }
 }

@@ -171,18 +171,12 @@ enum PermitInner {
     /// One retry in flight, counted in this atomic until it finishes.
     InFlight(Option<Arc<AtomicU64>>),
     /// A quota charge that a success refunds.
-    Refund {
-        bucket: Arc<quota::Bucket>,
-        cost: u64,
-        refunded: bool,
-    },
+    Refund { bucket: Arc<quota::Bucket>, cost: u64, refunded: bool },
 }
 
 impl RetryPermit {
     pub(crate) fn plain() -> RetryPermit {
-        RetryPermit {
-            inner: PermitInner::Plain,
-        }
+        RetryPermit { inner: PermitInner::Plain }
     }
 
     /// A permit that records the retry was granted without any budget (shadow mode, tests).
@@ -194,12 +188,12 @@ impl RetryPermit {
     /// outcome is known): a concurrency policy stops counting it now. Dropping the permit
     /// finishes it too; finishing twice counts once.
     pub fn finish(&mut self) {
-        if let PermitInner::InFlight(count) = &mut self.inner {
-            if let Some(count) = count.take() {
-                // Release pairs with the Acquire in the grant's compare-exchange, so a caller
-                // that sees the lower count also sees everything this retry did before it ended.
-                count.fetch_sub(1, Ordering::Release);
-            }
+        if let PermitInner::InFlight(count) = &mut self.inner
+            && let Some(count) = count.take()
+        {
+            // Release pairs with the Acquire in the grant's compare-exchange, so a caller that
+            // sees the lower count also sees everything this retry did before it ended.
+            count.fetch_sub(1, Ordering::Release);
         }
     }
 
@@ -211,16 +205,11 @@ impl RetryPermit {
     /// The retry succeeded: a quota policy refunds the cost it charged for this retry. Calling it
     /// more than once refunds once.
     pub fn succeeded(&mut self) {
-        if let PermitInner::Refund {
-            bucket,
-            cost,
-            refunded,
-        } = &mut self.inner
+        if let PermitInner::Refund { bucket, cost, refunded } = &mut self.inner
+            && !*refunded
         {
-            if !*refunded {
-                *refunded = true;
-                bucket.add(*cost);
-            }
+            *refunded = true;
+            bucket.add(*cost);
         }
     }
 }
@@ -275,9 +264,5 @@ impl RetryBudget for AnyBudget {
 
 /// `used / total` clamped to `0..=1`, with an empty total counting as fully used.
 pub(crate) fn utilization(used: f64, total: f64) -> f64 {
-    if total <= 0.0 {
-        1.0
-    } else {
-        (used / total).clamp(0.0, 1.0)
-    }
+    if total <= 0.0 { 1.0 } else { (used / total).clamp(0.0, 1.0) }
 }

@@ -80,11 +80,9 @@ impl Bucket {
     pub(super) fn add(&self, n: u64) {
         let cap = self.capacity;
         // AcqRel: the bucket is the only shared value; the read-modify-write keeps it exact.
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                Some(t.saturating_add(n).min(cap))
-            });
+        let _ = self.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+            Some(t.saturating_add(n).min(cap))
+        });
     }
 
     fn try_take(&self, cost: u64) -> bool {
@@ -142,11 +140,7 @@ impl RetryBudget for QuotaBudget {
         let cost = self.config.cost(kind);
         if self.bucket.try_take(cost) {
             Ok(RetryPermit {
-                inner: PermitInner::Refund {
-                    bucket: self.bucket.clone(),
-                    cost,
-                    refunded: false,
-                },
+                inner: PermitInner::Refund { bucket: self.bucket.clone(), cost, refunded: false },
             })
         } else {
             Err(BudgetExhausted)
@@ -169,11 +163,7 @@ mod tests {
     use super::*;
 
     fn quota(capacity: u64) -> QuotaBudget {
-        QuotaBudget::try_new(QuotaConfig {
-            capacity,
-            ..Default::default()
-        })
-        .unwrap()
+        QuotaBudget::try_new(QuotaConfig { capacity, ..Default::default() }).unwrap()
     }
 
     #[test]

@@ -71,22 +71,13 @@ impl RatioConfig {
     /// Checks every rule, returning the first broken one.
     pub fn validate(&self) -> Result<(), String> {
         if self.percent > Fraction::from_millionths(1_000 * Fraction::ONE_MILLIONTHS) {
-            return Err(format!(
-                "percent must be a fraction in [0, 1000], got {}",
-                self.percent
-            ));
+            return Err(format!("percent must be a fraction in [0, 1000], got {}", self.percent));
         }
         if self.min_per_sec > Fraction::from_millionths(1_000_000 * Fraction::ONE_MILLIONTHS) {
-            return Err(format!(
-                "min_per_sec must be at most 1000000, got {}",
-                self.min_per_sec
-            ));
+            return Err(format!("min_per_sec must be at most 1000000, got {}", self.min_per_sec));
         }
         if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
-            return Err(format!(
-                "ttl must be between 1s and 60s, got {:?}",
-                self.ttl
-            ));
+            return Err(format!("ttl must be between 1s and 60s, got {:?}", self.ttl));
         }
         Ok(())
     }
@@ -277,29 +268,18 @@ mod tests {
     }
 
     fn grants(b: &RatioBudget, now: Timestamp, max: usize) -> usize {
-        (0..max)
-            .filter(|_| b.try_retry(now, FailureKind::Error).map(drop).is_ok())
-            .count()
+        (0..max).filter(|_| b.try_retry(now, FailureKind::Error).map(drop).is_ok()).count()
     }
 
     #[test]
     fn exact_floor_over_ten_thousand_deposits() {
-        for (p, expected) in [
-            ("0.29", 2_900),
-            ("0.75", 7_500),
-            ("0.9999", 9_999),
-            ("0.2", 2_000),
-        ] {
+        for (p, expected) in [("0.29", 2_900), ("0.75", 7_500), ("0.9999", 9_999), ("0.2", 2_000)] {
             let b = budget(p, "0", 10);
             for _ in 0..10_000 {
                 b.record_request(Timestamp::ZERO);
             }
             assert_eq!(b.balance(Timestamp::ZERO), expected, "percent {p}");
-            assert_eq!(
-                grants(&b, Timestamp::ZERO, 20_000) as i64,
-                expected,
-                "percent {p}"
-            );
+            assert_eq!(grants(&b, Timestamp::ZERO, 20_000) as i64, expected, "percent {p}");
             assert_eq!(b.balance(Timestamp::ZERO), 0);
         }
     }
@@ -369,10 +349,7 @@ mod tests {
         })
         .unwrap();
         b.record_request(Timestamp::ZERO);
-        b.record_outcome(
-            Timestamp::ZERO,
-            Outcome::RetryableFailure(FailureKind::Error),
-        );
+        b.record_outcome(Timestamp::ZERO, Outcome::RetryableFailure(FailureKind::Error));
         assert_eq!(b.balance(Timestamp::ZERO), 0);
         b.record_outcome(Timestamp::ZERO, Outcome::Success { retried: false });
         assert_eq!(b.balance(Timestamp::ZERO), 1);

@@ -73,10 +73,7 @@ impl Default for BudgetSpec {
 }
 
 fn bad(key: &str, reason: impl fmt::Display) -> SpecError {
-    SpecError::BadValue {
-        key: key.to_string(),
-        reason: reason.to_string(),
-    }
+    SpecError::BadValue { key: key.to_string(), reason: reason.to_string() }
 }
 
 fn fraction(key: &str, v: &str) -> Result<Fraction, SpecError> {
@@ -84,9 +81,7 @@ fn fraction(key: &str, v: &str) -> Result<Fraction, SpecError> {
 }
 
 fn integer(key: &str, v: &str) -> Result<u64, SpecError> {
-    v.trim()
-        .parse()
-        .map_err(|_| bad(key, format_args!("`{v}` is not a non-negative integer")))
+    v.trim().parse().map_err(|_| bad(key, format_args!("`{v}` is not a non-negative integer")))
 }
 
 fn duration(key: &str, v: &str) -> Result<Duration, SpecError> {
@@ -104,9 +99,7 @@ impl BudgetSpec {
         let mut seen: Vec<&str> = Vec::new();
         let mut pairs = Vec::new();
         for part in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| SpecError::NotKeyValue(part.into()))?;
+            let (k, v) = part.split_once('=').ok_or_else(|| SpecError::NotKeyValue(part.into()))?;
             let (k, v) = (k.trim(), v.trim());
             if k.is_empty() {
                 return Err(SpecError::NotKeyValue(part.into()));
@@ -117,12 +110,9 @@ impl BudgetSpec {
             seen.push(k);
             pairs.push((k, v));
         }
-        let unknown =
-            |kind: &'static str, expected: &'static str, key: &str| SpecError::UnknownKey {
-                kind,
-                key: key.to_string(),
-                expected,
-            };
+        let unknown = |kind: &'static str, expected: &'static str, key: &str| {
+            SpecError::UnknownKey { kind, key: key.to_string(), expected }
+        };
         let spec = match kind {
             "ratio" => {
                 const KEYS: &str = "percent, min_per_sec, ttl, deposit_on";
@@ -291,11 +281,7 @@ mod tests {
             "ratio",
         ] {
             let spec = BudgetSpec::parse(text).unwrap();
-            assert_eq!(
-                BudgetSpec::parse(&spec.to_string()).unwrap(),
-                spec,
-                "{text}"
-            );
+            assert_eq!(BudgetSpec::parse(&spec.to_string()).unwrap(), spec, "{text}");
             spec.build().unwrap();
         }
     }

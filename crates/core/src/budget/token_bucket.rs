@@ -23,10 +23,7 @@ pub struct TokenBucketConfig {
 impl Default for TokenBucketConfig {
     fn default() -> Self {
         // gRFC A6's example: maxTokens 10, tokenRatio 0.1.
-        TokenBucketConfig {
-            max_milli_tokens: 10 * MILLI,
-            token_ratio_milli: 100,
-        }
+        TokenBucketConfig { max_milli_tokens: 10 * MILLI, token_ratio_milli: 100 }
     }
 }
 
@@ -57,10 +54,7 @@ impl TokenBucket {
     /// Builds the bucket, full, refusing invalid parameters.
     pub fn try_new(config: TokenBucketConfig) -> Result<TokenBucket, String> {
         config.validate()?;
-        Ok(TokenBucket {
-            config,
-            milli_tokens: AtomicU64::new(config.max_milli_tokens),
-        })
+        Ok(TokenBucket { config, milli_tokens: AtomicU64::new(config.max_milli_tokens) })
     }
 
     /// The parameters it was built with.
@@ -76,9 +70,7 @@ impl TokenBucket {
     fn update(&self, f: impl Fn(u64) -> u64) {
         // AcqRel: each update is a read-modify-write of the only shared value; no other data
         // depends on it.
-        let _ = self
-            .milli_tokens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(f(t)));
+        let _ = self.milli_tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(f(t)));
     }
 }
 
