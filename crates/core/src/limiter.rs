@@ -256,7 +256,7 @@ impl Limiter {
         let now = self.inner.clock.now();
         self.inner.reclaim_holds(now);
         match self.inner.try_take(now) {
-            Some(taken) => Ok(self.inner.admitted(taken, now, now, kind)),
+            Some(taken) => Ok(Inner::admitted(&self.inner, taken, now, now, kind)),
             None => {
                 self.inner.stats.refused_cap.fetch_add(1, Ordering::Relaxed);
                 Err(Denied::Cap)
@@ -440,16 +440,16 @@ impl Inner {
     /// Records an admission and wraps it in a permit.
     /// `in_flight` is the count this attempt saw, itself included.
     fn admitted(
-        self: &Arc<Self>,
+        this: &Arc<Self>,
         (slot, in_flight): (usize, u64),
         since: Timestamp,
         now: Timestamp,
         kind: AttemptKind,
     ) -> Permit {
-        self.stats.in_flight.record(in_flight);
-        self.stats.high_water.fetch_max(in_flight, Ordering::AcqRel);
-        self.stats.wait.record(duration_nanos(now.saturating_since(since)));
-        Permit { inner: Some(self.clone()), slot, admitted_at: now, kind }
+        this.stats.in_flight.record(in_flight);
+        this.stats.high_water.fetch_max(in_flight, Ordering::AcqRel);
+        this.stats.wait.record(duration_nanos(now.saturating_since(since)));
+        Permit { inner: Some(this.clone()), slot, admitted_at: now, kind }
     }
 
     /// Gives a slot back: to the oldest waiting primary if there is one and the cap allows,
@@ -691,7 +691,8 @@ impl Acquire {
             AcquireState::Init => {
                 if let Some(taken) = inner.try_take(now) {
                     self.state = AcquireState::Done;
-                    return Poll::Ready(Ok(inner.admitted(
+                    return Poll::Ready(Ok(Inner::admitted(
+                        &inner,
                         taken,
                         self.since,
                         now,
@@ -721,7 +722,8 @@ impl Acquire {
                         self.state = AcquireState::Done;
                         let slot = inner.claim_slot(in_flight as usize, now);
                         let taken = (slot, in_flight + 1);
-                        return Poll::Ready(Ok(inner.admitted(
+                        return Poll::Ready(Ok(Inner::admitted(
+                            &inner,
                             taken,
                             self.since,
                             now,
@@ -764,7 +766,8 @@ impl Acquire {
                     self.state = AcquireState::Done;
                     // Handed over: the count includes this attempt already.
                     let taken = (slot, unpack(inner.state.load(Ordering::Acquire)).0.max(1));
-                    return Poll::Ready(Ok(inner.admitted(
+                    return Poll::Ready(Ok(Inner::admitted(
+                        &inner,
                         taken,
                         self.since,
                         now,

@@ -143,9 +143,11 @@ impl RatioBudget {
         let mut cur = slot.load(Ordering::SeqCst);
         loop {
             let (t, count) = unpack(cur);
-            let next = if t == tag || (tag.wrapping_sub(t) as i32) < 0 {
-                // Same slice, or a caller with a later clock already opened a newer one: count
-                // into it rather than lose the entry.
+            // How far the slot's slice is ahead of ours: a caller with a slightly later clock
+            // may already have opened the next one. Anything else is an old slice (or the
+            // initial tag 0, however far the clock is from zero) and is replaced.
+            let ahead = t.wrapping_sub(tag) as i32;
+            let next = if t == tag || (ahead > 0 && ahead < SLICES as i32) {
                 pack(t, count.saturating_add(1))
             } else {
                 pack(tag, 1)
