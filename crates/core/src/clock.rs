@@ -109,9 +109,7 @@ pub struct MonotonicClock {
 impl MonotonicClock {
     /// A clock whose zero is now.
     pub fn new() -> MonotonicClock {
-        MonotonicClock {
-            origin: Instant::now(),
-        }
+        MonotonicClock { origin: Instant::now() }
     }
 
     /// A clock whose zero is `origin`.
@@ -121,9 +119,7 @@ impl MonotonicClock {
 
     /// The `Timestamp` of an `Instant` (zero for instants before the origin).
     pub fn timestamp_of(&self, instant: Instant) -> Timestamp {
-        Timestamp(duration_nanos(
-            instant.saturating_duration_since(self.origin),
-        ))
+        Timestamp(duration_nanos(instant.saturating_duration_since(self.origin)))
     }
 }
 
@@ -160,9 +156,7 @@ impl ManualClock {
         let d = duration_nanos(d);
         let _ = self
             .nanos
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_add(d))
-            });
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_add(d)));
     }
 
     /// Sets the clock to `t`. A clock never goes backwards: an earlier `t` is ignored.
@@ -193,17 +187,8 @@ mod tests {
 
     #[test]
     fn arithmetic_saturates() {
-        assert_eq!(
-            Timestamp::MAX.saturating_add(Duration::from_secs(1)),
-            Timestamp::MAX
-        );
-        assert_eq!(
-            Timestamp::ZERO.saturating_sub(Duration::from_secs(1)),
-            Timestamp::ZERO
-        );
-        assert_eq!(
-            Timestamp::ZERO.saturating_since(Timestamp::from_millis(3)),
-            Duration::ZERO
-        );
+        assert_eq!(Timestamp::MAX.saturating_add(Duration::from_secs(1)), Timestamp::MAX);
+        assert_eq!(Timestamp::ZERO.saturating_sub(Duration::from_secs(1)), Timestamp::ZERO);
+        assert_eq!(Timestamp::ZERO.saturating_since(Timestamp::from_millis(3)), Duration::ZERO);
     }
 }

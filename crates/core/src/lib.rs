@@ -13,11 +13,23 @@
 //! - [`decimal`]: exact decimal parameters (no `f64` in budget arithmetic);
 //! - [`clock`]: timestamps, a monotonic clock and a manual one.
 
+pub mod backoff;
+pub mod breaker;
 pub mod budget;
 pub mod clock;
+pub mod conditions;
 pub mod decimal;
+pub mod decision;
+pub mod denied;
+pub mod histogram;
+pub mod limiter;
 pub mod plan;
+pub mod random;
+pub mod scope;
+pub mod signals;
 mod sync;
 
 pub use budget::{AnyBudget, BudgetSpec, FailureKind, Outcome, RetryBudget, RetryPermit};
 pub use clock::{Clock, ManualClock, MonotonicClock, Timestamp};
+pub use denied::Denied;
+pub use limiter::{AttemptKind, Limiter, LimiterConfig, Permit};

@@ -133,6 +133,13 @@ pub trait RetryBudget: Send + Sync + fmt::Debug {
 
     /// The balance, utilization and configured percent now.
     fn snapshot(&self, now: Timestamp) -> BudgetSnapshot;
+
+    /// The granted retry was never sent (the cap refused it after its backoff): undo its charge.
+    /// A permit from another budget is only dropped.
+    fn refund(&self, now: Timestamp, permit: RetryPermit) {
+        let _ = now;
+        permit.undo_charge();
+    }
 }
 
 impl<B: RetryBudget + ?Sized> RetryBudget for Arc<B> {
@@ -150,6 +157,9 @@ impl<B: RetryBudget + ?Sized> RetryBudget for Arc<B> {
     }
     fn snapshot(&self, now: Timestamp) -> BudgetSnapshot {
         (**self).snapshot(now)
+    }
+    fn refund(&self, now: Timestamp, permit: RetryPermit) {
+        (**self).refund(now, permit)
     }
 }
 
@@ -172,6 +182,8 @@ enum PermitInner {
     InFlight(Option<Arc<AtomicU64>>),
     /// A quota charge that a success refunds.
     Refund { bucket: Arc<quota::Bucket>, cost: u64, refunded: bool },
+    /// A ratio withdrawal, in slot `idx` of slice `tag`, that a refund takes back.
+    Withdrawal { idx: usize, tag: u32 },
 }
 
 impl RetryPermit {
@@ -195,6 +207,12 @@ impl RetryPermit {
             // sees the lower count also sees everything this retry did before it ended.
             count.fetch_sub(1, Ordering::Release);
         }
+    }
+
+    /// Undoes what the grant charged, where the permit alone can (quota, concurrency).
+    pub(crate) fn undo_charge(mut self) {
+        self.succeeded();
+        self.finish();
     }
 
     /// Whether the retry still counts as in flight for a concurrency policy.
@@ -259,6 +277,9 @@ impl RetryBudget for AnyBudget {
     }
     fn snapshot(&self, now: Timestamp) -> BudgetSnapshot {
         each!(self, b => b.snapshot(now))
+    }
+    fn refund(&self, now: Timestamp, permit: RetryPermit) {
+        each!(self, b => b.refund(now, permit))
     }
 }
 

@@ -204,6 +204,14 @@ mod tests {
     }
 
     #[test]
+    fn refund_returns_the_cost() {
+        let q = quota(500);
+        let p = q.try_retry(Timestamp::ZERO, FailureKind::Timeout).unwrap();
+        q.refund(Timestamp::ZERO, p);
+        assert_eq!(q.tokens(), 500);
+    }
+
+    #[test]
     fn reward_is_capped_and_zero_capacity_never_retries() {
         let q = quota(500);
         q.record_outcome(Timestamp::ZERO, Outcome::Success { retried: false });

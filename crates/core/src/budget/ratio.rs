@@ -21,7 +21,9 @@
 
 use std::time::Duration;
 
-use super::{BudgetExhausted, BudgetSnapshot, FailureKind, Outcome, RetryBudget, RetryPermit};
+use super::{
+    BudgetExhausted, BudgetSnapshot, FailureKind, Outcome, PermitInner, RetryBudget, RetryPermit,
+};
 use crate::clock::{Timestamp, duration_nanos};
 use crate::decimal::Fraction;
 use crate::sync::{AtomicU64, Ordering};
@@ -238,10 +240,18 @@ impl RetryBudget for RatioBudget {
         let (credit, spent) = self.totals(now);
         // `balance ≥ 1` before the withdrawal is `credit − spent ≥ 0` after it.
         if credit >= spent {
-            Ok(RetryPermit::plain())
+            Ok(RetryPermit { inner: PermitInner::Withdrawal { idx, tag: written } })
         } else {
             Self::undo(&self.withdrawals[idx], written);
             Err(BudgetExhausted)
+        }
+    }
+
+    fn refund(&self, _now: Timestamp, permit: RetryPermit) {
+        if let PermitInner::Withdrawal { idx, tag } = permit.inner
+            && idx < SLICES
+        {
+            Self::undo(&self.withdrawals[idx], tag);
         }
     }
 
@@ -329,6 +339,19 @@ mod tests {
         assert_eq!(b.balance(Timestamp::from_millis(10_000)), -1);
         assert_eq!(grants(&b, Timestamp::from_millis(10_000), 1), 0);
         assert_eq!(b.balance(Timestamp::from_millis(15_000)), 0);
+    }
+
+    #[test]
+    fn refund_gives_the_withdrawal_back() {
+        let b = budget("1", "0", 10);
+        b.record_request(Timestamp::ZERO);
+        let p = b.try_retry(Timestamp::ZERO, FailureKind::Error).unwrap();
+        assert_eq!(b.balance(Timestamp::ZERO), 0);
+        b.refund(Timestamp::ZERO, p);
+        assert_eq!(b.balance(Timestamp::ZERO), 1);
+        // A permit that is merely dropped keeps its charge.
+        drop(b.try_retry(Timestamp::ZERO, FailureKind::Error).unwrap());
+        assert_eq!(b.balance(Timestamp::ZERO), 0);
     }
 
     #[test]

@@ -1,0 +1,102 @@
+//! Counters of the retry decision: primaries, retries, and denials by reason.
+//!
+//! The retry fraction a budget alert needs is `retries / primaries`, computed where it is
+//! queried (PromQL), from counters that add across instances. Denials are counted per
+//! [`Denied`] reason; shadow mode (`enforce = false`) counts the denials it would have made in a
+//! separate set, so a service's natural retry ratio can be measured before a budget is imposed.
+//! The limiter's histograms and gauges are in [`LimiterSnapshot`](crate::limiter::LimiterSnapshot).
+
+use crate::denied::Denied;
+use crate::sync::{AtomicU64, Ordering};
+
+/// The decision counters of one dependency (or route). Plain atomics; export them at the edge.
+#[derive(Debug)]
+pub struct Counters {
+    primaries: AtomicU64,
+    retries: AtomicU64,
+    not_retryable: AtomicU64,
+    denied: [AtomicU64; Denied::ALL.len()],
+    shadow_denied: [AtomicU64; Denied::ALL.len()],
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            primaries: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            not_retryable: AtomicU64::new(0),
+            denied: std::array::from_fn(|_| AtomicU64::new(0)),
+            shadow_denied: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// A copy of the counters.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CountersSnapshot {
+    /// Original requests admitted (sent as a first attempt).
+    pub primaries: u64,
+    /// Retries sent.
+    pub retries: u64,
+    /// Failures whose condition is not in `retry_on` (not denials).
+    pub not_retryable: u64,
+    /// Denials by reason, indexed by [`Denied::index`].
+    pub denied: [u64; Denied::ALL.len()],
+    /// Denials shadow mode would have made, indexed by [`Denied::index`].
+    pub shadow_denied: [u64; Denied::ALL.len()],
+}
+
+impl CountersSnapshot {
+    /// Denials for one reason.
+    pub fn denied(&self, reason: Denied) -> u64 {
+        self.denied[reason.index()]
+    }
+
+    /// Would-be denials for one reason (shadow mode).
+    pub fn shadow_denied(&self, reason: Denied) -> u64 {
+        self.shadow_denied[reason.index()]
+    }
+}
+
+impl Counters {
+    // Relaxed throughout: counters are independent and only ever summed at a scrape.
+
+    /// An original request was sent.
+    pub fn primary(&self) {
+        self.primaries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A retry was sent.
+    pub fn retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A failure was not retryable by `retry_on`.
+    pub fn not_retryable(&self) {
+        self.not_retryable.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An attempt was refused for `reason`.
+    pub fn denied(&self, reason: Denied) {
+        self.denied[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Shadow mode would have refused an attempt for `reason`.
+    pub fn shadow_denied(&self, reason: Denied) {
+        self.shadow_denied[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let load = |a: &[AtomicU64; Denied::ALL.len()]| {
+            std::array::from_fn(|i| a[i].load(Ordering::Relaxed))
+        };
+        CountersSnapshot {
+            primaries: self.primaries.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            not_retryable: self.not_retryable.load(Ordering::Relaxed),
+            denied: load(&self.denied),
+            shadow_denied: load(&self.shadow_denied),
+        }
+    }
+}
