@@ -1,0 +1,101 @@
+//! Retries stacked across layers: a request that arrives already marked as a retry.
+//!
+//! When a client library, a sidecar and a gateway each retry twice, one user request can become
+//! 27 attempts. The layer nearest the dependency should retry, and the ones above it should not
+//! retry a retry. A request is marked by the layer that retried it: stormguard sets
+//! `x-stormguard-attempt` on every attempt it sends (1 for the first), Envoy sets
+//! `x-envoy-attempt-count`, and gRPC clients set `grpc-previous-rpc-attempts` on retries. A
+//! request that arrives with one of these past its first attempt is *stacked*, and the retry
+//! decision refuses it with `stacked` (configurable).
+//!
+//! ```
+//! use http::HeaderMap;
+//! use stormguard_http::stacked::{StackedHeaders, mark_attempt};
+//!
+//! let detect = StackedHeaders::default();
+//! let mut headers = HeaderMap::new();
+//! assert!(!detect.arrived_as_retry(&headers));
+//! mark_attempt(&mut headers, 2);
+//! assert!(detect.arrived_as_retry(&headers));
+//! ```
+
+use http::HeaderMap;
+use http::header::{HeaderName, HeaderValue};
+
+/// The header stormguard sets on each attempt it sends: 1 for the first, 2 for the first retry.
+pub static ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-stormguard-attempt");
+
+/// How a header marks a retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    /// The header counts attempts (1 = first try): a retry when above 1.
+    AttemptCount(HeaderName),
+    /// The header counts attempts before this one: a retry when above 0.
+    PreviousAttempts(HeaderName),
+}
+
+/// The headers that mark a request as already retried by another layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackedHeaders {
+    /// The markers looked for. Default: `x-stormguard-attempt` and `x-envoy-attempt-count`
+    /// (attempt counts), `grpc-previous-rpc-attempts` (previous attempts, per gRFC A6).
+    pub markers: Vec<Marker>,
+}
+
+impl Default for StackedHeaders {
+    fn default() -> Self {
+        StackedHeaders {
+            markers: vec![
+                Marker::AttemptCount(ATTEMPT_HEADER.clone()),
+                Marker::AttemptCount(HeaderName::from_static("x-envoy-attempt-count")),
+                Marker::PreviousAttempts(HeaderName::from_static("grpc-previous-rpc-attempts")),
+            ],
+        }
+    }
+}
+
+fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+impl StackedHeaders {
+    /// Whether the request arrived already marked as a retry. A malformed value marks nothing.
+    pub fn arrived_as_retry(&self, headers: &HeaderMap) -> bool {
+        self.markers.iter().any(|m| match m {
+            Marker::AttemptCount(name) => number(headers, name).is_some_and(|n| n > 1),
+            Marker::PreviousAttempts(name) => number(headers, name).is_some_and(|n| n > 0),
+        })
+    }
+}
+
+/// Sets `x-stormguard-attempt: attempt` (1 for the first try) on an outgoing request.
+pub fn mark_attempt(headers: &mut HeaderMap, attempt: u32) {
+    headers.insert(ATTEMPT_HEADER.clone(), HeaderValue::from(attempt));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(name: &'static str, value: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_static(value));
+        h
+    }
+
+    #[test]
+    fn markers() {
+        let d = StackedHeaders::default();
+        assert!(!d.arrived_as_retry(&with("x-stormguard-attempt", "1")));
+        assert!(d.arrived_as_retry(&with("x-stormguard-attempt", "2")));
+        assert!(!d.arrived_as_retry(&with("x-envoy-attempt-count", "1")));
+        assert!(d.arrived_as_retry(&with("x-envoy-attempt-count", "3")));
+        assert!(!d.arrived_as_retry(&with("grpc-previous-rpc-attempts", "0")));
+        assert!(d.arrived_as_retry(&with("grpc-previous-rpc-attempts", "1")));
+        for junk in ["", "two", "-3", "99999999999999999999999"] {
+            assert!(!d.arrived_as_retry(&with("x-envoy-attempt-count", junk)), "{junk}");
+        }
+        let none = StackedHeaders { markers: vec![] };
+        assert!(!none.arrived_as_retry(&with("x-envoy-attempt-count", "5")));
+    }
+}
