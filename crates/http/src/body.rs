@@ -281,7 +281,7 @@ where
         // What is left of the original, plus what this clone has still to replay.
         let rest = match &self.original {
             Some(o) => o.size_hint(),
-            None if shared.read == 0 => shared.hint.clone(),
+            None if shared.read == 0 => shared.hint,
             None => shared.original.as_ref().map(|o| o.size_hint()).unwrap_or_default(),
         };
         let mut s = SizeHint::new();
