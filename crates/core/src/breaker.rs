@@ -911,7 +911,11 @@ mod loom_tests {
     /// configured probes hold places.
     #[test]
     fn probes_never_exceed_the_limit() {
-        loom::model(|| {
+        let mut model = loom::model::Builder::new();
+        if model.preemption_bound.is_none() {
+            model.preemption_bound = Some(3);
+        }
+        model.check(|| {
             let b = Breaker::try_new(BreakerConfig {
                 consecutive_failures: Some(1),
                 half_open_probes: 2,

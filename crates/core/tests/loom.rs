@@ -161,3 +161,29 @@ fn quota_charges_each_grant_once() {
         assert_eq!(b.snapshot(Timestamp::ZERO).balance, 0.0);
     });
 }
+
+/// Half-open: two racing callers for one probe place; at most one probe gets through.
+#[test]
+fn half_open_admits_one_probe_at_a_time() {
+    use stormguard_core::breaker::{AttemptResult, Breaker, BreakerConfig};
+    model(|| {
+        let b = Breaker::try_new(BreakerConfig {
+            consecutive_failures: Some(1),
+            break_duration: Duration::from_millis(1),
+            half_open_probes: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        b.record(Timestamp::ZERO, AttemptResult::UpstreamFailure);
+        let after = Timestamp::from_millis(1);
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                // Each keeps its probe permit until both have tried.
+                thread::spawn(move || b.try_acquire(after).ok())
+            })
+            .collect();
+        let permits: Vec<_> = hs.into_iter().filter_map(|h| h.join().unwrap()).collect();
+        assert_eq!(permits.len(), 1);
+    });
+}
