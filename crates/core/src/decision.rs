@@ -213,7 +213,6 @@ pub struct RetryTicket {
     wait: Duration,
     charges: RetryCharges,
     shadow_denied: Option<Denied>,
-    failure: AttemptFailure,
 }
 
 impl RetryTicket {
@@ -275,6 +274,11 @@ impl AdmittedRetry {
     /// The charges, to report the retry's success.
     pub fn charges_mut(&mut self) -> &mut RetryCharges {
         &mut self.charges
+    }
+
+    /// The charges, to hold until the retry finishes (the slot may have moved elsewhere).
+    pub fn into_charges(self) -> RetryCharges {
+        self.charges
     }
 }
 
@@ -394,7 +398,6 @@ impl RetryPolicy {
                     wait,
                     charges: RetryCharges::default(),
                     shadow_denied: Some(reason),
-                    failure,
                 })
             }
         }
@@ -464,7 +467,7 @@ impl RetryPolicy {
                 return Err(Denied::Budget);
             }
         }
-        Ok(RetryTicket { wait, charges, shadow_denied: None, failure })
+        Ok(RetryTicket { wait, charges, shadow_denied: None })
     }
 
     /// Step 7, after the wait: takes a slot with `try_acquire` (a retry never waits). A refusal
@@ -484,7 +487,6 @@ impl RetryPolicy {
             Err(reason) if self.config.enforce => {
                 ticket.charges.refund(now, &*self.budget);
                 self.counters.denied(reason);
-                let _ = ticket.failure;
                 Err(reason)
             }
             Err(reason) => {
@@ -493,6 +495,13 @@ impl RetryPolicy {
                 Ok(AdmittedRetry { permit: None, charges: ticket.charges })
             }
         }
+    }
+
+    /// The retry will not be sent after all (its failed response could not be kept, or the
+    /// body can not be copied): the scope and budget charges are refunded, and the reason is
+    /// not counted as a denial.
+    pub fn give_up(&self, now: Timestamp, ticket: RetryTicket) {
+        ticket.charges.refund(now, &*self.budget);
     }
 
     fn sent(&self, state: &mut RetryState, wait: Duration) {

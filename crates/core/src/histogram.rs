@@ -2,8 +2,8 @@
 //!
 //! Percentiles do not add across instances or time, so stormguard exports bucket counts and lets
 //! Prometheus compute quantiles. A [`Histogram`] is a fixed list of upper bounds and one atomic
-//! counter per bucket (plus one for everything above the last bound), a running sum and a count.
-//! Recording is a binary search and three relaxed atomic adds.
+//! counter per bucket (plus one for everything above the last bound) and a running sum.
+//! Recording is a binary search and two relaxed atomic adds (the count is the sum of the buckets).
 //!
 //! ```
 //! use stormguard_core::histogram::{Histogram, LATENCY_BOUNDS_NANOS};
@@ -47,8 +47,10 @@ pub struct Histogram {
     bounds: Vec<u64>,
     /// One per bound, then the overflow bucket.
     counts: Box<[AtomicU64]>,
+    /// The sum of recorded values; for a [linear](Histogram::linear) histogram only of those
+    /// past the last bound (the rest is exact from the buckets).
     sum: AtomicU64,
-    count: AtomicU64,
+    linear: bool,
 }
 
 /// A copy of a histogram's counts (not cumulative), for export.
@@ -94,31 +96,50 @@ impl Histogram {
         bounds.sort_unstable();
         bounds.dedup();
         let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
-        Histogram { bounds, counts, sum: AtomicU64::new(0), count: AtomicU64::new(0) }
+        Histogram { bounds, counts, sum: AtomicU64::new(0), linear: false }
     }
 
-    /// One bucket per integer `0..=max` (for in-flight counts).
+    /// One bucket per integer `0..=max` (for in-flight counts). Recording is one atomic add: the
+    /// bucket is the value, so the sum comes from the buckets.
     pub fn linear(max: u64) -> Histogram {
-        Histogram::new((0..=max).collect())
+        Histogram { linear: true, ..Histogram::new((0..=max).collect()) }
     }
 
-    /// Records one value.
+    /// Records one value. The count is the sum of the buckets, so it is not kept apart.
+    #[inline]
     pub fn record(&self, value: u64) {
-        let i = self.bounds.partition_point(|b| *b < value);
+        let i = if self.linear {
+            (value as usize).min(self.bounds.len())
+        } else {
+            self.bounds.partition_point(|b| *b < value)
+        };
         // Relaxed: each counter is independent; a snapshot may see one add before another,
         // which a scrape tolerates.
         self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
+        if !self.linear || i == self.bounds.len() {
+            self.sum.fetch_add(value, Ordering::Relaxed);
+        }
     }
 
     /// The counts now.
     pub fn snapshot(&self) -> HistogramSnapshot {
-        HistogramSnapshot {
-            bounds: self.bounds.clone(),
-            counts: self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
-            sum: self.sum.load(Ordering::Relaxed),
-            count: self.count.load(Ordering::Relaxed),
+        let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let mut sum = self.sum.load(Ordering::Relaxed);
+        if self.linear {
+            let exact: u64 =
+                self.bounds.iter().zip(&counts).map(|(b, c)| b.saturating_mul(*c)).sum();
+            sum = sum.saturating_add(exact);
+        }
+        HistogramSnapshot { bounds: self.bounds.clone(), count: counts.iter().sum(), counts, sum }
+    }
+}
+
+impl HistogramSnapshot {
+    /// Adds `n` values of zero (recorded elsewhere as a count, to keep a hot path short).
+    pub fn add_zeros(&mut self, n: u64) {
+        if let Some(first) = self.counts.first_mut() {
+            *first += n;
+            self.count += n;
         }
     }
 }

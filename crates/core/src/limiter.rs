@@ -253,7 +253,13 @@ impl Limiter {
     /// primary is waiting (a retry must not take the slot a waiting primary is owed). Primaries
     /// that must not wait use it too.
     pub fn try_acquire(&self, kind: AttemptKind) -> Result<Permit, Denied> {
-        let now = self.inner.clock.now();
+        self.try_acquire_at(kind, self.inner.clock.now())
+    }
+
+    /// [`try_acquire`](Self::try_acquire) at `now`, for callers that already read the clock
+    /// (`now` must come from the limiter's clock).
+    #[inline]
+    pub fn try_acquire_at(&self, kind: AttemptKind, now: Timestamp) -> Result<Permit, Denied> {
         self.inner.reclaim_holds(now);
         match self.inner.try_take(now) {
             Some(taken) => Ok(Inner::admitted(&self.inner, taken, now, now, kind)),
@@ -364,6 +370,7 @@ impl Limiter {
             .filter(|t| *t != 0)
             .min()
             .map(|t| now.saturating_since(Timestamp::from_nanos(t - 1)));
+        let in_flight_histogram = inner.stats.in_flight.snapshot();
         LimiterSnapshot {
             cap: inner.config.cap,
             effective_cap: inner.effective_cap(now),
@@ -372,8 +379,12 @@ impl Limiter {
             held,
             high_water,
             oldest_permit_age: oldest,
-            in_flight_histogram: inner.stats.in_flight.snapshot(),
-            wait_histogram: inner.stats.wait.snapshot(),
+            wait_histogram: {
+                let mut wait = inner.stats.wait.snapshot();
+                wait.add_zeros(in_flight_histogram.count.saturating_sub(wait.count));
+                wait
+            },
+            in_flight_histogram,
             execution_histogram: inner.stats.execution.snapshot(),
             refused_cap: inner.stats.refused_cap.load(Ordering::Relaxed),
             refused_queue_full: inner.stats.refused_queue_full.load(Ordering::Relaxed),
@@ -383,6 +394,7 @@ impl Limiter {
 }
 
 impl Inner {
+    #[inline]
     fn effective_cap(&self, now: Timestamp) -> u64 {
         let hint = self.hint.load(Ordering::Acquire);
         if hint != 0 && now.as_nanos() < self.hint_until.load(Ordering::Acquire) {
@@ -394,6 +406,7 @@ impl Inner {
 
     /// The lock-free admission: one more in flight if a slot is free and nobody waits.
     /// Returns the claimed slot index.
+    #[inline]
     fn try_take(&self, now: Timestamp) -> Option<(usize, u64)> {
         let cap = self.effective_cap(now);
         let mut s = self.state.load(Ordering::Acquire);
@@ -419,6 +432,7 @@ impl Inner {
     /// Marks a free slot-table entry as used since `now`. The caller has already counted the
     /// attempt in `state`, and entries in use never outnumber the count minus one, so a free
     /// entry exists; racing claimers may move the search along.
+    #[inline]
     fn claim_slot(&self, start: usize, now: Timestamp) -> usize {
         let n = self.slots.len();
         let stamp = now.as_nanos().saturating_add(1).max(1);
@@ -439,6 +453,7 @@ impl Inner {
 
     /// Records an admission and wraps it in a permit.
     /// `in_flight` is the count this attempt saw, itself included.
+    #[inline]
     fn admitted(
         this: &Arc<Self>,
         (slot, in_flight): (usize, u64),
@@ -447,13 +462,22 @@ impl Inner {
         kind: AttemptKind,
     ) -> Permit {
         this.stats.in_flight.record(in_flight);
-        this.stats.high_water.fetch_max(in_flight, Ordering::AcqRel);
-        this.stats.wait.record(duration_nanos(now.saturating_since(since)));
+        // A load first: the read-modify-write only when this is a new high.
+        if in_flight > this.stats.high_water.load(Ordering::Relaxed) {
+            this.stats.high_water.fetch_max(in_flight, Ordering::AcqRel);
+        }
+        // Waits of zero (every retry, every primary that found a slot free) are not recorded:
+        // the snapshot derives them from the admissions, keeping the hot path short.
+        let waited = duration_nanos(now.saturating_since(since));
+        if waited > 0 {
+            this.stats.wait.record(waited);
+        }
         Permit { inner: Some(this.clone()), slot, admitted_at: now, kind }
     }
 
     /// Gives a slot back: to the oldest waiting primary if there is one and the cap allows,
     /// otherwise to the pool.
+    #[inline]
     fn release(&self, slot: usize, now: Timestamp) {
         // Free the entry first, so entries in use stay below the count.
         self.free_slot(slot);
@@ -532,6 +556,7 @@ impl Inner {
     }
 
     /// Releases the slots of timed-out attempts whose hold has passed.
+    #[inline]
     fn reclaim_holds(&self, now: Timestamp) {
         // One load on the hot path; the lock only when a hold is due.
         if now.as_nanos() < self.earliest_hold.load(Ordering::Acquire) {
@@ -608,7 +633,20 @@ impl Permit {
     }
 }
 
+impl Permit {
+    /// Releases the slot at `now` (from the limiter's clock), recording the execution time:
+    /// dropping the permit does the same after reading the clock itself.
+    #[inline]
+    pub fn release_at(mut self, now: Timestamp) {
+        if let Some(inner) = self.inner.take() {
+            inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
+            inner.release(self.slot, now);
+        }
+    }
+}
+
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
             let now = inner.clock.now();

@@ -106,8 +106,10 @@ impl ConcurrencyBudget {
 }
 
 impl RetryBudget for ConcurrencyBudget {
+    #[inline]
     fn record_request(&self, _now: Timestamp) {}
 
+    #[inline]
     fn record_outcome(&self, _now: Timestamp, _outcome: Outcome) {}
 
     fn try_retry(

@@ -199,6 +199,7 @@ impl RetryPermit {
     /// The retry finished, but its permit is kept (to call [`succeeded`](Self::succeeded) once the
     /// outcome is known): a concurrency policy stops counting it now. Dropping the permit
     /// finishes it too; finishing twice counts once.
+    #[inline]
     pub fn finish(&mut self) {
         if let PermitInner::InFlight(count) = &mut self.inner
             && let Some(count) = count.take()
@@ -233,6 +234,7 @@ impl RetryPermit {
 }
 
 impl Drop for RetryPermit {
+    #[inline]
     fn drop(&mut self) {
         self.finish();
     }
@@ -263,12 +265,15 @@ macro_rules! each {
 }
 
 impl RetryBudget for AnyBudget {
+    #[inline]
     fn record_request(&self, now: Timestamp) {
         each!(self, b => b.record_request(now))
     }
+    #[inline]
     fn record_outcome(&self, now: Timestamp, outcome: Outcome) {
         each!(self, b => b.record_outcome(now, outcome))
     }
+    #[inline]
     fn try_retry(&self, now: Timestamp, kind: FailureKind) -> Result<RetryPermit, BudgetExhausted> {
         each!(self, b => b.try_retry(now, kind))
     }

@@ -124,8 +124,10 @@ impl QuotaBudget {
 }
 
 impl RetryBudget for QuotaBudget {
+    #[inline]
     fn record_request(&self, _now: Timestamp) {}
 
+    #[inline]
     fn record_outcome(&self, _now: Timestamp, outcome: Outcome) {
         if outcome == (Outcome::Success { retried: false }) {
             self.bucket.add(self.config.success_reward);

@@ -214,12 +214,14 @@ impl RatioBudget {
 }
 
 impl RetryBudget for RatioBudget {
+    #[inline]
     fn record_request(&self, now: Timestamp) {
         if self.config.deposit_on == DepositOn::Admission {
             self.deposit(now);
         }
     }
 
+    #[inline]
     fn record_outcome(&self, now: Timestamp, outcome: Outcome) {
         if self.config.deposit_on == DepositOn::Success
             && matches!(outcome, Outcome::Success { .. })

@@ -75,8 +75,10 @@ impl TokenBucket {
 }
 
 impl RetryBudget for TokenBucket {
+    #[inline]
     fn record_request(&self, _now: Timestamp) {}
 
+    #[inline]
     fn record_outcome(&self, _now: Timestamp, outcome: Outcome) {
         match outcome {
             Outcome::RetryableFailure(_) | Outcome::DontRetryPushback => {

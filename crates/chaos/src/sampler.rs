@@ -1,0 +1,424 @@
+//! Seeded draws: what happens to request number `k`.
+//!
+//! A chaos run is only evidence if it can be checked. Wall-clock latency on a shared machine says
+//! little about whether the script was followed, so every random choice the server makes — does
+//! this request fail, reset, or get cut off mid-body, and how long does it take — is a pure
+//! function of the server's seed and the request's sequence number. A test draws the same values
+//! from a [`Sampler`] directly, over as many requests as it likes, and compares them to the script
+//! without ever sleeping; the server makes exactly those draws.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_chaos::{Latency, Phase, Sampler};
+//!
+//! let phase = Phase {
+//!     error_rate: 0.25,
+//!     latency: Latency::LogNormal {
+//!         p50: Duration::from_millis(50),
+//!         p99: Duration::from_millis(400),
+//!     },
+//!     ..Phase::default()
+//! };
+//! let sampler = Sampler::new(7);
+//! let errors = (0..10_000).filter(|&k| sampler.draw(&phase, k).is_error()).count();
+//! assert!((2_350..=2_650).contains(&errors));
+//! // Request 42 always gets the same draw from seed 7.
+//! assert_eq!(sampler.draw(&phase, 42), Sampler::new(7).draw(&phase, 42));
+//! ```
+
+use std::time::Duration;
+
+use stormguard_core::random::{RandomSource, SplitMix64};
+
+use crate::script::Phase;
+
+/// The 99th percentile of the standard normal distribution.
+const Z99: f64 = 2.326_347_874_040_841;
+
+/// How long a request takes before the server answers it.
+///
+/// Every distribution is clamped to the phase's `latency_max`. Given as quantiles, a skewed
+/// distribution is fitted so that those quantiles are exact: write the p50 and p99 you measured
+/// on the real dependency and the draws reproduce them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Latency {
+    /// Always this long (zero: answer at once).
+    Fixed(Duration),
+    /// Uniform between `min` and `max`, both included.
+    Uniform {
+        /// Shortest draw.
+        min: Duration,
+        /// Longest draw (at least `min`).
+        max: Duration,
+    },
+    /// Log-normal with this median and 99th percentile (`p99 >= p50 > 0`): the usual shape of a
+    /// service's latency, a body and a moderate right tail.
+    LogNormal {
+        /// Median.
+        p50: Duration,
+        /// 99th percentile.
+        p99: Duration,
+    },
+    /// Pareto (type I) with scale `min` and shape `alpha` (> 0): a heavy tail, where a few
+    /// requests take far longer than the rest. `alpha <= 1` has no finite mean; the phase's
+    /// `latency_max` keeps draws bounded. [`Latency::pareto_from_quantiles`] fits it to a p50
+    /// and p99.
+    Pareto {
+        /// Scale: the shortest draw.
+        min: Duration,
+        /// Shape: smaller is heavier.
+        alpha: f64,
+    },
+}
+
+impl Default for Latency {
+    fn default() -> Latency {
+        Latency::Fixed(Duration::ZERO)
+    }
+}
+
+impl Latency {
+    /// The Pareto distribution whose median and 99th percentile are `p50` and `p99`
+    /// (`p99 > p50 > 0`): `alpha = ln 50 / ln(p99 / p50)`, `min = p50 / 2^(1/alpha)`.
+    pub fn pareto_from_quantiles(p50: Duration, p99: Duration) -> Result<Latency, String> {
+        if p50.is_zero() || p99 <= p50 {
+            return Err("a Pareto tail needs p99 > p50 > 0".to_string());
+        }
+        let alpha = 50f64.ln() / (p99.as_secs_f64() / p50.as_secs_f64()).ln();
+        let min = p50.as_secs_f64() / 2f64.powf(1.0 / alpha);
+        Ok(Latency::Pareto { min: Duration::from_secs_f64(min), alpha })
+    }
+
+    /// The quantile function: the latency at cumulative probability `u` in (0, 1), unclamped.
+    pub fn quantile(&self, u: f64) -> Duration {
+        match *self {
+            Latency::Fixed(d) => d,
+            Latency::Uniform { min, max } => {
+                let span = max.saturating_sub(min).as_secs_f64();
+                min + Duration::from_secs_f64(span * u)
+            }
+            Latency::LogNormal { p50, p99 } => {
+                if p99 <= p50 {
+                    return p50;
+                }
+                let sigma = (p99.as_secs_f64() / p50.as_secs_f64()).ln() / Z99;
+                seconds(p50.as_secs_f64() * (sigma * inverse_normal_cdf(u)).exp())
+            }
+            Latency::Pareto { min, alpha } => {
+                // P(X > x) = (min / x)^alpha, so x = min / (1 - u)^(1 / alpha).
+                seconds(min.as_secs_f64() / (1.0 - u).powf(1.0 / alpha))
+            }
+        }
+    }
+
+    /// Checks the parameters; the reason names what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        match *self {
+            Latency::Fixed(_) => Ok(()),
+            Latency::Uniform { min, max } if max < min => {
+                Err("a uniform latency needs max >= min".to_string())
+            }
+            Latency::Uniform { .. } => Ok(()),
+            Latency::LogNormal { p50, p99 } if p50.is_zero() || p99 < p50 => {
+                Err("a log-normal latency needs p99 >= p50 > 0".to_string())
+            }
+            Latency::LogNormal { .. } => Ok(()),
+            Latency::Pareto { min, alpha }
+                if min.is_zero() || !(alpha > 0.0 && alpha.is_finite()) =>
+            {
+                Err("a Pareto latency needs min > 0 and alpha > 0".to_string())
+            }
+            Latency::Pareto { .. } => Ok(()),
+        }
+    }
+}
+
+/// A duration from seconds, saturating instead of panicking on huge or non-finite values.
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(if s > 0.0 { Duration::MAX } else { Duration::ZERO })
+}
+
+/// What the server does with one request, apart from the limits (which depend on the traffic, not
+/// on a draw).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Answer 200 with the phase's body.
+    Respond,
+    /// Answer the phase's error status.
+    Error,
+    /// Reset instead of answering: the connection (HTTP/1.1) or the stream (h2).
+    Reset,
+    /// Answer 200, send half the body, then reset.
+    Truncate,
+}
+
+/// One request's draw: what happens to it and how long the server waits first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draw {
+    /// What the answer is.
+    pub action: Action,
+    /// How long the server works before answering (already clamped to `latency_max`).
+    pub latency: Duration,
+}
+
+impl Draw {
+    /// The answer is the injected error status.
+    pub fn is_error(&self) -> bool {
+        self.action == Action::Error
+    }
+}
+
+/// Makes the server's random choices from a seed and a request's sequence number.
+///
+/// Each request gets its own generator, derived from `(seed, k)` by a SplitMix64 finaliser, so the
+/// draw for request `k` does not depend on the order in which requests arrive or on how many
+/// threads serve them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampler {
+    seed: u64,
+}
+
+impl Sampler {
+    /// A sampler for this seed (any value).
+    pub const fn new(seed: u64) -> Sampler {
+        Sampler { seed }
+    }
+
+    /// The seed.
+    pub const fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The generator for request `k`: the same `(seed, k)` always gives the same stream, and
+    /// neighbouring `k` give unrelated streams (SplitMix64's own streams overlap when seeds
+    /// differ by its increment, so the seed is mixed first).
+    pub fn rng_for(&self, k: u64) -> SplitMix64 {
+        let mut mix = SplitMix64::new(self.seed ^ k.wrapping_mul(0xd1b5_4a32_d192_ed03));
+        SplitMix64::new(mix.next_u64())
+    }
+
+    /// Request `k`'s draw under `phase`: one uniform for the action, one for the latency.
+    pub fn draw(&self, phase: &Phase, k: u64) -> Draw {
+        let mut rng = self.rng_for(k);
+        let u = unit(&mut rng);
+        // The faults are disjoint bands of one uniform, so each fires at exactly its rate.
+        let action = if u < phase.reset_rate {
+            Action::Reset
+        } else if u < phase.reset_rate + phase.error_rate {
+            Action::Error
+        } else if u < phase.reset_rate + phase.error_rate + phase.truncate_rate {
+            Action::Truncate
+        } else {
+            Action::Respond
+        };
+        let latency = phase.latency.quantile(unit(&mut rng)).min(phase.latency_max);
+        Draw { action, latency }
+    }
+}
+
+/// A uniform draw in the open interval (0, 1), with 53 bits of precision.
+fn unit(rng: &mut impl RandomSource) -> f64 {
+    ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+/// The standard normal quantile function, by Acklam's rational approximation (relative error
+/// below 1.2e-9 over (0, 1)): one uniform in, one normal out, so a draw's rank is preserved and
+/// the fitted quantiles come out exact.
+pub fn inverse_normal_cdf(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    const LOW: f64 = 0.024_25;
+    if p <= 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if p >= 1.0 {
+        return f64::INFINITY;
+    }
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < LOW {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p <= 1.0 - LOW {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    } else {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: u64 = 20_000;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The `q` quantile of the draws' latencies (nearest rank).
+    fn quantile(draws: &[Draw], q: f64) -> Duration {
+        let mut l: Vec<Duration> = draws.iter().map(|d| d.latency).collect();
+        l.sort_unstable();
+        l[((q * l.len() as f64).ceil() as usize).clamp(1, l.len()) - 1]
+    }
+
+    fn draws(phase: &Phase, seed: u64) -> Vec<Draw> {
+        let s = Sampler::new(seed);
+        (0..N).map(|k| s.draw(phase, k)).collect()
+    }
+
+    fn within(actual: Duration, expected: Duration, tolerance: f64) -> bool {
+        let (a, e) = (actual.as_secs_f64(), expected.as_secs_f64());
+        (a - e).abs() <= tolerance * e
+    }
+
+    #[test]
+    fn inverse_normal_known_values() {
+        assert!(inverse_normal_cdf(0.5).abs() < 1e-9);
+        assert!((inverse_normal_cdf(0.99) - Z99).abs() < 1e-8);
+        assert!((inverse_normal_cdf(0.975) - 1.959_963_984_540_054).abs() < 1e-8);
+        assert!((inverse_normal_cdf(0.001) + 3.090_232_306_167_813).abs() < 1e-7);
+        assert!((inverse_normal_cdf(0.01) + Z99).abs() < 1e-8);
+        assert_eq!(inverse_normal_cdf(0.0), f64::NEG_INFINITY);
+        // Monotone across the region boundaries.
+        let ps = [0.02, 0.024_25, 0.025, 0.5, 0.975, 0.975_75, 0.98];
+        assert!(ps.windows(2).all(|w| inverse_normal_cdf(w[0]) < inverse_normal_cdf(w[1])));
+    }
+
+    #[test]
+    fn error_and_fault_fractions_match_the_script() {
+        let phase =
+            Phase { error_rate: 0.3, reset_rate: 0.05, truncate_rate: 0.1, ..Phase::default() };
+        let d = draws(&phase, 1);
+        let frac = |a: Action| d.iter().filter(|x| x.action == a).count() as f64 / N as f64;
+        // Binomial standard deviation at n = 20 000 is at most 0.0036; 0.015 is four of them.
+        assert!((frac(Action::Error) - 0.3).abs() < 0.015, "{}", frac(Action::Error));
+        assert!((frac(Action::Reset) - 0.05).abs() < 0.015, "{}", frac(Action::Reset));
+        assert!((frac(Action::Truncate) - 0.1).abs() < 0.015, "{}", frac(Action::Truncate));
+        assert!((frac(Action::Respond) - 0.55).abs() < 0.015, "{}", frac(Action::Respond));
+    }
+
+    #[test]
+    fn error_fraction_check_can_fail() {
+        // The same check against a different script's rate fails: the tolerance discriminates.
+        let d = draws(&Phase { error_rate: 0.3, ..Phase::default() }, 1);
+        let frac = d.iter().filter(|x| x.is_error()).count() as f64 / N as f64;
+        assert!((frac - 0.25).abs() >= 0.015);
+        assert_eq!(draws(&Phase::default(), 1).iter().filter(|x| x.is_error()).count(), 0);
+        let all = Phase { error_rate: 1.0, ..Phase::default() };
+        assert!(draws(&all, 1).iter().all(Draw::is_error));
+    }
+
+    #[test]
+    fn lognormal_quantiles_match_the_script() {
+        let latency = Latency::LogNormal { p50: ms(50), p99: ms(400) };
+        for seed in [1, 2, 3] {
+            let d = draws(&Phase { latency, ..Phase::default() }, seed);
+            assert!(within(quantile(&d, 0.5), ms(50), 0.05), "p50 {:?}", quantile(&d, 0.5));
+            assert!(within(quantile(&d, 0.99), ms(400), 0.10), "p99 {:?}", quantile(&d, 0.99));
+            // A wrong script's p99 is far outside the tolerance.
+            assert!(!within(quantile(&d, 0.99), ms(200), 0.10));
+        }
+    }
+
+    #[test]
+    fn pareto_quantiles_match_the_script() {
+        let latency = Latency::pareto_from_quantiles(ms(20), ms(500)).unwrap();
+        let d = draws(&Phase { latency, ..Phase::default() }, 9);
+        assert!(within(quantile(&d, 0.5), ms(20), 0.05), "p50 {:?}", quantile(&d, 0.5));
+        assert!(within(quantile(&d, 0.99), ms(500), 0.15), "p99 {:?}", quantile(&d, 0.99));
+        let Latency::Pareto { min, .. } = latency else { unreachable!() };
+        assert!(d.iter().all(|x| x.latency >= min));
+        assert!(!within(quantile(&d, 0.99), ms(250), 0.15));
+    }
+
+    #[test]
+    fn pareto_tail_is_clamped_by_latency_max() {
+        let latency = Latency::Pareto { min: ms(10), alpha: 0.5 };
+        let d = draws(&Phase { latency, latency_max: ms(2_000), ..Phase::default() }, 4);
+        assert!(d.iter().all(|x| x.latency <= ms(2_000)));
+        // alpha 0.5: P(X > 2 s) = (10 ms / 2 s)^0.5 ≈ 7 %; those are clamped, not lost.
+        let clamped = d.iter().filter(|x| x.latency == ms(2_000)).count() as f64 / N as f64;
+        assert!((clamped - 0.0707).abs() < 0.01, "{clamped}");
+    }
+
+    #[test]
+    fn uniform_and_fixed() {
+        let latency = Latency::Uniform { min: ms(10), max: ms(30) };
+        let d = draws(&Phase { latency, ..Phase::default() }, 5);
+        assert!(d.iter().all(|x| ms(10) <= x.latency && x.latency <= ms(30)));
+        let mean = d.iter().map(|x| x.latency.as_secs_f64()).sum::<f64>() / N as f64;
+        assert!((mean - 0.020).abs() < 0.0005, "{mean}");
+        assert!(within(quantile(&d, 0.25), ms(15), 0.05));
+        let fixed = Phase { latency: Latency::Fixed(ms(7)), ..Phase::default() };
+        assert!(draws(&fixed, 5).iter().all(|x| x.latency == ms(7)));
+    }
+
+    #[test]
+    fn draws_are_reproducible_from_seed_and_sequence() {
+        let phase = Phase {
+            error_rate: 0.5,
+            latency: Latency::LogNormal { p50: ms(5), p99: ms(50) },
+            ..Phase::default()
+        };
+        let a = Sampler::new(11);
+        // Order of asking does not matter: k alone decides.
+        let forward: Vec<Draw> = (0..100).map(|k| a.draw(&phase, k)).collect();
+        let backward: Vec<Draw> = (0..100).rev().map(|k| a.draw(&phase, k)).collect();
+        assert!(forward.iter().eq(backward.iter().rev()));
+        let b = Sampler::new(12);
+        assert!((0..100).any(|k| a.draw(&phase, k) != b.draw(&phase, k)));
+    }
+
+    #[test]
+    fn neighbouring_requests_are_not_correlated() {
+        // Adjacent k must not share a shifted stream: compare consecutive errors' joint rate.
+        let phase = Phase { error_rate: 0.5, ..Phase::default() };
+        let s = Sampler::new(0);
+        let e: Vec<bool> = (0..N).map(|k| s.draw(&phase, k).is_error()).collect();
+        let both = e.windows(2).filter(|w| w[0] && w[1]).count() as f64 / (N - 1) as f64;
+        assert!((both - 0.25).abs() < 0.015, "{both}");
+    }
+
+    #[test]
+    fn validation_reasons() {
+        assert!(Latency::Uniform { min: ms(2), max: ms(1) }.validate().is_err());
+        assert!(Latency::LogNormal { p50: ms(0), p99: ms(1) }.validate().is_err());
+        assert!(Latency::LogNormal { p50: ms(5), p99: ms(1) }.validate().is_err());
+        assert!(Latency::Pareto { min: ms(5), alpha: 0.0 }.validate().is_err());
+        assert!(Latency::pareto_from_quantiles(ms(5), ms(5)).is_err());
+        assert!(Latency::LogNormal { p50: ms(5), p99: ms(5) }.validate().is_ok());
+    }
+}

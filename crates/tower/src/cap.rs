@@ -1,0 +1,317 @@
+//! The cap: every attempt takes a slot, and holds it until its response body ends.
+//!
+//! A primary waits for a slot in the dependency's FIFO queue (bounded in length and time, and by
+//! the request's deadline); a retry arrives with the slot the [`Retry`](crate::Retry) layer
+//! already took for it with `try_acquire`, so it never waits here. Admission happens in `call`,
+//! where the request is known; `poll_ready` only forwards the inner service's readiness. The
+//! permit moves into the response body, so the slot is held until the body ends or is dropped —
+//! a caller slowly reading a large body is still load on the dependency. On a per-try timeout
+//! the slot is *held* for `timeout_slot_hold` (by default one more per-try timeout), because the
+//! dependency is still working on the request its client gave up on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use stormguard_core::Denied;
+use stormguard_core::breaker::{AttemptResult, BreakerState};
+use stormguard_core::clock::Timestamp;
+use stormguard_core::limiter::Permit;
+use stormguard_http::classify::classify_response;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::dependency::Dependency;
+use crate::error::{BoxError, StormguardError, classify_error};
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// The slot the retry layer took for a retry (`Some(None)`: a shadow-mode retry sent without
+/// one). Cap takes it out of the request's extensions.
+#[derive(Clone, Debug)]
+pub(crate) struct AdmittedSlot(Arc<Mutex<Option<Option<Permit>>>>);
+
+impl AdmittedSlot {
+    pub(crate) fn new(permit: Option<Permit>) -> AdmittedSlot {
+        AdmittedSlot(Arc::new(Mutex::new(Some(permit))))
+    }
+
+    fn take(&self) -> Option<Option<Permit>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The time by which this attempt must have its response headers (the request's deadline).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttemptDeadline(pub(crate) Timestamp);
+
+/// Applies [`Cap`].
+#[derive(Clone, Debug)]
+pub struct CapLayer {
+    dependency: Dependency,
+}
+
+impl CapLayer {
+    /// The cap of `dependency`.
+    pub fn new(dependency: Dependency) -> CapLayer {
+        CapLayer { dependency }
+    }
+}
+
+impl<S> Layer<S> for CapLayer {
+    type Service = Cap<S>;
+    fn layer(&self, inner: S) -> Cap<S> {
+        Cap { inner, dependency: self.dependency.clone() }
+    }
+}
+
+/// Puts every attempt under the dependency's cap. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Cap<S> {
+    inner: S,
+    dependency: Dependency,
+}
+
+impl<S, B, RB> Service<Request<B>> for Cap<S>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
+{
+    type Response = Response<PermitBody<RB>>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The service that reported ready takes this request; a clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(attempt(self.dependency.clone(), inner, req))
+    }
+}
+
+/// Waits for a primary's slot, racing the queue against its deadline and the limiter's own
+/// timed events (a held slot or a limit hint expiring).
+async fn acquire_primary(dep: &Dependency, deadline: Option<Timestamp>) -> Result<Permit, Denied> {
+    let limiter = &dep.upstream().limiter;
+    let mut acquire = match deadline {
+        Some(d) => limiter.acquire_until(d),
+        None => limiter.acquire(),
+    };
+    loop {
+        let wake = limiter.next_wakeup().map_or(acquire.deadline(), |t| t.min(acquire.deadline()));
+        let sleep = match dep.instant_of(wake) {
+            Some(at) => tokio::time::sleep_until(at),
+            None => tokio::time::sleep(wake.saturating_since(dep.now())),
+        };
+        tokio::select! {
+            biased;
+            r = &mut acquire => return r,
+            _ = sleep => {
+                // Poll once more: the deadline may have passed, or a slot come free by time.
+                if let Poll::Ready(r) = futures_poll(&mut acquire) {
+                    return r;
+                }
+            }
+        }
+    }
+}
+
+/// Polls a future once with a no-op waker (it is polled properly again by the loop).
+fn futures_poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    Pin::new(f).poll(&mut cx)
+}
+
+async fn attempt<S, B, RB>(
+    dep: Dependency,
+    inner: S,
+    mut req: Request<B>,
+) -> Result<Response<PermitBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    RB: Body + Send + 'static,
+{
+    let deadline = req
+        .extensions_mut()
+        .remove::<AttemptDeadline>()
+        .map(|d| d.0)
+        .or_else(|| dep.config().deadline.map(|d| dep.now().saturating_add(d)));
+    let admitted = req.extensions_mut().remove::<AdmittedSlot>().and_then(|s| s.take());
+    let policy = dep.policy();
+    let breaker = dep.upstream().breaker.as_ref();
+    let permit = match admitted {
+        // A retry: the retry layer took its slot (or, in shadow mode, none).
+        Some(permit) => permit,
+        None => {
+            let now = dep.now();
+            // Fail fast while open, before waiting in the queue; half-open probes are counted
+            // once the attempt has its slot.
+            if let Some(b) = breaker
+                && matches!(b.state(now), BreakerState::Open { .. })
+            {
+                policy.on_primary_refused(Denied::Breaker);
+                return Err(StormguardError::Denied(Denied::Breaker).into());
+            }
+            match acquire_primary(&dep, deadline).await {
+                Ok(p) => {
+                    policy.on_admitted(dep.now());
+                    Some(p)
+                }
+                Err(reason) => {
+                    policy.on_primary_refused(reason);
+                    return Err(StormguardError::Denied(reason).into());
+                }
+            }
+        }
+    };
+    let now = dep.now();
+    let probe = match breaker.map(|b| b.try_acquire(now)) {
+        Some(Err(_)) => {
+            // Open, or half-open with every probe place taken, since this attempt was admitted.
+            drop(permit);
+            policy.counters().denied(Denied::Breaker);
+            return Err(StormguardError::Denied(Denied::Breaker).into());
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    let per_try = match (dep.config().per_try_timeout, deadline) {
+        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
+        (Some(t), None) => Some(t),
+        (None, Some(d)) => Some(d.saturating_since(now)),
+        (None, None) => None,
+    };
+    let call = inner.oneshot(req);
+    let result = match per_try {
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(r) => r,
+            Err(_) => {
+                if let Some(p) = probe {
+                    p.record(dep.now(), AttemptResult::UpstreamFailure);
+                }
+                if let Some(p) = permit {
+                    let hold = dep.config().timeout_slot_hold.unwrap_or(limit);
+                    // The dependency is still working: keep the slot until the hold passes.
+                    let _held = p.hold(hold.max(Duration::ZERO));
+                }
+                return Err(StormguardError::Timeout.into());
+            }
+        },
+        None => call.await,
+    };
+    let now = dep.now();
+    match result {
+        Ok(resp) => {
+            let failure = classify_response(resp.status(), resp.headers());
+            if let Some(p) = probe {
+                let counted = match failure {
+                    None => AttemptResult::Success,
+                    Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
+                    Some(_) => AttemptResult::NotCounted,
+                };
+                p.record(now, counted);
+            }
+            dep.apply_limits(resp.headers());
+            Ok(resp.map(|body| PermitBody::new(body, permit, dep.clone())))
+        }
+        Err(e) => {
+            let e: BoxError = e.into();
+            let kind = classify_error(&*e);
+            if let Some(p) = probe {
+                let (failure, _) = stormguard_http::classify::classify_transport(kind);
+                let counted = if failure.counts_for_breaker() {
+                    AttemptResult::UpstreamFailure
+                } else {
+                    AttemptResult::NotCounted
+                };
+                p.record(now, counted);
+            }
+            drop(permit);
+            Err(StormguardError::Transport { kind, source: e }.into())
+        }
+    }
+}
+
+pin_project! {
+    /// A response body that holds its attempt's slot until it ends, fails or is dropped.
+    pub struct PermitBody<B> {
+        #[pin]
+        inner: B,
+        permit: Option<Permit>,
+        dependency: Option<Dependency>,
+    }
+}
+
+impl<B> std::fmt::Debug for PermitBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PermitBody").field("holds_slot", &self.permit.is_some()).finish()
+    }
+}
+
+impl<B> PermitBody<B> {
+    fn new(inner: B, permit: Option<Permit>, dependency: Dependency) -> PermitBody<B> {
+        PermitBody { inner, permit, dependency: Some(dependency) }
+    }
+
+    /// A body that holds no slot.
+    pub fn without_permit(inner: B) -> PermitBody<B> {
+        PermitBody { inner, permit: None, dependency: None }
+    }
+
+    /// Whether the body still holds its attempt's slot.
+    pub fn holds_slot(&self) -> bool {
+        self.permit.is_some()
+    }
+}
+
+impl<B: Body> Body for PermitBody<B>
+where
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
+        let mut this = self.project();
+        let r = match this.inner.as_mut().poll_frame(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(r) => r,
+        };
+        let done = match &r {
+            None | Some(Err(_)) => true,
+            Some(Ok(_)) => this.inner.is_end_stream(),
+        };
+        if done && let Some(p) = this.permit.take() {
+            match this.dependency {
+                Some(d) => p.release_at(d.now()),
+                None => drop(p),
+            }
+        }
+        Poll::Ready(r.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

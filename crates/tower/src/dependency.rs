@@ -1,0 +1,256 @@
+//! A dependency: everything its callers share — the limiter (the cap), the retry budget, the
+//! breaker, the pushback hold, the counters — built once and cloned into every layer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::HeaderName;
+use stormguard_core::breaker::{BreakerConfig, BreakerState};
+use stormguard_core::budget::{BudgetSnapshot, BudgetSpec};
+use stormguard_core::clock::{Clock, Timestamp};
+use stormguard_core::decision::{RetryConfig, RetryPolicy, Upstream};
+use stormguard_core::limiter::{LimiterConfig, LimiterSnapshot};
+use stormguard_core::random::SplitMix64;
+use stormguard_core::signals::CountersSnapshot;
+use stormguard_http::body::DEFAULT_LIMIT;
+use stormguard_http::classify::IDEMPOTENCY_KEY;
+use stormguard_http::headers::{
+    HeaderStats, HeaderStatsSnapshot, LimitHeaders, LimitInfo, PushbackHeaders,
+};
+use stormguard_http::stacked::StackedHeaders;
+
+use crate::clock::TokioClock;
+
+/// Everything that describes a dependency. Build it, then [`Dependency::try_new`].
+#[derive(Debug, Clone)]
+pub struct DependencyConfig {
+    /// The dependency's name: the `dependency` label of every metric.
+    pub name: String,
+    /// The cap and the primaries' queue. Default cap 20, queue 100, queue timeout 1 s.
+    pub limiter: LimiterConfig,
+    /// The retry budget. Default `ratio:percent=0.2,min_per_sec=10,ttl=10s`.
+    pub budget: BudgetSpec,
+    /// The retry rules: `retry_on`, `max_retries`, backoff, pushback, shadow mode.
+    pub retry: RetryConfig,
+    /// The circuit breaker, if any. Default none.
+    pub breaker: Option<BreakerConfig>,
+    /// Each attempt's limit up to response headers (connect time included). Default none.
+    pub per_try_timeout: Option<Duration>,
+    /// The whole request's limit, queue wait and backoffs included; a request extension
+    /// [`Deadline`](crate::Deadline) can shorten it. Default none.
+    pub deadline: Option<Duration>,
+    /// How long a timed-out attempt keeps its slot, since the dependency is still working on
+    /// it. Default: one more per-try timeout.
+    pub timeout_slot_hold: Option<Duration>,
+    /// Request bodies are copied while sent, up to this many bytes, so a retry can resend them;
+    /// a failed response's body is kept up to this size until its retry is sent. Default 64 KiB.
+    pub body_limit: usize,
+    /// A request carrying this header is idempotent. Default `idempotency-key`.
+    pub idempotency_key: HeaderName,
+    /// The headers that mark a request as already retried by another layer.
+    pub stacked: StackedHeaders,
+    /// The pushback headers read from responses.
+    pub pushback_headers: PushbackHeaders,
+    /// The limit headers read from responses.
+    pub limit_headers: LimitHeaders,
+    /// How long the dependency's stated concurrency limit holds. Default 10 s.
+    pub limit_ttl: Duration,
+    /// A stated `Remaining` at or below this holds retries until its reset. Default 0.
+    pub remaining_reserve: u64,
+    /// The seed of the jitter's random source (per request, derived from this and a counter).
+    pub seed: u64,
+}
+
+impl DependencyConfig {
+    /// A dependency named `name` with every default.
+    pub fn new(name: impl Into<String>) -> DependencyConfig {
+        DependencyConfig {
+            name: name.into(),
+            limiter: LimiterConfig::default(),
+            budget: BudgetSpec::default(),
+            retry: RetryConfig::default(),
+            breaker: None,
+            per_try_timeout: None,
+            deadline: None,
+            timeout_slot_hold: None,
+            body_limit: DEFAULT_LIMIT,
+            idempotency_key: IDEMPOTENCY_KEY.clone(),
+            stacked: StackedHeaders::default(),
+            pushback_headers: PushbackHeaders::default(),
+            limit_headers: LimitHeaders::default(),
+            limit_ttl: Duration::from_secs(10),
+            remaining_reserve: 0,
+            seed: 0x5eed_5707_3a6d,
+        }
+    }
+}
+
+/// The shared state of one dependency. Cheap to clone: clones share everything.
+#[derive(Clone)]
+pub struct Dependency {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: DependencyConfig,
+    clock: Arc<dyn Clock>,
+    tokio_clock: Option<TokioClock>,
+    upstream: Upstream,
+    policy: RetryPolicy,
+    header_stats: HeaderStats,
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for Dependency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dependency")
+            .field("name", &self.inner.config.name)
+            .field("limiter", &self.inner.upstream.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything a dependency shows at one instant, for metrics and dashboards.
+#[derive(Debug, Clone)]
+pub struct DependencySnapshot {
+    /// The dependency's name.
+    pub name: String,
+    /// The limiter: cap, in flight, queue, histograms.
+    pub limiter: LimiterSnapshot,
+    /// The retry budget.
+    pub budget: BudgetSnapshot,
+    /// The decision counters.
+    pub counters: CountersSnapshot,
+    /// The breaker's state, if there is one.
+    pub breaker: Option<BreakerState>,
+    /// Until when retries are held by the dependency's pushback, if they are.
+    pub hold_until: Option<Timestamp>,
+    /// Malformed headers ignored, by kind.
+    pub malformed_headers: HeaderStatsSnapshot,
+    /// Whether the policy is enforced (false: shadow mode).
+    pub enforce: bool,
+    /// The time of the snapshot on the dependency's clock.
+    pub at: Timestamp,
+}
+
+impl Dependency {
+    /// Builds a dependency on tokio's clock (paused time moves it too). Must be called inside a
+    /// tokio runtime only if time is paused; otherwise anywhere.
+    pub fn try_new(config: DependencyConfig) -> Result<Dependency, String> {
+        let clock = TokioClock::new();
+        Dependency::build(config, Arc::new(clock), Some(clock))
+    }
+
+    /// Builds a dependency on another clock (a manual clock in a simulation). Sleeps still use
+    /// tokio's timer.
+    pub fn with_clock(
+        config: DependencyConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Dependency, String> {
+        Dependency::build(config, clock, None)
+    }
+
+    fn build(
+        config: DependencyConfig,
+        clock: Arc<dyn Clock>,
+        tokio_clock: Option<TokioClock>,
+    ) -> Result<Dependency, String> {
+        if config.body_limit > 64 * 1024 * 1024 {
+            return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
+        }
+        let budget = config.budget.build().map_err(|e| e.to_string())?;
+        let policy = RetryPolicy::with_budget(config.retry.clone(), budget)?;
+        let upstream = Upstream::new(config.limiter, config.breaker, clock.clone())?;
+        Ok(Dependency {
+            inner: Arc::new(Inner {
+                config,
+                clock,
+                tokio_clock,
+                upstream,
+                policy,
+                header_stats: HeaderStats::new(),
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &DependencyConfig {
+        &self.inner.config
+    }
+
+    /// The dependency's name.
+    pub fn name(&self) -> &str {
+        &self.inner.config.name
+    }
+
+    /// The time on the dependency's clock.
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// The limiter, breaker and pushback hold.
+    pub fn upstream(&self) -> &Upstream {
+        &self.inner.upstream
+    }
+
+    /// The retry rules and budget.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.inner.policy
+    }
+
+    /// Malformed header counters.
+    pub fn header_stats(&self) -> &HeaderStats {
+        &self.inner.header_stats
+    }
+
+    /// A random source for one request's jitter: seeded from the dependency's seed and a
+    /// per-request counter, so a run with the same seed and order draws the same waits.
+    pub fn request_rng(&self) -> SplitMix64 {
+        let n = self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        SplitMix64::new(self.inner.config.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// The tokio instant of a timestamp, for sleeping until it (`None` on a non-tokio clock).
+    pub fn instant_of(&self, t: Timestamp) -> Option<tokio::time::Instant> {
+        self.inner.tokio_clock.map(|c| c.instant_of(t))
+    }
+
+    /// Applies what a response said about the dependency's limits: a stated concurrency limit
+    /// lowers the cap for `limit_ttl`; a stated remaining at or below the reserve holds retries
+    /// until its reset.
+    pub fn apply_limits(&self, headers: &http::HeaderMap) -> LimitInfo {
+        let info = self.inner.config.limit_headers.read_limits(
+            headers,
+            SystemTime::now(),
+            &self.inner.header_stats,
+        );
+        if let Some(limit) = info.limit {
+            self.inner.upstream.limiter.set_limit_hint(limit, self.inner.config.limit_ttl);
+        }
+        if let (Some(remaining), Some(reset)) = (info.remaining, info.reset)
+            && remaining <= self.inner.config.remaining_reserve
+        {
+            self.inner.upstream.hold.hold_until(self.now().saturating_add(reset));
+        }
+        info
+    }
+
+    /// A snapshot of every signal. Reading it resets the limiter's high-water mark.
+    pub fn snapshot(&self) -> DependencySnapshot {
+        let now = self.now();
+        DependencySnapshot {
+            name: self.inner.config.name.clone(),
+            limiter: self.inner.upstream.limiter.snapshot(),
+            budget: self.inner.policy.budget().snapshot(now),
+            counters: self.inner.policy.counters().snapshot(),
+            breaker: self.inner.upstream.breaker.as_ref().map(|b| b.state(now)),
+            hold_until: self.inner.upstream.hold.is_held(now),
+            malformed_headers: self.inner.header_stats.snapshot(),
+            enforce: self.inner.config.retry.enforce,
+            at: now,
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The errors the stack adds to the inner service's own.
+
+use stormguard_core::Denied;
+use stormguard_http::classify::TransportError;
+
+/// A boxed error, as tower services return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What stormguard itself reports. The stack's error type is [`BoxError`]; downcast to this.
+#[derive(Debug, thiserror::Error)]
+pub enum StormguardError {
+    /// stormguard refused the attempt (a primary's `queue`, `breaker` or `deadline`; a retry's
+    /// reasons are reported on the last response instead, when there is one).
+    #[error("refused by stormguard: {0}")]
+    Denied(Denied),
+    /// The per-try timeout expired before response headers, and no retry followed.
+    #[error("attempt timed out before response headers")]
+    Timeout,
+    /// The inner service failed below HTTP.
+    #[error("{kind:?}: {source}")]
+    Transport {
+        /// How it failed, as the retry decision reads it.
+        kind: TransportError,
+        /// The inner service's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StormguardError {
+    /// The denial reason, if stormguard refused.
+    pub fn denied(&self) -> Option<Denied> {
+        match self {
+            StormguardError::Denied(d) => Some(*d),
+            _ => None,
+        }
+    }
+}
+
+/// Reads an inner service's error: connect failures, resets and timeouts from the `std::io`
+/// errors in its source chain, and from what common clients say in their messages ("connect",
+/// "connection refused"). Anything else counts as a reset: it may have reached the dependency,
+/// so a non-idempotent request is not retried after it.
+pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportError {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut said_connect = false;
+    while let Some(e) = cur {
+        if let Some(se) = e.downcast_ref::<StormguardError>() {
+            match se {
+                StormguardError::Transport { kind, .. } => return *kind,
+                StormguardError::Timeout => return TransportError::Timeout,
+                StormguardError::Denied(_) => {}
+            }
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return stormguard_http::classify::classify_io(io, said_connect);
+        }
+        let text = e.to_string().to_ascii_lowercase();
+        if text.contains("connect")
+            && !text.contains("connection reset")
+            && !text.contains("closed")
+        {
+            said_connect = true;
+        }
+        if text.contains("refused_stream") || text.contains("refused stream") {
+            return TransportError::RefusedStream;
+        }
+        cur = e.source();
+    }
+    if said_connect { TransportError::Connect } else { TransportError::Reset }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct ConnectErr(#[source] std::io::Error);
+
+    #[test]
+    fn reads_the_source_chain() {
+        let refused = ConnectErr(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(classify_error(&refused), TransportError::Connect);
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(classify_error(&reset), TransportError::Reset);
+        let other = std::fmt::Error;
+        assert_eq!(classify_error(&other), TransportError::Reset);
+    }
+}

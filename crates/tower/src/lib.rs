@@ -1,0 +1,77 @@
+//! # stormguard-tower
+//!
+//! stormguard as tower middleware: one `ServiceBuilder` line puts every attempt to a dependency
+//! — first tries and retries — under one concurrency cap, and retries under a budget.
+//!
+//! ```
+//! use stormguard_tower::{Dependency, DependencyConfig, StormguardLayer};
+//! use tower::ServiceBuilder;
+//!
+//! # fn client<S>(s: S) -> S { s }
+//! let payments = Dependency::try_new(DependencyConfig {
+//!     budget: "ratio:percent=0.25,min_per_sec=3".parse().unwrap(),
+//!     ..DependencyConfig::new("payments")
+//! })?;
+//! let stack = ServiceBuilder::new().layer(StormguardLayer::new(payments.clone()));
+//! # let _ = stack;
+//! # Ok::<(), String>(())
+//! ```
+//!
+//! The stack is [`Retry`] outside [`Cap`]: every attempt takes its own slot; a retry takes its
+//! slot with `try_acquire` when its backoff ends, so it never queues. The [`Dependency`] owns the
+//! limiter, the budget, the breaker and the counters, and is shared by every clone of the stack;
+//! [`metrics::register`] exports its signals on a `prometheus-client` registry.
+
+pub mod cap;
+pub mod clock;
+pub mod dependency;
+pub mod error;
+pub mod metrics;
+pub mod retry;
+
+pub use cap::{Cap, CapLayer, PermitBody};
+pub use dependency::{Dependency, DependencyConfig, DependencySnapshot};
+pub use error::{BoxError, StormguardError};
+pub use retry::{
+    AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, Retry, RetryBody, RetryLayer,
+    RouteBudget,
+};
+pub use stormguard_core::Denied;
+pub use stormguard_core::scope::FanOutScope;
+pub use stormguard_http::body::ReplayBody;
+
+use tower::Layer;
+
+/// The whole stack: [`Retry`] outside [`Cap`], both over one [`Dependency`].
+#[derive(Clone, Debug)]
+pub struct StormguardLayer<P = Replay> {
+    retry: RetryLayer<P>,
+    cap: CapLayer,
+}
+
+impl StormguardLayer<Replay> {
+    /// The stack for `dependency`, for `http::Request<ReplayBody<B>>` services.
+    pub fn new(dependency: Dependency) -> StormguardLayer<Replay> {
+        StormguardLayer {
+            retry: RetryLayer::new(dependency.clone()),
+            cap: CapLayer::new(dependency),
+        }
+    }
+}
+
+impl<P> StormguardLayer<P> {
+    /// The same stack with another way to copy request bodies and read responses.
+    pub fn with_policy<Q>(self, policy: Q) -> StormguardLayer<Q> {
+        StormguardLayer { retry: self.retry.with_policy(policy), cap: self.cap }
+    }
+}
+
+impl<S, P: Clone> Layer<S> for StormguardLayer<P> {
+    type Service = Retry<Cap<S>, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        // Retry outside the cap: every attempt takes its own slot, and a retry uses
+        // try_acquire, so it can never queue.
+        self.retry.layer(self.cap.layer(inner))
+    }
+}

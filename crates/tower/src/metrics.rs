@@ -1,0 +1,292 @@
+//! The four signals on a `prometheus-client` registry.
+//!
+//! Registered explicitly on a registry the caller owns (no global registry), and read from the
+//! dependency's snapshot at each scrape: counters and histograms, never quantiles, because
+//! percentiles do not add across instances. Every metric is named `stormguard_…` and labelled
+//! with `dependency` only (a bounded set: one value per dependency).
+//!
+//! | signal | metrics |
+//! | --- | --- |
+//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_budget_percent`, `stormguard_budget_utilization`, `stormguard_budget_balance` |
+//! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap`, `stormguard_queued`, `stormguard_held_slots` |
+//! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
+//! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
+//! | state | `stormguard_breaker_state{state}`, `stormguard_pushback_hold_seconds`, `stormguard_oldest_permit_seconds`, `stormguard_enforce`, `stormguard_malformed_headers_total{header}` |
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use stormguard_core::Denied;
+use stormguard_core::histogram::HistogramSnapshot;
+use stormguard_http::headers::HeaderKind;
+
+use crate::dependency::{Dependency, DependencySnapshot};
+
+/// Registers `dependency`'s signals on `registry`.
+pub fn register(registry: &mut Registry, dependency: &Dependency) {
+    registry.register_collector(Box::new(DependencyCollector { dependency: dependency.clone() }));
+}
+
+#[derive(Debug)]
+struct DependencyCollector {
+    dependency: Dependency,
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: &[(Labels<'_>, u64)],
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: &[(Labels<'_>, f64)],
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    labels: &Labels<'_>,
+    h: &HistogramSnapshot,
+    scale: f64,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    let buckets: Vec<(f64, u64)> = h
+        .bounds
+        .iter()
+        .map(|b| *b as f64 * scale)
+        .chain([f64::MAX])
+        .zip(h.counts.iter().copied())
+        .collect();
+    m.encode_family(labels)?.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+        h.sum as f64 * scale,
+        h.count,
+        &buckets,
+        None,
+    )
+}
+
+/// Writes one dependency's snapshot.
+pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> std::fmt::Result {
+    let dep: &str = &s.name;
+    let base: Labels<'_> = vec![("dependency", dep)];
+    let c = &s.counters;
+    counter(
+        &mut enc,
+        "stormguard_requests",
+        "Original requests admitted to a slot.",
+        &[(base.clone(), c.primaries)],
+    )?;
+    counter(&mut enc, "stormguard_retries", "Retries sent.", &[(base.clone(), c.retries)])?;
+    counter(
+        &mut enc,
+        "stormguard_not_retryable",
+        "Failed attempts whose condition is not in retry_on.",
+        &[(base.clone(), c.not_retryable)],
+    )?;
+    let by_reason = |v: &[u64; 11]| -> Vec<(Labels<'_>, u64)> {
+        Denied::ALL
+            .iter()
+            .map(|d| (vec![("dependency", dep), ("reason", d.as_str())], v[d.index()]))
+            .collect()
+    };
+    counter(&mut enc, "stormguard_denied", "Attempts refused, by reason.", &by_reason(&c.denied))?;
+    counter(
+        &mut enc,
+        "stormguard_shadow_denied",
+        "Attempts shadow mode would have refused, by reason.",
+        &by_reason(&c.shadow_denied),
+    )?;
+    let b = &s.budget;
+    if let Some(p) = b.percent {
+        gauge(
+            &mut enc,
+            "stormguard_budget_percent",
+            "The budget's configured fraction.",
+            &[(base.clone(), p)],
+        )?;
+    }
+    gauge(
+        &mut enc,
+        "stormguard_budget_utilization",
+        "How much of the retry budget is in use, 0 to 1.",
+        &[(base.clone(), b.utilization)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_budget_balance",
+        "What the budget holds now, in its own unit.",
+        &[(base.clone(), b.balance)],
+    )?;
+    let l = &s.limiter;
+    gauge(
+        &mut enc,
+        "stormguard_cap",
+        "The cap in force (lowered by the dependency's limit header).",
+        &[(base.clone(), l.effective_cap as f64)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_cap_configured",
+        "The configured cap.",
+        &[(base.clone(), l.cap as f64)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_in_flight_now",
+        "Attempts in flight now.",
+        &[(base.clone(), l.in_flight as f64)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_in_flight_max",
+        "The most attempts in flight at once since the previous scrape.",
+        &[(base.clone(), l.high_water as f64)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_queued",
+        "Primaries waiting for a slot.",
+        &[(base.clone(), l.queued as f64)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_held_slots",
+        "Slots held for timed-out attempts.",
+        &[(base.clone(), l.held as f64)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_oldest_permit_seconds",
+        "Age of the oldest slot in use; one that climbs and never drops is a leak.",
+        &[(base.clone(), l.oldest_permit_age.map_or(0.0, |d| d.as_secs_f64()))],
+    )?;
+    counter(
+        &mut enc,
+        "stormguard_cap_refused",
+        "Retries refused for want of a slot.",
+        &[(base.clone(), l.refused_cap)],
+    )?;
+    histogram(
+        &mut enc,
+        "stormguard_in_flight",
+        "Attempts in flight as seen by each admitted attempt.",
+        &base,
+        &l.in_flight_histogram,
+        1.0,
+    )?;
+    histogram(
+        &mut enc,
+        "stormguard_slot_wait_seconds",
+        "Time from asking for a slot to getting it.",
+        &base,
+        &l.wait_histogram,
+        1e-9,
+    )?;
+    histogram(
+        &mut enc,
+        "stormguard_execution_seconds",
+        "Time from admission to release of a slot.",
+        &base,
+        &l.execution_histogram,
+        1e-9,
+    )?;
+    if let Some(state) = s.breaker {
+        let series: Vec<_> = ["closed", "open", "half-open"]
+            .iter()
+            .map(|n| {
+                (
+                    vec![("dependency", dep), ("state", *n)],
+                    f64::from(u8::from(state.as_str() == *n)),
+                )
+            })
+            .collect();
+        gauge(
+            &mut enc,
+            "stormguard_breaker_state",
+            "The breaker's state (1 for the current one).",
+            &series,
+        )?;
+    }
+    let hold = s.hold_until.map_or(0.0, |u| u.saturating_since(s.at).as_secs_f64());
+    gauge(
+        &mut enc,
+        "stormguard_pushback_hold_seconds",
+        "Time left of the dependency's pushback hold on retries.",
+        &[(base.clone(), hold)],
+    )?;
+    gauge(
+        &mut enc,
+        "stormguard_enforce",
+        "1 when enforced, 0 in shadow mode.",
+        &[(base.clone(), f64::from(u8::from(s.enforce)))],
+    )?;
+    let kinds: Vec<_> = HeaderKind::ALL
+        .iter()
+        .map(|k| (vec![("dependency", dep), ("header", k.as_str())], s.malformed_headers.get(*k)))
+        .collect();
+    counter(
+        &mut enc,
+        "stormguard_malformed_headers",
+        "Malformed dependency headers ignored.",
+        &kinds,
+    )?;
+    Ok(())
+}
+
+impl Collector for DependencyCollector {
+    fn encode(&self, encoder: DescriptorEncoder) -> std::fmt::Result {
+        encode_snapshot(&self.dependency.snapshot(), encoder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dependency::DependencyConfig;
+
+    #[tokio::test]
+    async fn exports_every_signal_with_bounded_labels() {
+        let dep = Dependency::try_new(DependencyConfig::new("payments")).unwrap();
+        let _p = dep.upstream().limiter.try_acquire(stormguard_core::AttemptKind::Primary).unwrap();
+        let mut registry = Registry::default();
+        register(&mut registry, &dep);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for name in [
+            "stormguard_requests_total{dependency=\"payments\"}",
+            "stormguard_denied_total{dependency=\"payments\",reason=\"budget\"} 0",
+            "stormguard_budget_percent{dependency=\"payments\"} 0.2",
+            "stormguard_in_flight_bucket{le=\"1.0\",dependency=\"payments\"} 1",
+            "stormguard_slot_wait_seconds_bucket{le=\"0.001\",dependency=\"payments\"} 1",
+            "stormguard_slot_wait_seconds_bucket{le=\"0.01\",dependency=\"payments\"} 1",
+            "stormguard_in_flight_max{dependency=\"payments\"} 1",
+            "stormguard_cap{dependency=\"payments\"} 20",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+        assert!(!text.contains("quantile"));
+        assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("stormguard_")));
+    }
+}

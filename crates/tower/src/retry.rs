@@ -1,0 +1,519 @@
+//! The retry layer: DESIGN.md's decision order around every failed attempt, outside the cap.
+//!
+//! Retry sits *outside* [`Cap`](crate::Cap): every attempt passes through the cap and takes its
+//! own slot, and a retry takes its slot with `try_acquire` when its backoff ends, so it can never
+//! queue behind primaries or push the dependency past the cap. Each failed attempt goes through
+//! [`RetryPolicy::decide`](stormguard_core::decision::RetryPolicy::decide) — `retry_on`,
+//! idempotency, replayable body, attempts, stacked retries, breaker, pushback, deadline, scopes,
+//! budget — and the first refusal is the reason. The failed response (body up to the body limit)
+//! is kept until the retry is sent, so a caller whose retry is refused gets the last response,
+//! with the reason in its extensions ([`Denied`]).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use pin_project_lite::pin_project;
+use stormguard_core::Denied;
+use stormguard_core::budget::RetryBudget;
+use stormguard_core::clock::Timestamp;
+use stormguard_core::conditions::AttemptFailure;
+use stormguard_core::decision::{Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState};
+use stormguard_core::scope::{FanOutScope, Scope};
+use stormguard_http::body::ReplayBody;
+use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
+use stormguard_http::stacked::mark_attempt;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::cap::{AdmittedSlot, AttemptDeadline, BoxFuture};
+use crate::dependency::Dependency;
+use crate::error::{BoxError, StormguardError, classify_error};
+
+/// A request extension: the caller's deadline for the whole request (queue waits, attempts and
+/// backoffs included). Shortens the dependency's configured deadline, never lengthens it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline(pub tokio::time::Instant);
+
+impl Deadline {
+    /// A deadline `d` from now.
+    pub fn after(d: std::time::Duration) -> Deadline {
+        Deadline(tokio::time::Instant::now() + d)
+    }
+}
+
+/// A request extension: this route or method is idempotent (every gRPC call is a POST).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Idempotent;
+
+/// A request extension: the route's own retry budget, charged on top of the dependency's.
+#[derive(Clone)]
+pub struct RouteBudget(pub Arc<dyn RetryBudget>);
+
+impl std::fmt::Debug for RouteBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RouteBudget").field(&self.0).finish()
+    }
+}
+
+/// How to send a request body again, and how to read a response. Implement it for request
+/// types other than `http::Request<ReplayBody<B>>` (e.g. a tonic client whose bodies are
+/// buffered).
+pub trait AttemptPolicy<B>: Clone + Send + Sync + 'static {
+    /// A copy of the body for another attempt, or `None` when it cannot be sent again.
+    fn clone_body(&self, body: &B) -> Option<B>;
+
+    /// Whether everything sent so far can be sent again (checked after an attempt fails).
+    fn is_replayable(&self, body: &B) -> bool;
+
+    /// The failure a response is, or `None` for a success. Default: status ≥ 400, or a
+    /// trailers-only gRPC response with a non-zero `grpc-status`.
+    fn classify(&self, status: http::StatusCode, headers: &HeaderMap) -> Option<AttemptFailure> {
+        classify_response(status, headers)
+    }
+}
+
+/// The policy for [`ReplayBody`] requests: the body is copied while sent, up to a limit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Replay;
+
+impl<B: Send + 'static> AttemptPolicy<ReplayBody<B>> for Replay {
+    fn clone_body(&self, body: &ReplayBody<B>) -> Option<ReplayBody<B>> {
+        Some(body.clone())
+    }
+
+    fn is_replayable(&self, body: &ReplayBody<B>) -> bool {
+        body.is_replayable()
+    }
+}
+
+/// The policy for bodies that are cheap to clone whole (`()`, `Empty`, `Full`, `String`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CloneBody;
+
+impl<B: Clone + Send + Sync + 'static> AttemptPolicy<B> for CloneBody {
+    fn clone_body(&self, body: &B) -> Option<B> {
+        Some(body.clone())
+    }
+
+    fn is_replayable(&self, _: &B) -> bool {
+        true
+    }
+}
+
+/// Applies [`Retry`].
+#[derive(Clone, Debug)]
+pub struct RetryLayer<P = Replay> {
+    dependency: Dependency,
+    policy: P,
+}
+
+impl RetryLayer<Replay> {
+    /// Retries under `dependency`'s rules, for `ReplayBody` requests.
+    pub fn new(dependency: Dependency) -> RetryLayer<Replay> {
+        RetryLayer { dependency, policy: Replay }
+    }
+}
+
+impl<P> RetryLayer<P> {
+    /// Retries with another [`AttemptPolicy`].
+    pub fn with_policy<Q>(self, policy: Q) -> RetryLayer<Q> {
+        RetryLayer { dependency: self.dependency, policy }
+    }
+}
+
+impl<S, P: Clone> Layer<S> for RetryLayer<P> {
+    type Service = Retry<S, P>;
+    fn layer(&self, inner: S) -> Retry<S, P> {
+        Retry { inner, dependency: self.dependency.clone(), policy: self.policy.clone() }
+    }
+}
+
+/// Retries failed attempts under the dependency's rules. See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Retry<S, P = Replay> {
+    inner: S,
+    dependency: Dependency,
+    policy: P,
+}
+
+impl<S, P, B, RB> Service<Request<B>> for Retry<S, P>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<RetryBody<RB>>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(run(self.dependency.clone(), self.policy.clone(), inner, req))
+    }
+}
+
+/// Copies a request's head for another attempt, with a new body.
+fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
+    let mut r = Request::new(body);
+    *r.method_mut() = req.method().clone();
+    *r.uri_mut() = req.uri().clone();
+    *r.version_mut() = req.version();
+    *r.headers_mut() = req.headers().clone();
+    *r.extensions_mut() = req.extensions().clone();
+    r
+}
+
+async fn run<S, P, B, RB>(
+    dep: Dependency,
+    policy: P,
+    first: S,
+    req: Request<B>,
+) -> Result<Response<RetryBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    let config = dep.config();
+    let now = dep.now();
+    let deadline = {
+        let configured = config.deadline.map(|d| now.saturating_add(d));
+        let asked = req.extensions().get::<Deadline>().map(|d| {
+            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
+        });
+        match (configured, asked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    };
+    let mut facts = RequestFacts {
+        idempotent: is_idempotent(
+            req.method(),
+            req.headers(),
+            &config.idempotency_key,
+            req.extensions().get::<Idempotent>().is_some(),
+        ),
+        replayable: true,
+        stacked: config.stacked.arrived_as_retry(req.headers()),
+        deadline,
+    };
+    let mut scopes = Vec::new();
+    if let Some(s) = req.extensions().get::<FanOutScope>() {
+        scopes.push(Scope::FanOut(s.clone()));
+    }
+    if let Some(r) = req.extensions().get::<RouteBudget>() {
+        r.0.record_request(now);
+        scopes.push(Scope::Route(r.0.clone()));
+    }
+    let mut rng = dep.request_rng();
+    let mut state = RetryState::default();
+    let mut charges: Option<RetryCharges> = None;
+    let mut slot: Option<AdmittedSlot> = None;
+    // The first attempt sends a copy too: the original keeps the body for the next one.
+    let Some(mut body) = policy.clone_body(req.body()) else {
+        return single(dep, first, req, deadline).await;
+    };
+    let mut svc = first;
+    let mut attempt: u32 = 1;
+    loop {
+        let mut this = copy_request(&req, body);
+        mark_attempt(this.headers_mut(), attempt);
+        if let Some(d) = deadline {
+            this.extensions_mut().insert(AttemptDeadline(d));
+        }
+        if let Some(s) = slot.take() {
+            this.extensions_mut().insert(s);
+        }
+        let spare = svc.clone();
+        let result = svc.call(this).await;
+        let now = dep.now();
+        let failed = match &result {
+            Ok(resp) => match policy.classify(resp.status(), resp.headers()) {
+                None => {
+                    dep.policy().on_success(now, attempt > 1);
+                    if let Some(c) = charges.as_mut() {
+                        c.succeeded();
+                    }
+                    return Ok(result?.map(RetryBody::live));
+                }
+                Some(failure) => FailedAttempt {
+                    failure,
+                    unsent: false,
+                    pushback: config.pushback_headers.read_pushback(
+                        resp.headers(),
+                        resp.status(),
+                        SystemTime::now(),
+                        dep.header_stats(),
+                    ),
+                },
+            },
+            Err(e) => {
+                if let Some(StormguardError::Denied(_)) = e.downcast_ref::<StormguardError>() {
+                    // A local refusal of this attempt (queue, breaker): final.
+                    return Err(result.err().expect("an error"));
+                }
+                let (failure, unsent) = classify_transport(classify_error(&**e));
+                FailedAttempt { failure, unsent, pushback: None }
+            }
+        };
+        facts.replayable = policy.is_replayable(req.body());
+        let decision = dep.policy().decide(
+            now,
+            dep.upstream(),
+            &facts,
+            &mut state,
+            &failed,
+            &scopes,
+            &mut rng,
+        );
+        let ticket = match decision {
+            Decision::NotRetryable => return finish(result, None),
+            Decision::Denied(reason) => return finish(result, Some(reason)),
+            Decision::Retry(ticket) => ticket,
+        };
+        let Some(next_body) = policy.clone_body(req.body()) else {
+            dep.policy().give_up(now, ticket);
+            return finish(result, Some(Denied::Body));
+        };
+        // Keep the failed response until the retry is sent; reading it to the end also frees
+        // its slot.
+        let kept = match result {
+            Ok(resp) => match keep(resp, config.body_limit).await {
+                Ok(kept) => Ok(kept),
+                Err(partial) => {
+                    // Too large to keep: give the caller this response, not a retry.
+                    dep.policy().give_up(dep.now(), ticket);
+                    return Ok(partial);
+                }
+            },
+            Err(e) => Err(e),
+        };
+        let wait = ticket.wait();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        match dep.policy().admit(dep.upstream(), ticket, &mut state) {
+            Ok(mut admitted) => {
+                slot = Some(AdmittedSlot::new(admitted.take_permit()));
+                charges = Some(admitted.into_charges());
+                attempt += 1;
+                body = next_body;
+                svc = spare;
+                // The next attempt needs a ready service.
+                if let Err(e) = svc.ready().await {
+                    return Err(e);
+                }
+            }
+            Err(reason) => return finish_kept(kept, reason),
+        }
+    }
+}
+
+/// Returns the kept response of the last failed attempt (or its error), marked with the
+/// reason its retry was refused.
+fn finish_kept<RB>(
+    kept: Result<Response<RetryBody<RB>>, BoxError>,
+    reason: Denied,
+) -> Result<Response<RetryBody<RB>>, BoxError> {
+    let mut resp = kept?;
+    resp.extensions_mut().insert(reason);
+    Ok(resp)
+}
+
+/// Sends a request whose body can't be copied, once, with no retry.
+async fn single<S, B, RB>(
+    dep: Dependency,
+    svc: S,
+    mut req: Request<B>,
+    deadline: Option<Timestamp>,
+) -> Result<Response<RetryBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
+    RB: Body,
+{
+    mark_attempt(req.headers_mut(), 1);
+    if let Some(d) = deadline {
+        req.extensions_mut().insert(AttemptDeadline(d));
+    }
+    let resp = svc.oneshot(req).await?;
+    if classify_response(resp.status(), resp.headers()).is_none() {
+        dep.policy().on_success(dep.now(), false);
+    }
+    Ok(resp.map(RetryBody::live))
+}
+
+/// Returns the last outcome, marking a refusal on the response.
+fn finish<RB>(
+    result: Result<Response<RB>, BoxError>,
+    reason: Option<Denied>,
+) -> Result<Response<RetryBody<RB>>, BoxError> {
+    let mut resp = result?.map(RetryBody::live);
+    if let Some(r) = reason {
+        resp.extensions_mut().insert(r);
+    }
+    Ok(resp)
+}
+
+/// Reads a failed response's body to the end if it fits `limit`, releasing its slot; past the
+/// limit, returns what was read followed by the rest, untouched.
+async fn keep<RB>(
+    resp: Response<RB>,
+    limit: usize,
+) -> Result<Response<RetryBody<RB>>, Response<RetryBody<RB>>>
+where
+    RB: Body + Unpin,
+    RB::Error: Into<BoxError>,
+{
+    let (parts, mut body) = resp.into_parts();
+    let mut data = BytesMut::new();
+    let mut trailers = None;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(e)) => {
+                // The failed response is lost; the retry goes ahead, and if it is refused the
+                // caller gets this error.
+                let e: BoxError = e.into();
+                let err_body = RetryBody::failed(e);
+                return Ok(Response::from_parts(parts, err_body));
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(mut d) => {
+                    use bytes::Buf;
+                    let chunk = d.copy_to_bytes(d.remaining());
+                    data.extend_from_slice(&chunk);
+                    if data.len() > limit {
+                        let head = Some(data.freeze());
+                        return Err(Response::from_parts(
+                            parts,
+                            RetryBody { head, trailers: None, rest: Some(body), error: None },
+                        ));
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        trailers = Some(t);
+                    }
+                }
+            },
+        }
+    }
+    drop(body);
+    Ok(Response::from_parts(
+        parts,
+        RetryBody { head: Some(data.freeze()), trailers, rest: None, error: None },
+    ))
+}
+
+pin_project! {
+    /// The response body of the retry layer: the live body of the attempt that answered, or a
+    /// failed response kept in memory while its retry was tried.
+    pub struct RetryBody<B> {
+        head: Option<Bytes>,
+        trailers: Option<HeaderMap>,
+        #[pin]
+        rest: Option<B>,
+        error: Option<BoxError>,
+    }
+}
+
+impl<B> std::fmt::Debug for RetryBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryBody")
+            .field("kept", &self.head.as_ref().map(Bytes::len))
+            .field("live", &self.rest.is_some())
+            .finish()
+    }
+}
+
+impl<B> RetryBody<B> {
+    fn live(body: B) -> RetryBody<B> {
+        RetryBody { head: None, trailers: None, rest: Some(body), error: None }
+    }
+
+    fn failed(e: BoxError) -> RetryBody<B> {
+        RetryBody { head: None, trailers: None, rest: None, error: Some(e) }
+    }
+
+    /// Whether this is a kept copy of a failed response (its attempt's slot already free).
+    pub fn is_kept(&self) -> bool {
+        self.rest.is_none()
+    }
+}
+
+impl<B> Body for RetryBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if let Some(e) = this.error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        if let Some(h) = this.head.take()
+            && !h.is_empty()
+        {
+            return Poll::Ready(Some(Ok(Frame::data(h))));
+        }
+        if let Some(rest) = this.rest.as_mut().as_pin_mut() {
+            return match rest.poll_frame(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame.map_data(|mut d| {
+                    use bytes::Buf;
+                    d.copy_to_bytes(d.remaining())
+                })))),
+            };
+        }
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.error.is_none()
+            && self.head.as_ref().is_none_or(Bytes::is_empty)
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        match &self.rest {
+            None => SizeHint::with_exact(head),
+            Some(r) => {
+                let h = r.size_hint();
+                let mut s = SizeHint::new();
+                s.set_lower(h.lower() + head);
+                if let Some(u) = h.upper() {
+                    s.set_upper(u + head);
+                }
+                s
+            }
+        }
+    }
+}
