@@ -318,9 +318,7 @@ where
                 body = next_body;
                 svc = spare;
                 // The next attempt needs a ready service.
-                if let Err(e) = svc.ready().await {
-                    return Err(e);
-                }
+                svc.ready().await?;
             }
             Err(reason) => return finish_kept(kept, reason),
         }
