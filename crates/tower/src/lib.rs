@@ -75,3 +75,8 @@ impl<S, P: Clone> Layer<S> for StormguardLayer<P> {
         self.retry.layer(self.cap.layer(inner))
     }
 }
+
+/// The README's examples compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
