@@ -351,6 +351,14 @@ impl RetryPolicy {
         self.budget.record_outcome(now, Outcome::Success { retried });
     }
 
+    /// [`on_success`](Self::on_success), reading the time only if the budget counts successes.
+    #[inline]
+    pub fn on_success_with(&self, now: impl FnOnce() -> Timestamp, retried: bool) {
+        if self.budget.counts_successes() {
+            self.on_success(now(), retried);
+        }
+    }
+
     /// Decides whether a failed attempt is retried. See the [module docs](self) for the order.
     #[allow(clippy::too_many_arguments)]
     pub fn decide<R: RandomSource + ?Sized>(

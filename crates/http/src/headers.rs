@@ -800,6 +800,13 @@ impl LimitHeaders {
         &self.config
     }
 
+    /// Whether `headers` hold any configured limit or remaining header (a reset alone changes
+    /// nothing a caller applies). A cheap check before [`read_limits`](Self::read_limits).
+    pub fn mentions_limits(&self, headers: &HeaderMap) -> bool {
+        !headers.is_empty()
+            && self.limit.iter().chain(&self.remaining).any(|name| headers.contains_key(name))
+    }
+
     /// The limits stated in `headers`, the most conservative of each when several headers or
     /// field lines speak: the smallest limit, the smallest remaining, the longest reset.
     /// Malformed values are ignored and counted in `stats`.

@@ -70,7 +70,13 @@ impl StackedHeaders {
 
 /// Sets `x-stormguard-attempt: attempt` (1 for the first try) on an outgoing request.
 pub fn mark_attempt(headers: &mut HeaderMap, attempt: u32) {
-    headers.insert(ATTEMPT_HEADER.clone(), HeaderValue::from(attempt));
+    // Static values for the usual attempt numbers: no allocation on the hot path.
+    const SMALL: [&str; 11] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
+    let value = match SMALL.get(attempt as usize) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(attempt),
+    };
+    headers.insert(ATTEMPT_HEADER.clone(), value);
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -21,9 +20,9 @@ use pin_project_lite::pin_project;
 use stormguard_core::Denied;
 use stormguard_core::breaker::{AttemptResult, BreakerState};
 use stormguard_core::clock::Timestamp;
-use stormguard_core::limiter::Permit;
+use stormguard_core::limiter::{AttemptKind, Permit};
 use stormguard_http::classify::classify_response;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
@@ -87,17 +86,238 @@ where
 {
     type Response = Response<PermitBody<RB>>;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Self::Response, BoxError>>;
+    type Future = CapFuture<S::Future, RB, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         // The service that reported ready takes this request; a clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(attempt(self.dependency.clone(), inner, req))
+        let dep = self.dependency.clone();
+        let now = dep.now();
+        let deadline = req
+            .extensions_mut()
+            .remove::<AttemptDeadline>()
+            .map(|d| d.0)
+            .or_else(|| dep.config().deadline.map(|d| now.saturating_add(d)));
+        let admitted = req.extensions_mut().remove::<AdmittedSlot>().and_then(|s| s.take());
+        let permit = match admitted {
+            // A retry: the retry layer took its slot (or, in shadow mode, none).
+            Some(permit) => permit,
+            None => {
+                let policy = dep.policy();
+                // Fail fast while open, before waiting in the queue; half-open probes are
+                // counted once the attempt has its slot.
+                if let Some(b) = &dep.upstream().breaker
+                    && matches!(b.state(now), BreakerState::Open { .. })
+                {
+                    policy.on_primary_refused(Denied::Breaker);
+                    return CapFuture::boxed(refused(Denied::Breaker));
+                }
+                // A free slot and nobody waiting: take it now, without a queue entry or a
+                // timer; otherwise wait in the queue.
+                match dep.upstream().limiter.try_acquire_at(AttemptKind::Primary, now) {
+                    Ok(p) => {
+                        policy.on_admitted(now);
+                        Some(p)
+                    }
+                    Err(_) => return CapFuture::boxed(Box::pin(queued(dep, inner, req, deadline))),
+                }
+            }
+        };
+        send(dep, inner, req, permit, deadline, now)
+    }
+}
+
+fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> {
+    Box::pin(std::future::ready(Err(StormguardError::Denied(reason).into())))
+}
+
+/// A primary that found no free slot: waits in the queue, then is sent.
+fn queued<S, B, RB>(
+    dep: Dependency,
+    inner: S,
+    req: Request<B>,
+    deadline: Option<Timestamp>,
+) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
+where
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
+{
+    async move {
+        let r = acquire_primary(&dep, deadline).await;
+        let now = dep.now();
+        match r {
+            Ok(p) => {
+                dep.policy().on_admitted(now);
+                send(dep, inner, req, Some(p), deadline, now).await
+            }
+            Err(reason) => {
+                dep.policy().on_primary_refused(reason);
+                Err(StormguardError::Denied(reason).into())
+            }
+        }
+    }
+}
+
+/// An admitted attempt: takes its breaker probe, calls the inner service at once, and returns
+/// the future that finishes the attempt.
+fn send<S, B, RB>(
+    dep: Dependency,
+    mut inner: S,
+    req: Request<B>,
+    permit: Option<Permit>,
+    deadline: Option<Timestamp>,
+    now: Timestamp,
+) -> CapFuture<S::Future, RB, S::Error>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    RB: Body + Send + 'static,
+{
+    let probe = match dep.upstream().breaker.as_ref().map(|b| b.try_acquire(now)) {
+        Some(Err(_)) => {
+            // Open, or half-open with every probe place taken, since this attempt was admitted.
+            drop(permit);
+            dep.policy().counters().denied(Denied::Breaker);
+            return CapFuture::boxed(refused(Denied::Breaker));
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    let per_try = match (dep.config().per_try_timeout, deadline) {
+        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
+        (Some(t), None) => Some(t),
+        (None, Some(d)) => Some(d.saturating_since(now)),
+        (None, None) => None,
+    };
+    // The per-try timer, apart: most attempts never need one polled.
+    let timer = per_try.map(|limit| (Box::pin(tokio::time::sleep(limit)), limit));
+    // `inner` was made ready by `poll_ready` before this request was accepted.
+    let call = inner.call(req);
+    CapFuture::Sent { call, timer, attempt: Some(Attempt { dep, permit, probe, now }) }
+}
+
+/// What an attempt in flight holds besides its call.
+struct Attempt {
+    dep: Dependency,
+    permit: Option<Permit>,
+    probe: Option<stormguard_core::breaker::BreakerPermit>,
+    now: Timestamp,
+}
+
+pin_project! {
+    /// The response future of [`Cap`]: the inner call with its slot and per-try timer, or (for
+    /// a primary that waits in the queue, and for refusals) a boxed future.
+    #[project = CapProj]
+    pub enum CapFuture<F, RB, E> {
+        /// Sent: waiting for the inner service.
+        Sent {
+            #[pin]
+            call: F,
+            timer: Option<(Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
+            attempt: Option<Attempt>,
+        },
+        /// Waiting in the queue, or refused.
+        Boxed { fut: BoxFuture<Result<Response<PermitBody<RB>>, BoxError>>, _error: std::marker::PhantomData<fn() -> E> },
+    }
+}
+
+impl<F, RB, E> std::fmt::Debug for CapFuture<F, RB, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CapFuture::Sent { .. } => f.write_str("CapFuture::Sent"),
+            CapFuture::Boxed { .. } => f.write_str("CapFuture::Boxed"),
+        }
+    }
+}
+
+impl<F, RB, E> CapFuture<F, RB, E> {
+    fn boxed(fut: BoxFuture<Result<Response<PermitBody<RB>>, BoxError>>) -> Self {
+        CapFuture::Boxed { fut, _error: std::marker::PhantomData }
+    }
+}
+
+impl<F, RB, E> Future for CapFuture<F, RB, E>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<PermitBody<RB>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx),
+            CapProj::Sent { call, timer, attempt } => {
+                // The call first, as tokio's timeout does: an answer at the deadline counts.
+                if let Poll::Ready(result) = call.poll(cx) {
+                    let a = attempt.take().expect("a CapFuture polled after it finished");
+                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now));
+                }
+                let Some((sleep, limit)) = timer else { return Poll::Pending };
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let a = attempt.take().expect("a CapFuture polled after it finished");
+                if let Some(p) = a.probe {
+                    p.record(a.dep.now(), AttemptResult::UpstreamFailure);
+                }
+                if let Some(p) = a.permit {
+                    let hold = a.dep.config().timeout_slot_hold.unwrap_or(*limit);
+                    // The dependency is still working: keep the slot until the hold passes.
+                    let _held = p.hold(hold);
+                }
+                Poll::Ready(Err(StormguardError::Timeout.into()))
+            }
+        }
+    }
+}
+
+/// Records the attempt's result and moves the slot into the response body.
+fn finish<RB, E: Into<BoxError>>(
+    dep: Dependency,
+    result: Result<Response<RB>, E>,
+    permit: Option<Permit>,
+    probe: Option<stormguard_core::breaker::BreakerPermit>,
+    now: Timestamp,
+) -> Result<Response<PermitBody<RB>>, BoxError> {
+    // The clock only for the breaker: the permit reads it when the body ends.
+    let now = if probe.is_some() { dep.now() } else { now };
+    match result {
+        Ok(resp) => {
+            if let Some(p) = probe {
+                let counted = match classify_response(resp.status(), resp.headers()) {
+                    None => AttemptResult::Success,
+                    Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
+                    Some(_) => AttemptResult::NotCounted,
+                };
+                p.record(now, counted);
+            }
+            dep.apply_limits(resp.headers());
+            Ok(resp.map(|body| PermitBody::new(body, permit, dep)))
+        }
+        Err(e) => {
+            let e: BoxError = e.into();
+            let kind = classify_error(&*e);
+            if let Some(p) = probe {
+                let (failure, _) = stormguard_http::classify::classify_transport(kind);
+                let counted = if failure.counts_for_breaker() {
+                    AttemptResult::UpstreamFailure
+                } else {
+                    AttemptResult::NotCounted
+                };
+                p.record(now, counted);
+            }
+            drop(permit);
+            Err(StormguardError::Transport { kind, source: e }.into())
+        }
     }
 }
 
@@ -132,118 +352,6 @@ async fn acquire_primary(dep: &Dependency, deadline: Option<Timestamp>) -> Resul
 fn futures_poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
     let mut cx = Context::from_waker(std::task::Waker::noop());
     Pin::new(f).poll(&mut cx)
-}
-
-async fn attempt<S, B, RB>(
-    dep: Dependency,
-    inner: S,
-    mut req: Request<B>,
-) -> Result<Response<PermitBody<RB>>, BoxError>
-where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    RB: Body + Send + 'static,
-{
-    let deadline = req
-        .extensions_mut()
-        .remove::<AttemptDeadline>()
-        .map(|d| d.0)
-        .or_else(|| dep.config().deadline.map(|d| dep.now().saturating_add(d)));
-    let admitted = req.extensions_mut().remove::<AdmittedSlot>().and_then(|s| s.take());
-    let policy = dep.policy();
-    let breaker = dep.upstream().breaker.as_ref();
-    let permit = match admitted {
-        // A retry: the retry layer took its slot (or, in shadow mode, none).
-        Some(permit) => permit,
-        None => {
-            let now = dep.now();
-            // Fail fast while open, before waiting in the queue; half-open probes are counted
-            // once the attempt has its slot.
-            if let Some(b) = breaker
-                && matches!(b.state(now), BreakerState::Open { .. })
-            {
-                policy.on_primary_refused(Denied::Breaker);
-                return Err(StormguardError::Denied(Denied::Breaker).into());
-            }
-            match acquire_primary(&dep, deadline).await {
-                Ok(p) => {
-                    policy.on_admitted(dep.now());
-                    Some(p)
-                }
-                Err(reason) => {
-                    policy.on_primary_refused(reason);
-                    return Err(StormguardError::Denied(reason).into());
-                }
-            }
-        }
-    };
-    let now = dep.now();
-    let probe = match breaker.map(|b| b.try_acquire(now)) {
-        Some(Err(_)) => {
-            // Open, or half-open with every probe place taken, since this attempt was admitted.
-            drop(permit);
-            policy.counters().denied(Denied::Breaker);
-            return Err(StormguardError::Denied(Denied::Breaker).into());
-        }
-        Some(Ok(p)) => Some(p),
-        None => None,
-    };
-    let per_try = match (dep.config().per_try_timeout, deadline) {
-        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
-        (Some(t), None) => Some(t),
-        (None, Some(d)) => Some(d.saturating_since(now)),
-        (None, None) => None,
-    };
-    let call = inner.oneshot(req);
-    let result = match per_try {
-        Some(limit) => match tokio::time::timeout(limit, call).await {
-            Ok(r) => r,
-            Err(_) => {
-                if let Some(p) = probe {
-                    p.record(dep.now(), AttemptResult::UpstreamFailure);
-                }
-                if let Some(p) = permit {
-                    let hold = dep.config().timeout_slot_hold.unwrap_or(limit);
-                    // The dependency is still working: keep the slot until the hold passes.
-                    let _held = p.hold(hold.max(Duration::ZERO));
-                }
-                return Err(StormguardError::Timeout.into());
-            }
-        },
-        None => call.await,
-    };
-    let now = dep.now();
-    match result {
-        Ok(resp) => {
-            let failure = classify_response(resp.status(), resp.headers());
-            if let Some(p) = probe {
-                let counted = match failure {
-                    None => AttemptResult::Success,
-                    Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
-                    Some(_) => AttemptResult::NotCounted,
-                };
-                p.record(now, counted);
-            }
-            dep.apply_limits(resp.headers());
-            Ok(resp.map(|body| PermitBody::new(body, permit, dep.clone())))
-        }
-        Err(e) => {
-            let e: BoxError = e.into();
-            let kind = classify_error(&*e);
-            if let Some(p) = probe {
-                let (failure, _) = stormguard_http::classify::classify_transport(kind);
-                let counted = if failure.counts_for_breaker() {
-                    AttemptResult::UpstreamFailure
-                } else {
-                    AttemptResult::NotCounted
-                };
-                p.record(now, counted);
-            }
-            drop(permit);
-            Err(StormguardError::Transport { kind, source: e }.into())
-        }
-    }
 }
 
 pin_project! {

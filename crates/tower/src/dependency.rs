@@ -222,6 +222,10 @@ impl Dependency {
     /// lowers the cap for `limit_ttl`; a stated remaining at or below the reserve holds retries
     /// until its reset.
     pub fn apply_limits(&self, headers: &http::HeaderMap) -> LimitInfo {
+        // Most responses state no limit: skip the wall clock and the reset headers then.
+        if !self.inner.config.limit_headers.mentions_limits(headers) {
+            return LimitInfo::default();
+        }
         let info = self.inner.config.limit_headers.read_limits(
             headers,
             SystemTime::now(),

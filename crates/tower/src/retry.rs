@@ -9,6 +9,7 @@
 //! is kept until the retry is sent, so a caller whose retry is refused gets the last response,
 //! with the reason in its extensions ([`Denied`]).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -153,7 +154,7 @@ where
 {
     type Response = Response<RetryBody<RB>>;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Self::Response, BoxError>>;
+    type Future = RetryFuture<S, P, B, RB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -161,8 +162,8 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(run(self.dependency.clone(), self.policy.clone(), inner, req))
+        let first = std::mem::replace(&mut self.inner, clone);
+        start(self.dependency.clone(), self.policy.clone(), first, req)
     }
 }
 
@@ -177,11 +178,148 @@ fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
     r
 }
 
-async fn run<S, P, B, RB>(
+/// Sends the first attempt at once (the request moves straight into the inner service), and
+/// returns the future that waits for it; the decision loop runs only if it fails.
+fn start<S, P, B, RB>(
     dep: Dependency,
     policy: P,
-    first: S,
+    mut first: S,
     req: Request<B>,
+) -> RetryFuture<S, P, B, RB>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    let config = dep.config();
+    // Read the clock only when something needs the start time.
+    let route = req.extensions().get::<RouteBudget>().cloned();
+    let asked = req.extensions().get::<Deadline>().copied();
+    let start =
+        (config.deadline.is_some() || asked.is_some() || route.is_some()).then(|| dep.now());
+    let deadline = start.and_then(|now| {
+        let configured = config.deadline.map(|d| now.saturating_add(d));
+        let asked = asked.map(|d| {
+            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
+        });
+        match (configured, asked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    });
+    if let (Some(r), Some(now)) = (&route, start) {
+        r.0.record_request(now);
+    }
+    // The first attempt sends a copy too: the original keeps the body for the next one.
+    let Some(body) = policy.clone_body(req.body()) else {
+        return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline)) };
+    };
+    // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
+    // attempt); retries carry their number.
+    let mut this = copy_request(&req, body);
+    if let Some(d) = deadline {
+        this.extensions_mut().insert(AttemptDeadline(d));
+    }
+    let spare = first.clone();
+    let attempt = first.call(this);
+    RetryFuture::First {
+        attempt,
+        rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route })),
+    }
+}
+
+/// What a request keeps while its first attempt is in flight, for the retries it may need.
+struct Rest<S, P, B> {
+    dep: Dependency,
+    policy: P,
+    svc: S,
+    req: Request<B>,
+    deadline: Option<Timestamp>,
+    route: Option<RouteBudget>,
+}
+
+pin_project! {
+    /// The response future of [`Retry`]: the first attempt in flight, then (only after a
+    /// failure) the decision loop.
+    #[project = RetryProj]
+    pub enum RetryFuture<S, P, B, RB>
+    where
+        S: Service<Request<B>>,
+    {
+        /// The first attempt is in flight.
+        First {
+            #[pin]
+            attempt: S::Future,
+            rest: Option<Box<Rest<S, P, B>>>,
+        },
+        /// Retrying, or finished without a first attempt.
+        Boxed { fut: BoxFuture<Result<Response<RetryBody<RB>>, BoxError>> },
+    }
+}
+
+impl<S, P, B, RB> std::fmt::Debug for RetryFuture<S, P, B, RB>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetryFuture::First { .. } => f.write_str("RetryFuture::First"),
+            RetryFuture::Boxed { .. } => f.write_str("RetryFuture::Boxed"),
+        }
+    }
+}
+
+impl<S, P, B, RB> Future for RetryFuture<S, P, B, RB>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    type Output = Result<Response<RetryBody<RB>>, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project() {
+                RetryProj::Boxed { fut } => return fut.as_mut().poll(cx),
+                RetryProj::First { attempt, rest } => {
+                    let result = match attempt.poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(r) => r,
+                    };
+                    let r = rest.take().expect("a RetryFuture polled after it finished");
+                    if let Ok(resp) = &result
+                        && r.policy.classify(resp.status(), resp.headers()).is_none()
+                    {
+                        r.dep.policy().on_success_with(|| r.dep.now(), false);
+                        return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
+                    }
+                    // A failure: the decision loop, in its own allocation.
+                    let Rest { dep, policy, svc, req, deadline, route } = *r;
+                    Box::pin(after_failure(dep, policy, svc, req, deadline, route, result))
+                }
+            };
+            self.set(RetryFuture::Boxed { fut: next });
+        }
+    }
+}
+
+/// The decision loop after the first attempt failed.
+async fn after_failure<S, P, B, RB>(
+    dep: Dependency,
+    policy: P,
+    svc: S,
+    req: Request<B>,
+    deadline: Option<Timestamp>,
+    route: Option<RouteBudget>,
+    mut result: Result<Response<RB>, BoxError>,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
@@ -193,17 +331,6 @@ where
     RB::Error: Into<BoxError>,
 {
     let config = dep.config();
-    let now = dep.now();
-    let deadline = {
-        let configured = config.deadline.map(|d| now.saturating_add(d));
-        let asked = req.extensions().get::<Deadline>().map(|d| {
-            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
-        });
-        match (configured, asked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    };
     let mut facts = RequestFacts {
         idempotent: is_idempotent(
             req.method(),
@@ -219,31 +346,14 @@ where
     if let Some(s) = req.extensions().get::<FanOutScope>() {
         scopes.push(Scope::FanOut(s.clone()));
     }
-    if let Some(r) = req.extensions().get::<RouteBudget>() {
-        r.0.record_request(now);
-        scopes.push(Scope::Route(r.0.clone()));
+    if let Some(r) = route {
+        scopes.push(Scope::Route(r.0));
     }
     let mut rng = dep.request_rng();
     let mut state = RetryState::default();
     let mut charges: Option<RetryCharges> = None;
-    let mut slot: Option<AdmittedSlot> = None;
-    // The first attempt sends a copy too: the original keeps the body for the next one.
-    let Some(mut body) = policy.clone_body(req.body()) else {
-        return single(dep, first, req, deadline).await;
-    };
-    let mut svc = first;
     let mut attempt: u32 = 1;
     loop {
-        let mut this = copy_request(&req, body);
-        mark_attempt(this.headers_mut(), attempt);
-        if let Some(d) = deadline {
-            this.extensions_mut().insert(AttemptDeadline(d));
-        }
-        if let Some(s) = slot.take() {
-            this.extensions_mut().insert(s);
-        }
-        let spare = svc.clone();
-        let result = svc.call(this).await;
         let now = dep.now();
         let failed = match &result {
             Ok(resp) => match policy.classify(resp.status(), resp.headers()) {
@@ -312,13 +422,20 @@ where
         }
         match dep.policy().admit(dep.upstream(), ticket, &mut state) {
             Ok(mut admitted) => {
-                slot = Some(AdmittedSlot::new(admitted.take_permit()));
+                let slot = AdmittedSlot::new(admitted.take_permit());
                 charges = Some(admitted.into_charges());
                 attempt += 1;
-                body = next_body;
-                svc = spare;
-                // The next attempt needs a ready service.
-                svc.ready().await?;
+                let mut this = copy_request(&req, next_body);
+                mark_attempt(this.headers_mut(), attempt);
+                if let Some(d) = deadline {
+                    this.extensions_mut().insert(AttemptDeadline(d));
+                }
+                this.extensions_mut().insert(slot);
+                let mut s = svc.clone();
+                result = match s.ready().await {
+                    Ok(ready) => ready.call(this).await,
+                    Err(e) => Err(e),
+                };
             }
             Err(reason) => return finish_kept(kept, reason),
         }
@@ -347,13 +464,12 @@ where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
     RB: Body,
 {
-    mark_attempt(req.headers_mut(), 1);
     if let Some(d) = deadline {
         req.extensions_mut().insert(AttemptDeadline(d));
     }
     let resp = svc.oneshot(req).await?;
     if classify_response(resp.status(), resp.headers()).is_none() {
-        dep.policy().on_success(dep.now(), false);
+        dep.policy().on_success_with(|| dep.now(), false);
     }
     Ok(resp.map(RetryBody::live))
 }

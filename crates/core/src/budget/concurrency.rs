@@ -112,6 +112,10 @@ impl RetryBudget for ConcurrencyBudget {
     #[inline]
     fn record_outcome(&self, _now: Timestamp, _outcome: Outcome) {}
 
+    fn counts_successes(&self) -> bool {
+        false
+    }
+
     fn try_retry(
         &self,
         _now: Timestamp,

@@ -134,6 +134,12 @@ pub trait RetryBudget: Send + Sync + fmt::Debug {
     /// The balance, utilization and configured percent now.
     fn snapshot(&self, now: Timestamp) -> BudgetSnapshot;
 
+    /// Whether [`record_outcome`](RetryBudget::record_outcome) does anything with a success
+    /// (so a caller can skip reading the clock when it does not). Default true.
+    fn counts_successes(&self) -> bool {
+        true
+    }
+
     /// The granted retry was never sent (the cap refused it after its backoff): undo its charge.
     /// A permit from another budget is only dropped.
     fn refund(&self, now: Timestamp, permit: RetryPermit) {
@@ -160,6 +166,9 @@ impl<B: RetryBudget + ?Sized> RetryBudget for Arc<B> {
     }
     fn refund(&self, now: Timestamp, permit: RetryPermit) {
         (**self).refund(now, permit)
+    }
+    fn counts_successes(&self) -> bool {
+        (**self).counts_successes()
     }
 }
 
@@ -285,6 +294,10 @@ impl RetryBudget for AnyBudget {
     }
     fn refund(&self, now: Timestamp, permit: RetryPermit) {
         each!(self, b => b.refund(now, permit))
+    }
+    #[inline]
+    fn counts_successes(&self) -> bool {
+        each!(self, b => b.counts_successes())
     }
 }
 

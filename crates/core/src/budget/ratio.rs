@@ -249,6 +249,10 @@ impl RetryBudget for RatioBudget {
         }
     }
 
+    fn counts_successes(&self) -> bool {
+        self.config.deposit_on == DepositOn::Success
+    }
+
     fn refund(&self, _now: Timestamp, permit: RetryPermit) {
         if let PermitInner::Withdrawal { idx, tag } = permit.inner
             && idx < SLICES

@@ -1,0 +1,177 @@
+//! Per-call overhead of the stormguard stack around a no-op service, side by side with the bare
+//! service and with tower's own stack (`tower::retry::Retry` + `TpsBudget` +
+//! `tower::limit::ConcurrencyLimit`), in one run:
+//!
+//!     cargo bench -p stormguard-tower --bench stack
+//!
+//! Each operation is one request through `ready()` + `call()` on a current-thread tokio runtime,
+//! answered at once with 200 (so no retry is ever sent: this is the cost every request pays),
+//! and the response dropped. Timing never decides a test; the ratios go in BENCHMARKS.md.
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::{Request, Response};
+use http_body_util::Full;
+use stormguard_tower::{CloneBody, Dependency, DependencyConfig, ReplayBody, StormguardLayer};
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+type Resp = Response<Full<Bytes>>;
+
+fn noop<B>() -> impl Service<
+    Request<B>,
+    Response = Resp,
+    Error = Infallible,
+    Future = std::future::Ready<Result<Resp, Infallible>>,
+> + Clone {
+    tower::service_fn(|_req: Request<B>| {
+        std::future::ready(Ok(Response::new(Full::new(Bytes::new()))))
+    })
+}
+
+/// tower's own retry policy over a `TpsBudget`: deposit per request, withdraw per retry,
+/// retry 5xx.
+#[derive(Clone)]
+struct TowerPolicy(Arc<TpsBudget>);
+
+impl<E> tower::retry::Policy<Request<Full<Bytes>>, Resp, E> for TowerPolicy {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Full<Bytes>>,
+        result: &mut Result<Resp, E>,
+    ) -> Option<Self::Future> {
+        match result {
+            Ok(r) if r.status().is_server_error() => {
+                self.0.withdraw().then(|| std::future::ready(()))
+            }
+            Ok(_) => {
+                self.0.deposit();
+                None
+            }
+            Err(_) => self.0.withdraw().then(|| std::future::ready(())),
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut r = Request::new(req.body().clone());
+        *r.uri_mut() = req.uri().clone();
+        *r.headers_mut() = req.headers().clone();
+        Some(r)
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("per_call");
+    g.warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3)).sample_size(50);
+
+    let body = || Full::new(Bytes::from_static(b"{}"));
+    let req = || Request::get("http://dep/x").body(body()).unwrap();
+
+    g.bench_function("bare", |b| {
+        let mut svc = noop::<Full<Bytes>>();
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = svc.ready().await.unwrap().call(req()).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
+    g.bench_function("tower_retry_tps_concurrency_limit", |b| {
+        let policy = TowerPolicy(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)));
+        let mut svc = ServiceBuilder::new()
+            .retry(policy)
+            .concurrency_limit(1_000)
+            .service(noop::<Full<Bytes>>());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = svc.ready().await.unwrap().call(req()).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
+    let dependency = || {
+        let _guard = rt.enter();
+        let mut c = DependencyConfig::new("bench");
+        c.limiter.cap = 1_000;
+        Dependency::try_new(c).unwrap()
+    };
+
+    g.bench_function("stormguard_clone_body", |b| {
+        let mut svc =
+            StormguardLayer::new(dependency()).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = svc.ready().await.unwrap().call(req()).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
+    // The same over std's monotonic clock: tokio's `Instant::now()` checks for paused time
+    // when tokio's `test-util` feature is on, as it is in this crate's benches and tests.
+    g.bench_function("stormguard_clone_body_std_clock", |b| {
+        let mut c = DependencyConfig::new("bench");
+        c.limiter.cap = 1_000;
+        let dep =
+            Dependency::with_clock(c, Arc::new(stormguard_core::clock::MonotonicClock::new()))
+                .unwrap();
+        let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = svc.ready().await.unwrap().call(req()).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
+    g.bench_function("stormguard_replay_body", |b| {
+        let mut svc = StormguardLayer::new(dependency()).layer(noop::<ReplayBody<Full<Bytes>>>());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = Request::get("http://dep/x")
+                        .body(ReplayBody::new(body(), 64 * 1024))
+                        .unwrap();
+                    let r = svc.ready().await.unwrap().call(r).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
