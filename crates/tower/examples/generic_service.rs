@@ -25,7 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let inner = service_fn(move |req: Request<String>| {
         let n = c.fetch_add(1, Ordering::SeqCst);
         async move {
-            let status = if n % 2 == 0 { 503 } else { 200 };
+            let status = if n.is_multiple_of(2) { 503 } else { 200 };
             let body = format!("{} -> {status}", req.body());
             Ok::<_, Infallible>(
                 Response::builder().status(status).body(Full::new(Bytes::from(body))).unwrap(),
