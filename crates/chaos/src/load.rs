@@ -1,1 +1,1174 @@
-//! (load)
+//! The load generator behind `stormguard load`: drive a target, then check at the upstream that
+//! the cap and the budget held.
+//!
+//! Two ways to send:
+//! - **closed loop** ([`Mode::Closed`]): `concurrency` workers, each sending its next request
+//!   when the last one is done — the shape of a fixed pool of callers;
+//! - **open loop** ([`Mode::Open`]): arrivals on a fixed timetable (`rate` per second) that do
+//!   not wait for responses. When the target stalls, a closed loop politely stops sending and
+//!   the stall never shows in its latencies (coordinated omission); an open loop keeps arriving,
+//!   and each latency is measured from the request's *scheduled* time. Outstanding requests are
+//!   capped (`max_outstanding`); an arrival that finds the cap full is counted as `dropped`,
+//!   never silently skipped.
+//!
+//! Every request ends in exactly one outcome: a complete response (by status), a body that
+//! failed midway (`body_error`: one outcome, not a status plus an error), a reset before any
+//! response, a timeout, or a connect error. Latencies go into one HDR histogram.
+//!
+//! The assertions read the upstream's own count (`GET /stats`, reset at the start): the exact
+//! maximum in flight, and the retry fraction `(upstream requests − originals sent) / originals
+//! sent`, which needs no attempt header and so works behind any stack.
+//!
+//! Targets must be loopback addresses (`127.0.0.0/8`, `::1` or `localhost`): this is a tool for
+//! proving a budget on one machine, not for loading someone else's service. Runs are bounded in
+//! count and time (see the `MAX_*` constants).
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard_chaos::load::{self, LoadConfig, Mode};
+//! use stormguard_chaos::{ChaosConfig, Phase};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let server = stormguard_chaos::spawn(ChaosConfig::single(Phase::default()), "127.0.0.1:0".parse().unwrap())
+//!     .await
+//!     .unwrap();
+//! let mut config = LoadConfig::new(&server.url("/")).unwrap();
+//! config.mode = Mode::Closed { concurrency: 4 };
+//! config.requests = Some(100);
+//! config.assertions.max_in_flight = Some(4);
+//! let report = load::run(&config, &load::Live::default()).await.unwrap();
+//! assert_eq!(report.outcomes.success, 100);
+//! assert!(report.passed());
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HOST, HeaderMap, HeaderValue};
+use http::{Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::script::Rate;
+
+/// At most this many closed-loop workers.
+pub const MAX_CONCURRENCY: usize = 10_000;
+/// At most this many open-loop requests outstanding at once (each holds a connection).
+pub const MAX_OUTSTANDING: usize = 100_000;
+/// At most this many arrivals per second.
+pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
+/// A run sends for at most an hour.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+/// At most this many requests in one run.
+pub const MAX_REQUESTS: u64 = 100_000_000;
+/// A request waits at most five minutes.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+/// Latencies are recorded in microseconds up to an hour.
+const HISTOGRAM_MAX_US: u64 = 3_600_000_000;
+
+/// How requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// `concurrency` workers (1 to [`MAX_CONCURRENCY`]), each waiting for its response before
+    /// sending the next.
+    Closed {
+        /// Number of workers.
+        concurrency: usize,
+    },
+    /// Arrivals at `rate` (above 0, at most [`MAX_RATE_PER_S`]), whatever the responses do;
+    /// at most `max_outstanding` (1 to [`MAX_OUTSTANDING`]) at once.
+    Open {
+        /// Arrival rate.
+        rate: Rate,
+        /// Cap on requests sent and not yet done; arrivals beyond it are `dropped`.
+        max_outstanding: usize,
+    },
+}
+
+/// The checks that decide a run, read from the upstream's stats (except the success rate).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Assertions {
+    /// The upstream's exact maximum in flight must be at most this.
+    pub max_in_flight: Option<u64>,
+    /// `(upstream requests − originals sent) / originals sent` must be at most this (a fraction,
+    /// 0.25 = 25 % of originals).
+    pub retry_fraction: Option<f64>,
+    /// Complete 2xx responses over everything scheduled (dropped included) must be at least this.
+    pub success_rate: Option<f64>,
+}
+
+impl Assertions {
+    /// Whether any assertion needs the upstream's stats.
+    pub fn need_upstream(&self) -> bool {
+        self.max_in_flight.is_some() || self.retry_fraction.is_some()
+    }
+}
+
+/// One run's settings. Build with [`LoadConfig::new`], then adjust the fields.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// `http://` URL on a loopback address.
+    pub target: Uri,
+    /// Request method. Default GET.
+    pub method: Method,
+    /// Extra request headers (`Host` is set from the target).
+    pub headers: HeaderMap,
+    /// Request body. Default empty.
+    pub body: Bytes,
+    /// Closed or open loop. Default closed, 10 workers.
+    pub mode: Mode,
+    /// Stop scheduling after this long (at most an hour). With neither `duration` nor
+    /// `requests`, 10 s.
+    pub duration: Option<Duration>,
+    /// Stop after this many requests (at most [`MAX_REQUESTS`]).
+    pub requests: Option<u64>,
+    /// Per-request timeout, connect to the last body byte (at most 5 min). Default 10 s.
+    pub timeout: Duration,
+    /// The upstream's stats URL (`GET` it, `POST` its `/reset`). Default: `/stats` at the
+    /// target's origin, used only when an assertion needs it.
+    pub stats: Option<Uri>,
+    /// The checks.
+    pub assertions: Assertions,
+}
+
+/// Why a run could not start (bad settings) or could not read the upstream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// A setting is out of range or malformed.
+    #[error("{0}")]
+    Invalid(String),
+    /// The target or stats URL is not on this machine.
+    #[error("{0} is not a loopback address: stormguard load only drives targets on this machine")]
+    NotLoopback(String),
+    /// The upstream's stats could not be reset at the start.
+    #[error("cannot reset the upstream's stats at {url}: {reason} (is --stats right?)")]
+    Stats {
+        /// The URL tried.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl LoadConfig {
+    /// Defaults for `target` (which must be an `http://` URL on a loopback address).
+    pub fn new(target: &str) -> Result<LoadConfig, LoadError> {
+        let target: Uri = target
+            .parse()
+            .map_err(|e| LoadError::Invalid(format!("target `{target}` is not a URL: {e}")))?;
+        loopback_addr(&target)?;
+        Ok(LoadConfig {
+            target,
+            method: Method::GET,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            mode: Mode::Closed { concurrency: 10 },
+            duration: None,
+            requests: None,
+            timeout: Duration::from_secs(10),
+            stats: None,
+            assertions: Assertions::default(),
+        })
+    }
+
+    /// Checks every bound; one plain reason.
+    pub fn validate(&self) -> Result<(), LoadError> {
+        let bad = |s: String| Err(LoadError::Invalid(s));
+        loopback_addr(&self.target)?;
+        if let Some(stats) = &self.stats {
+            loopback_addr(stats)?;
+        }
+        match self.mode {
+            Mode::Closed { concurrency } if !(1..=MAX_CONCURRENCY).contains(&concurrency) => {
+                return bad(format!(
+                    "concurrency must be 1 to {MAX_CONCURRENCY}, got {concurrency}"
+                ));
+            }
+            Mode::Open { rate, max_outstanding } => {
+                let r = rate.per_second();
+                if !(r > 0.0 && r <= MAX_RATE_PER_S) {
+                    return bad(format!(
+                        "rate must be above 0 and at most {MAX_RATE_PER_S}/s, got {r}/s"
+                    ));
+                }
+                if !(1..=MAX_OUTSTANDING).contains(&max_outstanding) {
+                    return bad(format!(
+                        "max outstanding must be 1 to {MAX_OUTSTANDING}, got {max_outstanding}"
+                    ));
+                }
+            }
+            Mode::Closed { .. } => {}
+        }
+        if let Some(d) = self.duration
+            && (d.is_zero() || d > MAX_DURATION)
+        {
+            return bad(format!("duration must be above 0 and at most 1h, got {d:?}"));
+        }
+        if let Some(n) = self.requests
+            && !(1..=MAX_REQUESTS).contains(&n)
+        {
+            return bad(format!("requests must be 1 to {MAX_REQUESTS}, got {n}"));
+        }
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return bad(format!("timeout must be above 0 and at most 5m, got {:?}", self.timeout));
+        }
+        let a = self.assertions;
+        if let Some(f) = a.retry_fraction
+            && !(f >= 0.0 && f.is_finite())
+        {
+            return bad(format!("the retry fraction must be a number at least 0, got {f}"));
+        }
+        if let Some(s) = a.success_rate
+            && !(0.0..=1.0).contains(&s)
+        {
+            return bad(format!("the success rate must be between 0 and 1, got {s}"));
+        }
+        Ok(())
+    }
+
+    /// The duration that applies: the one given, or 10 s when neither a duration nor a request
+    /// count bounds the run.
+    pub fn effective_duration(&self) -> Option<Duration> {
+        match (self.duration, self.requests) {
+            (None, None) => Some(Duration::from_secs(10)),
+            (d, _) => d,
+        }
+    }
+
+    /// The stats URL in use: the one given, or `/stats` at the target's origin when an assertion
+    /// needs it.
+    pub fn stats_url(&self) -> Option<Uri> {
+        if let Some(s) = &self.stats {
+            return Some(s.clone());
+        }
+        if !self.assertions.need_upstream() {
+            return None;
+        }
+        let authority = self.target.authority()?.as_str();
+        format!("http://{authority}/stats").parse().ok()
+    }
+}
+
+/// The socket address of an `http://` URL whose host is a loopback IP or `localhost`.
+pub fn loopback_addr(uri: &Uri) -> Result<SocketAddr, LoadError> {
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(LoadError::Invalid(format!(
+                "{uri}: only http:// is supported, not {other}"
+            )));
+        }
+        None => {
+            return Err(LoadError::Invalid(format!("{uri}: give a full URL, http://host:port/")));
+        }
+    }
+    let host = uri.host().ok_or_else(|| LoadError::Invalid(format!("{uri}: no host")))?;
+    let port = uri.port_u16().unwrap_or(80);
+    let ip: IpAddr = if host.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| LoadError::NotLoopback(host.to_string()))?
+    };
+    if !ip.is_loopback() {
+        return Err(LoadError::NotLoopback(host.to_string()));
+    }
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Counters a progress display can read while the run goes on.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Arrivals scheduled (open loop) or requests started (closed loop).
+    pub scheduled: AtomicU64,
+    /// Requests that ended, whatever the outcome (dropped included).
+    pub done: AtomicU64,
+    /// Complete 2xx responses.
+    pub succeeded: AtomicU64,
+    /// Sent and not yet done.
+    pub outstanding: AtomicU64,
+}
+
+/// How the requests ended. Each request has exactly one outcome.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Outcomes {
+    /// Complete responses with a 2xx status.
+    pub success: u64,
+    /// Complete responses by status (2xx included).
+    pub status_counts: BTreeMap<u16, u64>,
+    /// Responses whose body failed midway: one outcome each.
+    pub body_error: u64,
+    /// Sent, then the connection or stream closed before any response.
+    pub reset: u64,
+    /// No complete response within the timeout.
+    pub timeout: u64,
+    /// Could not connect (not sent).
+    pub connect_error: u64,
+    /// Open loop: arrivals that found `max_outstanding` requests outstanding (not sent).
+    pub dropped: u64,
+}
+
+impl Outcomes {
+    fn merge(&mut self, other: &Outcomes) {
+        self.success += other.success;
+        for (k, v) in &other.status_counts {
+            *self.status_counts.entry(*k).or_default() += v;
+        }
+        self.body_error += other.body_error;
+        self.reset += other.reset;
+        self.timeout += other.timeout;
+        self.connect_error += other.connect_error;
+        self.dropped += other.dropped;
+    }
+
+    /// Every outcome counted.
+    pub fn total(&self) -> u64 {
+        self.status_counts.values().sum::<u64>()
+            + self.body_error
+            + self.reset
+            + self.timeout
+            + self.connect_error
+            + self.dropped
+    }
+}
+
+/// Latency over the requests that got a response (complete or cut) or timed out, in
+/// milliseconds; in open loop measured from each request's scheduled time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// How many latencies were recorded.
+    pub count: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+/// One assertion's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AssertionResult {
+    /// `max_in_flight`, `retry_fraction` or `success_rate`.
+    pub name: &'static str,
+    /// The bound given.
+    pub limit: f64,
+    /// The value measured, when it could be.
+    pub actual: Option<f64>,
+    /// Whether it held.
+    pub ok: bool,
+    /// One line saying what was compared.
+    pub message: String,
+}
+
+/// What a run did and saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    /// `closed` or `open`.
+    pub mode: &'static str,
+    /// The target URL.
+    pub target: String,
+    /// Closed loop: the number of workers.
+    pub concurrency: Option<usize>,
+    /// Open loop: the arrival rate per second.
+    pub rate_per_s: Option<f64>,
+    /// From the first request to the last one done, in seconds.
+    pub elapsed_s: f64,
+    /// Requests the run started (closed) or arrivals on the timetable (open).
+    pub scheduled: u64,
+    /// Originals actually sent (not dropped, connected).
+    pub sent: u64,
+    /// How they ended.
+    pub outcomes: Outcomes,
+    /// `success / scheduled` (0 when nothing was scheduled).
+    pub success_rate: f64,
+    /// Requests done (not dropped) per second of `elapsed_s`.
+    pub throughput_per_s: f64,
+    /// Latency summary.
+    pub latency_ms: LatencySummary,
+    /// The upstream's stats JSON at the end, when a stats URL was in use.
+    pub upstream: Option<Value>,
+    /// `(upstream requests − sent) / sent`, when the upstream's stats were read.
+    pub retry_fraction: Option<f64>,
+    /// The assertions' verdicts, in flag order.
+    pub assertions: Vec<AssertionResult>,
+}
+
+impl LoadReport {
+    /// Every assertion held.
+    pub fn passed(&self) -> bool {
+        self.assertions.iter().all(|a| a.ok)
+    }
+}
+
+/// A request's end, before it is tallied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Status(u16),
+    BodyError,
+    Reset,
+    Timeout,
+    ConnectError,
+}
+
+/// Outcomes and latencies for a group of requests.
+#[derive(Debug)]
+struct Tally {
+    outcomes: Outcomes,
+    sent: u64,
+    latency_us: hdrhistogram::Histogram<u64>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            outcomes: Outcomes::default(),
+            sent: 0,
+            latency_us: hdrhistogram::Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, 3)
+                .expect("static histogram bounds are valid"),
+        }
+    }
+
+    fn record(&mut self, outcome: Outcome, sent: bool, latency: Duration) {
+        if sent {
+            self.sent += 1;
+        }
+        let o = &mut self.outcomes;
+        match outcome {
+            Outcome::Status(s) => {
+                *o.status_counts.entry(s).or_default() += 1;
+                if (200..300).contains(&s) {
+                    o.success += 1;
+                }
+            }
+            Outcome::BodyError => o.body_error += 1,
+            Outcome::Reset => o.reset += 1,
+            Outcome::Timeout => o.timeout += 1,
+            Outcome::ConnectError => o.connect_error += 1,
+        }
+        if matches!(outcome, Outcome::Status(_) | Outcome::BodyError | Outcome::Timeout) {
+            let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+            self.latency_us.saturating_record(us);
+        }
+    }
+}
+
+/// Tallies sharded so that concurrent requests rarely share a lock.
+#[derive(Debug)]
+struct Tallies {
+    shards: Vec<Mutex<Tally>>,
+}
+
+impl Tallies {
+    fn new(n: usize) -> Tallies {
+        Tallies { shards: (0..n.max(1)).map(|_| Mutex::new(Tally::new())).collect() }
+    }
+
+    fn record(&self, shard: usize, outcome: Outcome, sent: bool, latency: Duration) {
+        let mut t =
+            self.shards[shard % self.shards.len()].lock().unwrap_or_else(|e| e.into_inner());
+        t.record(outcome, sent, latency);
+    }
+
+    /// Everything recorded so far. Called once no request is outstanding: each request records
+    /// before it counts itself out, though its task may still be winding down.
+    fn take(&self) -> Tally {
+        let mut all = Tally::new();
+        for s in &self.shards {
+            let t =
+                std::mem::replace(&mut *s.lock().unwrap_or_else(|e| e.into_inner()), Tally::new());
+            all.outcomes.merge(&t.outcomes);
+            all.sent += t.sent;
+            let _ = all.latency_us.add(&t.latency_us);
+        }
+        all
+    }
+}
+
+/// The request every send repeats.
+#[derive(Debug)]
+struct Template {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Template {
+    fn new(config: &LoadConfig) -> Template {
+        let mut headers = config.headers.clone();
+        if let Some(a) = config.target.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            headers.insert(HOST, v);
+        }
+        // HTTP/1.1 on a direct connection sends the origin form: path and query only.
+        let path = config.target.path_and_query().map_or("/", |p| p.as_str());
+        Template {
+            method: config.method.clone(),
+            uri: path.parse().unwrap_or_else(|_| Uri::from_static("/")),
+            headers,
+            body: config.body.clone(),
+        }
+    }
+
+    fn request(&self) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+/// One HTTP/1.1 connection; dropping it closes the socket at once.
+#[derive(Debug)]
+struct Conn {
+    sender: http1::SendRequest<Full<Bytes>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
+    let stream = TcpStream::connect(addr).await?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) =
+        http1::handshake(TokioIo::new(stream)).await.map_err(std::io::Error::other)?;
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(Conn { sender, task })
+}
+
+/// Sends one request on `slot`'s connection (opening one when there is none or it closed) and
+/// reads the whole body. Returns the outcome and whether the request was sent.
+async fn exchange(
+    slot: &mut Option<Conn>,
+    addr: SocketAddr,
+    template: &Template,
+    sent: &AtomicBool,
+) -> Outcome {
+    if let Some(c) = slot.as_mut()
+        && c.sender.ready().await.is_err()
+    {
+        *slot = None;
+    }
+    if slot.is_none() {
+        match connect(addr).await {
+            Ok(c) => *slot = Some(c),
+            Err(_) => return Outcome::ConnectError,
+        }
+    }
+    let Some(conn) = slot.as_mut() else { return Outcome::ConnectError };
+    sent.store(true, Ordering::Relaxed);
+    let outcome = read_answer(conn.sender.send_request(template.request())).await;
+    if !matches!(outcome, Outcome::Status(_)) {
+        *slot = None;
+    }
+    outcome
+}
+
+/// One request with its timeout; on a timeout the connection is dropped (it may still carry the
+/// late answer).
+async fn timed_exchange(
+    slot: &mut Option<Conn>,
+    addr: SocketAddr,
+    template: &Template,
+    timeout: Duration,
+) -> (Outcome, bool) {
+    let sent = AtomicBool::new(false);
+    let outcome = match tokio::time::timeout(timeout, exchange(slot, addr, template, &sent)).await {
+        Ok(o) => o,
+        Err(_) => {
+            *slot = None;
+            Outcome::Timeout
+        }
+    };
+    (outcome, sent.load(Ordering::Relaxed))
+}
+
+struct Run {
+    addr: SocketAddr,
+    template: Template,
+    timeout: Duration,
+    live: Arc<LiveRef>,
+    tallies: Tallies,
+}
+
+/// `Live` is borrowed by the caller; the tasks need `'static`, so they count into this and the
+/// caller's `Live` is updated from it as they go.
+#[derive(Debug, Default)]
+struct LiveRef {
+    inner: Live,
+    idle: Notify,
+}
+
+/// Runs the load, reads the upstream (when a stats URL is in use) and evaluates the assertions.
+/// `live` is updated as the run goes, for a progress display.
+pub async fn run(config: &LoadConfig, live: &Live) -> Result<LoadReport, LoadError> {
+    config.validate()?;
+    let addr = loopback_addr(&config.target)?;
+    let stats_url = config.stats_url();
+    if let Some(url) = &stats_url {
+        let reset = format!("{}/reset", url.to_string().trim_end_matches('/'));
+        let reset: Uri = reset.parse().map_err(|e| LoadError::Invalid(format!("{reset}: {e}")))?;
+        match http_call(Method::POST, &reset).await {
+            Ok((s, _)) if s.is_success() => {}
+            Ok((s, _)) => {
+                return Err(LoadError::Stats {
+                    url: reset.to_string(),
+                    reason: format!("status {s}"),
+                });
+            }
+            Err(reason) => return Err(LoadError::Stats { url: reset.to_string(), reason }),
+        }
+    }
+
+    let shards = std::thread::available_parallelism().map_or(4, |n| n.get() * 4);
+    let run = Arc::new(Run {
+        addr,
+        template: Template::new(config),
+        timeout: config.timeout,
+        live: Arc::new(LiveRef::default()),
+        tallies: Tallies::new(shards),
+    });
+    let duration = config.effective_duration();
+    let start = Instant::now();
+    let mirror = {
+        // Copy the tasks' counters to the caller's `live` every 50 ms.
+        let src = run.live.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                copy_live(&src.inner, live);
+            }
+        }
+    };
+    let work = async {
+        match config.mode {
+            Mode::Closed { concurrency } => {
+                closed_loop(run.clone(), concurrency, config.requests, duration.map(|d| start + d))
+                    .await
+            }
+            Mode::Open { rate, max_outstanding } => {
+                open_loop(run.clone(), rate, max_outstanding, config.requests, duration, start)
+                    .await
+            }
+        }
+    };
+    let scheduled = tokio::select! {
+        n = work => n,
+        () = mirror => unreachable!("the mirror loops forever"),
+    };
+    copy_live(&run.live.inner, live);
+    let elapsed = start.elapsed();
+    let tally = run.tallies.take();
+
+    let mut report = summarize(config, scheduled, elapsed, tally);
+    if let Some(url) = &stats_url {
+        match http_call(Method::GET, url).await {
+            Ok((s, body)) if s.is_success() => match serde_json::from_slice::<Value>(&body) {
+                Ok(v) => report.upstream = Some(v),
+                Err(e) => tracing::warn!(error = %e, "upstream stats are not JSON"),
+            },
+            Ok((s, _)) => tracing::warn!(status = %s, "upstream stats unavailable"),
+            Err(e) => tracing::warn!(error = %e, "upstream stats unavailable"),
+        }
+        let requests = report.upstream.as_ref().and_then(|v| v["requests"].as_u64());
+        if let Some(r) = requests
+            && report.sent > 0
+        {
+            report.retry_fraction = Some((r as f64 - report.sent as f64) / report.sent as f64);
+        }
+    }
+    report.assertions = evaluate(&config.assertions, &report);
+    Ok(report)
+}
+
+fn copy_live(src: &Live, dst: &Live) {
+    for (s, d) in [
+        (&src.scheduled, &dst.scheduled),
+        (&src.done, &dst.done),
+        (&src.succeeded, &dst.succeeded),
+        (&src.outstanding, &dst.outstanding),
+    ] {
+        d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+fn summarize(config: &LoadConfig, scheduled: u64, elapsed: Duration, tally: Tally) -> LoadReport {
+    let h = &tally.latency_us;
+    let ms = |us: u64| us as f64 / 1000.0;
+    let latency_ms = if h.is_empty() {
+        LatencySummary::default()
+    } else {
+        LatencySummary {
+            count: h.len(),
+            mean: h.mean() / 1000.0,
+            p50: ms(h.value_at_quantile(0.5)),
+            p90: ms(h.value_at_quantile(0.9)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+        }
+    };
+    let o = tally.outcomes;
+    let done = o.total() - o.dropped;
+    let secs = elapsed.as_secs_f64();
+    let (mode, concurrency, rate_per_s) = match config.mode {
+        Mode::Closed { concurrency } => ("closed", Some(concurrency), None),
+        Mode::Open { rate, .. } => ("open", None, Some(rate.per_second())),
+    };
+    LoadReport {
+        mode,
+        target: config.target.to_string(),
+        concurrency,
+        rate_per_s,
+        elapsed_s: secs,
+        scheduled,
+        sent: tally.sent,
+        success_rate: if scheduled == 0 { 0.0 } else { o.success as f64 / scheduled as f64 },
+        throughput_per_s: if secs > 0.0 { done as f64 / secs } else { 0.0 },
+        outcomes: o,
+        latency_ms,
+        upstream: None,
+        retry_fraction: None,
+        assertions: Vec::new(),
+    }
+}
+
+/// The verdicts, in the order max in flight, retry fraction, success rate.
+pub fn evaluate(a: &Assertions, report: &LoadReport) -> Vec<AssertionResult> {
+    let mut out = Vec::new();
+    if let Some(limit) = a.max_in_flight {
+        let actual = report.upstream.as_ref().and_then(|v| v["in_flight"]["max"].as_u64());
+        let (ok, message) = match actual {
+            Some(m) if m <= limit => {
+                (true, format!("max in flight at the upstream {m} <= {limit}"))
+            }
+            Some(m) => (false, format!("max in flight at the upstream {m} > {limit}")),
+            None => (false, "max in flight: the upstream's stats have no in_flight.max".into()),
+        };
+        out.push(AssertionResult {
+            name: "max_in_flight",
+            limit: limit as f64,
+            actual: actual.map(|m| m as f64),
+            ok,
+            message,
+        });
+    }
+    if let Some(limit) = a.retry_fraction {
+        let requests = report.upstream.as_ref().and_then(|v| v["requests"].as_u64());
+        let (ok, message) = match (report.retry_fraction, requests) {
+            (Some(f), Some(r)) => {
+                let cmp = if f <= limit { "<=" } else { ">" };
+                (
+                    f <= limit,
+                    format!(
+                        "retry fraction (upstream {r} - sent {}) / {} = {f:.4} {cmp} {limit}",
+                        report.sent, report.sent
+                    ),
+                )
+            }
+            _ if report.sent == 0 => (false, "retry fraction: no request was sent".into()),
+            _ => (false, "retry fraction: the upstream's stats have no requests count".into()),
+        };
+        out.push(AssertionResult {
+            name: "retry_fraction",
+            limit,
+            actual: report.retry_fraction,
+            ok,
+            message,
+        });
+    }
+    if let Some(limit) = a.success_rate {
+        let s = report.success_rate;
+        let ok = s >= limit && report.scheduled > 0;
+        let cmp = if ok { ">=" } else { "<" };
+        let message = format!(
+            "success rate {} / {} = {s:.4} {cmp} {limit}",
+            report.outcomes.success, report.scheduled
+        );
+        out.push(AssertionResult { name: "success_rate", limit, actual: Some(s), ok, message });
+    }
+    out
+}
+
+async fn closed_loop(
+    run: Arc<Run>,
+    concurrency: usize,
+    requests: Option<u64>,
+    deadline: Option<Instant>,
+) -> u64 {
+    let tickets = Arc::new(AtomicU64::new(0));
+    let limit = requests.unwrap_or(u64::MAX);
+    let workers: Vec<JoinHandle<()>> = (0..concurrency)
+        .map(|w| tokio::spawn(closed_worker(run.clone(), w, tickets.clone(), limit, deadline)))
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
+    run.live.inner.scheduled.load(Ordering::Relaxed)
+}
+
+/// A connection driven inside its worker's own task.
+type InlineConn =
+    (http1::SendRequest<Full<Bytes>>, Pin<Box<http1::Connection<TokioIo<TcpStream>, Full<Bytes>>>>);
+
+/// One closed-loop worker: claims a ticket, sends, reads the whole answer, repeats. Its
+/// connection is polled inside this task rather than spawned, so a request wakes no other task
+/// (with a spawned connection each request paid two cross-task wake-ups).
+async fn closed_worker(
+    run: Arc<Run>,
+    w: usize,
+    tickets: Arc<AtomicU64>,
+    limit: u64,
+    deadline: Option<Instant>,
+) {
+    let live = &run.live.inner;
+    let mut conn: Option<InlineConn> = None;
+    loop {
+        if deadline.is_some_and(|d| Instant::now() >= d)
+            || tickets.fetch_add(1, Ordering::Relaxed) >= limit
+        {
+            return;
+        }
+        live.scheduled.fetch_add(1, Ordering::Relaxed);
+        live.outstanding.fetch_add(1, Ordering::Relaxed);
+        let began = Instant::now();
+        let sent = AtomicBool::new(false);
+        let attempt = inline_exchange(&mut conn, run.addr, &run.template, &sent);
+        let outcome = match tokio::time::timeout_at(began + run.timeout, attempt).await {
+            Ok(o) => o,
+            Err(_) => {
+                conn = None;
+                Outcome::Timeout
+            }
+        };
+        run.tallies.record(w, outcome, sent.load(Ordering::Relaxed), began.elapsed());
+        live.outstanding.fetch_sub(1, Ordering::Relaxed);
+        live.done.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Status(200..=299) => {
+                live.succeeded.fetch_add(1, Ordering::Relaxed);
+            }
+            // Nothing listens: do not spin; the next ticket tries again.
+            Outcome::ConnectError => tokio::time::sleep(Duration::from_millis(1)).await,
+            _ => {}
+        }
+    }
+}
+
+/// The exchange over an inline connection: reuses it when it is still open, opens one otherwise,
+/// and drives it while the request is out.
+async fn inline_exchange(
+    slot: &mut Option<InlineConn>,
+    addr: SocketAddr,
+    template: &Template,
+    sent: &AtomicBool,
+) -> Outcome {
+    if let Some((tx, conn)) = slot.as_mut() {
+        // A connection the server closed is noticed here, before a request is spent on it.
+        let ready = tokio::select! {
+            r = tx.ready() => r.is_ok(),
+            _ = conn.as_mut() => false,
+        };
+        if !ready {
+            *slot = None;
+        }
+    }
+    if slot.is_none() {
+        let Ok(stream) = TcpStream::connect(addr).await else { return Outcome::ConnectError };
+        let _ = stream.set_nodelay(true);
+        match http1::handshake(TokioIo::new(stream)).await {
+            Ok((tx, conn)) => *slot = Some((tx, Box::pin(conn))),
+            Err(_) => return Outcome::ConnectError,
+        }
+    }
+    let Some((tx, conn)) = slot.as_mut() else { return Outcome::ConnectError };
+    sent.store(true, Ordering::Relaxed);
+    let exchange = read_answer(tx.send_request(template.request()));
+    tokio::pin!(exchange);
+    let (outcome, conn_ended) = tokio::select! {
+        biased;
+        o = &mut exchange => (o, false),
+        // The connection ended: the exchange now resolves with what it got.
+        _ = conn.as_mut() => (exchange.await, true),
+    };
+    if conn_ended || !matches!(outcome, Outcome::Status(_)) {
+        *slot = None;
+    }
+    outcome
+}
+
+/// Awaits the response and reads its whole body.
+async fn read_answer(
+    response: impl std::future::Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>>,
+) -> Outcome {
+    let Ok(resp) = response.await else { return Outcome::Reset };
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            return Outcome::BodyError;
+        }
+    }
+    Outcome::Status(status)
+}
+
+async fn open_loop(
+    run: Arc<Run>,
+    rate: Rate,
+    max_outstanding: usize,
+    requests: Option<u64>,
+    duration: Option<Duration>,
+    start: Instant,
+) -> u64 {
+    let per_s = rate.per_second();
+    // The timetable: arrival i at start + i / rate, for every i before the end of the duration.
+    let slots_in_duration = duration.map_or(u64::MAX, |d| (d.as_secs_f64() * per_s).ceil() as u64);
+    let total = slots_in_duration.min(requests.unwrap_or(u64::MAX));
+    let at = |i: u64| start + Duration::from_secs_f64(i as f64 / per_s);
+    let pool: Arc<Mutex<Vec<Conn>>> = Arc::new(Mutex::new(Vec::new()));
+    let done_scheduling = Arc::new(AtomicBool::new(false));
+    let live = &run.live.inner;
+    let mut dropped = 0u64;
+    let mut i = 0u64;
+    while i < total {
+        tokio::time::sleep_until(at(i)).await;
+        // Every arrival due by now goes out now: a late wake-up sends a burst, never fewer.
+        let now = Instant::now();
+        while i < total && at(i) <= now {
+            let scheduled = at(i);
+            live.scheduled.fetch_add(1, Ordering::Relaxed);
+            if live.outstanding.load(Ordering::Acquire) >= max_outstanding as u64 {
+                dropped += 1;
+                live.done.fetch_add(1, Ordering::Relaxed);
+            } else {
+                live.outstanding.fetch_add(1, Ordering::AcqRel);
+                let (run, pool, done_scheduling) =
+                    (run.clone(), pool.clone(), done_scheduling.clone());
+                let shard = i as usize;
+                tokio::spawn(async move {
+                    let mut slot = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let (outcome, sent) =
+                        timed_exchange(&mut slot, run.addr, &run.template, run.timeout).await;
+                    run.tallies.record(shard, outcome, sent, scheduled.elapsed());
+                    if let Some(c) = slot {
+                        pool.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+                    }
+                    let live = &run.live.inner;
+                    live.done.fetch_add(1, Ordering::Relaxed);
+                    if matches!(outcome, Outcome::Status(200..=299)) {
+                        live.succeeded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // AcqRel: the last one out sees the scheduler's flag, or the scheduler sees 0.
+                    if live.outstanding.fetch_sub(1, Ordering::AcqRel) == 1
+                        && done_scheduling.load(Ordering::Acquire)
+                    {
+                        run.live.idle.notify_one();
+                    }
+                });
+            }
+            i += 1;
+        }
+    }
+    done_scheduling.store(true, Ordering::Release);
+    // Each request has its own timeout, so this wait is bounded by it.
+    while live.outstanding.load(Ordering::Acquire) > 0 {
+        let _ = tokio::time::timeout(Duration::from_millis(20), run.live.idle.notified()).await;
+    }
+    pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    if dropped > 0 {
+        let mut t = run.tallies.shards[0].lock().unwrap_or_else(|e| e.into_inner());
+        t.outcomes.dropped += dropped;
+    }
+    total.min(live.scheduled.load(Ordering::Relaxed))
+}
+
+/// One request on its own connection, for the stats endpoint: status and body.
+pub async fn http_call(method: Method, uri: &Uri) -> Result<(StatusCode, Bytes), String> {
+    let addr = loopback_addr(uri).map_err(|e| e.to_string())?;
+    let template = Template {
+        method,
+        uri: uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .parse()
+            .map_err(|e| format!("{e}"))?,
+        headers: {
+            let mut h = HeaderMap::new();
+            if let Some(a) = uri.authority()
+                && let Ok(v) = HeaderValue::from_str(a.as_str())
+            {
+                h.insert(HOST, v);
+            }
+            h
+        },
+        body: Bytes::new(),
+    };
+    let call = async {
+        let mut conn = connect(addr).await.map_err(|e| e.to_string())?;
+        let resp = conn.sender.send_request(template.request()).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 5s".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_targets() {
+        for ok in [
+            "http://127.0.0.1:9000/",
+            "http://localhost:80/x",
+            "http://[::1]:8080/",
+            "http://127.9.9.9/",
+        ] {
+            assert!(loopback_addr(&ok.parse().unwrap()).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://10.0.0.1/",
+            "http://192.0.2.1:9000/",
+            "http://example.com/",
+            "http://[2001:db8::1]/",
+        ] {
+            assert!(
+                matches!(loopback_addr(&bad.parse().unwrap()), Err(LoadError::NotLoopback(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            loopback_addr(&"https://127.0.0.1/".parse().unwrap()),
+            Err(LoadError::Invalid(_))
+        ));
+        assert!(matches!(
+            loopback_addr(&"/just/a/path".parse().unwrap()),
+            Err(LoadError::Invalid(_))
+        ));
+        assert_eq!(loopback_addr(&"http://localhost/".parse().unwrap()).unwrap().port(), 80);
+    }
+
+    #[test]
+    fn bounds_are_checked() {
+        let base = LoadConfig::new("http://127.0.0.1:1/").unwrap();
+        assert!(base.validate().is_ok());
+        assert_eq!(base.effective_duration(), Some(Duration::from_secs(10)));
+        let mut c = base.clone();
+        c.mode = Mode::Closed { concurrency: 0 };
+        assert!(c.validate().is_err());
+        c.mode = Mode::Closed { concurrency: MAX_CONCURRENCY + 1 };
+        assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.mode = Mode::Open { rate: "2000000/s".parse().unwrap(), max_outstanding: 10 };
+        assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.duration = Some(Duration::from_secs(7200));
+        assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.requests = Some(0);
+        assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.assertions.success_rate = Some(1.5);
+        assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.stats = Some("http://10.1.1.1/stats".parse().unwrap());
+        assert!(matches!(c.validate(), Err(LoadError::NotLoopback(_))));
+        let mut c = base;
+        c.requests = Some(5);
+        assert_eq!(c.effective_duration(), None);
+    }
+
+    #[test]
+    fn default_stats_url_only_when_needed() {
+        let mut c = LoadConfig::new("http://127.0.0.1:9000/api?x=1").unwrap();
+        assert_eq!(c.stats_url(), None);
+        c.assertions.max_in_flight = Some(20);
+        assert_eq!(c.stats_url().unwrap().to_string(), "http://127.0.0.1:9000/stats");
+        c.stats = Some("http://127.0.0.1:9001/stats".parse().unwrap());
+        assert_eq!(c.stats_url().unwrap().to_string(), "http://127.0.0.1:9001/stats");
+    }
+
+    fn report(sent: u64, upstream: Option<Value>, success: u64, scheduled: u64) -> LoadReport {
+        let mut r = LoadReport {
+            mode: "closed",
+            target: String::new(),
+            concurrency: None,
+            rate_per_s: None,
+            elapsed_s: 1.0,
+            scheduled,
+            sent,
+            outcomes: Outcomes { success, ..Outcomes::default() },
+            success_rate: success as f64 / scheduled as f64,
+            throughput_per_s: 0.0,
+            latency_ms: LatencySummary::default(),
+            retry_fraction: None,
+            upstream,
+            assertions: vec![],
+        };
+        if let Some(req) = r.upstream.as_ref().and_then(|v| v["requests"].as_u64()) {
+            r.retry_fraction = Some((req as f64 - sent as f64) / sent as f64);
+        }
+        r
+    }
+
+    #[test]
+    fn each_assertion_passes_and_fails() {
+        let up = serde_json::json!({ "requests": 125, "in_flight": { "max": 20 } });
+        let r = report(100, Some(up), 90, 100);
+        let check = |a: Assertions| evaluate(&a, &r).iter().all(|x| x.ok);
+        assert!(check(Assertions { max_in_flight: Some(20), ..Default::default() }));
+        assert!(!check(Assertions { max_in_flight: Some(19), ..Default::default() }));
+        assert!(check(Assertions { retry_fraction: Some(0.25), ..Default::default() }));
+        assert!(!check(Assertions { retry_fraction: Some(0.24), ..Default::default() }));
+        assert!(check(Assertions { success_rate: Some(0.9), ..Default::default() }));
+        assert!(!check(Assertions { success_rate: Some(0.91), ..Default::default() }));
+        // No upstream stats: the upstream assertions fail rather than pass by default.
+        let r = report(100, None, 90, 100);
+        let a = Assertions {
+            max_in_flight: Some(1000),
+            retry_fraction: Some(10.0),
+            ..Default::default()
+        };
+        assert!(evaluate(&a, &r).iter().all(|x| !x.ok));
+        let msg = &evaluate(
+            &Assertions { retry_fraction: Some(0.2), ..Default::default() },
+            &report(100, Some(serde_json::json!({"requests": 125})), 0, 100),
+        )[0]
+        .message;
+        assert_eq!(msg, "retry fraction (upstream 125 - sent 100) / 100 = 0.2500 > 0.2");
+    }
+}

@@ -148,7 +148,8 @@ pub enum Action {
     Error,
     /// Reset instead of answering: the connection (HTTP/1.1) or the stream (h2).
     Reset,
-    /// Answer 200, send half the body, then reset.
+    /// Answer 200, send half the body, then cut it: the HTTP/1.1 connection closes short of its
+    /// `Content-Length`, the h2 stream is reset.
     Truncate,
 }
 
@@ -411,6 +412,32 @@ mod tests {
         let both = e.windows(2).filter(|w| w[0] && w[1]).count() as f64 / (N - 1) as f64;
         assert!((both - 0.25).abs() < 0.015, "{both}");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn draws_stay_in_range(seed: u64, k: u64, min_ms in 0u64..1_000, span_ms in 0u64..1_000, cap_ms in 1u64..3_000) {
+            let latency = Latency::Uniform { min: ms(min_ms), max: ms(min_ms + span_ms) };
+            let phase = Phase { latency, latency_max: ms(cap_ms), ..Phase::default() };
+            let d = Sampler::new(seed).draw(&phase, k);
+            proptest::prop_assert!(d.latency <= ms(cap_ms));
+            proptest::prop_assert!(d.latency >= ms(min_ms).min(ms(cap_ms)));
+            proptest::prop_assert_eq!(d.action, Action::Respond);
+        }
+
+        #[test]
+        fn skewed_draws_are_finite_and_clamped(seed: u64, k: u64, p50 in 1u64..1_000, ratio in 1u64..100) {
+            for latency in [
+                Latency::LogNormal { p50: ms(p50), p99: ms(p50 * ratio) },
+                Latency::Pareto { min: ms(p50), alpha: 1.0 / ratio as f64 },
+            ] {
+                let phase = Phase { latency, ..Phase::default() };
+                let d = Sampler::new(seed).draw(&phase, k);
+                proptest::prop_assert!(d.latency <= DEFAULT_LATENCY_MAX_FOR_TESTS);
+            }
+        }
+    }
+
+    const DEFAULT_LATENCY_MAX_FOR_TESTS: Duration = crate::script::DEFAULT_LATENCY_MAX;
 
     #[test]
     fn validation_reasons() {

@@ -177,8 +177,9 @@ pub struct Phase {
     /// Fraction of requests reset instead of answered: the connection (HTTP/1.1) or the stream
     /// (h2) is reset after the latency. TOML `reset_rate`; default 0.
     pub reset_rate: f64,
-    /// Fraction of requests answered 200 whose body stops halfway with a reset. TOML
-    /// `truncate_rate`; default 0. The sum of the three rates is at most 1.
+    /// Fraction of requests answered 200 whose body stops halfway (HTTP/1.1: the connection
+    /// closes short of the declared length; h2: the stream is reset). TOML `truncate_rate`;
+    /// default 0. The sum of the three rates is at most 1.
     pub truncate_rate: f64,
     /// How long the server works before answering. TOML `latency = "50ms"` (fixed),
     /// `latency_p50` + `latency_p99` (log-normal fitted to them; `latency_dist = "pareto"` fits a
@@ -816,6 +817,30 @@ latency = { dist = "uniform", min = "1ms", max = "3ms" }
         assert_eq!(line_col(t, 5), (2, 2)); // after the two-byte µ
         assert_eq!(line_col(t, 4), (2, 1)); // inside µ: rounds down to its start
         assert_eq!(line_col(t, 999), (3, 1));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn line_col_agrees_with_walking(text in "[a-zµ=\n ]{0,60}", offset in 0usize..80) {
+            // The oracle walks the characters before the offset one by one.
+            let (mut line, mut column) = (1, 1);
+            for (i, c) in text.char_indices() {
+                if i + c.len_utf8() > offset {
+                    break;
+                }
+                if c == '\n' {
+                    (line, column) = (line + 1, 1);
+                } else {
+                    column += 1;
+                }
+            }
+            proptest::prop_assert_eq!(line_col(&text, offset), (line, column));
+        }
+
+        #[test]
+        fn parse_never_panics(text in "[\\[\\]a-z_=\"0-9. \n{}]{0,80}") {
+            let _ = Script::parse(&text, "p.toml");
+        }
     }
 
     #[test]

@@ -421,11 +421,9 @@ pub(crate) struct ChaosBody {
     chunk: usize,
     interval: Option<Duration>,
     sleep: Option<Pin<Box<Sleep>>>,
-    /// Truncation: bytes still to send before the reset.
+    /// Truncation: bytes still to send before the cut.
     cut_after: Option<usize>,
     guard: Option<InFlight>,
-    /// The HTTP/1.1 connection's reset flag, raised when the body is cut.
-    conn: Option<Arc<AtomicBool>>,
 }
 
 impl ChaosBody {
@@ -438,7 +436,6 @@ impl ChaosBody {
             sleep: None,
             cut_after: None,
             guard: None,
-            conn: None,
         }
     }
 
@@ -470,9 +467,6 @@ impl Body for ChaosBody {
             this.sleep = None;
         }
         if this.cut_after == Some(0) {
-            if let Some(flag) = &this.conn {
-                flag.store(true, Ordering::Release);
-            }
             this.cut_after = None;
             this.data.clear();
             this.finish();
@@ -492,6 +486,10 @@ impl Body for ChaosBody {
             // Counted out before the last bytes are handed over, so no client can see the whole
             // response while the request still counts in flight.
             this.finish();
+        } else if this.cut_after == Some(0) {
+            // Pause before the cut, so the server flushes what was sent: the client must see the
+            // head and half the body, then the failure (an error drops unflushed bytes).
+            this.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(2))));
         } else if let Some(interval) = this.interval {
             this.sleep = Some(Box::pin(tokio::time::sleep(interval)));
         }
@@ -795,8 +793,12 @@ async fn work(
                 b.sleep = Some(Box::pin(tokio::time::sleep(total / chunks as u32)));
             }
             if truncate {
+                // HTTP/1.1: the connection closes short of the declared length; h2: the stream
+                // is reset.
                 b.cut_after = Some(len / 2);
-                b.conn = (!h2).then_some(conn_reset);
+                if len / 2 == 0 && b.sleep.is_none() {
+                    b.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(2))));
+                }
             }
             resp
         }
@@ -839,7 +841,7 @@ mod tests {
         let c = PhaseClock::new(vec![None, Some(s(1)), None], false);
         assert_eq!(c.at(s(1000)), 0);
         assert_eq!(c.next(s(1000)), 1);
-        assert_eq!(c.at(Duration::from_millis(1000_500)), 1);
+        assert_eq!(c.at(Duration::from_millis(1_000_500)), 1);
         assert_eq!(c.at(s(1001)), 2);
         assert_eq!(c.next(s(1002)), 2); // the last stays without repeat
         let r = PhaseClock::new(vec![None, None], true);

@@ -31,6 +31,12 @@ pub enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Run a trace of events through one budget policy on a virtual clock.
     Replay(cmd::replay::ReplayArgs),
+    /// Serve a fault-injecting upstream (errors, latency, limits, resets) that counts what
+    /// reaches it, in-flight exactly.
+    Chaos(cmd::chaos::ChaosArgs),
+    /// Drive a target (closed or open loop) and assert at the upstream that the cap and the
+    /// budget held.
+    Load(cmd::load::LoadArgs),
 }
 
 /// A command's failure: an exit code and one sentence for stderr.
@@ -65,6 +71,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
     match cli.command {
         Command::Plan(args) => cmd::plan::run(&args, out),
         Command::Replay(args) => cmd::replay::run(&args, out),
+        Command::Chaos(args) => cmd::chaos::run(&args, out),
+        Command::Load(args) => cmd::load::run(&args, out),
     }
 }
 

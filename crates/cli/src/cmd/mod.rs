@@ -1,4 +1,6 @@
 //! One module per subcommand.
 
+pub mod chaos;
+pub mod load;
 pub mod plan;
 pub mod replay;

@@ -1,0 +1,347 @@
+//! The chaos server over real sockets on 127.0.0.1:0. Every assertion is on counts the test
+//! controls exactly; where time matters, only generous lower bounds or "eventually" are used.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{call, get, h2, h2_get, post_json, serve, server, wait_for};
+use stormguard_chaos::{
+    Action, ChaosConfig, Latency, OnDisconnect, Phase, RateLimit, Sampler, Script,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn fixed(n: u64) -> Latency {
+    Latency::Fixed(ms(n))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_draws_are_exactly_the_samplers() {
+    let phase = Phase { error_rate: 0.3, status: 502, ..Phase::default() };
+    let mut config = ChaosConfig::single(phase.clone());
+    config.seed = 42;
+    let s = serve(config).await;
+    let addr = s.local_addr();
+    // 1000 requests over 8 connections at once: arrival order varies, the set of draws doesn't.
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut n502 = 0;
+                for _ in 0..125 {
+                    let got = get(addr, "/").await.unwrap();
+                    n502 += usize::from(got.status == 502);
+                }
+                n502
+            })
+        })
+        .collect();
+    let mut seen = 0;
+    for t in tasks {
+        seen += t.await.unwrap();
+    }
+    let sampler = Sampler::new(42);
+    let expected = (0..1000).filter(|&k| sampler.draw(&phase, k).is_error()).count();
+    assert_eq!(seen, expected);
+    let stats = s.stats();
+    assert_eq!(stats.total.requests, 1000);
+    assert_eq!(stats.total.status_counts.get(&502).copied().unwrap_or(0), expected as u64);
+    assert_eq!(stats.total.status_counts[&200], 1000 - expected as u64);
+    // And the sampler honours the script: 30 % within tolerance.
+    assert!((250..=350).contains(&expected), "{expected}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_max_in_flight_equals_the_controlled_concurrency() {
+    let s = server(Phase { latency: fixed(1500), ..Phase::default() }).await;
+    let addr = s.local_addr();
+    let held: Vec<_> = (0..12).map(|_| tokio::spawn(get(addr, "/"))).collect();
+    let during = wait_for(&s, Duration::from_secs(5), |st| st.in_flight_now == 12).await;
+    assert_eq!(during.in_flight_now, 12);
+    assert_eq!(during.total.in_flight.max, 12);
+    assert_eq!(during.total.requests, 12);
+    for h in held {
+        assert_eq!(h.await.unwrap().unwrap().status, 200);
+    }
+    let after = s.stats();
+    assert_eq!(after.in_flight_now, 0);
+    assert_eq!(after.total.in_flight.max, 12);
+    // The arrivals saw 1, 2, ..., 12: the histogram's percentiles come from exactly those.
+    assert_eq!(after.total.in_flight.p50, 6);
+    assert_eq!(after.total.in_flight.p99, 12);
+    assert_eq!(after.phases[0].counts.in_flight.max, 12);
+    // One more, alone: the max does not move, and it sees 1.
+    let mut quick = ChaosConfig::single(Phase::default());
+    quick.seed = 1;
+    let q = serve(quick).await;
+    for _ in 0..5 {
+        get(q.local_addr(), "/").await.unwrap();
+    }
+    assert_eq!(q.stats().total.in_flight.max, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_keeps_working_after_the_client_leaves() {
+    let s = server(Phase { latency: fixed(3000), ..Phase::default() }).await;
+    let addr = s.local_addr();
+    let held: Vec<_> = (0..6).map(|_| tokio::spawn(get(addr, "/"))).collect();
+    assert_eq!(
+        wait_for(&s, Duration::from_secs(5), |st| st.in_flight_now == 6).await.in_flight_now,
+        6
+    );
+    for h in &held {
+        h.abort(); // the clients leave: their sockets close
+    }
+    tokio::time::sleep(ms(300)).await;
+    // With `finish` the server is still working on all six.
+    let during = s.stats();
+    assert_eq!(during.in_flight_now, 6);
+    assert_eq!(during.total.client_gone, 0);
+    let after = wait_for(&s, Duration::from_secs(6), |st| st.in_flight_now == 0).await;
+    assert_eq!(after.in_flight_now, 0);
+    assert_eq!(after.total.client_gone, 6);
+    // It answered each (status counted), but nobody was there to take the answers.
+    assert_eq!(after.total.status_counts[&200], 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_when_the_client_leaves() {
+    let mut config = ChaosConfig::single(Phase { latency: fixed(8000), ..Phase::default() });
+    config.on_disconnect = OnDisconnect::Cancel;
+    let s = serve(config).await;
+    let addr = s.local_addr();
+    let held: Vec<_> = (0..6).map(|_| tokio::spawn(get(addr, "/"))).collect();
+    assert_eq!(
+        wait_for(&s, Duration::from_secs(5), |st| st.in_flight_now == 6).await.in_flight_now,
+        6
+    );
+    let left = Instant::now();
+    for h in &held {
+        h.abort();
+    }
+    // Long before the 8 s latency, every request has left the count.
+    let after = wait_for(&s, Duration::from_secs(5), |st| st.in_flight_now == 0).await;
+    assert_eq!(after.in_flight_now, 0);
+    assert!(left.elapsed() < ms(8000));
+    assert_eq!(after.total.client_gone, 6);
+    assert!(after.total.status_counts.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_answers_429_with_limit_headers() {
+    let s =
+        server(Phase { latency: fixed(1500), max_concurrency: Some(2), ..Phase::default() }).await;
+    let addr = s.local_addr();
+    let held: Vec<_> = (0..2).map(|_| tokio::spawn(get(addr, "/"))).collect();
+    assert_eq!(
+        wait_for(&s, Duration::from_secs(5), |st| st.in_flight_now == 2).await.in_flight_now,
+        2
+    );
+    let refused = get(addr, "/").await.unwrap();
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.headers["x-concurrency-limit-limit"], "2");
+    assert_eq!(refused.headers["x-concurrency-limit-remaining"], "0");
+    let mut remaining: Vec<String> = Vec::new();
+    for h in held {
+        let got = h.await.unwrap().unwrap();
+        assert_eq!(got.status, 200);
+        assert_eq!(got.headers["x-concurrency-limit-limit"], "2");
+        remaining.push(got.headers["x-concurrency-limit-remaining"].to_str().unwrap().into());
+    }
+    remaining.sort();
+    assert_eq!(remaining, ["0", "1"]);
+    let st = s.stats();
+    assert_eq!(st.total.concurrency_limited, 1);
+    assert_eq!(st.total.status_counts[&429], 1);
+    // The refused request was in flight for an instant: the max saw it.
+    assert_eq!(st.total.in_flight.max, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_answers_429_with_retry_after() {
+    let limit = RateLimit::new("3/10s".parse().unwrap());
+    let s = server(Phase { rate_limit: Some(limit), ..Phase::default() }).await;
+    let addr = s.local_addr();
+    for _ in 0..3 {
+        assert_eq!(get(addr, "/").await.unwrap().status, 200);
+    }
+    let refused = get(addr, "/").await.unwrap();
+    assert_eq!(refused.status, 429);
+    // One token per 3.33 s: the wait is at most that, rounded up to whole seconds.
+    let secs: u64 = refused.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3..=4).contains(&secs), "{secs}");
+    let ms: u64 = refused.headers["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    assert!((2_000..=3_334).contains(&ms), "{ms}");
+    let st = s.stats();
+    assert_eq!((st.total.rate_limited, st.total.status_counts[&429]), (1, 1));
+    assert_eq!(st.total.requests, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_counted_from_attempt_headers() {
+    let s = server(Phase::default()).await;
+    let addr = s.local_addr();
+    for h in [
+        &[][..],
+        &[("x-stormguard-attempt", "1")][..],
+        &[("x-stormguard-attempt", "2")][..],
+        &[("x-envoy-attempt-count", "3")][..],
+        &[("x-envoy-attempt-count", "1")][..],
+        &[("x-stormguard-attempt", "junk")][..],
+    ] {
+        call(addr, "GET", "/", h).await.unwrap();
+    }
+    let st = s.stats();
+    assert_eq!((st.total.requests, st.total.retries), (6, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_and_truncated_bodies() {
+    let s = server(Phase { reset_rate: 1.0, ..Phase::default() }).await;
+    let err = get(s.local_addr(), "/").await.unwrap_err();
+    // A TCP reset, not a clean close.
+    assert!(err.contains("ConnectionReset"), "{err}");
+    assert_eq!(s.stats().total.resets, 1);
+    assert!(s.stats().total.status_counts.is_empty());
+
+    let t = server(Phase { truncate_rate: 1.0, body_bytes: 1000, ..Phase::default() }).await;
+    let got = get(t.local_addr(), "/").await.unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.headers["content-length"], "1000");
+    assert!(got.body.is_err(), "the body must fail midway");
+    let st = t.stats();
+    assert_eq!((st.total.truncated, st.total.status_counts[&200], st.in_flight_now), (1, 1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_body_arrives_in_chunks_over_time() {
+    let s = server(Phase { body_bytes: 100, slow_body: Some(ms(300)), ..Phase::default() }).await;
+    let began = Instant::now();
+    let got = get(s.local_addr(), "/").await.unwrap();
+    assert!(began.elapsed() >= ms(300));
+    let body = got.body.unwrap();
+    assert_eq!(body.len(), 100);
+    assert!(body.starts_with(b"ok\nok\n"));
+    assert!(got.frames >= 2, "{} frames", got.frames);
+    assert_eq!(s.stats().in_flight_now, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phases_switch_by_admin_post_and_by_time() {
+    let a = Phase { name: "calm".into(), ..Phase::default() };
+    let b = Phase { name: "storm".into(), error_rate: 1.0, status: 502, ..Phase::default() };
+    let s = serve(ChaosConfig::new(Script {
+        phases: vec![a.clone(), b.clone()],
+        ..Script::single(a.clone())
+    }))
+    .await;
+    let addr = s.local_addr();
+    assert_eq!(get(addr, "/").await.unwrap().status, 200);
+    let next = post_json(addr, "/phase/next").await;
+    assert_eq!(next["phase"], "storm");
+    let got = get(addr, "/").await.unwrap();
+    assert_eq!(
+        (got.status.as_u16(), got.headers["x-chaos-phase"].to_str().unwrap()),
+        (502, "storm")
+    );
+    let st = s.stats();
+    assert_eq!(st.phase, "storm");
+    assert_eq!(st.phases[0].counts.status_counts[&200], 1);
+    assert_eq!(st.phases[1].counts.status_counts[&502], 1);
+    assert_eq!(st.total.requests, 2);
+
+    // By time: calm for 300 ms, then the storm, eventually.
+    let timed = Phase { duration: Some(ms(300)), ..a };
+    let t = serve(ChaosConfig::new(Script {
+        phases: vec![timed, b],
+        ..Script::single(Phase::default())
+    }))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get(t.local_addr(), "/").await.unwrap().status != 502 {
+        assert!(Instant::now() < deadline, "the timed phase never ended");
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert_eq!(t.phase(), "storm");
+    assert!(t.stats().phases[1].counts.requests >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_endpoint_and_reset() {
+    let s = server(Phase { error_rate: 1.0, ..Phase::default() }).await;
+    let addr = s.local_addr();
+    call(addr, "GET", "/x", &[("x-stormguard-attempt", "2")]).await.unwrap();
+    let got = get(addr, "/stats").await.unwrap();
+    assert_eq!(got.headers["content-type"], "application/json");
+    let v: serde_json::Value = serde_json::from_slice(&got.body.unwrap()).unwrap();
+    assert_eq!(v["requests"], 1);
+    assert_eq!(v["retries"], 1);
+    assert_eq!(v["status_counts"]["503"], 1);
+    assert_eq!(v["in_flight"]["max"], 1);
+    for k in ["p50", "p95", "p99"] {
+        assert_eq!(v["in_flight"][k], 1, "{k}");
+    }
+    assert_eq!(v["phases"][0]["requests"], 1);
+    // Admin requests are not traffic.
+    let closed = post_json(addr, "/stats/reset").await;
+    assert_eq!(closed["requests"], 1);
+    let v: serde_json::Value =
+        serde_json::from_slice(&get(addr, "/stats").await.unwrap().body.unwrap()).unwrap();
+    assert_eq!(v["requests"], 0);
+    assert_eq!(v["in_flight"]["max"], 0);
+    assert_eq!(get(addr, "/stats/reset").await.unwrap().status, 405);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_streams_count_in_flight_and_reset_alone() {
+    let s = server(Phase { latency: fixed(800), ..Phase::default() }).await;
+    let sender = h2(s.local_addr()).await;
+    let streams: Vec<_> = (0..5)
+        .map(|_| {
+            let mut tx = sender.clone();
+            tokio::spawn(async move { h2_get(&mut tx, "/").await })
+        })
+        .collect();
+    assert_eq!(
+        wait_for(&s, Duration::from_secs(5), |st| st.in_flight_now == 5).await.in_flight_now,
+        5
+    );
+    for st in streams {
+        assert_eq!(st.await.unwrap().unwrap().status, 200);
+    }
+    assert_eq!(s.stats().total.in_flight.max, 5);
+
+    // A reset on h2 resets the stream only; the connection carries the next request.
+    let phases = vec![
+        Phase { name: "reset".into(), reset_rate: 1.0, ..Phase::default() },
+        Phase { name: "ok".into(), ..Phase::default() },
+    ];
+    let r = serve(ChaosConfig::new(Script { phases, ..Script::single(Phase::default()) })).await;
+    let mut tx = h2(r.local_addr()).await;
+    assert!(h2_get(&mut tx, "/").await.is_err());
+    r.next_phase();
+    assert_eq!(h2_get(&mut tx, "/").await.unwrap().status, 200);
+    assert_eq!(r.stats().total.resets, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncation_and_resets_match_the_draws() {
+    // Every fault at once, seeded: the server's counts are exactly the sampler's.
+    let phase = Phase { reset_rate: 0.1, truncate_rate: 0.1, error_rate: 0.2, ..Phase::default() };
+    let mut config = ChaosConfig::single(phase.clone());
+    config.seed = 5;
+    let s = serve(config).await;
+    for _ in 0..200 {
+        let _ = get(s.local_addr(), "/").await;
+    }
+    let sampler = Sampler::new(5);
+    let count =
+        |a: Action| (0..200).filter(|&k| sampler.draw(&phase, k).action == a).count() as u64;
+    let st = s.stats();
+    assert_eq!(st.total.resets, count(Action::Reset));
+    assert_eq!(st.total.truncated, count(Action::Truncate));
+    assert_eq!(st.total.status_counts[&503], count(Action::Error));
+    assert_eq!(st.total.status_counts[&200], count(Action::Respond) + count(Action::Truncate));
+}

@@ -1,0 +1,292 @@
+//! `stormguard chaos`: a fault-injecting upstream that counts what reaches it.
+//!
+//! One phase from flags, or phases over time from a TOML script. The server prints its address
+//! on stderr (`listening on http://ADDR`, so `--listen 127.0.0.1:0` can be used from scripts),
+//! serves `GET /stats`, `POST /stats/reset` and `POST /phase/next` on the same listener, moves to
+//! the next phase on SIGUSR1, and on exit (Ctrl-C, SIGTERM or `--duration`) prints its final
+//! stats as JSON on stdout.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, ValueEnum};
+use stormguard_chaos::{ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, RateLimit, Script};
+use stormguard_core::decimal::parse_duration;
+
+use crate::Failure;
+
+/// Flags of `stormguard chaos`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("one_phase").multiple(true)))]
+#[command(after_help = "\
+Examples:
+  # 30 % of requests fail with 503, the rest take 50 ms at the median and 400 ms at p99:
+  stormguard chaos --listen 127.0.0.1:9000 --error-rate 0.3 --latency 50ms --latency-p99 400ms
+
+  # The slow dependency that trips no breaker: every request takes 2 s, nothing fails:
+  stormguard chaos --latency 2s
+
+  # A server with its own limits: 20 in flight, 100 requests per second:
+  stormguard chaos --max-concurrency 20 --rate-limit 100/s
+
+  # Phases over time (healthy, storm, recovery) from a script:
+  stormguard chaos --script phases.toml
+
+While it runs:
+  curl -s localhost:9000/stats              what it saw: requests, retries, in_flight, status_counts
+  curl -s -X POST localhost:9000/stats/reset   start a new count
+  curl -s -X POST localhost:9000/phase/next    move to the next phase (or: kill -USR1 PID)
+
+Requests marked as retries (x-stormguard-attempt or x-envoy-attempt-count above 1) are counted
+as retries. Every draw comes from --seed, so a run can be repeated exactly. The script format
+and every key are in docs/chaos-and-load.md.")]
+pub struct ChaosArgs {
+    /// Address to listen on. Port 0 picks a free port; the address is printed on stderr.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000")]
+    pub listen: SocketAddr,
+    /// Phases over time, from a TOML file. Cannot be combined with the one-phase flags below.
+    #[arg(long, value_name = "FILE", conflicts_with = "one_phase")]
+    pub script: Option<PathBuf>,
+    /// Fraction of requests answered with --status, 0 to 1.
+    #[arg(long, value_name = "FRACTION", group = "one_phase")]
+    pub error_rate: Option<f64>,
+    /// The injected error status, 400 to 599.
+    #[arg(long, value_name = "CODE", group = "one_phase")]
+    pub status: Option<u16>,
+    /// How long each request takes: fixed ("50ms"), the median when --latency-p99 is given, or
+    /// a uniform range ("10ms..30ms").
+    #[arg(long, value_name = "DURATION", group = "one_phase")]
+    pub latency: Option<String>,
+    /// The 99th percentile latency; with --latency as the median, fits a log-normal (or, with
+    /// --latency-dist pareto, a Pareto tail).
+    #[arg(long, value_name = "DURATION", requires = "latency", group = "one_phase")]
+    pub latency_p99: Option<String>,
+    /// The shape fitted to --latency and --latency-p99.
+    #[arg(long, value_enum, value_name = "DIST", requires = "latency_p99", group = "one_phase")]
+    pub latency_dist: Option<Dist>,
+    /// No request waits longer than this.
+    #[arg(long, value_name = "DURATION", group = "one_phase")]
+    pub latency_max: Option<String>,
+    /// Answer 429 (with X-Concurrency-Limit-Limit and -Remaining) above this many in flight.
+    #[arg(long, value_name = "N", group = "one_phase")]
+    pub max_concurrency: Option<u64>,
+    /// Answer 429 (with Retry-After) above this rate, e.g. 100/s, 5/100ms.
+    #[arg(long, value_name = "RATE", group = "one_phase")]
+    pub rate_limit: Option<String>,
+    /// The rate limit's burst, in requests. Default: the rate's count (100 for 100/s).
+    #[arg(long, value_name = "N", requires = "rate_limit", group = "one_phase")]
+    pub rate_burst: Option<u64>,
+    /// Fraction of requests reset instead of answered (HTTP/1.1: TCP reset; h2: stream reset).
+    #[arg(long, value_name = "FRACTION", group = "one_phase")]
+    pub reset_rate: Option<f64>,
+    /// Fraction of 200 responses whose body stops halfway.
+    #[arg(long, value_name = "FRACTION", group = "one_phase")]
+    pub truncate_rate: Option<f64>,
+    /// Size of the 200 body in bytes.
+    #[arg(long, value_name = "N", group = "one_phase")]
+    pub body_bytes: Option<usize>,
+    /// Spread the 200 body over this long (in up to 10 chunks).
+    #[arg(long, value_name = "DURATION", group = "one_phase")]
+    pub slow_body: Option<String>,
+    /// What to do with a request whose client left: keep working and count it in flight
+    /// (finish, what real servers do; the default) or stop (cancel).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub on_disconnect: Option<Disconnect>,
+    /// Seed for every random draw (default: the script's, or 0).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Stop after this long (default: run until Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+}
+
+/// A latency shape fitted to a p50 and a p99.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Dist {
+    /// The usual service latency: a body and a moderate tail.
+    Lognormal,
+    /// A heavy tail.
+    Pareto,
+}
+
+/// `--on-disconnect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Disconnect {
+    /// Keep working; the request stays in flight until its latency has passed.
+    Finish,
+    /// Stop when the client leaves.
+    Cancel,
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
+    parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
+}
+
+/// The flag that sets a phase key, for error messages.
+fn flag_of(key: &str) -> &'static str {
+    match key {
+        "error_rate" => "--error-rate",
+        "status" => "--status",
+        "reset_rate" => "--reset-rate",
+        "truncate_rate" => "--truncate-rate",
+        "latency" => "--latency",
+        "max_concurrency" => "--max-concurrency",
+        "rate_limit" => "--rate-limit",
+        "rate_burst" => "--rate-burst",
+        "body_bytes" => "--body-bytes",
+        _ => "a flag",
+    }
+}
+
+/// The one phase the flags describe.
+fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
+    let mut p = Phase { name: "flags".to_string(), ..Phase::default() };
+    if let Some(e) = args.error_rate {
+        p.error_rate = e;
+    }
+    if let Some(s) = args.status {
+        p.status = s;
+    }
+    if let Some(r) = args.reset_rate {
+        p.reset_rate = r;
+    }
+    if let Some(r) = args.truncate_rate {
+        p.truncate_rate = r;
+    }
+    if let Some(text) = &args.latency {
+        p.latency = match (text.split_once(".."), &args.latency_p99) {
+            (Some(_), Some(_)) => {
+                return Err(Failure::usage(
+                    "--latency-p99 needs --latency as a median, not a range",
+                ));
+            }
+            (Some((min, max)), None) => {
+                Latency::Uniform { min: duration("latency", min)?, max: duration("latency", max)? }
+            }
+            (None, None) => Latency::Fixed(duration("latency", text)?),
+            (None, Some(p99)) => {
+                let (p50, p99) = (duration("latency", text)?, duration("latency-p99", p99)?);
+                match args.latency_dist.unwrap_or(Dist::Lognormal) {
+                    Dist::Lognormal => Latency::LogNormal { p50, p99 },
+                    Dist::Pareto => Latency::pareto_from_quantiles(p50, p99)
+                        .map_err(|e| Failure::usage(format!("--latency-p99: {e}")))?,
+                }
+            }
+        };
+    }
+    if let Some(m) = &args.latency_max {
+        p.latency_max = duration("latency-max", m)?;
+    }
+    p.max_concurrency = args.max_concurrency;
+    if let Some(r) = &args.rate_limit {
+        let rate = r.parse().map_err(|e| Failure::usage(format!("--rate-limit: {e}")))?;
+        let mut limit = RateLimit::new(rate);
+        if let Some(b) = args.rate_burst {
+            limit.burst = b;
+        }
+        p.rate_limit = Some(limit);
+    }
+    if let Some(b) = args.body_bytes {
+        p.body_bytes = b;
+    }
+    if let Some(s) = &args.slow_body {
+        p.slow_body = Some(duration("slow-body", s)?);
+    }
+    p.validate().map_err(|e| Failure::usage(format!("{}: {}", flag_of(e.key), e.reason)))?;
+    Ok(p)
+}
+
+/// The server's config from the flags (or the script they name).
+pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
+    let script = match &args.script {
+        Some(path) => Script::load(path).map_err(|e| Failure::usage(e.to_string()))?,
+        None => Script::single(phase_from_flags(args)?),
+    };
+    let mut config = ChaosConfig::new(script);
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    match args.on_disconnect {
+        Some(Disconnect::Finish) => config.on_disconnect = OnDisconnect::Finish,
+        Some(Disconnect::Cancel) => config.on_disconnect = OnDisconnect::Cancel,
+        None => {}
+    }
+    Ok(config)
+}
+
+/// Runs `stormguard chaos` until Ctrl-C, SIGTERM or `--duration`.
+pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let config = config_from_args(args)?;
+    let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    let stats = runtime.block_on(async {
+        let server = stormguard_chaos::spawn(config, args.listen).await.map_err(|e| match e {
+            ChaosError::Invalid(m) => Failure::usage(m),
+            e @ ChaosError::Bind { .. } => Failure::runtime(e.to_string()),
+        })?;
+        // A closed stderr must not stop the server: these lines are for people.
+        let _ = writeln!(
+            std::io::stderr(),
+            "stormguard chaos: listening on http://{} (phase {}); GET /stats, POST /stats/reset, \
+             POST /phase/next",
+            server.local_addr(),
+            server.phase()
+        );
+        wait_for_stop(&server, stop_after).await;
+        let stats = server.stats();
+        server.shutdown().await;
+        Ok::<_, Failure>(stats)
+    })?;
+    // Work still sleeping under `finish` must not hold the exit.
+    runtime.shutdown_background();
+    serde_json::to_writer_pretty(&mut *out, &stats)
+        .map_err(|e| Failure::runtime(format!("cannot write the stats: {e}")))?;
+    writeln!(out)?;
+    Ok(())
+}
+
+#[cfg(unix)]
+async fn wait_for_stop(server: &stormguard_chaos::ChaosServer, stop_after: Option<Duration>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut usr1)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::user_defined1()))
+    else {
+        return wait_plain(stop_after).await;
+    };
+    let deadline = sleep_or_forever(stop_after);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            () = &mut deadline => break,
+            _ = usr1.recv() => {
+                let _ = writeln!(std::io::stderr(), "stormguard chaos: phase {}", server.next_phase());
+            }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_stop(_server: &stormguard_chaos::ChaosServer, stop_after: Option<Duration>) {
+    wait_plain(stop_after).await
+}
+
+async fn wait_plain(stop_after: Option<Duration>) {
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = sleep_or_forever(stop_after) => {}
+    }
+}
+
+async fn sleep_or_forever(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}

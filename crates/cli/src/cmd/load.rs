@@ -1,0 +1,263 @@
+//! `stormguard load`: drive a target, then check at the upstream that the cap and the budget
+//! held.
+//!
+//! Closed loop (`--concurrency N`) or open loop (`--rate R/s`, arrivals that do not wait for
+//! responses), for `--duration` or `--requests`. Prints an outcome and latency summary (`--json`
+//! for one JSON object); each `--assert-*` flag that is violated makes the exit code 1.
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use http::{HeaderName, HeaderValue, Method};
+use stormguard_chaos::Rate;
+use stormguard_chaos::load::{self, Live, LoadConfig, LoadError, LoadReport, Mode};
+use stormguard_core::decimal::parse_duration;
+
+use crate::Failure;
+
+/// Flags of `stormguard load`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Prove a budget against any stack (chaos upstream on :9000, the proxy under test on :8080 in
+front of it, planned for 16 primaries in flight under a cap of 20 with a 25 % budget):
+  stormguard chaos --listen 127.0.0.1:9000 --error-rate 0.3 --latency 50ms --latency-p99 400ms
+  stormguard load --target http://127.0.0.1:8080/ --concurrency 16 --duration 30s \\
+      --stats http://127.0.0.1:9000/stats \\
+      --assert-max-in-flight 20 --assert-retry-fraction 0.25
+
+Open loop (arrivals keep coming when the target stalls, so its latency shows):
+  stormguard load --target http://127.0.0.1:8080/ --rate 200/s --duration 30s
+
+The retry fraction is (requests the upstream saw - originals sent) / originals sent: it needs
+no attempt header, so it works behind any proxy or client library. The upstream's stats are
+reset when the run starts. Exit codes: 0 every assertion held, 1 one was violated, 2 bad flags
+or an unreachable --stats. Targets must be on this machine (127.0.0.0/8, ::1, localhost).")]
+pub struct LoadArgs {
+    /// The URL to send requests to (http:// on a loopback address).
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+    /// Closed loop: this many workers, each sending its next request when the last is done
+    /// (default 10).
+    #[arg(long, value_name = "N", conflicts_with = "rate")]
+    pub concurrency: Option<usize>,
+    /// Open loop: arrivals at this rate (e.g. 200/s, 5/10ms), whether or not responses come.
+    #[arg(long, value_name = "RATE")]
+    pub rate: Option<String>,
+    /// Send for this long (e.g. 30s; at most 1h). Default 10s when --requests is not given.
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+    /// Send this many requests (with --duration: whichever ends first).
+    #[arg(long, value_name = "N")]
+    pub requests: Option<u64>,
+    /// Per-request timeout, from connecting to the last body byte.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub timeout: String,
+    /// Open loop: at most this many requests outstanding; arrivals beyond it are counted as
+    /// dropped.
+    #[arg(long, value_name = "N", default_value_t = 1000, requires = "rate")]
+    pub max_outstanding: usize,
+    /// The request method.
+    #[arg(long, value_name = "METHOD", default_value = "GET")]
+    pub method: String,
+    /// A request header, "Name: value"; repeat for several.
+    #[arg(long = "header", short = 'H', value_name = "HEADER")]
+    pub headers: Vec<String>,
+    /// The request body.
+    #[arg(long, value_name = "TEXT")]
+    pub body: Option<String>,
+    /// The upstream's stats URL (stormguard chaos serves /stats). Default: /stats at the
+    /// target's origin, read only when an --assert-max-in-flight or --assert-retry-fraction
+    /// needs it. It is reset (POST URL/reset) when the run starts.
+    #[arg(long, value_name = "URL")]
+    pub stats: Option<String>,
+    /// Print one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Fail (exit 1) if the upstream ever had more than N requests in flight.
+    #[arg(long, value_name = "N")]
+    pub assert_max_in_flight: Option<u64>,
+    /// Fail (exit 1) if (upstream requests - originals sent) / originals sent exceeds F
+    /// (0.25 = 25 % of originals).
+    #[arg(long, value_name = "F")]
+    pub assert_retry_fraction: Option<f64>,
+    /// Fail (exit 1) if fewer than S (0 to 1) of the requests got a complete 2xx.
+    #[arg(long, value_name = "S")]
+    pub assert_success_rate: Option<f64>,
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
+    parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
+}
+
+fn usage(e: LoadError) -> Failure {
+    Failure::usage(e.to_string())
+}
+
+/// The run's config from the flags.
+pub fn config_from_args(args: &LoadArgs) -> Result<LoadConfig, Failure> {
+    let mut c = LoadConfig::new(&args.target).map_err(usage)?;
+    c.mode = match &args.rate {
+        Some(r) => {
+            let rate: Rate = r.parse().map_err(|e| Failure::usage(format!("--rate: {e}")))?;
+            Mode::Open { rate, max_outstanding: args.max_outstanding }
+        }
+        None => Mode::Closed { concurrency: args.concurrency.unwrap_or(10) },
+    };
+    c.duration = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    c.requests = args.requests;
+    c.timeout = duration("timeout", &args.timeout)?;
+    c.method = Method::from_bytes(args.method.as_bytes())
+        .map_err(|_| Failure::usage(format!("--method: `{}` is not a method", args.method)))?;
+    for h in &args.headers {
+        let bad = || Failure::usage(format!("--header: `{h}` is not \"Name: value\""));
+        let (name, value) = h.split_once(':').ok_or_else(bad)?;
+        let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad())?;
+        let value = HeaderValue::from_str(value.trim()).map_err(|_| bad())?;
+        c.headers.append(name, value);
+    }
+    if let Some(b) = &args.body {
+        c.body = Bytes::from(b.clone());
+    }
+    if let Some(s) = &args.stats {
+        c.stats = Some(s.parse().map_err(|e| Failure::usage(format!("--stats: `{s}`: {e}")))?);
+    }
+    c.assertions.max_in_flight = args.assert_max_in_flight;
+    c.assertions.retry_fraction = args.assert_retry_fraction;
+    c.assertions.success_rate = args.assert_success_rate;
+    c.validate().map_err(usage)?;
+    Ok(c)
+}
+
+/// Runs `stormguard load`.
+pub fn run(args: &LoadArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let config = config_from_args(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    let show_progress = std::io::stderr().is_terminal();
+    let report = runtime.block_on(async {
+        let live = Live::default();
+        let progress = async {
+            if !show_progress {
+                return std::future::pending().await;
+            }
+            let began = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                eprint!("\r{}", progress_line(&live, began.elapsed()));
+            }
+        };
+        let result = tokio::select! {
+            r = load::run(&config, &live) => r,
+            () = progress => unreachable!("progress loops forever"),
+        };
+        if show_progress {
+            eprint!("\r{:79}\r", "");
+        }
+        result
+    });
+    // Connections still closing must not hold the exit.
+    runtime.shutdown_background();
+    let report = report.map_err(usage)?;
+    if args.json {
+        serde_json::to_writer(&mut *out, &report)
+            .map_err(|e| Failure::runtime(format!("cannot write the report: {e}")))?;
+        writeln!(out)?;
+    } else {
+        out.write_all(summary(&report).as_bytes())?;
+    }
+    let failed: Vec<&str> =
+        report.assertions.iter().filter(|a| !a.ok).map(|a| a.message.as_str()).collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!("assertion failed: {}", failed.join("; "))))
+    }
+}
+
+fn progress_line(live: &Live, elapsed: Duration) -> String {
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (done, ok) = (get(&live.done), get(&live.succeeded));
+    let rate = if done == 0 { 0.0 } else { 100.0 * ok as f64 / done as f64 };
+    format!(
+        "{:6.1}s  scheduled {}  done {}  ok {:.1} %  outstanding {}   ",
+        elapsed.as_secs_f64(),
+        get(&live.scheduled),
+        done,
+        rate,
+        get(&live.outstanding)
+    )
+}
+
+/// The human summary.
+pub fn summary(r: &LoadReport) -> String {
+    let mut s = String::new();
+    let how = match (r.concurrency, r.rate_per_s) {
+        (Some(c), _) => format!("closed loop, {c} workers"),
+        (_, Some(rate)) => format!("open loop, {rate}/s; latency from each scheduled send time"),
+        _ => r.mode.to_string(),
+    };
+    let _ = writeln!(s, "target      {} ({how})", r.target);
+    let o = &r.outcomes;
+    let _ = writeln!(
+        s,
+        "sent        {} of {} scheduled ({} dropped at the outstanding cap, {} connect errors)",
+        r.sent, r.scheduled, o.dropped, o.connect_error
+    );
+    let statuses: Vec<String> =
+        o.status_counts.iter().map(|(code, n)| format!("{n} x {code}")).collect();
+    let statuses =
+        if statuses.is_empty() { "no response".to_string() } else { statuses.join(", ") };
+    let _ = writeln!(
+        s,
+        "outcomes    {statuses}; {} body errors, {} resets, {} timeouts",
+        o.body_error, o.reset, o.timeout
+    );
+    let _ = writeln!(
+        s,
+        "success     {:.2} % ({} of {})",
+        100.0 * r.success_rate,
+        o.success,
+        r.scheduled
+    );
+    let _ = writeln!(s, "throughput  {:.1}/s over {:.2} s", r.throughput_per_s, r.elapsed_s);
+    let l = &r.latency_ms;
+    let _ = writeln!(
+        s,
+        "latency ms  p50 {:.2}  p90 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}  (mean {:.2}, {} recorded)",
+        l.p50, l.p90, l.p99, l.p999, l.max, l.mean, l.count
+    );
+    if let Some(up) = &r.upstream {
+        let n = |v: &serde_json::Value| v.as_u64().map_or("?".to_string(), |x| x.to_string());
+        let _ = writeln!(
+            s,
+            "upstream    {} requests, {} marked as retries, max in flight {} (p50 {}, p99 {})",
+            n(&up["requests"]),
+            n(&up["retries"]),
+            n(&up["in_flight"]["max"]),
+            n(&up["in_flight"]["p50"]),
+            n(&up["in_flight"]["p99"])
+        );
+    }
+    if let (Some(f), Some(up)) = (r.retry_fraction, &r.upstream) {
+        let _ = writeln!(
+            s,
+            "retry frac  {f:.4} = ({} - {}) / {}",
+            up["requests"].as_u64().unwrap_or(0),
+            r.sent,
+            r.sent
+        );
+    }
+    if !r.assertions.is_empty() {
+        let _ = writeln!(s, "assertions");
+        for a in &r.assertions {
+            let _ = writeln!(s, "  {}  {}", if a.ok { "ok  " } else { "FAIL" }, a.message);
+        }
+    }
+    s
+}

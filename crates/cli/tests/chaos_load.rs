@@ -1,0 +1,416 @@
+//! `stormguard chaos` and `stormguard load` as binaries: flags, exit codes, and every assertion
+//! both failing when violated and passing when it holds — through a small retrying proxy, the
+//! way they are used against a real stack.
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command as StdCommand, Output, Stdio};
+use std::time::Duration;
+
+use assert_cmd::Command;
+use assert_cmd::cargo::CommandCargoExt;
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, Phase, Sampler};
+use tokio::net::{TcpListener, TcpStream};
+
+fn stormguard() -> Command {
+    Command::cargo_bin("stormguard").unwrap()
+}
+
+/// Runs `stormguard ARGS` off the async runtime (the servers it talks to live on it).
+async fn run(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        stormguard().args(args).timeout(Duration::from_secs(30)).output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn args(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| x.to_string()).collect()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+async fn chaos(phase: Phase, seed: u64) -> ChaosServer {
+    let mut config = ChaosConfig::single(phase);
+    config.seed = seed;
+    stormguard_chaos::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+async fn forward(upstream: SocketAddr, attempt: u32) -> Result<(StatusCode, Bytes), String> {
+    let stream = TcpStream::connect(upstream).await.map_err(|e| e.to_string())?;
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::get("/")
+        .header("host", "upstream")
+        .header("x-stormguard-attempt", attempt)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = tx.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((status, body))
+}
+
+/// A stack under test: forwards each request, and retries a 503 once (marked as attempt 2).
+async fn retrying_proxy(upstream: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let service = service_fn(move |_req: Request<hyper::body::Incoming>| async move {
+                let mut answer = forward(upstream, 1).await;
+                if matches!(answer, Ok((StatusCode::SERVICE_UNAVAILABLE, _))) {
+                    answer = forward(upstream, 2).await;
+                }
+                let (status, body) = answer.unwrap_or((StatusCode::BAD_GATEWAY, Bytes::new()));
+                Ok::<_, Infallible>(
+                    Response::builder().status(status).body(Full::new(body)).unwrap(),
+                )
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    addr
+}
+
+#[test]
+fn help_tells_a_newcomer_what_to_do() {
+    let out = stormguard().args(["chaos", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--error-rate",
+        "--latency-p99",
+        "--max-concurrency",
+        "--rate-limit",
+        "--on-disconnect",
+        "--script",
+        "/stats/reset",
+        "/phase/next",
+        "docs/chaos-and-load.md",
+    ] {
+        assert!(text.contains(needle), "chaos --help lacks {needle}");
+    }
+    let out = stormguard().args(["load", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--concurrency",
+        "--rate",
+        "--assert-max-in-flight",
+        "--assert-retry-fraction",
+        "--assert-success-rate",
+        "--stats",
+        "Exit codes",
+    ] {
+        assert!(text.contains(needle), "load --help lacks {needle}");
+    }
+}
+
+#[test]
+fn a_bad_script_names_file_line_and_key_and_exits_2() {
+    let dir = std::env::temp_dir().join(format!("stormguard-chaos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("phases.toml");
+    std::fs::write(
+        &path,
+        "[[phase]]\nname = \"calm\"\n\n[[phase]]\nname = \"storm\"\nlatency_p99 = \"2s\"\n",
+    )
+    .unwrap();
+    let out = stormguard().arg("chaos").arg("--script").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("phases.toml:6:15: phase[1].latency_p99: latency_p99 needs latency_p50"),
+        "{err}"
+    );
+    let out =
+        stormguard().args(["chaos", "--script", "/nonexistent/phases.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    for (flags, needle) in [
+        (&["chaos", "--error-rate", "1.5"][..], "--error-rate"),
+        (&["chaos", "--status", "200"][..], "--status"),
+        (&["chaos", "--latency", "soon"][..], "--latency"),
+        (&["chaos", "--rate-limit", "lots"][..], "--rate-limit"),
+        (&["load", "--target", "http://192.0.2.7:80/"][..], "not a loopback address"),
+        (&["load", "--target", "http://127.0.0.1:1/", "--rate", "0/s"][..], "--rate"),
+        (&["load", "--target", "http://127.0.0.1:1/", "--duration", "2h"][..], "duration"),
+        (&["load", "--target", "http://127.0.0.1:1/", "--header", "no-colon"][..], "--header"),
+        (
+            &["load", "--target", "http://127.0.0.1:1/", "--assert-success-rate", "2"][..],
+            "success rate",
+        ),
+    ] {
+        let out = stormguard().args(flags).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{flags:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_stats_exit_2() {
+    let s = chaos(Phase::default(), 0).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let out = run(args(&[
+        "load",
+        "--target",
+        &s.url("/"),
+        "--requests",
+        "5",
+        "--stats",
+        &format!("http://{dead}/stats"),
+        "--assert-max-in-flight",
+        "5",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reset the upstream's stats"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assertions_fail_when_violated_and_pass_when_they_hold() {
+    // Upstream: half the requests fail with 503; the stack under test retries each 503 once.
+    let phase = Phase {
+        error_rate: 0.5,
+        latency: Latency::Fixed(Duration::from_millis(20)),
+        ..Phase::default()
+    };
+    let upstream = chaos(phase, 9).await;
+    let proxy = retrying_proxy(upstream.local_addr()).await;
+    let target = format!("http://{proxy}/");
+    let stats = upstream.url("/stats");
+    let load = |extra: &[&str]| {
+        let mut a = args(&[
+            "load",
+            "--target",
+            &target,
+            "--concurrency",
+            "4",
+            "--requests",
+            "200",
+            "--stats",
+            &stats,
+            "--json",
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+
+    let held = run(load(&[
+        "--assert-max-in-flight",
+        "4",
+        "--assert-retry-fraction",
+        "0.75",
+        "--assert-success-rate",
+        "0.6",
+    ]))
+    .await;
+    assert_eq!(held.status.code(), Some(0), "{}", String::from_utf8_lossy(&held.stderr));
+    let report = json(&held);
+    let sent = report["sent"].as_u64().unwrap();
+    let up_requests = report["upstream"]["requests"].as_u64().unwrap();
+    assert_eq!(sent, 200);
+    // Measured at the upstream without reading any header, and confirmed by the marked retries.
+    assert_eq!(up_requests - sent, report["upstream"]["retries"].as_u64().unwrap());
+    let fraction = report["retry_fraction"].as_f64().unwrap();
+    assert!((0.35..=0.65).contains(&fraction), "{fraction}");
+    assert!(report["upstream"]["in_flight"]["max"].as_u64().unwrap() <= 4);
+    assert!(report["assertions"].as_array().unwrap().iter().all(|a| a["ok"] == true));
+
+    for (flag, value, name) in [
+        ("--assert-retry-fraction", "0.3", "retry fraction"),
+        ("--assert-success-rate", "0.95", "success rate"),
+    ] {
+        let out = run(load(&[flag, value])).await;
+        assert_eq!(out.status.code(), Some(1), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("assertion failed") && err.contains(name), "{err}");
+        let report = json(&out);
+        assert_eq!(report["assertions"][0]["ok"], false);
+    }
+    // Eight callers at once on a 20 ms upstream: more than two are in flight together.
+    let mut a = load(&["--assert-max-in-flight", "2"]);
+    a[4] = "8".into();
+    let out = run(a).await;
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max in flight at the upstream"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn success_rate_is_exactly_the_seeded_draws() {
+    let phase = Phase { error_rate: 0.25, ..Phase::default() };
+    let s = chaos(phase.clone(), 77).await;
+    let sampler = Sampler::new(77);
+    let ok = (0..400).filter(|&k| !sampler.draw(&phase, k).is_error()).count() as f64 / 400.0;
+    let out = run(args(&[
+        "load",
+        "--target",
+        &s.url("/"),
+        "--rate",
+        "2000/s",
+        "--requests",
+        "400",
+        "--json",
+        "--assert-success-rate",
+        &format!("{ok}"),
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = json(&out);
+    assert_eq!(report["mode"], "open");
+    assert_eq!(report["scheduled"], 400);
+    assert_eq!(report["success_rate"].as_f64().unwrap(), ok);
+    // One success more than the draws give fails (a fresh server replays the same draws).
+    let again = chaos(phase, 77).await;
+    let above = format!("{}", ok + 0.0025);
+    let out = run(args(&[
+        "load",
+        "--target",
+        &again.url("/"),
+        "--requests",
+        "400",
+        "--assert-success-rate",
+        &above,
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    // The human summary names every outcome and the verdict.
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["target", "outcomes", "latency ms", "success", "FAIL"] {
+        assert!(text.contains(needle), "{text}");
+    }
+}
+
+/// Reads the address from the `listening on http://ADDR` line on stderr.
+fn start_chaos(flags: &[&str]) -> (Child, SocketAddr) {
+    let mut child = StdCommand::cargo_bin("stormguard")
+        .unwrap()
+        .args(["chaos", "--listen", "127.0.0.1:0", "--duration", "30s"])
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    stderr.read_line(&mut line).unwrap();
+    // Keep reading, so the server's later lines never meet a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap();
+    (child, addr)
+}
+
+fn stop(child: Child) -> Value {
+    let pid = child.id().to_string();
+    assert!(StdCommand::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_binary_serves_counts_switches_phase_and_prints_stats() {
+    let dir = std::env::temp_dir().join(format!("stormguard-chaos-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("two.toml");
+    std::fs::write(&script, "seed = 1\n[[phase]]\nname = \"calm\"\n\n[[phase]]\nname = \"storm\"\nerror_rate = 1.0\nstatus = 502\n").unwrap();
+    let (child, addr) = start_chaos(&["--script", script.to_str().unwrap()]);
+    let target = format!("http://{addr}/");
+    let out = run(args(&[
+        "load",
+        "--target",
+        &target,
+        "--requests",
+        "20",
+        "--json",
+        "--assert-max-in-flight",
+        "10",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json(&out)["outcomes"]["status_counts"]["200"], 20);
+
+    // SIGUSR1 moves to the storm.
+    assert!(
+        StdCommand::new("kill")
+            .args(["-USR1", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stats_url: http::Uri = format!("http://{addr}/stats").parse().unwrap();
+    let mut phase = Value::Null;
+    for _ in 0..200 {
+        let (_, body) = stormguard_chaos::load::http_call(Method::GET, &stats_url).await.unwrap();
+        phase = serde_json::from_slice::<Value>(&body).unwrap()["phase"].clone();
+        if phase == "storm" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(phase, "storm");
+    let out = run(args(&["load", "--target", &target, "--requests", "10", "--json"])).await;
+    assert_eq!(json(&out)["outcomes"]["status_counts"]["502"], 10);
+
+    let stats = stop(child);
+    assert_eq!(stats["phase"], "storm");
+    assert_eq!(stats["phases"][1]["status_counts"]["502"], 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn method_headers_and_body_reach_the_upstream() {
+    let s = chaos(Phase::default(), 0).await;
+    let out = run(args(&[
+        "load",
+        "--target",
+        &s.url("/pay?x=1"),
+        "--requests",
+        "12",
+        "--method",
+        "POST",
+        "-H",
+        "x-stormguard-attempt: 2",
+        "--body",
+        "{\"amount\": 1}",
+        "--json",
+        "--assert-retry-fraction",
+        "0",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = json(&out);
+    // Every request carried the attempt header: the upstream counts each as a retry, yet the
+    // retry fraction (computed from counts, not headers) is 0, since nothing was sent twice.
+    assert_eq!(report["upstream"]["retries"], 12);
+    assert_eq!(report["retry_fraction"].as_f64(), Some(0.0));
+    assert_eq!(report["outcomes"]["success"], 12);
+}
