@@ -100,6 +100,8 @@ struct Inner {
     upstream: Upstream,
     policy: RetryPolicy,
     header_stats: HeaderStats,
+    /// Whether a malformed header was logged already (it is logged once, counted always).
+    malformed_logged: std::sync::atomic::AtomicBool,
     requests: AtomicU64,
 }
 
@@ -171,6 +173,7 @@ impl Dependency {
                 upstream,
                 policy,
                 header_stats: HeaderStats::new(),
+                malformed_logged: std::sync::atomic::AtomicBool::new(false),
                 requests: AtomicU64::new(0),
             }),
         })
@@ -231,6 +234,7 @@ impl Dependency {
             SystemTime::now(),
             &self.inner.header_stats,
         );
+        self.log_malformed_once();
         if let Some(limit) = info.limit {
             self.inner.upstream.limiter.set_limit_hint(limit, self.inner.config.limit_ttl);
         }
@@ -240,6 +244,22 @@ impl Dependency {
             self.inner.upstream.hold.hold_until(self.now().saturating_add(reset));
         }
         info
+    }
+
+    /// Logs the first malformed header the dependency sent (every one is counted in
+    /// `stormguard_malformed_headers_total`); later ones are only counted.
+    pub fn log_malformed_once(&self) {
+        if self.inner.malformed_logged.load(Ordering::Relaxed) {
+            return;
+        }
+        let seen = self.inner.header_stats.snapshot();
+        if seen.total() > 0 && !self.inner.malformed_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                dependency = %self.inner.config.name,
+                malformed = ?seen,
+                "the dependency sent a malformed header; it was ignored (logged once, counted always)"
+            );
+        }
     }
 
     /// A snapshot of every signal. Reading it resets the limiter's high-water mark.

@@ -364,16 +364,16 @@ where
                     }
                     return Ok(result?.map(RetryBody::live));
                 }
-                Some(failure) => FailedAttempt {
-                    failure,
-                    unsent: false,
-                    pushback: config.pushback_headers.read_pushback(
+                Some(failure) => {
+                    let pushback = config.pushback_headers.read_pushback(
                         resp.headers(),
                         resp.status(),
                         SystemTime::now(),
                         dep.header_stats(),
-                    ),
-                },
+                    );
+                    dep.log_malformed_once();
+                    FailedAttempt { failure, unsent: false, pushback }
+                }
             },
             Err(e) => {
                 if let Some(StormguardError::Denied(_)) = e.downcast_ref::<StormguardError>() {

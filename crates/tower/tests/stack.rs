@@ -335,3 +335,18 @@ async fn readiness_is_the_inner_services() {
     handle.allow(1);
     assert!(stack.poll_ready().is_ready());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_malformed_retry_after_is_ignored_and_counted() {
+    let dep = dependency(|c| c.retry.retry_on = "5xx,429".parse().unwrap());
+    let svc = Scripted::new(vec![(429, vec![("retry-after", "soon-ish")])]);
+    let start = Instant::now();
+    let resp = StormguardLayer::new(dep.clone())
+        .layer(svc.clone())
+        .oneshot(request(Method::GET))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "retried on the normal backoff");
+    assert!(svc.times.lock().unwrap()[1] - start <= Duration::from_millis(25));
+    assert_eq!(dep.snapshot().malformed_headers.total(), 1);
+}
