@@ -31,6 +31,9 @@ pub enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Run a trace of events through one budget policy on a virtual clock.
     Replay(cmd::replay::ReplayArgs),
+    /// Simulate a retry storm: every policy in a scenario on the same arrivals, running
+    /// stormguard-core's own limiter, breaker and retry decision on a virtual clock.
+    Simulate(cmd::simulate::SimulateArgs),
     /// Serve a fault-injecting upstream (errors, latency, limits, resets) that counts what
     /// reaches it, in-flight exactly.
     Chaos(cmd::chaos::ChaosArgs),
@@ -71,6 +74,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
     match cli.command {
         Command::Plan(args) => cmd::plan::run(&args, out),
         Command::Replay(args) => cmd::replay::run(&args, out),
+        Command::Simulate(args) => cmd::simulate::run(&args, out),
         Command::Chaos(args) => cmd::chaos::run(&args, out),
         Command::Load(args) => cmd::load::run(&args, out),
     }

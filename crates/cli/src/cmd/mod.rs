@@ -4,3 +4,4 @@ pub mod chaos;
 pub mod load;
 pub mod plan;
 pub mod replay;
+pub mod simulate;

@@ -1,0 +1,60 @@
+//! The built-in scenarios (`stormguard simulate --builtin NAME`), each a complete scenario
+//! file in `crates/sim/scenarios/`: a starting point to copy (`--print-scenario`).
+//!
+//! | name | shows |
+//! | --- | --- |
+//! | `worked-example` | DESIGN.md's table: 16 planned in flight, 5 / 20 / 40 % errors, retry once vs. a 25 % budget under a shared cap of 20 |
+//! | `slow-dependency` | latency rises past the per-try timeout, no errors: timeouts alone make the storm |
+//! | `metastable` | a short trigger leaves naive retries stuck in overload after it is gone; budgets recover |
+//! | `fan-out` | 5 parallel calls per action: tails multiply; per-hop versus per-action budgets |
+//! | `fleet` | 50 instances: per-instance caps and floors versus fleet-shared ones; breakers with half-open probes |
+
+use crate::scenario::{Scenario, ScenarioError};
+
+/// Every built-in scenario: name and TOML text.
+pub const ALL: [(&str, &str); 5] = [
+    ("worked-example", include_str!("../scenarios/worked-example.toml")),
+    ("slow-dependency", include_str!("../scenarios/slow-dependency.toml")),
+    ("metastable", include_str!("../scenarios/metastable.toml")),
+    ("fan-out", include_str!("../scenarios/fan-out.toml")),
+    ("fleet", include_str!("../scenarios/fleet.toml")),
+];
+
+/// The names, for `--help` and error messages.
+pub fn names() -> Vec<&'static str> {
+    ALL.iter().map(|(n, _)| *n).collect()
+}
+
+/// The TOML text of the built-in scenario `name`.
+pub fn text(name: &str) -> Option<&'static str> {
+    ALL.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// The built-in scenario `name`, parsed.
+pub fn scenario(name: &str) -> Result<Scenario, ScenarioError> {
+    let origin = format!("--builtin {name}");
+    match text(name) {
+        Some(t) => Scenario::parse(&origin, t),
+        None => Err(ScenarioError {
+            origin,
+            line: 0,
+            key: String::new(),
+            message: format!(
+                "no built-in scenario `{name}` (expected one of: {})",
+                names().join(", ")
+            ),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_builtin_parses() {
+        for (name, _) in super::ALL {
+            let s = super::scenario(name).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(s.name, name);
+        }
+        assert!(super::scenario("nope").unwrap_err().to_string().contains("worked-example"));
+    }
+}

@@ -1,0 +1,268 @@
+//! Service-time distributions and the seeded draws behind them.
+//!
+//! Every draw comes from a [`SplitMix64`] seeded from the scenario seed, so a run replays
+//! exactly. Draws that policies must share (an attempt's error and service time, the arrival
+//! times) are *keyed*: the generator is seeded from what the draw is about (the request, the
+//! attempt number), not from how many draws came before, so two policies compared on the same
+//! arrivals see the same arrivals and the same per-attempt luck even when they send different
+//! numbers of attempts.
+
+use std::fmt;
+use std::time::Duration;
+
+use stormguard_core::decimal::{format_duration, parse_duration};
+use stormguard_core::random::{RandomSource, SplitMix64};
+
+/// The z-score of the 99th percentile of a standard normal distribution.
+const Z_P99: f64 = 2.326_347_874_040_841;
+
+/// How long the dependency works on one attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ServiceTime {
+    /// Always the same: `fixed 50ms` (or just `50ms`).
+    Fixed(Duration),
+    /// Exponential with this mean: `exponential 50ms`.
+    Exponential(Duration),
+    /// Log-normal with this median and shape: `lognormal median=20ms sigma=0.7`.
+    LogNormal {
+        /// The median (the 50th percentile).
+        median: Duration,
+        /// The standard deviation of the logarithm; `0` is fixed at the median.
+        sigma: f64,
+    },
+}
+
+impl ServiceTime {
+    /// The log-normal whose 50th and 99th percentiles are `p50` and `p99`: `p50=20ms p99=100ms`.
+    pub fn from_percentiles(p50: Duration, p99: Duration) -> Result<ServiceTime, String> {
+        if p50.is_zero() || p99 < p50 {
+            return Err(format!(
+                "p99 ({}) must be at least p50 ({}), and p50 above zero",
+                format_duration(p99),
+                format_duration(p50)
+            ));
+        }
+        let sigma = (p99.as_secs_f64() / p50.as_secs_f64()).ln() / Z_P99;
+        Ok(ServiceTime::LogNormal { median: p50, sigma })
+    }
+
+    /// Parses `50ms`, `fixed 50ms`, `exponential 50ms`, `lognormal median=20ms sigma=0.7` or
+    /// `p50=20ms p99=100ms`.
+    pub fn parse(text: &str) -> Result<ServiceTime, String> {
+        const FORMS: &str = "expected `fixed 50ms`, `exponential 50ms`, \
+             `lognormal median=20ms sigma=0.7` or `p50=20ms p99=100ms`";
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let dur = |w: &str| parse_duration(w).map_err(|e| format!("{e} ({FORMS})"));
+        let pairs = |ws: &[&str]| -> Result<Vec<(String, String)>, String> {
+            ws.iter()
+                .map(|w| {
+                    w.split_once('=')
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .ok_or_else(|| format!("`{w}` is not key=value ({FORMS})"))
+                })
+                .collect()
+        };
+        match words.as_slice() {
+            [d] if !d.contains('=') => Ok(ServiceTime::Fixed(dur(d)?)),
+            ["fixed", d] => Ok(ServiceTime::Fixed(dur(d)?)),
+            ["exponential" | "exp", d] => {
+                let mean = dur(d)?;
+                if mean.is_zero() {
+                    return Err("an exponential mean must be above zero".into());
+                }
+                Ok(ServiceTime::Exponential(mean))
+            }
+            ["lognormal", rest @ ..] => {
+                let (mut median, mut sigma) = (None, None);
+                for (k, v) in pairs(rest)? {
+                    match k.as_str() {
+                        "median" => median = Some(dur(&v)?),
+                        "sigma" => {
+                            let s: f64 =
+                                v.parse().map_err(|_| format!("sigma `{v}` is not a number"))?;
+                            if !(0.0..=10.0).contains(&s) {
+                                return Err(format!("sigma must be in [0, 10], got {v}"));
+                            }
+                            sigma = Some(s);
+                        }
+                        other => {
+                            return Err(format!(
+                                "`{other}` is not a lognormal parameter (median, sigma)"
+                            ));
+                        }
+                    }
+                }
+                match (median, sigma) {
+                    (Some(median), Some(sigma)) if !median.is_zero() => {
+                        Ok(ServiceTime::LogNormal { median, sigma })
+                    }
+                    _ => {
+                        Err("lognormal needs median=DURATION (above zero) and sigma=NUMBER".into())
+                    }
+                }
+            }
+            ws if !ws.is_empty() && ws.iter().all(|w| w.contains('=')) => {
+                let (mut p50, mut p99) = (None, None);
+                for (k, v) in pairs(ws)? {
+                    match k.as_str() {
+                        "p50" => p50 = Some(dur(&v)?),
+                        "p99" => p99 = Some(dur(&v)?),
+                        other => return Err(format!("`{other}` is not a percentile (p50, p99)")),
+                    }
+                }
+                match (p50, p99) {
+                    (Some(a), Some(b)) => ServiceTime::from_percentiles(a, b),
+                    _ => Err(format!("give both p50 and p99 ({FORMS})")),
+                }
+            }
+            _ => Err(format!("`{text}` is not a service time ({FORMS})")),
+        }
+    }
+
+    /// The mean, for the report.
+    pub fn mean(&self) -> Duration {
+        match *self {
+            ServiceTime::Fixed(d) | ServiceTime::Exponential(d) => d,
+            ServiceTime::LogNormal { median, sigma } => {
+                median.mul_f64((sigma * sigma / 2.0).exp().min(1e9))
+            }
+        }
+    }
+
+    /// One draw, in nanoseconds (at least 1).
+    #[inline]
+    pub(crate) fn sample(&self, rng: &mut SplitMix64) -> u64 {
+        let nanos = match *self {
+            ServiceTime::Fixed(d) => return nanos(d).max(1),
+            ServiceTime::Exponential(mean) => nanos(mean) as f64 * -(1.0 - unit(rng)).ln(),
+            ServiceTime::LogNormal { median, sigma } => {
+                nanos(median) as f64 * (sigma * standard_normal(rng)).exp()
+            }
+        };
+        // Saturating float-to-int conversion; a day is longer than any scenario cares about.
+        (nanos as u64).clamp(1, 86_400_000_000_000)
+    }
+}
+
+impl fmt::Display for ServiceTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ServiceTime::Fixed(d) => write!(f, "fixed {}", format_duration(d)),
+            ServiceTime::Exponential(d) => write!(f, "exponential {}", format_duration(d)),
+            ServiceTime::LogNormal { median, sigma } => {
+                write!(f, "lognormal median={} sigma={sigma:.3}", format_duration(median))
+            }
+        }
+    }
+}
+
+/// A duration as whole nanoseconds, saturating.
+#[inline]
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A uniform draw in `[0, 1)` with 53 random bits.
+#[inline]
+pub(crate) fn unit(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// A standard normal draw (Box–Muller; one of the pair is used, so draws stay keyed).
+#[inline]
+fn standard_normal(rng: &mut SplitMix64) -> f64 {
+    let u1 = 1.0 - unit(rng); // (0, 1]: ln is finite
+    let u2 = unit(rng);
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// An exponential draw with mean `mean_nanos`.
+#[inline]
+pub(crate) fn exponential(rng: &mut SplitMix64, mean_nanos: f64) -> f64 {
+    mean_nanos * -(1.0 - unit(rng)).ln()
+}
+
+/// Mixes two words into a seed (one SplitMix64 step over their combination), so streams
+/// derived from one scenario seed for different purposes or keys do not overlap.
+#[inline]
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
+    SplitMix64::new(a ^ b.wrapping_mul(0xd1b5_4a32_d192_ed03)).next_u64()
+}
+
+/// What a derived stream is for: each purpose gets its own, so adding a draw to one purpose
+/// never shifts another's.
+#[derive(Debug, Clone, Copy)]
+#[repr(u64)]
+pub(crate) enum Stream {
+    Arrivals = 1,
+    Attempts = 2,
+    Jitter = 3,
+}
+
+/// The seed of a purpose's stream.
+pub(crate) fn stream_seed(seed: u64, stream: Stream) -> u64 {
+    mix(seed, stream as u64)
+}
+
+/// An error-rate fraction as a threshold on a uniform `u64` draw: an attempt fails when its
+/// draw is below it.
+pub(crate) fn threshold(rate: f64) -> u64 {
+    if rate <= 0.0 {
+        0
+    } else if rate >= 1.0 {
+        u64::MAX
+    } else {
+        (rate * 18_446_744_073_709_551_616.0) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        let ms = Duration::from_millis;
+        assert_eq!(ServiceTime::parse("50ms").unwrap(), ServiceTime::Fixed(ms(50)));
+        assert_eq!(ServiceTime::parse("fixed 50ms").unwrap(), ServiceTime::Fixed(ms(50)));
+        assert_eq!(
+            ServiceTime::parse("exponential 20ms").unwrap(),
+            ServiceTime::Exponential(ms(20))
+        );
+        assert_eq!(
+            ServiceTime::parse("lognormal median=20ms sigma=0.5").unwrap(),
+            ServiceTime::LogNormal { median: ms(20), sigma: 0.5 }
+        );
+        let ServiceTime::LogNormal { median, sigma } =
+            ServiceTime::parse("p50=20ms p99=100ms").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(median, ms(20));
+        assert!((sigma - 5f64.ln() / Z_P99).abs() < 1e-12);
+        for bad in ["", "fast", "exponential", "exponential 0ms", "p50=20ms", "p50=1s p99=1ms"] {
+            assert!(ServiceTime::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn percentiles_come_out_of_the_draws() {
+        let st = ServiceTime::parse("p50=20ms p99=100ms").unwrap();
+        let mut rng = SplitMix64::new(9);
+        let mut v: Vec<u64> = (0..200_000).map(|_| st.sample(&mut rng)).collect();
+        v.sort_unstable();
+        let p = |q: f64| v[(q * v.len() as f64) as usize] as f64 / 1e6;
+        assert!((p(0.5) - 20.0).abs() < 0.4, "{}", p(0.5));
+        assert!((p(0.99) - 100.0).abs() < 3.0, "{}", p(0.99));
+        let exp = ServiceTime::Exponential(Duration::from_millis(10));
+        let mean = (0..100_000).map(|_| exp.sample(&mut rng)).sum::<u64>() as f64 / 1e11;
+        assert!((mean - 10.0).abs() < 0.2, "{mean}");
+    }
+
+    #[test]
+    fn thresholds() {
+        assert_eq!(threshold(0.0), 0);
+        assert_eq!(threshold(1.0), u64::MAX);
+        assert_eq!(threshold(0.5), 1 << 63);
+    }
+}

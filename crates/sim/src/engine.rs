@@ -1,0 +1,1203 @@
+//! The discrete-event engine: one policy, one run, on a virtual clock.
+//!
+//! Events sit in a binary heap keyed by (virtual time, rank, sequence number): the sequence
+//! number makes the order of simultaneous events the order they were scheduled in, so a run is
+//! deterministic; the rank lets a server's answer win over a per-try timeout at the same
+//! nanosecond ("an answer at the deadline counts", as tokio's timeout and the tower layer do).
+//!
+//! The client side runs stormguard-core's own code: the limiter (its FIFO queue through the
+//! [`Acquire`] future, polled with a waker that records which request to poll again), the
+//! breaker, and for budgeted policies [`RetryPolicy::decide`] and [`RetryPolicy::admit`] — the
+//! same calls, in the same order, as `stormguard-tower`. Only the naive policies (no retries,
+//! retry N times) are written here, because they are what stormguard replaces.
+//!
+//! The dependency knows nothing of clients: `capacity` servers, a FIFO queue (bounded or not),
+//! an outcome drawn when an attempt arrives and a service time drawn when it starts. A client
+//! that times out does not take its attempt back: the server still serves it, which is how
+//! a storm feeds itself.
+//!
+//! State is kept only for what is in flight (slabs of actions, requests and attempts, reused as
+//! they finish) plus fixed aggregates, so memory follows concurrency, not run length.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use stormguard_core::backoff::{Backoff, BackoffConfig, Jitter, PushbackHold};
+use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerState};
+use stormguard_core::budget::{BudgetSpec, RetryBudget};
+use stormguard_core::clock::{Clock, ManualClock, Timestamp};
+use stormguard_core::conditions::{AttemptFailure, RetryOn};
+use stormguard_core::decimal::Fraction;
+use stormguard_core::decision::{
+    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryConfig, RetryPolicy, RetryState,
+    RetryTicket, Upstream,
+};
+use stormguard_core::denied::Denied;
+use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
+use stormguard_core::random::{RandomSource, SplitMix64};
+use stormguard_core::scope::{FanOutScope, Scope};
+
+use crate::dist::{self, ServiceTime, Stream, mix, nanos};
+use crate::scenario::{Arrivals, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario, Share};
+use crate::stats::RunStats;
+
+/// Waits shorter than this are taken at once, in the same event (a `backoff = "none"` budget
+/// policy still needs a non-zero backoff to pass `BackoffConfig::validate`).
+const IMMEDIATE: Duration = Duration::from_micros(1);
+
+/// A salt that separates an attempt's service-time draws from its outcome draw.
+const SERVICE_SALT: u64 = 0x5e41_11ce_7135_0000;
+
+/// A handle to a slab entry; the generation makes a stale event's handle miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ref {
+    idx: u32,
+    generation: u32,
+}
+
+/// A vector of reusable entries: what is in flight, and nothing that has finished.
+#[derive(Debug)]
+struct Slab<T> {
+    slots: Vec<(u32, Option<T>)>,
+    free: Vec<u32>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Slab<T> {
+        Slab { slots: Vec::new(), free: Vec::new() }
+    }
+
+    #[inline]
+    fn insert(&mut self, v: T) -> Ref {
+        match self.free.pop() {
+            Some(idx) => {
+                let slot = &mut self.slots[idx as usize];
+                slot.1 = Some(v);
+                Ref { idx, generation: slot.0 }
+            }
+            None => {
+                self.slots.push((0, Some(v)));
+                Ref { idx: (self.slots.len() - 1) as u32, generation: 0 }
+            }
+        }
+    }
+
+    #[inline]
+    fn get(&self, r: Ref) -> Option<&T> {
+        match self.slots.get(r.idx as usize) {
+            Some((g, Some(v))) if *g == r.generation => Some(v),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn get_mut(&mut self, r: Ref) -> Option<&mut T> {
+        match self.slots.get_mut(r.idx as usize) {
+            Some((g, Some(v))) if *g == r.generation => Some(v),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, r: Ref) -> Option<T> {
+        let slot = self.slots.get_mut(r.idx as usize)?;
+        if slot.0 != r.generation || slot.1.is_none() {
+            return None;
+        }
+        slot.0 = slot.0.wrapping_add(1);
+        self.free.push(r.idx);
+        slot.1.take()
+    }
+
+    fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    /// The next open-loop action of an instance.
+    Arrival(u32),
+    /// A closed-loop worker of an instance starts its next action.
+    Start(u32),
+    /// A server finished an attempt.
+    Done(Ref),
+    /// The dependency's queue was full: a 503 at once.
+    Reject(Ref),
+    /// An attempt's per-try timeout.
+    Timeout(Ref),
+    /// A request's backoff ended.
+    RetryDue(Ref),
+    /// The oldest queued primary of a unit reaches the end of its wait.
+    QueueDeadline(u32),
+    /// A timed-out attempt's held slot comes back: let a waiting primary have it.
+    LimiterWake(u32),
+    /// The timeline enters a segment.
+    Segment(u32),
+}
+
+/// A scheduled event. `order` is the rank in its top bit (0 for a server's answer, which wins
+/// ties) over the sequence number.
+#[derive(Debug)]
+struct Entry {
+    at: u64,
+    order: u64,
+    ev: Ev,
+}
+
+const RANK_BIT: u64 = 1 << 63;
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    // Reversed: `BinaryHeap` is a max-heap and the earliest event must come out first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.order).cmp(&(self.at, self.order))
+    }
+}
+
+/// Where the limiter's wakers leave the requests whose queued primary may now have a slot.
+#[derive(Debug, Default)]
+struct WakeSink {
+    pending: AtomicBool,
+    calls: Mutex<Vec<Ref>>,
+}
+
+#[derive(Debug)]
+struct CallWaker {
+    sink: Arc<WakeSink>,
+    call: Ref,
+}
+
+impl Wake for CallWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.sink.calls.lock().expect("the simulator is single-threaded").push(self.call);
+        self.sink.pending.store(true, AtomicOrdering::Relaxed);
+    }
+}
+
+/// The conditions of one timeline segment, ready for drawing.
+#[derive(Debug, Clone, Copy)]
+struct Seg {
+    start: u64,
+    capacity: u32,
+    error_threshold: u64,
+    service: ServiceTime,
+    error_time: Option<ServiceTime>,
+}
+
+/// What one instance (or the whole fleet, when shared) holds of a policy.
+#[derive(Debug)]
+struct Unit {
+    /// The cap (with the breaker and the pushback hold), if the policy has one.
+    upstream: Option<Upstream>,
+    /// A separate retry pool, if the policy has one (sharing the breaker and the hold).
+    retry_upstream: Option<Upstream>,
+    breaker: Option<Breaker>,
+    policy: Option<RetryPolicy>,
+    /// The concurrency budget needs `set_active`: primaries holding or waiting for a slot.
+    counts_active: bool,
+    active_primaries: u64,
+    /// Requests whose primary waits in the limiter's queue (oldest first; stale ones are
+    /// skipped and dropped from the front).
+    waiters: VecDeque<Ref>,
+    /// A `QueueDeadline` event is pending. Waits end in the order they began (a primary waits
+    /// until `min(start + queue_timeout, start + deadline)`), so one timer per unit, at the
+    /// oldest waiter's end, is enough.
+    queue_timer: bool,
+}
+
+#[derive(Debug)]
+struct Action {
+    start: u64,
+    remaining: u32,
+    failed: bool,
+    instance: u32,
+    scope: Option<Scope>,
+    place: (u32, u32),
+}
+
+#[derive(Debug)]
+struct Call {
+    action: Ref,
+    key: u64,
+    deadline: u64,
+    unit: u32,
+    /// Attempts sent.
+    tries: u32,
+    /// Naive policies: retries sent, and the last wait (decorrelated jitter grows from it).
+    retries: u32,
+    last_wait: Option<Duration>,
+    state: RetryState,
+    /// What only retried or queued requests need, boxed so the common request stays small.
+    rare: Option<Box<Rare>>,
+    /// Counted in its unit's `active_primaries`.
+    primary_active: bool,
+}
+
+#[derive(Debug, Default)]
+struct Rare {
+    charges: Option<RetryCharges>,
+    ticket: Option<RetryTicket>,
+    acquire: Option<(Acquire, Waker)>,
+}
+
+impl Call {
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn queued(&self) -> bool {
+        self.rare.as_ref().is_some_and(|r| r.acquire.is_some())
+    }
+}
+
+#[derive(Debug)]
+struct Attempt {
+    call: Ref,
+    key: u64,
+    error: bool,
+    /// The client still waits for the answer (false once it timed out).
+    waiting: bool,
+    limit: u64,
+    unit: u32,
+    /// The slot came from the separate retry pool.
+    pooled: bool,
+    permit: Option<Permit>,
+    probe: Option<BreakerPermit>,
+    /// A timed-out attempt's slot, held until the dependency answers or the hold passes.
+    held: Option<HeldSlot>,
+}
+
+#[derive(Debug)]
+struct Dependency {
+    busy: u32,
+    queue: VecDeque<Ref>,
+    bound: Option<u32>,
+    in_flight: u32,
+}
+
+/// What happens after a failed attempt, decided before anything is changed.
+enum Next {
+    Fail,
+    Deny(Denied),
+    Now,
+    At(u64),
+    Admit(RetryTicket),
+}
+
+/// The largest slab sizes a run reached: what its memory follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Actions in flight at once (slab capacity).
+    pub actions: usize,
+    /// Requests in flight at once.
+    pub requests: usize,
+    /// Attempts at the dependency or awaited at once.
+    pub attempts: usize,
+    /// Events pending at once.
+    pub events: usize,
+}
+
+pub(crate) struct Run<'s> {
+    sc: &'s Scenario,
+    policy: &'s PolicyConfig,
+    segs: Vec<Seg>,
+    seg: usize,
+    now: u64,
+    horizon: u64,
+    heap: BinaryHeap<Entry>,
+    arrivals: BinaryHeap<Reverse<(u64, u32)>>,
+    seq: u64,
+    clock: ManualClock,
+    needs_clock: bool,
+    max_events: usize,
+    units: Vec<Unit>,
+    actions: Slab<Action>,
+    calls: Slab<Call>,
+    attempts: Slab<Attempt>,
+    dep: Dependency,
+    arrival_rngs: Vec<SplitMix64>,
+    instance_actions: Vec<u64>,
+    attempt_seed: u64,
+    jitter: SplitMix64,
+    naive_backoff: Option<Backoff>,
+    sink: Arc<WakeSink>,
+    outstanding: u64,
+    per_try: Option<u64>,
+    deadline: u64,
+    hold: Option<u64>,
+    retry_on: RetryOn,
+    fast_within: Option<u64>,
+    release_held_on_answer: bool,
+    fan_out: u32,
+    stats: RunStats,
+}
+
+impl<'s> Run<'s> {
+    pub(crate) fn new(sc: &'s Scenario, policy: &'s PolicyConfig) -> Result<Run<'s>, String> {
+        let clock = ManualClock::new();
+        let horizon = nanos(sc.duration);
+        let segs: Vec<Seg> = sc
+            .segments()
+            .iter()
+            .map(|p| Seg {
+                start: nanos(p.start),
+                capacity: p.conditions.capacity,
+                error_threshold: dist::threshold(p.conditions.error_rate),
+                service: p.conditions.service_time,
+                error_time: p.conditions.error_time,
+            })
+            .collect();
+        let units = build_units(sc, policy, &clock)?;
+        let arrival_seed = dist::stream_seed(sc.seed, Stream::Arrivals);
+        let instances = sc.fleet.instances as usize;
+        let naive_backoff = match &policy.retry {
+            RetryRule::Naive { backoff: Some(b), .. } => Some(Backoff::try_new(*b)?),
+            _ => None,
+        };
+        let stats =
+            RunStats::new(horizon, nanos(sc.bucket), segs.iter().map(|s| s.start).collect());
+        Ok(Run {
+            sc,
+            policy,
+            segs,
+            seg: 0,
+            now: 0,
+            horizon,
+            heap: BinaryHeap::new(),
+            arrivals: BinaryHeap::new(),
+            seq: 0,
+            clock,
+            needs_clock: policy.cap.is_some(),
+            max_events: 0,
+            units,
+            actions: Slab::new(),
+            calls: Slab::new(),
+            attempts: Slab::new(),
+            dep: Dependency {
+                busy: 0,
+                queue: VecDeque::new(),
+                bound: sc.dependency.queue,
+                in_flight: 0,
+            },
+            arrival_rngs: (0..instances)
+                .map(|i| SplitMix64::new(mix(arrival_seed, i as u64)))
+                .collect(),
+            instance_actions: vec![0; instances],
+            attempt_seed: dist::stream_seed(sc.seed, Stream::Attempts),
+            jitter: SplitMix64::new(dist::stream_seed(sc.seed, Stream::Jitter)),
+            naive_backoff,
+            sink: Arc::new(WakeSink::default()),
+            outstanding: 0,
+            per_try: sc.client.per_try_timeout.map(nanos),
+            deadline: nanos(sc.client.deadline),
+            hold: sc.client.timeout_slot_hold.map(nanos),
+            retry_on: sc.client.retry_on.clone(),
+            fast_within: sc.client.fast_within.map(nanos),
+            release_held_on_answer: sc.client.held_slot == HeldSlotRelease::OnAnswer,
+            fan_out: sc.fleet.fan_out,
+            stats,
+        })
+    }
+
+    /// Runs to the end: arrivals stop at the scenario's duration, and every action that
+    /// started is followed to its end.
+    pub(crate) fn run(mut self, progress: &AtomicU64) -> (RunStats, Footprint) {
+        self.schedule_start();
+        let mut events: u32 = 0;
+        loop {
+            // Open-loop arrivals wait in their own small queue (one entry per instance), so
+            // the main heap holds only what is in flight. At equal times the main heap goes
+            // first.
+            let next_event = self.heap.peek().map(|e| e.at);
+            let (at, ev) = match (next_event, self.arrivals.peek()) {
+                (None, None) => break,
+                (e, Some(&Reverse((a, i)))) if e.is_none_or(|e| a < e) => {
+                    self.arrivals.pop();
+                    (a, Ev::Arrival(i))
+                }
+                _ => {
+                    let e = self.heap.pop().expect("peeked");
+                    (e.at, e.ev)
+                }
+            };
+            if at > self.now {
+                self.stats.advance(at);
+                self.now = at;
+                // Only the limiter reads the clock (everything else is passed the time).
+                if self.needs_clock {
+                    self.clock.set(Timestamp::from_nanos(at));
+                }
+            }
+            self.dispatch(ev);
+            if self.sink.pending.load(AtomicOrdering::Relaxed) {
+                self.pump();
+            }
+            if self.now >= self.horizon && self.outstanding == 0 {
+                break;
+            }
+            events = events.wrapping_add(1);
+            if events & 0xFFF == 0 {
+                progress.store(self.now.min(self.horizon), AtomicOrdering::Relaxed);
+            }
+        }
+        self.stats.advance(self.horizon);
+        progress.store(self.horizon, AtomicOrdering::Relaxed);
+        let footprint = Footprint {
+            actions: self.actions.capacity(),
+            requests: self.calls.capacity(),
+            attempts: self.attempts.capacity(),
+            events: self.max_events,
+        };
+        (self.stats, footprint)
+    }
+
+    #[inline]
+    fn ts(&self) -> Timestamp {
+        Timestamp::from_nanos(self.now)
+    }
+
+    #[inline]
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        let rank = if matches!(ev, Ev::Done(_)) { 0 } else { RANK_BIT };
+        self.heap.push(Entry { at, order: rank | self.seq, ev });
+        self.max_events = self.max_events.max(self.heap.len());
+    }
+
+    fn schedule_start(&mut self) {
+        for (i, s) in
+            self.segs.iter().enumerate().skip(1).map(|(i, s)| (i, s.start)).collect::<Vec<_>>()
+        {
+            self.push(s, Ev::Segment(i as u32));
+        }
+        for i in 0..self.sc.fleet.instances {
+            match self.sc.fleet.load {
+                Load::Open { .. } => {
+                    if let Some(at) = self.arrival_after(i, 0) {
+                        self.arrivals.push(Reverse((at, i)));
+                    }
+                }
+                Load::Closed { concurrency, .. } => {
+                    // Workers start spread over the first 100 ms (or tenth of the run), so the
+                    // run does not open with every worker in the same nanosecond.
+                    let spread = (self.horizon / 10).clamp(1, 100_000_000);
+                    for _ in 0..concurrency {
+                        let at = self.arrival_rngs[i as usize].next_u64() % spread;
+                        self.push(at, Ev::Start(i));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The time of instance `i`'s arrival number `k` (0-based), given the previous one's time
+    /// `now`, or `None` past the horizon.
+    fn arrival_after(&mut self, i: u32, k: u64) -> Option<u64> {
+        let Load::Open { rate, arrivals } = self.sc.fleet.load else { return None };
+        let period = 1e9 / rate;
+        let at = match arrivals {
+            Arrivals::Poisson => {
+                let gap = dist::exponential(&mut self.arrival_rngs[i as usize], period);
+                self.now + (gap as u64).max(1)
+            }
+            Arrivals::Uniform => {
+                let offset = period * f64::from(i) / f64::from(self.sc.fleet.instances);
+                (offset + period * k as f64) as u64
+            }
+        };
+        (at < self.horizon).then_some(at)
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Arrival(i) => {
+                self.start_action(i);
+                let k = self.instance_actions[i as usize];
+                if let Some(at) = self.arrival_after(i, k) {
+                    self.arrivals.push(Reverse((at, i)));
+                }
+            }
+            Ev::Start(i) => {
+                if self.now < self.horizon {
+                    self.start_action(i);
+                }
+            }
+            Ev::Done(a) => self.server_done(a),
+            Ev::Reject(a) => {
+                if let Some(a) = self.attempts.remove(a) {
+                    self.answered(a, false);
+                }
+            }
+            Ev::Timeout(a) => self.timed_out(a),
+            Ev::RetryDue(c) => self.retry_due(c),
+            Ev::QueueDeadline(u) => self.queue_deadline(u),
+            Ev::LimiterWake(u) => self.limiter_wake(u),
+            Ev::Segment(s) => {
+                self.seg = s as usize;
+                self.fill_servers();
+            }
+        }
+    }
+
+    // ---- the client ----
+
+    fn start_action(&mut self, instance: u32) {
+        let k = self.instance_actions[instance as usize];
+        self.instance_actions[instance as usize] += 1;
+        let key = mix(mix(self.attempt_seed, u64::from(instance)), k);
+        let scope = self.policy.scope_retries.map(|n| Scope::FanOut(FanOutScope::new(n)));
+        let place = self.stats.place();
+        let action = self.actions.insert(Action {
+            start: self.now,
+            remaining: self.fan_out,
+            failed: false,
+            instance,
+            scope,
+            place,
+        });
+        self.outstanding += 1;
+        let unit = match self.policy.share {
+            Share::Instance if self.units.len() > 1 => instance,
+            _ => 0,
+        };
+        for j in 0..self.fan_out {
+            self.start_call(action, mix(key, u64::from(j)), unit);
+        }
+    }
+
+    fn start_call(&mut self, action: Ref, key: u64, unit: u32) {
+        let now = self.now;
+        let call = self.calls.insert(Call {
+            action,
+            key,
+            deadline: now + self.deadline,
+            unit,
+            tries: 0,
+            retries: 0,
+            last_wait: None,
+            state: RetryState::default(),
+            rare: None,
+            primary_active: false,
+        });
+        self.stats.requests += 1;
+        let ts = self.ts();
+        let u = &mut self.units[unit as usize];
+        // Fail fast while the breaker is open, before waiting in the queue.
+        if let Some(b) = &u.breaker
+            && matches!(b.state(ts), BreakerState::Open { .. })
+        {
+            self.primary_refused(call, Denied::Breaker);
+            return;
+        }
+        let Some(up) = &u.upstream else {
+            self.send(call, None, false, false);
+            return;
+        };
+        u.active_primaries += 1;
+        let admitted = up.limiter.try_acquire_at(AttemptKind::Primary, ts).ok();
+        if let Some(c) = self.calls.get_mut(call) {
+            c.primary_active = true;
+        }
+        match admitted {
+            Some(p) => self.admitted(call, p),
+            None => self.queue_primary(call),
+        }
+    }
+
+    fn admitted(&mut self, call: Ref, permit: Permit) {
+        let ts = self.ts();
+        if let Some(c) = self.calls.get(call)
+            && let Some(p) = &self.units[c.unit as usize].policy
+        {
+            p.on_admitted(ts);
+        }
+        self.send(call, Some(permit), false, false);
+    }
+
+    /// No free slot: wait in the limiter's FIFO queue, until the queue timeout or the deadline.
+    fn queue_primary(&mut self, call: Ref) {
+        let Some(c) = self.calls.get(call) else { return };
+        let (unit, deadline) = (c.unit as usize, c.deadline);
+        let limiter: &Limiter =
+            &self.units[unit].upstream.as_ref().expect("a queued primary has a cap").limiter;
+        let mut acquire = limiter.acquire_until(Timestamp::from_nanos(deadline));
+        let waker = Waker::from(Arc::new(CallWaker { sink: self.sink.clone(), call }));
+        match acquire.poll_acquire(&mut Context::from_waker(&waker)) {
+            Poll::Ready(Ok(p)) => self.admitted(call, p),
+            Poll::Ready(Err(reason)) => self.primary_refused(call, reason),
+            Poll::Pending => {
+                let at = acquire.deadline().as_nanos();
+                if let Some(c) = self.calls.get_mut(call) {
+                    c.rare().acquire = Some((acquire, waker));
+                }
+                let calls = &self.calls;
+                let waiters = &mut self.units[unit].waiters;
+                while waiters.front().is_some_and(|w| calls.get(*w).is_none_or(|c| !c.queued())) {
+                    waiters.pop_front();
+                }
+                waiters.push_back(call);
+                if !self.units[unit].queue_timer {
+                    self.units[unit].queue_timer = true;
+                    self.push(at, Ev::QueueDeadline(unit as u32));
+                }
+            }
+        }
+    }
+
+    /// Polls a queued primary's `Acquire` (woken by a release, or at its deadline).
+    fn poll_queued(&mut self, call: Ref) {
+        let Some(c) = self.calls.get_mut(call) else { return };
+        let Some((mut acquire, waker)) = c.rare.as_mut().and_then(|r| r.acquire.take()) else {
+            return;
+        };
+        match acquire.poll_acquire(&mut Context::from_waker(&waker)) {
+            Poll::Ready(Ok(p)) => self.admitted(call, p),
+            Poll::Ready(Err(reason)) => self.primary_refused(call, reason),
+            Poll::Pending => {
+                if let Some(c) = self.calls.get_mut(call) {
+                    c.rare().acquire = Some((acquire, waker));
+                }
+            }
+        }
+    }
+
+    /// The oldest waits end: poll each expired waiter (the limiter refuses it `queue`), then
+    /// set the timer for the next one.
+    fn queue_deadline(&mut self, unit: u32) {
+        self.units[unit as usize].queue_timer = false;
+        loop {
+            let calls = &self.calls;
+            let u = &mut self.units[unit as usize];
+            while u.waiters.front().is_some_and(|w| calls.get(*w).is_none_or(|c| !c.queued())) {
+                u.waiters.pop_front();
+            }
+            let Some(&front) = u.waiters.front() else { return };
+            let ends = calls
+                .get(front)
+                .and_then(|c| c.rare.as_ref())
+                .and_then(|r| r.acquire.as_ref())
+                .map_or(0, |(a, _)| a.deadline().as_nanos());
+            if ends > self.now {
+                u.queue_timer = true;
+                self.push(ends, Ev::QueueDeadline(unit));
+                return;
+            }
+            self.poll_queued(front);
+            if self.calls.get(front).is_some_and(|c| c.queued()) {
+                // Still waiting past its end: the limiter decides; do not spin.
+                self.units[unit as usize].waiters.pop_front();
+            }
+        }
+    }
+
+    /// Polls every request the limiter woke.
+    fn pump(&mut self) {
+        loop {
+            self.sink.pending.store(false, AtomicOrdering::Relaxed);
+            let woken = std::mem::take(&mut *self.sink.calls.lock().expect("single-threaded"));
+            if woken.is_empty() {
+                return;
+            }
+            for call in woken {
+                self.poll_queued(call);
+            }
+        }
+    }
+
+    /// A held slot has come back: polling the oldest waiter lets the limiter reclaim it and
+    /// hand it to whoever is first in its queue.
+    fn limiter_wake(&mut self, unit: u32) {
+        let calls = &self.calls;
+        let waiters = &mut self.units[unit as usize].waiters;
+        while waiters.front().is_some_and(|w| calls.get(*w).is_none_or(|c| !c.queued())) {
+            waiters.pop_front();
+        }
+        if let Some(&front) = waiters.front() {
+            self.poll_queued(front);
+        }
+    }
+
+    /// Sends an attempt that has its slot (if the policy has a cap): the breaker's permit
+    /// first, then the dependency.
+    fn send(&mut self, call: Ref, permit: Option<Permit>, retry: bool, pooled: bool) {
+        let ts = self.ts();
+        let Some(c) = self.calls.get_mut(call) else { return };
+        let unit = c.unit;
+        let probe = match &self.units[unit as usize].breaker {
+            None => None,
+            Some(b) => match b.try_acquire(ts) {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    if let Some(p) = permit {
+                        p.release_at(ts);
+                    }
+                    if retry {
+                        self.deny(call, Denied::Breaker);
+                    } else {
+                        self.primary_refused(call, Denied::Breaker);
+                    }
+                    return;
+                }
+            },
+        };
+        c.tries += 1;
+        let key = mix(c.key, u64::from(c.tries));
+        let limit = {
+            let left = c.deadline.saturating_sub(self.now).max(1);
+            self.per_try.map_or(left, |t| t.min(left))
+        };
+        let (threshold, capacity) = {
+            let seg = &self.segs[self.seg];
+            (seg.error_threshold, seg.capacity)
+        };
+        let error = SplitMix64::new(key).next_u64_below(threshold);
+        let att = self.attempts.insert(Attempt {
+            call,
+            key,
+            error,
+            waiting: true,
+            limit,
+            unit,
+            pooled,
+            permit,
+            probe,
+            held: None,
+        });
+        self.stats.sent(retry);
+        let now = self.now;
+        if self.dep.busy < capacity {
+            let done = self.start_service(att);
+            self.dep_in_flight(1);
+            if done > now + limit {
+                self.push(now + limit, Ev::Timeout(att));
+            }
+        } else if self.dep.bound.is_none_or(|b| self.dep.queue.len() < b as usize) {
+            self.dep.queue.push_back(att);
+            self.dep_in_flight(1);
+            self.push(now + limit, Ev::Timeout(att));
+        } else {
+            self.stats.rejected += 1;
+            self.push(now, Ev::Reject(att));
+        }
+    }
+
+    fn timed_out(&mut self, att: Ref) {
+        let Some(a) = self.attempts.get_mut(att) else { return };
+        if !a.waiting {
+            return;
+        }
+        a.waiting = false;
+        let (call, limit, unit, pooled) = (a.call, a.limit, a.unit, a.pooled);
+        let (permit, probe) = (a.permit.take(), a.probe.take());
+        let ts = self.ts();
+        if let Some(p) = probe {
+            p.record(ts, AttemptResult::UpstreamFailure);
+        }
+        if let Some(p) = permit {
+            // The dependency is still working on it: the slot is held, as the tower layer
+            // holds it, for `timeout_slot_hold` (default: the per-try timeout).
+            let hold = self.hold.unwrap_or(limit).max(1);
+            let held = p.hold(Duration::from_nanos(hold));
+            if self.release_held_on_answer
+                && let Some(a) = self.attempts.get_mut(att)
+            {
+                a.held = Some(held);
+            }
+            if !pooled {
+                self.push(self.now + hold, Ev::LimiterWake(unit));
+            }
+        }
+        self.stats.timeouts += 1;
+        self.attempt_failed(call, AttemptFailure::Timeout);
+    }
+
+    /// The client has the attempt's answer (or the dependency's refusal).
+    fn answered(&mut self, a: Attempt, ok: bool) {
+        let ts = self.ts();
+        if let Some(p) = a.permit {
+            p.release_at(ts);
+        }
+        if let Some(p) = a.probe {
+            p.record(ts, if ok { AttemptResult::Success } else { AttemptResult::UpstreamFailure });
+        }
+        if ok {
+            self.succeeded(a.call);
+        } else {
+            self.stats.errors += 1;
+            self.attempt_failed(a.call, AttemptFailure::Status(503));
+        }
+    }
+
+    fn attempt_failed(&mut self, call: Ref, failure: AttemptFailure) {
+        let ts = self.ts();
+        let now = self.now;
+        let Some(c) = self.calls.get_mut(call) else { return };
+        let u = &mut self.units[c.unit as usize];
+        if c.primary_active {
+            c.primary_active = false;
+            u.active_primaries -= 1;
+        }
+        let next = match &self.policy.retry {
+            RetryRule::None => Next::Fail,
+            RetryRule::Naive { max_retries, .. } => {
+                if !self.retry_on.matches(failure) {
+                    Next::Fail
+                } else if c.retries >= *max_retries {
+                    Next::Deny(Denied::Attempts)
+                } else if u.breaker.as_ref().is_some_and(|b| !b.allows_retry(ts)) {
+                    Next::Deny(Denied::Breaker)
+                } else {
+                    let wait = match &self.naive_backoff {
+                        None => Duration::ZERO,
+                        Some(b) => b.wait(c.retries + 1, c.last_wait, &mut self.jitter),
+                    };
+                    if now + nanos(wait) >= c.deadline {
+                        Next::Deny(Denied::Deadline)
+                    } else {
+                        c.last_wait = Some(wait);
+                        if wait < IMMEDIATE { Next::Now } else { Next::At(now + nanos(wait)) }
+                    }
+                }
+            }
+            RetryRule::Budget { .. } => {
+                let policy = u.policy.as_ref().expect("a budget policy has a RetryPolicy");
+                if u.counts_active {
+                    policy.budget().set_active(u.active_primaries, 0);
+                }
+                let upstream =
+                    u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
+                let facts = RequestFacts {
+                    idempotent: true,
+                    replayable: true,
+                    stacked: false,
+                    deadline: Some(Timestamp::from_nanos(c.deadline)),
+                };
+                let scopes: &[Scope] =
+                    match self.actions.get(c.action).and_then(|a| a.scope.as_ref()) {
+                        Some(s) => std::slice::from_ref(s),
+                        None => &[],
+                    };
+                let failed = FailedAttempt::from(failure);
+                match policy.decide(
+                    ts,
+                    upstream,
+                    &facts,
+                    &mut c.state,
+                    &failed,
+                    scopes,
+                    &mut self.jitter,
+                ) {
+                    Decision::NotRetryable => Next::Fail,
+                    Decision::Denied(reason) => Next::Deny(reason),
+                    Decision::Retry(ticket) if ticket.wait() < IMMEDIATE => Next::Admit(ticket),
+                    Decision::Retry(ticket) => {
+                        let at = now + nanos(ticket.wait());
+                        c.rare().ticket = Some(ticket);
+                        Next::At(at)
+                    }
+                }
+            }
+        };
+        match next {
+            Next::Fail => self.finish_call(call, false),
+            Next::Deny(reason) => self.deny(call, reason),
+            Next::Now => self.naive_retry(call),
+            Next::At(at) => self.push(at, Ev::RetryDue(call)),
+            Next::Admit(ticket) => self.admit(call, ticket),
+        }
+    }
+
+    fn retry_due(&mut self, call: Ref) {
+        let Some(c) = self.calls.get_mut(call) else { return };
+        match c.rare.as_mut().and_then(|r| r.ticket.take()) {
+            Some(ticket) => self.admit(call, ticket),
+            None => self.naive_retry(call),
+        }
+    }
+
+    /// A budgeted retry after its wait: `RetryPolicy::admit` takes the slot with
+    /// `try_acquire` (refused `cap`, refunding the budget, if none is free).
+    fn admit(&mut self, call: Ref, ticket: RetryTicket) {
+        let Some(c) = self.calls.get_mut(call) else { return };
+        let u = &self.units[c.unit as usize];
+        let policy = u.policy.as_ref().expect("a budget policy has a RetryPolicy");
+        let pooled = u.retry_upstream.is_some();
+        let upstream =
+            u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
+        match policy.admit(upstream, ticket, &mut c.state) {
+            Ok(mut admitted) => {
+                let permit = admitted.take_permit();
+                c.rare().charges = Some(admitted.into_charges());
+                self.send(call, permit, true, pooled);
+            }
+            Err(reason) => self.deny(call, reason),
+        }
+    }
+
+    /// A naive retry: sent now, taking a slot with `try_acquire` if the policy has a cap.
+    fn naive_retry(&mut self, call: Ref) {
+        let ts = self.ts();
+        let Some(c) = self.calls.get_mut(call) else { return };
+        c.retries += 1;
+        let u = &self.units[c.unit as usize];
+        let pooled = u.retry_upstream.is_some();
+        let permit = match u.retry_upstream.as_ref().or(u.upstream.as_ref()) {
+            None => None,
+            Some(up) => match up.limiter.try_acquire_at(AttemptKind::Retry, ts) {
+                Ok(p) => Some(p),
+                Err(reason) => {
+                    self.deny(call, reason);
+                    return;
+                }
+            },
+        };
+        self.send(call, permit, true, pooled);
+    }
+
+    fn succeeded(&mut self, call: Ref) {
+        let ts = self.ts();
+        let Some(c) = self.calls.get_mut(call) else { return };
+        if let Some(charges) = c.rare.as_mut().and_then(|r| r.charges.as_mut()) {
+            charges.succeeded();
+        }
+        if let Some(p) = &self.units[c.unit as usize].policy {
+            p.on_success_with(|| ts, c.tries > 1);
+        }
+        self.finish_call(call, true);
+    }
+
+    fn deny(&mut self, call: Ref, reason: Denied) {
+        self.stats.retry_denied(reason);
+        self.finish_call(call, false);
+    }
+
+    fn primary_refused(&mut self, call: Ref, reason: Denied) {
+        self.stats.primaries_denied[reason.index()] += 1;
+        if let Some(c) = self.calls.get(call)
+            && let Some(p) = &self.units[c.unit as usize].policy
+        {
+            p.on_primary_refused(reason);
+        }
+        self.finish_call(call, false);
+    }
+
+    /// The request's final answer reaches its user action.
+    fn finish_call(&mut self, call: Ref, ok: bool) {
+        let Some(c) = self.calls.remove(call) else { return };
+        if c.primary_active {
+            self.units[c.unit as usize].active_primaries -= 1;
+        }
+        self.stats.requests_ok += u64::from(ok);
+        let Some(a) = self.actions.get_mut(c.action) else { return };
+        a.remaining -= 1;
+        a.failed |= !ok;
+        if a.remaining > 0 {
+            return;
+        }
+        let a = self.actions.remove(c.action).expect("present");
+        self.outstanding -= 1;
+        let ok = !a.failed;
+        let latency = self.now - a.start;
+        let fast = ok && self.fast_within.is_some_and(|f| latency <= f);
+        self.stats.action_done(a.place, ok, fast, self.fan_out, latency);
+        if let Load::Closed { think, .. } = self.sc.fleet.load {
+            let at = self.now + nanos(think);
+            if at < self.horizon {
+                self.push(at, Ev::Start(a.instance));
+            }
+        }
+    }
+
+    // ---- the dependency ----
+
+    #[inline]
+    fn dep_in_flight(&mut self, delta: i32) {
+        self.dep.in_flight = self.dep.in_flight.wrapping_add_signed(delta);
+        self.stats.set_in_flight(self.dep.in_flight);
+    }
+
+    /// A server starts on an attempt: its service time is drawn now, under the conditions in
+    /// force now. Returns when it will be done.
+    #[inline]
+    fn start_service(&mut self, att: Ref) -> u64 {
+        let a = self.attempts.get(att).expect("an attempt at the dependency is in the slab");
+        let seg = &self.segs[self.seg];
+        let mut rng = SplitMix64::new(a.key ^ SERVICE_SALT);
+        let service = match (a.error, seg.error_time) {
+            (true, Some(t)) => t.sample(&mut rng),
+            _ => seg.service.sample(&mut rng),
+        };
+        self.dep.busy += 1;
+        let done = self.now + service;
+        self.push(done, Ev::Done(att));
+        done
+    }
+
+    fn fill_servers(&mut self) {
+        while self.dep.busy < self.segs[self.seg].capacity {
+            let Some(next) = self.dep.queue.pop_front() else { break };
+            self.start_service(next);
+        }
+    }
+
+    fn server_done(&mut self, att: Ref) {
+        self.dep.busy -= 1;
+        self.dep_in_flight(-1);
+        self.fill_servers();
+        let Some(mut a) = self.attempts.remove(att) else { return };
+        if a.waiting {
+            let ok = !a.error;
+            self.answered(a, ok);
+        } else if let Some(held) = a.held.take() {
+            // The client gave up on it; the late answer frees the slot it still held.
+            held.upstream_answered();
+        }
+    }
+}
+
+/// `next_u64() < threshold` as a method, so the outcome draw reads as what it is.
+trait BelowThreshold {
+    fn next_u64_below(&mut self, threshold: u64) -> bool;
+}
+
+impl BelowThreshold for SplitMix64 {
+    #[inline]
+    fn next_u64_below(&mut self, threshold: u64) -> bool {
+        threshold == u64::MAX || self.next_u64() < threshold
+    }
+}
+
+/// A backoff that is no wait at all, for budget policies configured to retry at once
+/// (`BackoffConfig` refuses a zero base; waits under [`IMMEDIATE`] are taken at once).
+fn immediate_backoff() -> BackoffConfig {
+    BackoffConfig {
+        base: Duration::from_nanos(1),
+        max: Duration::from_nanos(1),
+        multiplier: Fraction::ONE,
+        jitter: Jitter::None,
+    }
+}
+
+fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<Vec<Unit>, String> {
+    let count = match p.share {
+        Share::Fleet => 1,
+        Share::Instance => sc.fleet.instances,
+    };
+    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    (0..count)
+        .map(|_| {
+            let breaker = p.breaker.map(Breaker::try_new).transpose()?;
+            let hold = Arc::new(PushbackHold::new());
+            let upstream = match p.cap {
+                None => None,
+                Some(c) => Some(Upstream {
+                    limiter: Limiter::try_new(
+                        LimiterConfig {
+                            cap: c.cap,
+                            queue_len: c.queue_len,
+                            queue_timeout: c.queue_timeout,
+                        },
+                        clock.clone(),
+                    )?,
+                    breaker: breaker.clone(),
+                    hold: hold.clone(),
+                }),
+            };
+            let retry_upstream = match p.cap.and_then(|c| c.retry_pool) {
+                None => None,
+                Some(n) => Some(Upstream {
+                    limiter: Limiter::try_new(
+                        LimiterConfig { cap: n, queue_len: 0, ..LimiterConfig::default() },
+                        clock.clone(),
+                    )?,
+                    breaker: breaker.clone(),
+                    hold: hold.clone(),
+                }),
+            };
+            let (policy, counts_active) = match &p.retry {
+                RetryRule::Budget { spec, max_retries, backoff } => {
+                    let config = RetryConfig {
+                        retry_on: sc.client.retry_on.clone(),
+                        max_retries: *max_retries,
+                        backoff: backoff.unwrap_or_else(immediate_backoff),
+                        ..RetryConfig::default()
+                    };
+                    let budget = spec.build().map_err(|e| e.to_string())?;
+                    (
+                        Some(RetryPolicy::with_budget(config, budget)?),
+                        matches!(spec, BudgetSpec::Concurrency(_)),
+                    )
+                }
+                _ => (None, false),
+            };
+            Ok(Unit {
+                upstream,
+                retry_upstream,
+                breaker,
+                policy,
+                counts_active,
+                active_primaries: 0,
+                waiters: VecDeque::new(),
+                queue_timer: false,
+            })
+        })
+        .collect()
+}
+
+/// The budget's configured share of primaries, for the chart's reference line (ratio budgets
+/// only: the concurrency budget's percent is of everything in flight).
+pub(crate) fn budget_percent(p: &PolicyConfig) -> Option<f64> {
+    match &p.retry {
+        RetryRule::Budget { spec: BudgetSpec::Ratio(c), .. } => Some(c.percent.as_f64()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slab_reuses_and_misses_stale_handles() {
+        let mut s = Slab::new();
+        let a = s.insert(1);
+        assert_eq!(s.remove(a), Some(1));
+        let b = s.insert(2);
+        assert_eq!(b.idx, a.idx);
+        assert_eq!(s.get(a), None, "a stale handle misses");
+        assert_eq!(s.get(b), Some(&2));
+        assert_eq!(s.remove(a), None);
+        assert_eq!(s.capacity(), 1);
+    }
+
+    #[test]
+    fn events_come_out_in_time_then_rank_then_order() {
+        let mut h = BinaryHeap::new();
+        let r = Ref { idx: 0, generation: 0 };
+        h.push(Entry { at: 5, order: RANK_BIT | 1, ev: Ev::Timeout(r) });
+        h.push(Entry { at: 5, order: 2, ev: Ev::Done(r) });
+        h.push(Entry { at: 3, order: RANK_BIT | 3, ev: Ev::Arrival(0) });
+        h.push(Entry { at: 5, order: RANK_BIT, ev: Ev::Arrival(1) });
+        let order: Vec<_> =
+            std::iter::from_fn(|| h.pop()).map(|e| (e.at, e.order & !RANK_BIT)).collect();
+        assert_eq!(order, [(3, 3), (5, 2), (5, 0), (5, 1)]);
+    }
+}

@@ -1,0 +1,377 @@
+//! The HTML report: one self-contained file (no scripts, no external resources) with the
+//! summary tables and SVG time-series charts drawn with plotters — offered load, in flight at
+//! the dependency against the cap, retries per first try against the budget, and goodput and
+//! errors — every policy on the same axes, the timeline's phases shaded.
+
+use std::fmt::Write as _;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::report::{PhaseInfo, Report};
+
+const WIDTH: u32 = 1280;
+const HEIGHT: u32 = 300;
+
+/// Tableau 10: distinguishable, and readable for most colour vision.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+fn color(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+fn hex(c: RGBColor) -> String {
+    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// One line on a chart.
+struct Line {
+    policy: usize,
+    points: Vec<(f64, f64)>,
+    dashed: bool,
+}
+
+/// Renders the whole report as one HTML page.
+pub fn render(report: &Report) -> String {
+    let mut h = String::new();
+    let title = format!("stormguard simulate: {}", report.scenario);
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>\
+         body{{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px 32px;color:#222;max-width:1320px}}\
+         h1{{font-size:24px;margin:0 0 6px}} h2{{font-size:17px;margin:26px 0 6px}}\
+         p{{margin:4px 0;line-height:1.4}} .muted{{color:#666;font-size:13px}}\
+         table{{border-collapse:collapse;font-size:13px;margin:6px 0}}\
+         th,td{{padding:4px 9px;border-bottom:1px solid #e3e3e3;text-align:right;white-space:nowrap}}\
+         th{{background:#f5f5f5}} td:first-child,th:first-child{{text-align:left}}\
+         td.policy{{white-space:normal;min-width:210px;max-width:340px}}\
+         .sw{{display:inline-block;width:22px;height:4px;margin-right:6px;vertical-align:middle}}\
+         .legend span.item{{margin-right:18px;font-size:13px;white-space:nowrap}}\
+         .chart{{margin:4px 0 0}}\
+         </style></head><body>\n",
+        esc(&title)
+    );
+    let _ = writeln!(h, "<h1>{}</h1>", esc(&title));
+    if !report.description.is_empty() {
+        let _ = writeln!(h, "<p>{}</p>", esc(report.description.trim()));
+    }
+    let _ = writeln!(
+        h,
+        "<p class=\"muted\">seed {} · {} s · {}</p>",
+        report.seed,
+        report.duration_s,
+        esc(&report.setup)
+    );
+    h.push_str("<p class=\"muted\">");
+    for p in &report.phases {
+        let _ = write!(
+            h,
+            "{:.0}–{:.0} s <b>{}</b>{}: {}<br>",
+            p.start_s,
+            p.end_s,
+            esc(&p.name),
+            if p.trigger { " (trigger)" } else { "" },
+            esc(&p.conditions)
+        );
+    }
+    h.push_str("</p>\n");
+    summary_table(&mut h, report);
+    let by_phase = {
+        let mut t = String::new();
+        phase_table(&mut t, report);
+        t
+    };
+
+    h.push_str("<h2>Over time</h2>\n<div class=\"legend\">");
+    for (i, p) in report.policies.iter().enumerate() {
+        let _ = write!(
+            h,
+            "<span class=\"item\"><span class=\"sw\" style=\"background:{}\"></span>{}</span>",
+            hex(color(i)),
+            esc(&p.name)
+        );
+    }
+    h.push_str(
+        "<br><span class=\"muted\">Shaded: the timeline's phases (red: the trigger). Dashed: \
+         each policy's cap (in flight) or budget (retries per first try).</span></div>\n",
+    );
+
+    let series = |f: &dyn Fn(&crate::Series) -> Vec<f64>| -> Vec<Line> {
+        report
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Line {
+                policy: i,
+                points: p.series.t_s.iter().copied().zip(f(&p.series)).collect(),
+                dashed: false,
+            })
+            .collect()
+    };
+    let end = report.duration_s;
+    let reference = |value: Option<f64>, i: usize| {
+        value.map(|v| Line { policy: i, points: vec![(0.0, v), (end, v)], dashed: true })
+    };
+
+    let offered = series(&|s| s.offered_per_s.clone());
+    chart(&mut h, report, "Offered load at the dependency", "attempts / s", offered, false);
+
+    let mut in_flight = series(&|s| s.in_flight_mean.clone());
+    in_flight.extend(
+        report
+            .policies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| reference(p.in_flight.cap.map(|c| c as f64), i)),
+    );
+    chart(
+        &mut h,
+        report,
+        "Attempts in flight at the dependency (mean per bucket) vs. the cap",
+        "in flight",
+        in_flight,
+        true,
+    );
+
+    let mut retry = series(&|s| s.retry_fraction.clone());
+    retry.extend(
+        report.policies.iter().enumerate().filter_map(|(i, p)| reference(p.budget_percent, i)),
+    );
+    chart(&mut h, report, "Retries per first try vs. the budget", "retry fraction", retry, false);
+
+    let goodput = series(&|s| s.goodput.iter().map(|g| g.unwrap_or(0.0) * 100.0).collect());
+    chart(
+        &mut h,
+        report,
+        "Goodput: user actions that succeeded (by start time)",
+        "% of actions",
+        goodput,
+        false,
+    );
+
+    let errors = series(&|s| s.errors_per_s.clone());
+    chart(&mut h, report, "User-visible errors", "failed actions / s", errors, false);
+
+    h.push_str(&by_phase);
+    let _ = writeln!(
+        h,
+        "<p class=\"muted\">Generated by <code>stormguard simulate</code>. The simulator runs \
+         stormguard-core's limiter, breaker and retry decision on a virtual clock; same seed, same \
+         report. See docs/simulator.md for the model.</p>\n</body></html>"
+    );
+    h
+}
+
+fn summary_table(h: &mut String, report: &Report) {
+    h.push_str("<h2>Summary</h2>\n<table><tr><th>policy</th><th>offered/s</th><th>amplification</th>\
+        <th>in flight mean</th><th>p50</th><th>p99</th><th>max</th><th>cap</th><th>goodput</th>\
+        <th>errors</th><th>retries</th><th>denied</th><th>latency p50</th><th>p99</th><th>recovery</th></tr>\n");
+    for (i, p) in report.policies.iter().enumerate() {
+        let denied = if p.retries_denied_by.is_empty() {
+            "0".to_string()
+        } else {
+            p.retries_denied_by
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let recovery = match (report.trigger_end_s, p.recovery_s) {
+            (None, _) => "–".to_string(),
+            (Some(_), None) => "never".to_string(),
+            (Some(_), Some(r)) => format!("{r:.0} s"),
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"policy\"><span class=\"sw\" style=\"background:{}\"></span><b>{}</b><br><span class=\"muted\">{}</span></td>\
+             <td>{:.1}</td><td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{:.1}%</td><td>{:.1}%</td><td>{}</td><td>{}</td><td>{:.1} ms</td><td>{:.1} ms</td><td>{}</td></tr>",
+            hex(color(i)),
+            esc(&p.name),
+            esc(&p.description),
+            p.offered_per_s,
+            p.amplification,
+            p.in_flight.mean,
+            p.in_flight.p50,
+            p.in_flight.p99,
+            p.in_flight.max,
+            p.in_flight.cap.map_or("–".to_string(), |c| c.to_string()),
+            p.goodput * 100.0,
+            p.error_rate * 100.0,
+            p.retries_issued,
+            esc(&denied),
+            p.latency_ms.p50,
+            p.latency_ms.p99,
+            recovery
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn phase_table(h: &mut String, report: &Report) {
+    if report.phases.len() > 1 {
+        h.push_str("<h2>By phase</h2>\n<table><tr><th>policy</th>");
+        for ph in &report.phases {
+            let _ = write!(h, "<th colspan=\"3\">{}</th>", esc(&ph.name));
+        }
+        h.push_str("</tr>\n<tr><th></th>");
+        for _ in &report.phases {
+            h.push_str("<th>in flight</th><th>retries/try</th><th>goodput</th>");
+        }
+        h.push_str("</tr>\n");
+        for p in &report.policies {
+            let _ = write!(h, "<tr><td>{}</td>", esc(&p.name));
+            for ph in &p.phases {
+                let _ = write!(
+                    h,
+                    "<td>{:.2}</td><td>{:.3}</td><td>{:.1}%</td>",
+                    ph.in_flight_mean,
+                    ph.retry_fraction,
+                    ph.goodput * 100.0
+                );
+            }
+            h.push_str("</tr>\n");
+        }
+        h.push_str("</table>\n");
+    }
+}
+
+fn chart(
+    h: &mut String,
+    report: &Report,
+    title: &str,
+    y_desc: &str,
+    lines: Vec<Line>,
+    log_if_wide: bool,
+) {
+    let y_max =
+        lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).fold(0.0f64, f64::max).max(1e-9);
+    let y_min_pos = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .filter(|v| *v >= 1.0)
+        .fold(f64::INFINITY, f64::min);
+    // A storm and a capped policy differ by orders of magnitude: a log axis keeps both
+    // readable.
+    let log = log_if_wide && y_min_pos.is_finite() && y_max / y_min_pos > 25.0;
+    let mut svg = String::new();
+    let drawn = {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        if log {
+            draw(
+                &root,
+                report,
+                title,
+                &format!("{y_desc} (log scale)"),
+                &lines,
+                (1.0f64..y_max * 1.5).log_scale(),
+            )
+        } else {
+            draw(&root, report, title, y_desc, &lines, 0.0f64..y_max * 1.08)
+        }
+    };
+    match drawn {
+        Ok(()) => {
+            let _ = writeln!(h, "<div class=\"chart\">{svg}</div>");
+        }
+        Err(e) => {
+            let _ = writeln!(h, "<p>chart `{}` could not be drawn: {}</p>", esc(title), esc(&e));
+        }
+    }
+}
+
+fn draw<Y>(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    report: &Report,
+    title: &str,
+    y_desc: &str,
+    lines: &[Line],
+    y: Y,
+) -> Result<(), String>
+where
+    Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+    Y::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 17))
+        .margin(10)
+        .x_label_area_size(38)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0f64..report.duration_s, y)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 13))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| {
+            let a = v.abs();
+            if a >= 10.0 || a == 0.0 {
+                format!("{v:.0}")
+            } else if a >= 1.0 {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.2}")
+            }
+        })
+        .light_line_style(RGBColor(238, 238, 238))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let (y_lo, y_hi) = {
+        let r = chart.y_range();
+        (r.start, r.end)
+    };
+    let shade: Vec<&PhaseInfo> = report
+        .phases
+        .iter()
+        .filter(|p| p.trigger || !(p.name == "baseline" || p.name.starts_with("after ")))
+        .collect();
+    chart
+        .draw_series(shade.iter().map(|p| {
+            let c = if p.trigger {
+                RGBColor(214, 39, 40).mix(0.09)
+            } else {
+                RGBColor(120, 120, 120).mix(0.08)
+            };
+            Rectangle::new([(p.start_s, y_lo), (p.end_s, y_hi)], c.filled())
+        }))
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(shade.iter().map(|p| {
+            Text::new(
+                p.name.clone(),
+                (p.start_s + report.duration_s * 0.004, y_hi),
+                ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90)),
+            )
+        }))
+        .map_err(|e| err(&e))?;
+    for l in lines {
+        let style = ShapeStyle::from(&color(l.policy)).stroke_width(if l.dashed { 1 } else { 2 });
+        let points = l.points.iter().map(|&(x, v)| (x, v.clamp(y_lo, y_hi)));
+        if l.dashed {
+            chart.draw_series(DashedLineSeries::new(points, 7, 5, style)).map_err(|e| err(&e))?;
+        } else {
+            chart.draw_series(LineSeries::new(points, style)).map_err(|e| err(&e))?;
+        }
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}

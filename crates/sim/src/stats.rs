@@ -1,0 +1,305 @@
+//! What a run keeps: aggregates only, never one record per request, so memory follows the
+//! requests in flight and the number of time buckets, not the requests simulated.
+
+use stormguard_core::Denied;
+
+/// Sub-buckets per power of two in [`LogHistogram`]: values are kept to within 1/64 (1.6 %).
+const SUB: usize = 64;
+const SUB_BITS: u32 = 6;
+
+/// A log-linear histogram of `u64` values (nanoseconds): exact below 128, then 64 buckets per
+/// power of two. Fixed size, no allocation after creation.
+#[derive(Debug, Clone)]
+pub(crate) struct LogHistogram {
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl LogHistogram {
+    pub(crate) fn new() -> LogHistogram {
+        LogHistogram { counts: vec![0; SUB * 60], total: 0 }
+    }
+
+    #[inline]
+    fn index(v: u64) -> usize {
+        if v < (2 * SUB) as u64 {
+            return v as usize;
+        }
+        let log = 63 - v.leading_zeros();
+        let shift = log - SUB_BITS;
+        shift as usize * SUB + (v >> shift) as usize
+    }
+
+    /// The middle of bucket `i`'s range.
+    fn value(i: usize) -> u64 {
+        if i < 2 * SUB {
+            return i as u64;
+        }
+        let shift = (i / SUB - 1) as u32;
+        let top = (i - (i / SUB - 1) * SUB) as u64;
+        (top << shift) + (1u64 << shift) / 2
+    }
+
+    #[inline]
+    pub(crate) fn record(&mut self, v: u64) {
+        self.counts[Self::index(v)] += 1;
+        self.total += 1;
+    }
+
+    /// The value at quantile `q` (bucket middle), or `None` when empty.
+    pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Self::value(i));
+            }
+        }
+        None
+    }
+}
+
+/// Counts for one time bucket.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Bucket {
+    pub primaries: u64,
+    pub retries: u64,
+    /// Attempts in flight at the dependency × nanoseconds.
+    pub in_flight_area: u128,
+    pub in_flight_max: u32,
+    /// Actions that started in this bucket, and how they ended.
+    pub actions: u64,
+    pub actions_ok: u64,
+    pub retries_denied: u64,
+}
+
+/// Counts for one segment of the timeline.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SegmentStats {
+    pub primaries: u64,
+    pub retries: u64,
+    pub in_flight_area: u128,
+    pub in_flight_max: u32,
+    pub actions: u64,
+    pub actions_ok: u64,
+    pub actions_fast: u64,
+    pub requests: u64,
+}
+
+/// Everything one policy's run measured.
+#[derive(Debug, Clone)]
+pub(crate) struct RunStats {
+    pub bucket_nanos: u64,
+    pub horizon: u64,
+    pub buckets: Vec<Bucket>,
+    pub segments: Vec<SegmentStats>,
+    /// Segment boundaries (start of each), for attributing in-flight time.
+    seg_starts: Vec<u64>,
+    /// Nanoseconds spent at each in-flight count (index), over `[0, horizon)`.
+    pub time_at: Vec<u64>,
+    pub in_flight_max: u32,
+    // Where the integration of in-flight time has reached, and the count since then.
+    last: u64,
+    count: u32,
+    bucket: usize,
+    bucket_end: u64,
+    seg: usize,
+    pub latency: LogHistogram,
+    pub actions: u64,
+    pub actions_ok: u64,
+    pub actions_fast: u64,
+    pub requests: u64,
+    pub requests_ok: u64,
+    pub primaries: u64,
+    pub retries: u64,
+    pub timeouts: u64,
+    pub rejected: u64,
+    pub errors: u64,
+    pub retries_denied: [u64; Denied::ALL.len()],
+    pub primaries_denied: [u64; Denied::ALL.len()],
+}
+
+impl RunStats {
+    pub(crate) fn new(horizon: u64, bucket_nanos: u64, seg_starts: Vec<u64>) -> RunStats {
+        let n = horizon.div_ceil(bucket_nanos) as usize;
+        RunStats {
+            bucket_nanos,
+            horizon,
+            buckets: vec![Bucket::default(); n],
+            segments: vec![SegmentStats::default(); seg_starts.len()],
+            seg_starts,
+            time_at: vec![0; 64],
+            in_flight_max: 0,
+            last: 0,
+            count: 0,
+            bucket: 0,
+            bucket_end: bucket_nanos.min(horizon),
+            seg: 0,
+            latency: LogHistogram::new(),
+            actions: 0,
+            actions_ok: 0,
+            actions_fast: 0,
+            requests: 0,
+            requests_ok: 0,
+            primaries: 0,
+            retries: 0,
+            timeouts: 0,
+            rejected: 0,
+            errors: 0,
+            retries_denied: [0; Denied::ALL.len()],
+            primaries_denied: [0; Denied::ALL.len()],
+        }
+    }
+
+    /// Integrates the in-flight count up to `now` (called before every change of the count
+    /// and at every event, so buckets and segments split exactly).
+    #[inline]
+    pub(crate) fn advance(&mut self, now: u64) {
+        if now <= self.last || self.last >= self.horizon {
+            self.last = self.last.max(now);
+            return;
+        }
+        let end = now.min(self.horizon);
+        let count = self.count as usize;
+        if count >= self.time_at.len() {
+            self.time_at.resize(count + 1, 0);
+        }
+        let mut t = self.last;
+        while t < end {
+            let seg_end = self.seg_starts.get(self.seg + 1).copied().unwrap_or(u64::MAX);
+            let stop = end.min(self.bucket_end).min(seg_end);
+            let dt = stop - t;
+            let area = u128::from(dt) * count as u128;
+            self.time_at[count] += dt;
+            self.buckets[self.bucket].in_flight_area += area;
+            self.segments[self.seg].in_flight_area += area;
+            t = stop;
+            if t == self.bucket_end && t < self.horizon {
+                self.bucket += 1;
+                self.bucket_end = (self.bucket_end + self.bucket_nanos).min(self.horizon);
+                let b = &mut self.buckets[self.bucket];
+                b.in_flight_max = b.in_flight_max.max(self.count);
+            }
+            if t == seg_end {
+                self.seg += 1;
+                let s = &mut self.segments[self.seg];
+                s.in_flight_max = s.in_flight_max.max(self.count);
+            }
+        }
+        self.last = now;
+    }
+
+    /// The dependency's in-flight count changed (after [`advance`](Self::advance) to now).
+    #[inline]
+    pub(crate) fn set_in_flight(&mut self, count: u32) {
+        self.count = count;
+        if self.last < self.horizon {
+            if count > self.in_flight_max {
+                self.in_flight_max = count;
+            }
+            let b = &mut self.buckets[self.bucket];
+            b.in_flight_max = b.in_flight_max.max(count);
+            let s = &mut self.segments[self.seg];
+            s.in_flight_max = s.in_flight_max.max(count);
+        }
+    }
+
+    /// The bucket and segment of `t` (clamped to the last), for counts by time.
+    #[inline]
+    fn current(&self) -> Option<(usize, usize)> {
+        (self.last < self.horizon).then_some((self.bucket, self.seg))
+    }
+
+    #[inline]
+    pub(crate) fn sent(&mut self, retry: bool) {
+        if retry {
+            self.retries += 1;
+        } else {
+            self.primaries += 1;
+        }
+        if let Some((b, s)) = self.current() {
+            if retry {
+                self.buckets[b].retries += 1;
+                self.segments[s].retries += 1;
+            } else {
+                self.buckets[b].primaries += 1;
+                self.segments[s].primaries += 1;
+            }
+        }
+    }
+
+    pub(crate) fn retry_denied(&mut self, reason: Denied) {
+        self.retries_denied[reason.index()] += 1;
+        if let Some((b, _)) = self.current() {
+            self.buckets[b].retries_denied += 1;
+        }
+    }
+
+    /// Where an action that starts now (the time of the last [`advance`](Self::advance)) is
+    /// counted: its bucket and segment.
+    #[inline]
+    pub(crate) fn place(&self) -> (u32, u32) {
+        (self.bucket as u32, self.seg as u32)
+    }
+
+    #[inline]
+    pub(crate) fn action_done(
+        &mut self,
+        place: (u32, u32),
+        ok: bool,
+        fast: bool,
+        calls: u32,
+        latency: u64,
+    ) {
+        self.actions += 1;
+        self.actions_ok += u64::from(ok);
+        self.actions_fast += u64::from(fast);
+        self.latency.record(latency);
+        let b = &mut self.buckets[place.0 as usize];
+        b.actions += 1;
+        b.actions_ok += u64::from(ok);
+        let s = &mut self.segments[place.1 as usize];
+        s.actions += 1;
+        s.actions_ok += u64::from(ok);
+        s.actions_fast += u64::from(fast);
+        s.requests += u64::from(calls);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_histogram_keeps_values_within_two_percent() {
+        for v in [0u64, 1, 127, 128, 129, 1_000, 65_535, 1_000_000, 123_456_789, u64::MAX / 3] {
+            let mut h = LogHistogram::new();
+            h.record(v);
+            let got = h.quantile(0.5).unwrap();
+            let err = (got as f64 - v as f64).abs() / (v as f64).max(1.0);
+            assert!(err < 0.02, "{v} -> {got}");
+        }
+        let mut h = LogHistogram::new();
+        (1..=1000u64).for_each(|v| h.record(v * 1000));
+        let p99 = h.quantile(0.99).unwrap() as f64;
+        assert!((p99 - 990_000.0).abs() / 990_000.0 < 0.02, "{p99}");
+    }
+
+    #[test]
+    fn in_flight_time_splits_across_buckets_and_segments() {
+        let mut s = RunStats::new(10, 4, vec![0, 6]);
+        s.advance(1);
+        s.set_in_flight(2);
+        s.advance(9);
+        s.set_in_flight(0);
+        s.advance(20);
+        assert_eq!(s.buckets.iter().map(|b| b.in_flight_area).collect::<Vec<_>>(), [6, 8, 2]);
+        assert_eq!(s.segments.iter().map(|b| b.in_flight_area).collect::<Vec<_>>(), [10, 6]);
+        assert_eq!(s.time_at[..3], [2, 0, 8]);
+        assert_eq!(s.in_flight_max, 2);
+    }
+}
