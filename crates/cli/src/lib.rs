@@ -40,6 +40,13 @@ pub enum Command {
     /// Drive a target (closed or open loop) and assert at the upstream that the cap and the
     /// budget held.
     Load(cmd::load::LoadArgs),
+    /// The sidecar: an HTTP proxy that holds the cap and the budget for every caller on a host.
+    Proxy(cmd::proxy::ProxyArgs),
+    /// Validate a proxy config; an error names file, line, column and key, and exits 2.
+    CheckConfig(cmd::proxy::CheckConfigArgs),
+    /// Find retry amplification and unsafe retry settings in Istio, Envoy, gRPC, Linkerd and
+    /// stormguard configs.
+    Audit(cmd::audit::AuditArgs),
 }
 
 /// A command's failure: an exit code and one sentence for stderr.
@@ -77,6 +84,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
         Command::Simulate(args) => cmd::simulate::run(&args, out),
         Command::Chaos(args) => cmd::chaos::run(&args, out),
         Command::Load(args) => cmd::load::run(&args, out),
+        Command::Proxy(args) => cmd::proxy::run(&args, out),
+        Command::CheckConfig(args) => cmd::proxy::check(&args, out),
+        Command::Audit(args) => cmd::audit::run(&args, out),
     }
 }
 

@@ -17,8 +17,15 @@
 //!
 //! **Shadow mode** (`enforce = false`) runs every check and counts the first refusal it would
 //! have made (in [`CountersSnapshot::shadow_denied`](crate::signals::CountersSnapshot)), but
-//! lets the retry through: it measures a service's natural retry ratio before a budget is
+//! lets the retry through — except for the request's own rules (`non-idempotent`, `body`,
+//! `attempts`, `stacked`), which hold in every mode: without them a shadow retry could pay
+//! twice or retry a failing upstream forever: it measures a service's natural retry ratio before a budget is
 //! imposed. A shadow retry the cap would refuse is sent without a slot.
+//!
+//! **Runtime switches.** [`RetryPolicy::set_enforce`] turns shadow mode on or off while the
+//! policy runs, and [`RetryPolicy::set_retries_enabled`] is a kill switch: while retries are
+//! off, every failed attempt is answered [`Decision::NotRetryable`] (counted as not retryable;
+//! the budget still hears the failure). Both take effect on the next decision.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -66,6 +73,7 @@ use crate::limiter::{AttemptKind, Limiter, LimiterConfig, Permit};
 use crate::random::RandomSource;
 use crate::scope::{Scope, ScopeCharge};
 use crate::signals::Counters;
+use crate::sync::{AtomicBool, Ordering};
 
 /// The most retries a policy may allow per request.
 pub const MAX_RETRIES_LIMIT: u32 = 10;
@@ -118,6 +126,13 @@ impl RetryConfig {
         self.backoff.validate()?;
         self.pushback.validate()
     }
+}
+
+/// The request's own rules hold in shadow mode too: shadow mode measures the budget, and must
+/// not resend a payment (`non-idempotent`), a body it cannot replay, or retry without end
+/// (`attempts`, `stacked`).
+fn always_enforced(reason: Denied) -> bool {
+    matches!(reason, Denied::NonIdempotent | Denied::Body | Denied::Attempts | Denied::Stacked)
 }
 
 /// What one upstream shares among its callers: the limiter (its cap), the breaker, and the
@@ -289,6 +304,10 @@ pub struct RetryPolicy {
     backoff: Backoff,
     budget: Arc<dyn RetryBudget>,
     counters: Counters,
+    /// Shadow mode off (`true`) or on, starting from `config.enforce`; flipped at run time.
+    enforce: AtomicBool,
+    /// The kill switch: `false` turns every retry off.
+    retries_enabled: AtomicBool,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -309,6 +328,8 @@ impl RetryPolicy {
         config.validate()?;
         Ok(RetryPolicy {
             backoff: Backoff::try_new(config.backoff)?,
+            enforce: AtomicBool::new(config.enforce),
+            retries_enabled: AtomicBool::new(true),
             config,
             budget,
             counters: Counters::default(),
@@ -333,6 +354,27 @@ impl RetryPolicy {
     /// The decision counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Whether refusals are enforced (`false`: shadow mode). Starts from `config.enforce`.
+    pub fn enforce(&self) -> bool {
+        // Relaxed: a lone flag read per decision; no other memory is published through it.
+        self.enforce.load(Ordering::Relaxed)
+    }
+
+    /// Turns shadow mode off (`true`) or on (`false`) from the next decision.
+    pub fn set_enforce(&self, enforce: bool) {
+        self.enforce.store(enforce, Ordering::Relaxed);
+    }
+
+    /// Whether retries are on (the kill switch). Default `true`.
+    pub fn retries_enabled(&self) -> bool {
+        self.retries_enabled.load(Ordering::Relaxed)
+    }
+
+    /// The kill switch: `false` makes every later failed attempt final (not retryable).
+    pub fn set_retries_enabled(&self, enabled: bool) {
+        self.retries_enabled.store(enabled, Ordering::Relaxed);
     }
 
     /// An original request was admitted to a slot: counted, and deposited in the budget.
@@ -389,13 +431,13 @@ impl RetryPolicy {
         {
             upstream.hold.hold_until(now.saturating_add(d));
         }
-        if !retryable {
+        if !retryable || !self.retries_enabled() {
             self.counters.not_retryable();
             return Decision::NotRetryable;
         }
         match self.checks(now, upstream, request, state, failed, scopes, held_before, rng) {
             Ok(ticket) => Decision::Retry(ticket),
-            Err(reason) if self.config.enforce => {
+            Err(reason) if self.enforce() || always_enforced(reason) => {
                 self.counters.denied(reason);
                 Decision::Denied(reason)
             }
@@ -492,7 +534,7 @@ impl RetryPolicy {
                 self.sent(state, ticket.wait);
                 Ok(AdmittedRetry { permit: Some(permit), charges: ticket.charges })
             }
-            Err(reason) if self.config.enforce => {
+            Err(reason) if self.enforce() => {
                 ticket.charges.refund(now, &*self.budget);
                 self.counters.denied(reason);
                 Err(reason)
@@ -747,6 +789,36 @@ mod tests {
             w.denied(RequestFacts::idempotent(), &mut other, stop, &[]),
             Some(Denied::Pushback)
         );
+    }
+
+    #[test]
+    fn runtime_switches_take_effect_on_the_next_decision() {
+        let mut w = world(RetryConfig::default(), "ratio:percent=0,min_per_sec=0", None);
+        let mut s = RetryState::default();
+        // Enforced: the empty budget refuses.
+        let d = w.decide(RequestFacts::idempotent(), &mut s, e503(), &[]);
+        assert!(matches!(d, Decision::Denied(Denied::Budget)));
+        // Shadow mode at run time: the same refusal is counted, the retry allowed.
+        w.policy.set_enforce(false);
+        assert!(!w.policy.enforce());
+        let Decision::Retry(t) = w.decide(RequestFacts::idempotent(), &mut s, e503(), &[]) else {
+            panic!("shadow mode lets the retry through")
+        };
+        assert_eq!(t.shadow_denied(), Some(Denied::Budget));
+        // The request's own rules hold in shadow mode: no retry without end.
+        let mut spent = RetryState { retries: 2, ..RetryState::default() };
+        let d = w.decide(RequestFacts::idempotent(), &mut spent, e503(), &[]);
+        assert!(matches!(d, Decision::Denied(Denied::Attempts)));
+        // The kill switch: not retryable, whatever the budget or the mode.
+        w.policy.set_retries_enabled(false);
+        let d = w.decide(RequestFacts::idempotent(), &mut s, e503(), &[]);
+        assert!(matches!(d, Decision::NotRetryable));
+        w.policy.set_retries_enabled(true);
+        assert!(matches!(
+            w.decide(RequestFacts::idempotent(), &mut s, e503(), &[]),
+            Decision::Retry(_)
+        ));
+        assert_eq!(w.policy.counters().snapshot().not_retryable, 1);
     }
 
     #[test]

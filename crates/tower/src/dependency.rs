@@ -273,7 +273,7 @@ impl Dependency {
             breaker: self.inner.upstream.breaker.as_ref().map(|b| b.state(now)),
             hold_until: self.inner.upstream.hold.is_held(now),
             malformed_headers: self.inner.header_stats.snapshot(),
-            enforce: self.inner.config.retry.enforce,
+            enforce: self.inner.policy.enforce(),
             at: now,
         }
     }

@@ -56,9 +56,13 @@ pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportErr
             return stormguard_http::classify::classify_io(io, said_connect);
         }
         let text = e.to_string().to_ascii_lowercase();
-        if text.contains("connect")
-            && !text.contains("connection reset")
-            && !text.contains("closed")
+        // "connect" as a step ("client error (Connect)", "tcp connect error", "connection
+        // refused"), not as in "connection error", which hyper reports for a reset.
+        if text.contains("(connect)")
+            || text.contains("connect error")
+            || text.contains("tcp connect")
+            || text.contains("connection refused")
+            || (text.starts_with("connect") && !text.starts_with("connection"))
         {
             said_connect = true;
         }
@@ -78,12 +82,20 @@ mod tests {
     #[error("client error (Connect)")]
     struct ConnectErr(#[source] std::io::Error);
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Wrapped(&'static str, #[source] std::io::Error);
+
     #[test]
     fn reads_the_source_chain() {
         let refused = ConnectErr(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(classify_error(&refused), TransportError::Connect);
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert_eq!(classify_error(&reset), TransportError::Reset);
+        // hyper's "connection error" around a reset is a reset, not a connect failure.
+        let hyper_reset =
+            Wrapped("connection error", std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(classify_error(&hyper_reset), TransportError::Reset);
         let other = std::fmt::Error;
         assert_eq!(classify_error(&other), TransportError::Reset);
     }

@@ -1,0 +1,214 @@
+//! Istio VirtualService and DestinationRule.
+//!
+//! **Attempt semantics.** `http[].retries.attempts` counts *retries*: `attempts: 2` means up to
+//! 3 tries. `attempts: 0` turns retries off, and so does a `retries` block without `attempts`
+//! (the field defaults to 0, which Istio reads as disabled). When `retries` is **absent**, Istio
+//! applies its default policy, which depends on the release ([`IstioVersion`],
+//! [`ISTIO_DEFAULT_RETRIES`]). `retries.perTryTimeout` is the per-try timeout and
+//! `http[].timeout` the route timeout (none by default).
+//!
+//! A DestinationRule's `trafficPolicy.connectionPool.http.maxRetries` is Envoy's `max_retries`
+//! circuit breaker: a cap on retries in flight to the host. It is a throttle (it stops the
+//! "no budget" finding) but not a ratio, so it caps no amplification factor.
+
+use std::fmt;
+
+use crate::Collector;
+use crate::formats::{conditions, duration};
+use crate::model::{Format, Layer, Location, Methods, Rule, Severity};
+use crate::node::Node;
+
+/// An Istio release, `major.minor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IstioVersion {
+    /// Major.
+    pub major: u32,
+    /// Minor.
+    pub minor: u32,
+}
+
+impl IstioVersion {
+    /// What `--istio-version` defaults to: the newest release the default table knows.
+    pub const CURRENT: IstioVersion = IstioVersion { major: 1, minor: 28 };
+}
+
+impl Default for IstioVersion {
+    fn default() -> Self {
+        IstioVersion::CURRENT
+    }
+}
+
+impl fmt::Display for IstioVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl std::str::FromStr for IstioVersion {
+    type Err = String;
+    /// `1.22`, `1.22.3`, `v1.22` or `current`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().trim_start_matches('v');
+        if t == "current" {
+            return Ok(IstioVersion::CURRENT);
+        }
+        let mut parts = t.split('.');
+        let bad = || format!("`{s}` is not an Istio version like 1.22");
+        let major = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let minor = parts.next().map_or(Some(0), |p| p.parse().ok()).ok_or_else(bad)?;
+        Ok(IstioVersion { major, minor })
+    }
+}
+
+/// The retry policy Istio applies to an HTTP route that has no `retries` field:
+/// `(first release, retries, retryOn)`, newest last; the last row at or below the version wins.
+///
+/// Source: the Istio documentation as we know it (the VirtualService `HTTPRetry` reference and
+/// the traffic-management concepts page): since 1.1, a route without `retries` gets 2 retries on
+/// `connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes` (503); 1.0
+/// applied none. Pick older behaviour with `--istio-version`.
+pub const ISTIO_DEFAULT_RETRIES: &[(IstioVersion, u32, &str)] = &[
+    (IstioVersion { major: 1, minor: 0 }, 0, ""),
+    (
+        IstioVersion { major: 1, minor: 1 },
+        2,
+        "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+    ),
+];
+
+/// The default retries and conditions for a release.
+pub fn default_retries(version: IstioVersion) -> (u32, &'static str) {
+    ISTIO_DEFAULT_RETRIES
+        .iter()
+        .rev()
+        .find(|(from, _, _)| *from <= version)
+        .map_or((0, ""), |(_, n, on)| (*n, *on))
+}
+
+/// Whether two Istio hosts name the same service (`reviews`, `reviews.default`,
+/// `reviews.default.svc.cluster.local`).
+pub fn same_host(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let same_name = a.split('.').next() == b.split('.').next();
+    same_name && (a.contains('.') != b.contains('.') || a.starts_with(b) || b.starts_with(a))
+}
+
+fn name_of(doc: &Node) -> (String, Option<String>) {
+    let meta = doc.get("metadata").unwrap_or(Node::empty());
+    let name = meta.get("name").and_then(Node::as_str).unwrap_or("(unnamed)").to_string();
+    let ns = meta.get("namespace").and_then(Node::as_str).map(str::to_string);
+    (name, ns)
+}
+
+/// Reads one VirtualService: one layer per `http` route.
+pub(crate) fn virtual_service(c: &mut Collector, file: &str, doc: &Node) {
+    let (name, ns) = name_of(doc);
+    let full = match &ns {
+        Some(ns) => format!("{name}.{ns}"),
+        None => name.clone(),
+    };
+    let spec = doc.get("spec").unwrap_or(Node::empty());
+    for (i, route) in spec.get("http").map(Node::items).unwrap_or(&[]).iter().enumerate() {
+        let route_name = route.get("name").and_then(Node::as_str);
+        let resource = match route_name {
+            Some(r) => format!("VirtualService {full} http[{i}] ({r})"),
+            None => format!("VirtualService {full} http[{i}]"),
+        };
+        let retries = route.get("retries");
+        let line = retries.map_or(route.line, |r| r.line);
+        let mut layer =
+            Layer::new(Format::Istio, Location { file: file.to_string(), line }, resource.clone());
+        layer.refs.push(format!("virtualservice/{name}"));
+        layer.refs.push(format!("virtualservice/{full}"));
+        if let Some(r) = route_name {
+            layer.refs.push(format!("virtualservice/{name}/{r}"));
+        }
+        layer.timeout = route.get("timeout").and_then(duration);
+        layer.methods = methods(route);
+        match retries {
+            Some(r) => {
+                let n = r.get("attempts").and_then(Node::as_u64).unwrap_or(0);
+                layer.attempts = Some(u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1));
+                layer.per_try_timeout = r.get("perTryTimeout").and_then(duration);
+                let on = r.get("retryOn").and_then(Node::as_str);
+                let (_, default_on) = default_retries(c.istio_version);
+                layer.retry_on = conditions(on.unwrap_or(default_on));
+            }
+            None => {
+                let (n, on) = default_retries(c.istio_version);
+                layer.attempts = Some(n + 1);
+                layer.retry_on = conditions(on);
+                layer.defaulted = n > 0;
+                if n > 0 {
+                    c.finding(
+                        Severity::Warning,
+                        Rule::DefaultRetries,
+                        layer.location.clone(),
+                        resource.clone(),
+                        format!(
+                            "no `retries`: Istio {} retries {n} times on {on} by default",
+                            c.istio_version
+                        ),
+                        "state the policy: `retries: {attempts: 0}` to turn them off, or set attempts, perTryTimeout and retryOn",
+                    );
+                }
+            }
+        }
+        let before = c.layers.len();
+        for dest in route.get("route").map(Node::items).unwrap_or(&[]) {
+            if let Some(host) = dest.at(&["destination", "host"]).and_then(Node::as_str) {
+                c.istio_links.push((before, host.to_string()));
+                layer.refs.push(format!("host/{host}"));
+            }
+        }
+        c.layers.push(layer);
+    }
+}
+
+fn methods(route: &Node) -> Methods {
+    let mut out = Vec::new();
+    for m in route.get("match").map(Node::items).unwrap_or(&[]) {
+        match m.get("method") {
+            Some(method) => match method.get("exact").and_then(Node::as_str) {
+                Some(exact) => out.push(exact.to_ascii_uppercase()),
+                // prefix/regex: could be anything.
+                None => return Methods::Any,
+            },
+            // One match block without a method makes the route serve every method.
+            None => return Methods::Any,
+        }
+    }
+    if out.is_empty() { Methods::Any } else { Methods::Only(out) }
+}
+
+/// Reads one DestinationRule's retry throttle.
+pub(crate) fn destination_rule(c: &mut Collector, _file: &str, doc: &Node) {
+    let spec = doc.get("spec").unwrap_or(Node::empty());
+    let Some(host) = spec.get("host").and_then(Node::as_str) else { return };
+    let max =
+        spec.at(&["trafficPolicy", "connectionPool", "http", "maxRetries"]).and_then(Node::as_u64);
+    c.istio_rules.push((host.to_string(), max));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_table() {
+        assert_eq!(default_retries(IstioVersion::CURRENT).0, 2);
+        assert_eq!(default_retries("1.0".parse().unwrap()).0, 0);
+        assert_eq!(default_retries("1.1.3".parse().unwrap()).0, 2);
+        assert!("one".parse::<IstioVersion>().is_err());
+    }
+
+    #[test]
+    fn hosts() {
+        assert!(same_host("reviews", "reviews.default.svc.cluster.local"));
+        assert!(same_host("reviews.default", "reviews.default.svc.cluster.local"));
+        assert!(!same_host("reviews", "ratings"));
+        assert!(!same_host("reviews.a", "reviews.b"));
+    }
+}

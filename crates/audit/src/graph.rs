@@ -1,0 +1,450 @@
+//! The call graph: which service calls which, through which retry layers, and what that does to
+//! the last dependency.
+//!
+//! Attempts multiply along a path: if the edge into a service retries 3 times in total and that
+//! service's own client retries 3 times too, one user request can become 9 attempts at the next
+//! hop. For every path from a caller nobody calls to a service that calls nobody, the
+//! **amplification** is the product of each layer's factor: its attempts, or, on a budgeted
+//! layer, the budget's cap (ratio `1 + p`, Envoy-style concurrency `1 + p/(1 − p)`), whichever is
+//! lower. Factors are exact fractions, so `3 × 1.2 × 2` is exactly `36/5`.
+//!
+//! ```toml
+//! [[call]]
+//! from = "web"
+//! to = "checkout"
+//! via = ["virtualservice/checkout"]          # a layer read from the audited configs
+//!
+//! [[call]]
+//! from = "checkout"
+//! to = "payments"
+//! via = ["grpc/payments.Payments", { name = "sdk", retries = 2 }]   # or one declared here
+//! ```
+//!
+//! A ref names layers by `kind/name` (see docs/audit.md for each format's names); when several
+//! layers match, the worst counts. Layers listed on one call are stacked on that hop.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::model::{Budget, Finding, Format, Layer, Location, Rule, Severity, trim_float};
+use crate::{AuditError, AuditOptions, Collector};
+
+/// Paths evaluated at most; a graph with more is cut here (and says so).
+pub const MAX_PATHS: usize = 10_000;
+
+/// An exact non-negative fraction, or unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Factor {
+    /// `num / den`, reduced.
+    Finite {
+        /// Numerator.
+        num: u128,
+        /// Denominator, never 0.
+        den: u128,
+    },
+    /// No bound.
+    Unbounded,
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl Factor {
+    /// `num / den`, reduced.
+    pub fn new(num: u128, den: u128) -> Factor {
+        let g = gcd(num, den).max(1);
+        Factor::Finite { num: num / g, den: den / g }
+    }
+
+    /// One (no amplification).
+    pub const ONE: Factor = Factor::Finite { num: 1, den: 1 };
+
+    /// The product; unbounded if either is or if it overflows.
+    pub fn times(self, other: Factor) -> Factor {
+        match (self, other) {
+            (Factor::Finite { num: a, den: b }, Factor::Finite { num: c, den: d }) => {
+                let (g1, g2) = (gcd(a, d).max(1), gcd(c, b).max(1));
+                match ((a / g1).checked_mul(c / g2), (b / g2).checked_mul(d / g1)) {
+                    (Some(n), Some(d)) => Factor::new(n, d),
+                    _ => Factor::Unbounded,
+                }
+            }
+            _ => Factor::Unbounded,
+        }
+    }
+
+    /// The smaller.
+    pub fn min(self, other: Factor) -> Factor {
+        if self.as_f64() <= other.as_f64() { self } else { other }
+    }
+
+    /// The nearest `f64` (infinite when unbounded).
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Factor::Finite { num, den } => num as f64 / den as f64,
+            Factor::Unbounded => f64::INFINITY,
+        }
+    }
+}
+
+fn millionths(f: f64) -> u128 {
+    (f.max(0.0) * 1e6).round() as u128
+}
+
+/// A layer's factor, exactly: its attempts, capped by its budget.
+pub fn exact_factor(layer: &Layer) -> Factor {
+    let attempts = layer.attempts.map_or(Factor::Unbounded, |a| Factor::new(u128::from(a), 1));
+    let cap = match layer.budget {
+        Some(Budget::Ratio { percent }) => Factor::new(1_000_000 + millionths(percent), 1_000_000),
+        Some(Budget::Concurrency { percent }) if percent < 1.0 => {
+            Factor::new(1_000_000, 1_000_000 - millionths(percent))
+        }
+        Some(Budget::TokenBucket { token_ratio }) => {
+            Factor::new(1_000_000 + millionths(token_ratio), 1_000_000)
+        }
+        Some(Budget::Quota { reward, cost }) if cost > 0.0 => {
+            let c = millionths(cost);
+            Factor::new(c + millionths(reward), c)
+        }
+        _ => Factor::Unbounded,
+    };
+    attempts.min(cap)
+}
+
+/// One hop of a path and the layers on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HopReport {
+    /// The caller.
+    pub from: String,
+    /// The callee.
+    pub to: String,
+    /// `(resource, factor)` per layer, outermost first.
+    pub layers: Vec<(String, Factor)>,
+}
+
+/// A path from a caller nobody calls to a service that calls nobody.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathReport {
+    /// Services in order.
+    pub services: Vec<String>,
+    /// The hops.
+    pub hops: Vec<HopReport>,
+    /// Worst-case attempts reaching the last service per request entering the first.
+    pub amplification: Factor,
+    /// Layers on the path that retry.
+    pub retrying_layers: usize,
+    /// The longest a caller can wait when the last service hangs: per-try timeouts × attempts,
+    /// cut off by each layer's route timeout, nested outward. `None` = unbounded.
+    pub worst_time: Option<Duration>,
+}
+
+#[derive(Deserialize)]
+struct RawGraph {
+    #[serde(default)]
+    call: Vec<Spanned<RawCall>>,
+}
+
+#[derive(Deserialize)]
+struct RawCall {
+    from: String,
+    to: String,
+    #[serde(default)]
+    via: Vec<Spanned<Via>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Via {
+    Ref(String),
+    Inline(InlineLayer),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InlineLayer {
+    name: String,
+    retries: Option<u32>,
+    attempts: Option<u32>,
+    budget: Option<String>,
+    per_try_timeout: Option<String>,
+    timeout: Option<String>,
+}
+
+struct Call {
+    from: String,
+    to: String,
+    line: u32,
+    /// Indices into the collector's layers.
+    layers: Vec<usize>,
+}
+
+pub(crate) fn evaluate(
+    c: &mut Collector,
+    file: &str,
+    text: &str,
+    options: &AuditOptions,
+) -> Result<Vec<PathReport>, AuditError> {
+    let line_of = |offset: usize| (text[..offset.min(text.len())].matches('\n').count() + 1) as u32;
+    let raw: RawGraph = toml::from_str(text).map_err(|e| {
+        let offset = e.span().map_or(0, |s| s.start);
+        AuditError::Syntax {
+            file: file.to_string(),
+            line: line_of(offset),
+            column: (text[..offset.min(text.len())]
+                .rsplit('\n')
+                .next()
+                .map_or(0, |l| l.chars().count())
+                + 1) as u32,
+            reason: e.message().to_string(),
+        }
+    })?;
+    let invalid = |offset: usize, reason: String| AuditError::Invalid {
+        file: file.to_string(),
+        line: line_of(offset),
+        reason,
+    };
+    let mut calls = Vec::new();
+    for call in &raw.call {
+        let line = line_of(call.span().start);
+        let rc = call.get_ref();
+        let mut layers = Vec::new();
+        for via in &rc.via {
+            match via.get_ref() {
+                Via::Ref(r) => {
+                    let worst = c
+                        .layers
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, l)| l.refs.iter().any(|x| x == r))
+                        .max_by(|a, b| {
+                            exact_factor(a.1).as_f64().total_cmp(&exact_factor(b.1).as_f64())
+                        })
+                        .map(|(i, _)| i);
+                    match worst {
+                        Some(i) => layers.push(i),
+                        None => {
+                            return Err(invalid(
+                                via.span().start,
+                                format!("`{r}` names no retry layer in the audited configs"),
+                            ));
+                        }
+                    }
+                }
+                Via::Inline(il) => {
+                    let at = via.span().start;
+                    let mut layer = Layer::new(
+                        Format::Graph,
+                        Location { file: file.to_string(), line: line_of(at) },
+                        format!("{} (graph)", il.name),
+                    );
+                    layer.refs.push(format!("graph/{}", il.name));
+                    layer.attempts = Some(match (il.attempts, il.retries) {
+                        (Some(a), _) => a.max(1),
+                        (None, Some(r)) => r.saturating_add(1),
+                        (None, None) => 1,
+                    });
+                    if let Some(b) = &il.budget {
+                        let spec = stormguard_core::BudgetSpec::parse(b)
+                            .map_err(|e| invalid(at, format!("{}: budget: {e}", il.name)))?;
+                        layer.budget = Some(crate::formats::stormguard::model_budget(&spec).0);
+                    }
+                    let dur = |t: &Option<String>| -> Result<Option<Duration>, AuditError> {
+                        t.as_deref()
+                            .map(|t| {
+                                stormguard_core::decimal::parse_duration(t)
+                                    .map_err(|e| invalid(at, format!("{}: {e}", il.name)))
+                            })
+                            .transpose()
+                    };
+                    layer.per_try_timeout = dur(&il.per_try_timeout)?;
+                    layer.timeout = dur(&il.timeout)?;
+                    c.layers.push(layer);
+                    layers.push(c.layers.len() - 1);
+                }
+            }
+        }
+        calls.push(Call { from: rc.from.clone(), to: rc.to.clone(), line, layers });
+    }
+
+    let mut out_edges: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut called: BTreeSet<&str> = BTreeSet::new();
+    let mut services: BTreeSet<&str> = BTreeSet::new();
+    for (i, call) in calls.iter().enumerate() {
+        out_edges.entry(call.from.as_str()).or_default().push(i);
+        called.insert(call.to.as_str());
+        services.insert(call.from.as_str());
+        services.insert(call.to.as_str());
+    }
+    let mut roots: Vec<&str> = services.iter().copied().filter(|s| !called.contains(s)).collect();
+    if roots.is_empty() {
+        // Every service is called by another (a cycle): start everywhere.
+        roots = services.iter().copied().collect();
+    }
+    let mut paths: Vec<Vec<usize>> = Vec::new();
+    for root in roots {
+        let mut stack = Vec::new();
+        walk(root, root, &out_edges, &calls, &mut stack, &mut paths);
+    }
+
+    let mut reports = Vec::new();
+    for path in &paths {
+        reports.push(report(c, &calls, path, file, options));
+    }
+    Ok(reports)
+}
+
+fn walk(
+    root: &str,
+    at: &str,
+    out_edges: &BTreeMap<&str, Vec<usize>>,
+    calls: &[Call],
+    stack: &mut Vec<usize>,
+    paths: &mut Vec<Vec<usize>>,
+) {
+    if paths.len() >= MAX_PATHS {
+        return;
+    }
+    let next: Vec<usize> = out_edges
+        .get(at)
+        .map(|edges| {
+            edges
+                .iter()
+                .copied()
+                // A service already on the path ends it: a cycle is reported once, not forever.
+                .filter(|&e| {
+                    let to = calls[e].to.as_str();
+                    to != root && !stack.iter().any(|&s| calls[s].to == to)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if next.is_empty() {
+        if !stack.is_empty() {
+            paths.push(stack.clone());
+        }
+        return;
+    }
+    for e in next {
+        stack.push(e);
+        walk(root, &calls[e].to, out_edges, calls, stack, paths);
+        stack.pop();
+    }
+}
+
+fn report(
+    c: &mut Collector,
+    calls: &[Call],
+    path: &[usize],
+    file: &str,
+    options: &AuditOptions,
+) -> PathReport {
+    let mut services = vec![calls[path[0]].from.clone()];
+    let mut hops = Vec::new();
+    let mut amplification = Factor::ONE;
+    let mut retrying = Vec::new();
+    for &i in path {
+        let call = &calls[i];
+        services.push(call.to.clone());
+        let mut layers = Vec::new();
+        for &l in &call.layers {
+            let layer = &c.layers[l];
+            let f = exact_factor(layer);
+            amplification = amplification.times(f);
+            layers.push((layer.resource.clone(), f));
+            if layer.retries() {
+                retrying.push(l);
+            }
+        }
+        hops.push(HopReport { from: call.from.clone(), to: call.to.clone(), layers });
+    }
+    // Innermost first: each layer's single try lasts as long as everything inside it.
+    let mut inner: Option<Duration> = None;
+    for &i in path.iter().rev() {
+        for &l in calls[i].layers.iter().rev() {
+            let layer = &c.layers[l];
+            let one_try = match (layer.per_try_timeout, inner) {
+                (Some(p), Some(t)) => Some(p.min(t)),
+                (Some(p), None) => Some(p),
+                (None, t) => t,
+            };
+            let all = match (one_try, layer.attempts) {
+                (Some(t), Some(a)) => Some(t.saturating_mul(a)),
+                _ => None,
+            };
+            inner = match (all, layer.timeout) {
+                (Some(a), Some(r)) => Some(a.min(r)),
+                (a, r) => a.or(r),
+            };
+        }
+    }
+    let name = services.join(" → ");
+    let last_line = calls[*path.last().unwrap_or(&0)].line;
+    if retrying.len() > 1 {
+        let second = &c.layers[retrying[1]];
+        let names: Vec<&str> = retrying.iter().map(|&l| c.layers[l].resource.as_str()).collect();
+        c.findings.push(Finding {
+            severity: Severity::Warning,
+            rule: Rule::StackedRetries,
+            location: second.location.clone(),
+            resource: format!("path {name}"),
+            message: format!("{} layers retry on this path: {}", retrying.len(), names.join("; ")),
+            fix: "retry at one layer only (the one with a budget) and set the others to 0 retries"
+                .into(),
+        });
+    }
+    let amp = amplification.as_f64();
+    if amp > options.max_amplification {
+        let factors: Vec<String> = hops
+            .iter()
+            .flat_map(|h| h.layers.iter().map(|(_, f)| trim_float(f.as_f64())))
+            .collect();
+        c.findings.push(Finding {
+            severity: Severity::Error,
+            rule: Rule::Amplification,
+            location: Location { file: file.to_string(), line: last_line },
+            resource: format!("path {name}"),
+            message: format!(
+                "up to {} attempts reach {} per request ({}), above the allowed {}",
+                trim_float(amp),
+                services.last().map_or("", String::as_str),
+                factors.join(" × "),
+                trim_float(options.max_amplification)
+            ),
+            fix: "retry at one layer, or budget the inner hops (a 20 % ratio budget caps a hop at 1.2)".into(),
+        });
+    }
+    PathReport { services, hops, amplification, retrying_layers: retrying.len(), worst_time: inner }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_are_exact() {
+        let f = Factor::new(3, 1).times(Factor::new(6, 5)).times(Factor::new(2, 1));
+        assert_eq!(f, Factor::Finite { num: 36, den: 5 });
+        assert_eq!(trim_float(f.as_f64()), "7.2");
+        assert_eq!(Factor::new(3, 1).times(Factor::Unbounded), Factor::Unbounded);
+    }
+
+    #[test]
+    fn concurrency_budget_factor() {
+        let mut l = Layer::new(Format::Envoy, Location { file: "f".into(), line: 1 }, "r".into());
+        l.attempts = Some(5);
+        l.budget = Some(Budget::Concurrency { percent: 0.2 });
+        // 1 + 0.2/0.8 = 1.25
+        assert_eq!(exact_factor(&l), Factor::new(5, 4));
+        l.budget = Some(Budget::Ratio { percent: 0.2 });
+        assert_eq!(exact_factor(&l), Factor::new(6, 5));
+        l.attempts = Some(1);
+        assert_eq!(exact_factor(&l), Factor::ONE);
+    }
+}

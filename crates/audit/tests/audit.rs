@@ -1,0 +1,230 @@
+//! The audit over fixture configs: every known finding, exactly, and clean configs clean.
+
+use std::path::{Path, PathBuf};
+
+use stormguard_audit::graph::Factor;
+use stormguard_audit::{AuditError, AuditOptions, Report, audit_paths, audit_sources};
+
+fn fixture(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(p)
+}
+
+fn audit(p: &str) -> Report {
+    audit_paths(&[fixture(p)], None, &AuditOptions::default()).unwrap()
+}
+
+/// `(severity, rule, line)` for every finding, in report order.
+fn found(r: &Report) -> Vec<(&'static str, &'static str, u32)> {
+    r.findings.iter().map(|f| (f.severity.as_str(), f.rule.id(), f.location.line)).collect()
+}
+
+#[test]
+fn envoy_findings() {
+    let r = audit("envoy/bad.yaml");
+    assert_eq!(
+        found(&r),
+        vec![
+            ("error", "amplification", 29),
+            ("error", "non-idempotent-retry", 29),
+            ("error", "floor-above-headroom", 50),
+            ("warning", "timeout-exceeded", 29),
+            ("warning", "cluster-without-retry-budget", 39),
+            ("warning", "budget-too-high", 50),
+            ("info", "default-retries", 37),
+        ]
+    );
+    assert!(r.findings[0].resource.contains("orders-create"));
+    assert_eq!(r.findings[4].resource, "cluster orders");
+}
+
+#[test]
+fn clean_configs_have_no_findings() {
+    for f in [
+        "envoy/clean.yaml",
+        "envoy/clean.json",
+        "istio/clean.yaml",
+        "grpc/clean.json",
+        "linkerd/clean.yaml",
+        "stormguard/clean.toml",
+    ] {
+        let r = audit(f);
+        assert_eq!(found(&r), vec![], "{f}");
+        assert!(r.layers.iter().any(|l| l.retries()), "{f} has a retry layer, so the check ran");
+    }
+}
+
+#[test]
+fn envoy_budget_caps_the_factor() {
+    let r = audit("envoy/clean.json");
+    let l = &r.layers[0];
+    assert_eq!(l.attempts, Some(3));
+    // A 25 % concurrency budget: 1 + 0.25/0.75 = 4/3.
+    assert_eq!(stormguard_audit::graph::exact_factor(l), Factor::new(4, 3));
+    assert_eq!(l.timeout, Some(std::time::Duration::from_secs(3)));
+}
+
+#[test]
+fn istio_findings_and_skipped_kinds() {
+    let r = audit("istio/bad.yaml");
+    assert_eq!(
+        found(&r),
+        vec![
+            ("error", "amplification", 27),
+            ("error", "non-idempotent-retry", 27),
+            ("warning", "unbudgeted-retries", 9),
+            ("warning", "default-retries", 9),
+            ("warning", "unbudgeted-retries", 27),
+            ("warning", "timeout-exceeded", 27),
+        ]
+    );
+    assert_eq!(r.documents, 4);
+    assert_eq!(r.skipped.get("Deployment"), Some(&1));
+}
+
+#[test]
+fn istio_default_depends_on_version() {
+    let text = std::fs::read_to_string(fixture("istio/bad.yaml")).unwrap();
+    let src = [("bad.yaml".to_string(), text)];
+    let old = AuditOptions { istio_version: "1.0".parse().unwrap(), ..AuditOptions::default() };
+    let r = audit_sources(&src, None, &old).unwrap();
+    assert!(!r.findings.iter().any(|f| f.rule.id() == "default-retries"));
+    let reviews = r.layers.iter().find(|l| l.resource.contains("reviews")).unwrap();
+    assert_eq!(reviews.attempts, Some(1));
+    let r = audit_sources(&src, None, &AuditOptions::default()).unwrap();
+    let reviews = r.layers.iter().find(|l| l.resource.contains("reviews")).unwrap();
+    assert_eq!(reviews.attempts, Some(3));
+}
+
+#[test]
+fn grpc_findings() {
+    let r = audit("grpc/bad.json");
+    assert_eq!(
+        found(&r),
+        vec![
+            ("error", "amplification", 6),
+            ("error", "unthrottled-hedging", 16),
+            ("warning", "unbudgeted-retries", 6),
+            ("info", "value-capped", 7),
+        ]
+    );
+    // maxAttempts counts the first attempt and is capped at 5.
+    assert_eq!(r.layers[0].attempts, Some(5));
+}
+
+#[test]
+fn linkerd_findings() {
+    let r = audit("linkerd/bad.yaml");
+    assert_eq!(
+        found(&r),
+        vec![
+            ("error", "non-idempotent-retry", 16),
+            ("error", "amplification", 23),
+            ("warning", "budget-too-high", 8),
+            ("warning", "unbudgeted-retries", 23),
+            ("warning", "timeout-exceeded", 23),
+        ]
+    );
+    // ServiceProfile retries have no count limit: only the budget bounds them.
+    assert_eq!(r.layers[0].attempts, None);
+    assert_eq!(r.layers[1].attempts, Some(4));
+}
+
+#[test]
+fn stormguard_findings() {
+    let r = audit("stormguard/bad.toml");
+    assert_eq!(
+        found(&r),
+        vec![
+            ("error", "floor-above-headroom", 19),
+            ("warning", "timeout-exceeded", 6),
+            ("warning", "budget-too-high", 9),
+        ]
+    );
+}
+
+#[test]
+fn three_hops_multiply_exactly() {
+    let g = fixture("graph");
+    let r =
+        audit_paths(&[g.join("configs")], Some(&g.join("graph.toml")), &AuditOptions::default())
+            .unwrap();
+    assert_eq!(r.paths.len(), 1);
+    let p = &r.paths[0];
+    assert_eq!(p.services, ["web", "checkout", "payments", "ledger"]);
+    let factors: Vec<Factor> = p.hops.iter().map(|h| h.layers[0].1).collect();
+    assert_eq!(factors, [Factor::new(3, 1), Factor::new(3, 1), Factor::new(2, 1)]);
+    assert_eq!(p.amplification, Factor::new(18, 1));
+    assert_eq!(p.retrying_layers, 3);
+    assert_eq!(p.worst_time, Some(std::time::Duration::from_secs(6)));
+    let rules: Vec<&str> = r.findings.iter().map(|f| f.rule.id()).collect();
+    assert!(rules.contains(&"stacked-retries"), "{rules:?}");
+    let amp = r.findings.iter().find(|f| f.rule.id() == "amplification").unwrap();
+    assert!(amp.message.starts_with("up to 18 attempts reach ledger"), "{}", amp.message);
+}
+
+#[test]
+fn a_ratio_budget_caps_the_middle_hop() {
+    let g = fixture("graph");
+    let r = audit_paths(
+        &[g.join("configs")],
+        Some(&g.join("graph_budgeted.toml")),
+        &AuditOptions::default(),
+    )
+    .unwrap();
+    let p = &r.paths[0];
+    // 3 × 1.2 × 2 = 7.2, exactly 36/5.
+    assert_eq!(p.amplification, Factor::new(36, 5));
+    assert_eq!(p.hops[1].layers[0].1, Factor::new(6, 5));
+    // Still above 3: the unbudgeted hops dominate; with a higher limit it passes.
+    assert!(r.findings.iter().any(|f| f.rule.id() == "amplification"));
+    let lenient = AuditOptions { max_amplification: 7.2, ..AuditOptions::default() };
+    let r =
+        audit_paths(&[g.join("configs")], Some(&g.join("graph_budgeted.toml")), &lenient).unwrap();
+    assert!(!r.findings.iter().any(|f| f.rule.id() == "amplification"));
+}
+
+#[test]
+fn unknown_graph_ref_names_the_line() {
+    let g = fixture("graph");
+    let e = audit_paths(
+        &[g.join("configs")],
+        Some(&g.join("graph_unknown_ref.toml")),
+        &AuditOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, AuditError::Invalid { line: 4, .. }), "{e}");
+}
+
+#[test]
+fn malformed_inputs_name_file_and_line() {
+    let e =
+        audit_paths(&[fixture("malformed/bad.json")], None, &AuditOptions::default()).unwrap_err();
+    assert!(matches!(&e, AuditError::Syntax { line: 4, .. }), "{e}");
+    assert!(e.to_string().contains("bad.json:4:"), "{e}");
+    let e =
+        audit_paths(&[fixture("malformed/bad.yaml")], None, &AuditOptions::default()).unwrap_err();
+    assert!(matches!(&e, AuditError::Syntax { line: 5 | 6, .. }), "{e}");
+    assert!(e.to_string().contains("bad.yaml:"), "{e}");
+}
+
+#[test]
+fn directories_are_walked() {
+    let r = audit_paths(&[fixture("envoy")], None, &AuditOptions::default()).unwrap();
+    assert_eq!(r.files, 3);
+    assert_eq!(r.findings.len(), 7);
+}
+
+#[test]
+fn sarif_and_json_carry_every_finding() {
+    let r = audit("envoy/bad.yaml");
+    let sarif = stormguard_audit::output::to_sarif(&r);
+    assert_eq!(sarif["version"], "2.1.0");
+    let results = sarif["runs"][0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 7);
+    assert_eq!(results[0]["level"], "error");
+    assert_eq!(results[0]["locations"][0]["physicalLocation"]["region"]["startLine"], 29);
+    let json = stormguard_audit::output::to_json(&r);
+    assert_eq!(json["findings"].as_array().unwrap().len(), 7);
+    assert_eq!(json["findings"][0]["rule"], "amplification");
+    assert_eq!(json["summary"]["errors"], 3);
+}

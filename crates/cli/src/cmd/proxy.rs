@@ -1,0 +1,190 @@
+//! `stormguard proxy`: the sidecar, from quick flags or a config file; and
+//! `stormguard check-config FILE`, which validates a config without starting anything.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use stormguard_core::backoff::BackoffConfig;
+use stormguard_core::decimal::parse_duration;
+use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+
+use crate::Failure;
+
+/// Flags of `stormguard proxy`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  # One upstream, a cap of 20 and a 25 % retry budget:
+  stormguard proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --cap 20 \\
+    --budget ratio:percent=0.25,min_per_sec=3 --admin 127.0.0.1:9901
+
+  # Everything from a file (listeners, dependencies, routes):
+  stormguard proxy --config stormguard.toml
+
+Admin: GET /metrics /healthz /readyz /config /stats.json;
+  POST /dependencies/NAME/retries {\"enabled\": false}   the kill switch
+  POST /dependencies/NAME/shadow {\"enabled\": true}     shadow mode
+The config format is in docs/proxy.md.")]
+pub struct ProxyArgs {
+    /// A TOML config; cannot be combined with the quick flags.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["upstream", "listen"])]
+    pub config: Option<PathBuf>,
+    /// Where callers connect.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The dependency's address, http://host:port.
+    #[arg(long, value_name = "URL", required_unless_present = "config")]
+    pub upstream: Option<String>,
+    /// Attempts in flight at once, first tries and retries.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub cap: u64,
+    /// The retry budget SPEC.
+    #[arg(long, value_name = "SPEC", default_value = "ratio:percent=0.2,min_per_sec=10,ttl=10s")]
+    pub budget: String,
+    /// The admin listener, or "off".
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
+    pub admin: String,
+    /// What may be retried.
+    #[arg(long, value_name = "LIST", default_value = "5xx,reset,connect-failure,refused-stream")]
+    pub retry_on: String,
+    /// Retries per request, 0 to 10.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub max_retries: u32,
+    /// Each attempt's limit up to response headers, connect time included.
+    #[arg(long, value_name = "DURATION")]
+    pub per_try_timeout: Option<String>,
+    /// The whole request's limit.
+    #[arg(long, value_name = "DURATION")]
+    pub deadline: Option<String>,
+    /// Backoff range, e.g. 25ms..250ms.
+    #[arg(long, value_name = "RANGE", default_value = "25ms..250ms")]
+    pub backoff: String,
+    /// Primaries that may wait for a slot (0: fail fast).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub queue: u64,
+    /// The longest a primary waits for a slot.
+    #[arg(long, value_name = "DURATION", default_value = "1s")]
+    pub queue_timeout: String,
+    /// Shadow mode: count what would be denied, deny nothing.
+    #[arg(long)]
+    pub shadow: bool,
+    /// Stop after this long (default: until Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<String>,
+}
+
+/// Flags of `stormguard check-config`.
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// The config file.
+    pub file: PathBuf,
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
+    parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
+}
+
+/// The proxy's config from the flags, or the file they name.
+pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
+    if let Some(path) = &args.config {
+        return ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()));
+    }
+    let upstream = args.upstream.as_deref().unwrap_or_default();
+    let uri =
+        upstream.parse().map_err(|e| Failure::usage(format!("--upstream: {upstream:?}: {e}")))?;
+    let mut d = DependencyConfig::new("default", uri);
+    d.cap = args.cap;
+    d.budget = args.budget.parse().map_err(|e| Failure::usage(format!("--budget: {e}")))?;
+    d.retry_on = args.retry_on.parse().map_err(|e| Failure::usage(format!("--retry-on: {e}")))?;
+    d.max_retries = args.max_retries;
+    d.per_try_timeout =
+        args.per_try_timeout.as_deref().map(|t| duration("per-try-timeout", t)).transpose()?;
+    d.deadline = args.deadline.as_deref().map(|t| duration("deadline", t)).transpose()?;
+    d.backoff = BackoffConfig::parse_range(&args.backoff)
+        .map_err(|e| Failure::usage(format!("--backoff: {e}")))?;
+    d.queue = args.queue;
+    d.queue_timeout = duration("queue-timeout", &args.queue_timeout)?;
+    d.enforce = !args.shadow;
+    let mut config = ProxyConfig::single(args.listen, d);
+    config.admin = match args.admin.as_str() {
+        "off" => None,
+        a => Some(a.parse().map_err(|_| {
+            Failure::usage(format!("--admin: expected host:port or off, got {a:?}"))
+        })?),
+    };
+    config.validate().map_err(|(key, reason)| {
+        let flag = key.rsplit('.').next().unwrap_or(&key).replace('_', "-");
+        Failure::usage(format!("--{flag}: {reason}"))
+    })?;
+    Ok(config)
+}
+
+/// Runs `stormguard proxy` until Ctrl-C, SIGTERM or `--duration`.
+pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
+    let config = config_from_args(args)?;
+    let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(async {
+        let proxy = stormguard_proxy::start(config).await.map_err(|e| match e {
+            e @ stormguard_proxy::StartError::Invalid(..) => Failure::usage(e.to_string()),
+            e => Failure::runtime(e.to_string()),
+        })?;
+        for a in proxy.listen_addrs() {
+            let _ = writeln!(std::io::stderr(), "stormguard proxy: listening on http://{a}");
+        }
+        if let Some(a) = proxy.admin_addr() {
+            let _ = writeln!(std::io::stderr(), "stormguard proxy: admin on http://{a}");
+        }
+        wait_for_stop(stop_after).await;
+        proxy.shutdown().await;
+        Ok::<_, Failure>(())
+    })?;
+    runtime.shutdown_background();
+    Ok(())
+}
+
+async fn wait_for_stop(stop_after: Option<Duration>) {
+    let deadline = async {
+        match stop_after {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+                () = deadline => {}
+            }
+            return;
+        }
+    }
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = deadline => {}
+    }
+}
+
+/// Runs `stormguard check-config FILE`: exit 0 with a summary, or 2 naming the location.
+pub fn check(args: &CheckConfigArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let c = ProxyConfig::load(&args.file).map_err(|e| Failure::usage(e.to_string()))?;
+    writeln!(
+        out,
+        "{}: ok ({} listener(s), {} dependenc{}, {} route(s))",
+        args.file.display(),
+        c.listeners.len(),
+        c.dependencies.len(),
+        if c.dependencies.len() == 1 { "y" } else { "ies" },
+        c.routes.len()
+    )?;
+    Ok(())
+}

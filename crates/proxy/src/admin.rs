@@ -1,0 +1,176 @@
+//! The admin listener (loopback by default): `/metrics` (OpenMetrics text), `/healthz`,
+//! `/readyz`, `/config` (the effective config), `/stats.json` (the same signals as JSON), and
+//! the run-time switches `POST /dependencies/<name>/retries` and `POST /dependencies/<name>/shadow`
+//! with a body `{"enabled": true|false}`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use stormguard_core::Denied;
+use stormguard_tower::Dependency;
+
+use crate::server::Shared;
+
+/// What the admin endpoints read.
+pub(crate) struct Admin {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) registry: Registry,
+    pub(crate) config: serde_json::Value,
+}
+
+type AdminBody = Full<Bytes>;
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<AdminBody> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_reply(status: StatusCode, v: &serde_json::Value) -> Response<AdminBody> {
+    reply(status, "application/json", format!("{v:#}\n"))
+}
+
+/// The signals of one dependency as JSON: counters, in flight, budget, breaker, switches.
+pub fn stats_json(dep: &Dependency) -> serde_json::Value {
+    let s = dep.snapshot();
+    let denied: serde_json::Map<String, serde_json::Value> = Denied::ALL
+        .iter()
+        .map(|d| (d.as_str().to_string(), json!(s.counters.denied(*d))))
+        .collect();
+    let shadow: serde_json::Map<String, serde_json::Value> = Denied::ALL
+        .iter()
+        .map(|d| (d.as_str().to_string(), json!(s.counters.shadow_denied(*d))))
+        .collect();
+    json!({
+        "name": s.name,
+        "requests": s.counters.primaries,
+        "retries": s.counters.retries,
+        "not_retryable": s.counters.not_retryable,
+        "denied": denied,
+        "shadow_denied": shadow,
+        "cap": s.limiter.cap,
+        "effective_cap": s.limiter.effective_cap,
+        "in_flight": s.limiter.in_flight,
+        "in_flight_max": s.limiter.high_water,
+        "queued": s.limiter.queued,
+        "held_slots": s.limiter.held,
+        "oldest_permit_seconds": s.limiter.oldest_permit_age.map(|d| d.as_secs_f64()),
+        "budget": { "balance": s.budget.balance, "utilization": s.budget.utilization, "percent": s.budget.percent },
+        "breaker": s.breaker.map(|b| format!("{b:?}")),
+        "pushback_hold": s.hold_until.is_some(),
+        "enforce": s.enforce,
+        "retries_enabled": dep.policy().retries_enabled(),
+    })
+}
+
+impl Admin {
+    pub(crate) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<AdminBody> {
+        let path = req.uri().path().to_string();
+        match (req.method(), path.as_str()) {
+            (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
+            (&Method::GET, "/readyz") => reply(StatusCode::OK, "text/plain", "ready\n"),
+            (&Method::GET, "/metrics") => {
+                let mut text = String::new();
+                match prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+                    Ok(()) => reply(
+                        StatusCode::OK,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        text,
+                    ),
+                    Err(_) => reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "text/plain",
+                        "cannot encode metrics\n",
+                    ),
+                }
+            }
+            (&Method::GET, "/config") => json_reply(StatusCode::OK, &self.config),
+            (&Method::GET, "/stats.json") => {
+                let deps: Vec<_> =
+                    self.shared.deps.iter().map(|d| stats_json(&d.dependency)).collect();
+                json_reply(StatusCode::OK, &json!({ "dependencies": deps }))
+            }
+            (&Method::POST, p) if p.starts_with("/dependencies/") => {
+                self.switch(req, p.to_string()).await
+            }
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found: GET /metrics /healthz /readyz /config /stats.json; POST /dependencies/NAME/retries|shadow\n",
+            ),
+        }
+    }
+
+    /// `POST /dependencies/<name>/retries {"enabled": false}` (the kill switch) and
+    /// `POST /dependencies/<name>/shadow {"enabled": true}`: effective from the next request.
+    async fn switch(&self, req: Request<Incoming>, path: String) -> Response<AdminBody> {
+        let rest = &path["/dependencies/".len()..];
+        let Some((name, what)) = rest.split_once('/') else {
+            return reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "expected /dependencies/NAME/retries or /shadow\n",
+            );
+        };
+        let Some(dep) = self.shared.deps.iter().find(|d| d.dependency.name() == name) else {
+            return reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                format!("no dependency named {name:?}\n"),
+            );
+        };
+        let body = match Limited::new(req.into_body(), 4096).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return reply(
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    "body too large or unreadable\n",
+                );
+            }
+        };
+        let enabled = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("enabled").and_then(serde_json::Value::as_bool));
+        let Some(enabled) = enabled else {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                "expected {\"enabled\": true|false}\n",
+            );
+        };
+        let policy = dep.dependency.policy();
+        match what {
+            "retries" => policy.set_retries_enabled(enabled),
+            "shadow" => policy.set_enforce(!enabled),
+            _ => {
+                return reply(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    "expected /retries or /shadow\n",
+                );
+            }
+        }
+        tracing::warn!(
+            dependency = name,
+            switch = what,
+            enabled,
+            "switch changed from the admin listener"
+        );
+        json_reply(
+            StatusCode::OK,
+            &json!({ "dependency": name, "retries_enabled": policy.retries_enabled(), "shadow": !policy.enforce() }),
+        )
+    }
+}

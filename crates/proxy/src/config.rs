@@ -1,0 +1,871 @@
+//! The proxy's configuration: listeners, dependencies and routes, from a TOML file or from the
+//! quick-start flags, validated once into the same types.
+//!
+//! A mistake in a file is reported as `file:line:column: key: reason` (the key as
+//! `dependency[0].cap`), so `stormguard check-config` can point at it before anything starts.
+//!
+//! ```
+//! use stormguard_proxy::config::ProxyConfig;
+//!
+//! let config = ProxyConfig::parse(r#"
+//! [[listener]]
+//! listen = "127.0.0.1:8080"
+//! dependency = "payments"
+//!
+//! [[dependency]]
+//! name = "payments"
+//! upstreams = ["http://127.0.0.1:9000"]
+//! cap = 20
+//! budget = "ratio:percent=0.25,min_per_sec=3"
+//! per_try_timeout = "300ms"
+//! "#, "stormguard.toml").unwrap();
+//! assert_eq!(config.dependencies[0].cap, 20);
+//!
+//! let err = ProxyConfig::parse("[[dependency]]\nname = \"x\"\nupstreams = [\"http://127.0.0.1:1\"]\ncap = 0\n", "s.toml")
+//!     .unwrap_err();
+//! assert_eq!(err.to_string(), "s.toml:4:7: dependency[0].cap: cap must be between 1 and 16777216, got 0");
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Uri};
+use serde::Deserialize;
+use stormguard_core::backoff::BackoffConfig;
+use stormguard_core::breaker::BreakerConfig;
+use stormguard_core::budget::BudgetSpec;
+use stormguard_core::conditions::RetryOn;
+use stormguard_core::decimal::parse_duration;
+use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
+use toml::Spanned;
+
+/// The admin listener's default address: loopback only.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
+/// Trace ids remembered for fan-out scopes, at most. Default 65 536.
+pub const DEFAULT_SCOPE_MAX: usize = 65_536;
+
+/// Everything the proxy runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyConfig {
+    /// Where callers connect. At least one.
+    pub listeners: Vec<ListenerConfig>,
+    /// The dependencies behind the proxy. At least one; names are unique.
+    pub dependencies: Vec<DependencyConfig>,
+    /// Host and path prefix → dependency, checked before a listener's default dependency.
+    pub routes: Vec<RouteConfig>,
+    /// The admin listener (`/metrics`, `/healthz`, ...). Default `127.0.0.1:9901`; `None`
+    /// turns it off.
+    pub admin: Option<SocketAddr>,
+    /// Write each dependency's traffic as `replay` JSON lines to this file.
+    pub record: Option<PathBuf>,
+    /// Trace ids remembered for fan-out scopes (LRU, 10 s idle). Default 65 536.
+    pub scope_max: usize,
+}
+
+/// One listening socket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerConfig {
+    /// The address (`127.0.0.1:8080`; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Requests no route matches go to this dependency; without it they get 404.
+    pub dependency: Option<String>,
+}
+
+/// One dependency: its upstream, cap, queue, budget and retry rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DependencyConfig {
+    /// The name, unique: the `dependency` label of every metric.
+    pub name: String,
+    /// The upstreams, `http://host:port`. Exactly one for now (several come with load
+    /// balancing).
+    pub upstreams: Vec<Uri>,
+    /// Attempts in flight at once, first tries and retries, `1..=16777216`. Default 20.
+    pub cap: u64,
+    /// Primaries that may wait for a slot; 0 fails fast. Default 100.
+    pub queue: u64,
+    /// The longest a primary waits for a slot. Default 1 s.
+    pub queue_timeout: Duration,
+    /// The retry budget. Default `ratio:percent=0.2,min_per_sec=10,ttl=10s`.
+    pub budget: BudgetSpec,
+    /// What may be retried. Default `5xx,reset,connect-failure,refused-stream`.
+    pub retry_on: RetryOn,
+    /// Retries per request, 0 to 10. Default 2.
+    pub max_retries: u32,
+    /// Each attempt's limit up to response headers, connect time included. Default none.
+    pub per_try_timeout: Option<Duration>,
+    /// The whole request's limit (queue wait, attempts, backoffs). Default none.
+    pub deadline: Option<Duration>,
+    /// Backoff between attempts. Default `25ms..250ms`, full jitter.
+    pub backoff: BackoffConfig,
+    /// `false` is shadow mode: count what would be denied, deny nothing. Default true.
+    pub enforce: bool,
+    /// The circuit breaker, if any. Default none.
+    pub breaker: Option<BreakerConfig>,
+    /// Whole retries one trace (one user action's fan-out) may spend across all its calls.
+    /// Default 1; 0 turns fan-out scopes off.
+    pub scope_retries: u64,
+    /// The header that keys the fan-out scope: `traceparent` (its trace id) by default; any
+    /// other header is used whole.
+    pub scope_header: HeaderName,
+    /// How long a timed-out attempt keeps its slot. Default: one more per-try timeout.
+    pub timeout_slot_hold: Option<Duration>,
+    /// Request bodies are copied for retries up to this many bytes. Default 64 KiB.
+    pub body_limit: usize,
+}
+
+impl DependencyConfig {
+    /// A dependency named `name` in front of `upstream`, with every default.
+    pub fn new(name: impl Into<String>, upstream: Uri) -> DependencyConfig {
+        DependencyConfig {
+            name: name.into(),
+            upstreams: vec![upstream],
+            cap: 20,
+            queue: 100,
+            queue_timeout: Duration::from_secs(1),
+            budget: BudgetSpec::default(),
+            retry_on: RetryOn::default(),
+            max_retries: 2,
+            per_try_timeout: None,
+            deadline: None,
+            backoff: BackoffConfig::default(),
+            enforce: true,
+            breaker: None,
+            scope_retries: 1,
+            scope_header: HeaderName::from_static("traceparent"),
+            timeout_slot_hold: None,
+            body_limit: stormguard_http::body::DEFAULT_LIMIT,
+        }
+    }
+
+    /// The tower dependency this describes.
+    pub fn to_tower(&self) -> stormguard_tower::DependencyConfig {
+        let mut c = stormguard_tower::DependencyConfig::new(self.name.clone());
+        c.limiter = LimiterConfig {
+            cap: self.cap,
+            queue_len: self.queue,
+            queue_timeout: self.queue_timeout,
+        };
+        c.budget = self.budget;
+        c.retry.retry_on = self.retry_on.clone();
+        c.retry.max_retries = self.max_retries;
+        c.retry.backoff = self.backoff;
+        c.retry.enforce = self.enforce;
+        c.breaker = self.breaker;
+        c.per_try_timeout = self.per_try_timeout;
+        c.deadline = self.deadline;
+        c.timeout_slot_hold = self.timeout_slot_hold;
+        c.body_limit = self.body_limit;
+        c
+    }
+
+    /// Checks every rule; the error names the key (`cap`, `budget`, ...) and why.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.name.is_empty()
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err((
+                "name",
+                format!("a name is letters, digits, '-', '_' or '.', got {:?}", self.name),
+            ));
+        }
+        match self.upstreams.as_slice() {
+            [] => return Err(("upstreams", "a dependency needs an upstream".into())),
+            [u] => check_upstream(u).map_err(|r| ("upstreams", r))?,
+            _ => {
+                return Err((
+                    "upstreams",
+                    "one upstream per dependency for now (several come with load balancing)".into(),
+                ));
+            }
+        }
+        if !(1..=MAX_CAP).contains(&self.cap) {
+            return Err(("cap", format!("cap must be between 1 and {MAX_CAP}, got {}", self.cap)));
+        }
+        if self.queue > MAX_CAP {
+            return Err(("queue", format!("queue must be at most {MAX_CAP}, got {}", self.queue)));
+        }
+        self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
+        self.budget.build().map_err(|e| ("budget", e.to_string()))?;
+        if self.max_retries > 10 {
+            return Err(("max_retries", format!("must be at most 10, got {}", self.max_retries)));
+        }
+        self.backoff.validate().map_err(|r| ("backoff", r))?;
+        if let Some(b) = &self.breaker {
+            b.validate().map_err(|r| ("breaker", r))?;
+        }
+        for (key, d) in [
+            ("per_try_timeout", self.per_try_timeout),
+            ("deadline", self.deadline),
+            ("timeout_slot_hold", self.timeout_slot_hold),
+        ] {
+            if d == Some(Duration::ZERO) {
+                return Err((key, "must be more than 0".into()));
+            }
+        }
+        if self.body_limit > 64 * 1024 * 1024 {
+            return Err(("body_limit", format!("must be at most 64 MiB, got {}", self.body_limit)));
+        }
+        Ok(())
+    }
+}
+
+/// An upstream must be `http://host:port` with no path: TLS upstreams come later.
+fn check_upstream(u: &Uri) -> Result<(), String> {
+    match u.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(format!("{u}: TLS upstreams are not supported yet; use http://"));
+        }
+        _ => return Err(format!("{u}: an upstream is http://host:port")),
+    }
+    if u.authority().is_none() {
+        return Err(format!("{u}: an upstream is http://host:port"));
+    }
+    if !matches!(u.path(), "" | "/") || u.query().is_some() {
+        return Err(format!("{u}: an upstream has no path"));
+    }
+    Ok(())
+}
+
+/// A route: requests for `host` (any host when absent) whose path starts with `path_prefix` go
+/// to `dependency`. The longest matching prefix wins; a route with a host beats one without.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    /// The `Host` (without port), matched case-insensitively; `None` matches any.
+    pub host: Option<String>,
+    /// The path prefix, starting with `/`. Default `/`.
+    pub path_prefix: String,
+    /// The dependency's name.
+    pub dependency: String,
+    /// The route's own budget, charged on top of the dependency's.
+    pub budget: Option<BudgetSpec>,
+    /// Every method on this route may be retried (gRPC: every call is a POST).
+    pub idempotent: bool,
+}
+
+impl ProxyConfig {
+    /// One listener in front of one dependency (the quick-start flags).
+    pub fn single(listen: SocketAddr, dependency: DependencyConfig) -> ProxyConfig {
+        ProxyConfig {
+            listeners: vec![ListenerConfig { listen, dependency: Some(dependency.name.clone()) }],
+            dependencies: vec![dependency],
+            routes: Vec::new(),
+            admin: Some(DEFAULT_ADMIN.parse().expect("a valid address")),
+            record: None,
+            scope_max: DEFAULT_SCOPE_MAX,
+        }
+    }
+
+    /// Checks every rule; the error names the key (`dependency[0].cap`) and why.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.dependencies.is_empty() {
+            return Err(("dependency".into(), "a config needs at least one [[dependency]]".into()));
+        }
+        for (i, d) in self.dependencies.iter().enumerate() {
+            d.validate().map_err(|(k, r)| (format!("dependency[{i}].{k}"), r))?;
+            if self.dependencies[..i].iter().any(|o| o.name == d.name) {
+                return Err((
+                    format!("dependency[{i}].name"),
+                    format!("{:?} is named twice", d.name),
+                ));
+            }
+        }
+        if self.listeners.is_empty() {
+            return Err(("listener".into(), "a config needs at least one [[listener]]".into()));
+        }
+        let known = |n: &str| self.dependencies.iter().any(|d| d.name == n);
+        for (i, l) in self.listeners.iter().enumerate() {
+            if let Some(n) = &l.dependency
+                && !known(n)
+            {
+                return Err((
+                    format!("listener[{i}].dependency"),
+                    format!("no dependency is named {n:?}"),
+                ));
+            }
+            if l.dependency.is_none() && self.routes.is_empty() {
+                return Err((
+                    format!("listener[{i}].dependency"),
+                    "a listener needs a dependency when no [[route]] is configured".into(),
+                ));
+            }
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if !known(&r.dependency) {
+                return Err((
+                    format!("route[{i}].dependency"),
+                    format!("no dependency is named {:?}", r.dependency),
+                ));
+            }
+            if !r.path_prefix.starts_with('/') {
+                return Err((
+                    format!("route[{i}].path_prefix"),
+                    format!("must start with '/', got {:?}", r.path_prefix),
+                ));
+            }
+            if let Some(b) = &r.budget {
+                b.build().map_err(|e| (format!("route[{i}].budget"), e.to_string()))?;
+            }
+        }
+        if self.scope_max == 0 || self.scope_max > 16 * 1024 * 1024 {
+            return Err((
+                "scope_max".into(),
+                format!("must be between 1 and 16777216, got {}", self.scope_max),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        ProxyConfig::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks a config; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<ProxyConfig, ConfigError> {
+        let at = |span: Range<usize>, key: String, reason: String| {
+            let (line, column) = line_col(text, span.start);
+            ConfigError::Invalid { file: file.to_string(), line, column, key, reason }
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            let reason = e.message().trim().to_string();
+            at(span.clone(), key_at(text, span.start, &reason), reason)
+        })?;
+        let mut spans = Spans::default();
+        let config = raw.build(&mut spans).map_err(|(span, key, reason)| at(span, key, reason))?;
+        config.validate().map_err(|(key, reason)| at(spans.of(&key), key, reason))?;
+        Ok(config)
+    }
+
+    /// The effective config as JSON, for the admin `/config` endpoint. Credentials in upstream
+    /// URLs are redacted.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let dur = |d: Option<Duration>| d.map(|d| format!("{}ms", d.as_millis()));
+        json!({
+            "listeners": self.listeners.iter().map(|l| json!({
+                "listen": l.listen.to_string(), "dependency": l.dependency,
+            })).collect::<Vec<_>>(),
+            "dependencies": self.dependencies.iter().map(|d| json!({
+                "name": d.name,
+                "upstreams": d.upstreams.iter().map(redact).collect::<Vec<_>>(),
+                "cap": d.cap,
+                "queue": d.queue,
+                "queue_timeout": dur(Some(d.queue_timeout)),
+                "budget": d.budget.to_string(),
+                "retry_on": d.retry_on.to_string(),
+                "max_retries": d.max_retries,
+                "per_try_timeout": dur(d.per_try_timeout),
+                "deadline": dur(d.deadline),
+                "backoff": format!("{}ms..{}ms", d.backoff.base.as_millis(), d.backoff.max.as_millis()),
+                "enforce": d.enforce,
+                "breaker": d.breaker.map(|b| json!({
+                    "failure_ratio": b.failure_ratio.to_string(),
+                    "min_requests": b.min_requests,
+                    "window": dur(Some(b.window)),
+                    "consecutive_failures": b.consecutive_failures,
+                    "break_duration": dur(Some(b.break_duration)),
+                    "half_open_probes": b.half_open_probes,
+                })),
+                "scope_retries": d.scope_retries,
+                "scope_header": d.scope_header.as_str(),
+                "timeout_slot_hold": dur(d.timeout_slot_hold),
+                "body_limit": d.body_limit,
+            })).collect::<Vec<_>>(),
+            "routes": self.routes.iter().map(|r| json!({
+                "host": r.host, "path_prefix": r.path_prefix, "dependency": r.dependency,
+                "budget": r.budget.as_ref().map(ToString::to_string), "idempotent": r.idempotent,
+            })).collect::<Vec<_>>(),
+            "admin": self.admin.map(|a| a.to_string()),
+            "record": self.record.as_ref().map(|p| p.display().to_string()),
+            "scope_max": self.scope_max,
+        })
+    }
+}
+
+/// An upstream URL without its credentials.
+fn redact(u: &Uri) -> String {
+    match u.authority() {
+        Some(a) if a.as_str().contains('@') => {
+            let host = a.as_str().rsplit_once('@').map_or("", |(_, h)| h);
+            format!("{}://[redacted]@{host}{}", u.scheme_str().unwrap_or("http"), u.path())
+        }
+        _ => u.to_string(),
+    }
+}
+
+/// A config that could not be read or is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a valid config.
+    #[error("{file}:{line}:{column}: {}{reason}", if key.is_empty() { String::new() } else { format!("{key}: ") })]
+    Invalid {
+        /// The file name.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column, in characters.
+        column: usize,
+        /// The key at fault (`dependency[0].cap`), or empty for a syntax error.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// The key a TOML error points at: named in the message (unknown or missing fields), or the
+/// bare key before `=` on the error's line, prefixed by the table it is in (`dependency[1].`).
+fn key_at(text: &str, offset: usize, message: &str) -> String {
+    let offset = offset.min(text.len());
+    let named = ["unknown field `", "missing field `"].iter().find_map(|p| {
+        message.strip_prefix(p).and_then(|rest| rest.split_once('`')).map(|(k, _)| k.to_string())
+    });
+    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let on_line = line
+        .split_once('=')
+        .map(|(k, _)| k.trim())
+        .filter(|k| !k.is_empty() && !k.starts_with('[') && !k.starts_with('#'))
+        .map(str::to_string);
+    let Some(key) = named.or(on_line) else { return String::new() };
+    // The table the offset is in: the last header before the error's line.
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut table = String::new();
+    let upto =
+        if line.trim_start().starts_with('[') { line_start + line.len() } else { line_start };
+    for l in text[..upto.min(text.len())].lines() {
+        let t = l.trim();
+        if let Some(name) =
+            t.strip_prefix("[[").and_then(|r| r.split_once("]]")).map(|(n, _)| n.trim())
+        {
+            let n = counts.entry(name.to_string()).or_insert(0);
+            table = format!("{name}[{}]", *n);
+            *n += 1;
+        } else if let Some(name) =
+            t.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(n, _)| n.trim())
+        {
+            // `[dependency.breaker]` belongs to the last `[[dependency]]`.
+            table = match name.split_once('.') {
+                Some((parent, child)) => match counts.get(parent) {
+                    Some(n) => format!("{parent}[{}].{child}", n - 1),
+                    None => name.to_string(),
+                },
+                None => name.to_string(),
+            };
+        }
+    }
+    if table.is_empty() { key } else { format!("{table}.{key}") }
+}
+
+/// Where each validated key was in the file.
+#[derive(Default)]
+struct Spans(BTreeMap<String, Range<usize>>);
+
+impl Spans {
+    fn put(&mut self, key: String, span: Range<usize>) {
+        self.0.insert(key, span);
+    }
+
+    /// The key's span, or its nearest enclosing table's (`dependency[0].cap` falls back to
+    /// `dependency[0]`).
+    fn of(&self, key: &str) -> Range<usize> {
+        let mut k = key;
+        loop {
+            if let Some(s) = self.0.get(k) {
+                return s.clone();
+            }
+            match k.rfind(['.', '[']) {
+                Some(i) => k = &k[..i],
+                None => return 0..0,
+            }
+        }
+    }
+}
+
+type Bad = (Range<usize>, String, String);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    listener: Vec<Spanned<RawListener>>,
+    #[serde(default)]
+    dependency: Vec<Spanned<RawDependency>>,
+    #[serde(default)]
+    route: Vec<Spanned<RawRoute>>,
+    admin: Option<Spanned<String>>,
+    record: Option<Spanned<String>>,
+    scope_max: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListener {
+    listen: Spanned<String>,
+    dependency: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDependency {
+    name: Spanned<String>,
+    upstreams: Spanned<Vec<Spanned<String>>>,
+    cap: Option<Spanned<u64>>,
+    queue: Option<Spanned<u64>>,
+    queue_timeout: Option<Spanned<String>>,
+    budget: Option<Spanned<toml::Value>>,
+    retry_on: Option<Spanned<String>>,
+    max_retries: Option<Spanned<u32>>,
+    per_try_timeout: Option<Spanned<String>>,
+    deadline: Option<Spanned<String>>,
+    backoff: Option<Spanned<String>>,
+    enforce: Option<Spanned<bool>>,
+    breaker: Option<Spanned<RawBreaker>>,
+    scope_retries: Option<Spanned<u64>>,
+    scope_header: Option<Spanned<String>>,
+    timeout_slot_hold: Option<Spanned<String>>,
+    body_limit: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    failure_ratio: Option<Spanned<toml::Value>>,
+    min_requests: Option<Spanned<u64>>,
+    window: Option<Spanned<String>>,
+    consecutive_failures: Option<Spanned<u64>>,
+    break_duration: Option<Spanned<String>>,
+    half_open_probes: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    host: Option<Spanned<String>>,
+    path_prefix: Option<Spanned<String>>,
+    dependency: Spanned<String>,
+    budget: Option<Spanned<toml::Value>>,
+    idempotent: Option<Spanned<bool>>,
+}
+
+fn bad<T>(v: &Spanned<T>, key: &str, reason: impl Into<String>) -> Bad {
+    (v.span(), key.to_string(), reason.into())
+}
+
+fn duration(v: &Spanned<String>, key: &str) -> Result<Duration, Bad> {
+    parse_duration(v.get_ref()).map_err(|e| bad(v, key, e.to_string()))
+}
+
+/// A budget is a SPEC string, or a table with `kind` and the SPEC's parameters.
+fn budget(v: &Spanned<toml::Value>, key: &str) -> Result<BudgetSpec, Bad> {
+    let text = match v.get_ref() {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Table(t) => {
+            let kind = t.get("kind").and_then(toml::Value::as_str).ok_or_else(|| {
+                bad(
+                    v,
+                    key,
+                    "a budget table needs kind = \"ratio\" (or concurrency, token-bucket, quota)",
+                )
+            })?;
+            let params: Vec<String> = t
+                .iter()
+                .filter(|(k, _)| k.as_str() != "kind")
+                .map(|(k, val)| match val {
+                    toml::Value::String(s) => format!("{k}={s}"),
+                    other => format!("{k}={other}"),
+                })
+                .collect();
+            format!("{kind}:{}", params.join(","))
+        }
+        other => {
+            return Err(bad(
+                v,
+                key,
+                format!("a budget is a SPEC string or a table, got {}", other.type_str()),
+            ));
+        }
+    };
+    BudgetSpec::parse(&text).map_err(|e| bad(v, key, e.to_string()))
+}
+
+impl RawConfig {
+    fn build(self, spans: &mut Spans) -> Result<ProxyConfig, Bad> {
+        let mut listeners = Vec::new();
+        for (i, l) in self.listener.into_iter().enumerate() {
+            let p = format!("listener[{i}]");
+            spans.put(p.clone(), l.span());
+            let l = l.into_inner();
+            spans.put(format!("{p}.listen"), l.listen.span());
+            let listen = l.listen.get_ref().parse().map_err(|_| {
+                bad(
+                    &l.listen,
+                    &format!("{p}.listen"),
+                    format!("expected host:port like 127.0.0.1:8080, got {:?}", l.listen.get_ref()),
+                )
+            })?;
+            if let Some(d) = &l.dependency {
+                spans.put(format!("{p}.dependency"), d.span());
+            }
+            listeners
+                .push(ListenerConfig { listen, dependency: l.dependency.map(Spanned::into_inner) });
+        }
+        let mut dependencies = Vec::new();
+        for (i, d) in self.dependency.into_iter().enumerate() {
+            let p = format!("dependency[{i}]");
+            spans.put(p.clone(), d.span());
+            dependencies.push(d.into_inner().build(&p, spans)?);
+        }
+        let mut routes = Vec::new();
+        for (i, r) in self.route.into_iter().enumerate() {
+            let p = format!("route[{i}]");
+            spans.put(p.clone(), r.span());
+            let r = r.into_inner();
+            spans.put(format!("{p}.dependency"), r.dependency.span());
+            if let Some(pp) = &r.path_prefix {
+                spans.put(format!("{p}.path_prefix"), pp.span());
+            }
+            routes.push(RouteConfig {
+                host: r.host.map(|h| h.into_inner().to_ascii_lowercase()),
+                path_prefix: r.path_prefix.map_or_else(|| "/".to_string(), Spanned::into_inner),
+                dependency: r.dependency.into_inner(),
+                budget: r.budget.as_ref().map(|b| budget(b, &format!("{p}.budget"))).transpose()?,
+                idempotent: r.idempotent.is_some_and(Spanned::into_inner),
+            });
+        }
+        let admin = match self.admin {
+            None => Some(DEFAULT_ADMIN.parse().expect("a valid address")),
+            Some(a) if a.get_ref() == "off" => None,
+            Some(a) => Some(a.get_ref().parse().map_err(|_| {
+                bad(&a, "admin", format!("expected host:port or \"off\", got {:?}", a.get_ref()))
+            })?),
+        };
+        let scope_max = match self.scope_max {
+            None => DEFAULT_SCOPE_MAX,
+            Some(s) => {
+                spans.put("scope_max".into(), s.span());
+                usize::try_from(s.into_inner()).unwrap_or(usize::MAX)
+            }
+        };
+        Ok(ProxyConfig {
+            listeners,
+            dependencies,
+            routes,
+            admin,
+            record: self.record.map(|r| PathBuf::from(r.into_inner())),
+            scope_max,
+        })
+    }
+}
+
+impl RawDependency {
+    fn build(self, p: &str, spans: &mut Spans) -> Result<DependencyConfig, Bad> {
+        let k = |key: &str| format!("{p}.{key}");
+        let mut upstreams = Vec::new();
+        spans.put(k("upstreams"), self.upstreams.span());
+        for u in self.upstreams.get_ref() {
+            upstreams.push(
+                u.get_ref()
+                    .parse::<Uri>()
+                    .map_err(|e| bad(u, &k("upstreams"), format!("{:?}: {e}", u.get_ref())))?,
+            );
+        }
+        let mut d =
+            DependencyConfig::new(self.name.get_ref().clone(), Uri::from_static("http://unset"));
+        d.upstreams = upstreams;
+        spans.put(k("name"), self.name.span());
+        macro_rules! num {
+            ($field:ident) => {
+                if let Some(v) = self.$field {
+                    spans.put(k(stringify!($field)), v.span());
+                    d.$field = v.into_inner().try_into().unwrap_or(u32::MAX.into());
+                }
+            };
+        }
+        num!(cap);
+        num!(queue);
+        num!(scope_retries);
+        if let Some(v) = self.max_retries {
+            spans.put(k("max_retries"), v.span());
+            d.max_retries = v.into_inner();
+        }
+        if let Some(v) = self.body_limit {
+            spans.put(k("body_limit"), v.span());
+            d.body_limit = usize::try_from(v.into_inner()).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = &self.queue_timeout {
+            spans.put(k("queue_timeout"), v.span());
+            d.queue_timeout = duration(v, &k("queue_timeout"))?;
+        }
+        for (key, src, dst) in [
+            ("per_try_timeout", &self.per_try_timeout, &mut d.per_try_timeout),
+            ("deadline", &self.deadline, &mut d.deadline),
+            ("timeout_slot_hold", &self.timeout_slot_hold, &mut d.timeout_slot_hold),
+        ] {
+            if let Some(v) = src {
+                spans.put(k(key), v.span());
+                *dst = Some(duration(v, &k(key))?);
+            }
+        }
+        if let Some(v) = &self.budget {
+            spans.put(k("budget"), v.span());
+            d.budget = budget(v, &k("budget"))?;
+        }
+        if let Some(v) = &self.retry_on {
+            spans.put(k("retry_on"), v.span());
+            d.retry_on = v.get_ref().parse().map_err(
+                |e: stormguard_core::conditions::UnknownCondition| {
+                    bad(v, &k("retry_on"), e.to_string())
+                },
+            )?;
+        }
+        if let Some(v) = &self.backoff {
+            spans.put(k("backoff"), v.span());
+            d.backoff =
+                BackoffConfig::parse_range(v.get_ref()).map_err(|e| bad(v, &k("backoff"), e))?;
+        }
+        if let Some(v) = self.enforce {
+            d.enforce = v.into_inner();
+        }
+        if let Some(v) = &self.scope_header {
+            spans.put(k("scope_header"), v.span());
+            d.scope_header = HeaderName::try_from(v.get_ref().as_str())
+                .map_err(|e| bad(v, &k("scope_header"), format!("{:?}: {e}", v.get_ref())))?;
+        }
+        if let Some(b) = self.breaker {
+            spans.put(k("breaker"), b.span());
+            let raw = b.into_inner();
+            let mut c = BreakerConfig::default();
+            let bk = |key: &str| format!("{p}.breaker.{key}");
+            if let Some(v) = &raw.failure_ratio {
+                let text = match v.get_ref() {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                c.failure_ratio =
+                    text.parse().map_err(|e| bad(v, &bk("failure_ratio"), format!("{e}")))?;
+            }
+            if let Some(v) = raw.min_requests {
+                c.min_requests = v.into_inner();
+            }
+            if let Some(v) = &raw.window {
+                c.window = duration(v, &bk("window"))?;
+            }
+            if let Some(v) = raw.consecutive_failures {
+                c.consecutive_failures = Some(v.into_inner()).filter(|n| *n > 0);
+            }
+            if let Some(v) = &raw.break_duration {
+                c.break_duration = duration(v, &bk("break_duration"))?;
+            }
+            if let Some(v) = raw.half_open_probes {
+                c.half_open_probes = v.into_inner();
+            }
+            d.breaker = Some(c);
+        }
+        Ok(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        ProxyConfig::parse(text, "f.toml").unwrap_err().to_string()
+    }
+
+    const BASE: &str = "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"d\"\n\n[[dependency]]\nname = \"d\"\nupstreams = [\"http://127.0.0.1:9000\"]\n";
+
+    #[test]
+    fn full_config() {
+        let text = format!(
+            "{BASE}cap = 8\nqueue = 0\nqueue_timeout = \"250ms\"\nbudget = {{ kind = \"ratio\", percent = 0.25, min_per_sec = 3 }}\n\
+             retry_on = \"5xx,reset\"\nmax_retries = 3\nper_try_timeout = \"300ms\"\ndeadline = \"2s\"\nbackoff = \"10ms..100ms\"\n\
+             enforce = false\nscope_retries = 2\n\n[dependency.breaker]\nfailure_ratio = 0.6\nbreak_duration = \"2s\"\n\n\
+             [[route]]\nhost = \"API.example\"\npath_prefix = \"/pay\"\ndependency = \"d\"\nbudget = \"ratio:percent=0.1,min_per_sec=1\"\nidempotent = true\n"
+        );
+        let c = ProxyConfig::parse(&text, "f.toml").unwrap();
+        let d = &c.dependencies[0];
+        assert_eq!(
+            (d.cap, d.queue, d.max_retries, d.enforce, d.scope_retries),
+            (8, 0, 3, false, 2)
+        );
+        assert_eq!(d.per_try_timeout, Some(Duration::from_millis(300)));
+        assert_eq!(d.budget, BudgetSpec::parse("ratio:percent=0.25,min_per_sec=3").unwrap());
+        assert_eq!(d.breaker.unwrap().break_duration, Duration::from_secs(2));
+        assert_eq!(c.routes[0].host.as_deref(), Some("api.example"));
+        assert!(c.routes[0].idempotent);
+        assert_eq!(c.admin, Some(DEFAULT_ADMIN.parse().unwrap()));
+    }
+
+    #[test]
+    fn errors_name_file_line_column_and_key() {
+        assert_eq!(
+            err(&format!("{BASE}cap = \"x\"\n")),
+            "f.toml:8:7: dependency[0].cap: invalid type: string \"x\", expected u64"
+        );
+        assert!(
+            err(&format!("{BASE}caps = 3\n"))
+                .starts_with("f.toml:8:1: dependency[0].caps: unknown field `caps`")
+        );
+        assert_eq!(
+            err(&format!("{BASE}per_try_timeout = \"3 parsecs\"\n"))
+                .split(": ")
+                .take(2)
+                .collect::<Vec<_>>(),
+            ["f.toml:8:19", "dependency[0].per_try_timeout"]
+        );
+        assert!(
+            err(&format!("{BASE}budget = \"ratio:percent=x\"\n"))
+                .starts_with("f.toml:8:10: dependency[0].budget: ")
+        );
+        assert!(
+            err(&format!("{BASE}\n[dependency.breaker]\nwindow = \"0s\"\n"))
+                .starts_with("f.toml:9:1: dependency[0].breaker: "),
+            "{}",
+            err(&format!("{BASE}\n[dependency.breaker]\nwindow = \"0s\"\n"))
+        );
+        assert_eq!(
+            err(
+                "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"nope\"\n\n[[dependency]]\nname = \"d\"\nupstreams = [\"http://127.0.0.1:9000\"]\n"
+            ),
+            "f.toml:3:14: listener[0].dependency: no dependency is named \"nope\""
+        );
+        assert!(
+            err(&format!("{BASE}upstreams = [\"https://x\"]\n"))
+                .contains("dependency[0].upstreams")
+        );
+        assert!(err("cap = [").starts_with("f.toml:1:"));
+    }
+
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(redact(&"http://user:pw@h:1/".parse().unwrap()), "http://[redacted]@h:1/");
+    }
+}

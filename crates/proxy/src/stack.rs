@@ -1,0 +1,202 @@
+//! The per-dependency middleware stack, assembled in one function that reads top to bottom.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use stormguard_core::Denied;
+use stormguard_http::stacked::ATTEMPT_HEADER;
+use stormguard_tower::{BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError};
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceBuilder};
+
+use crate::hop::strip_hop_by_hop;
+
+/// The body the proxy answers with.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+/// A request on its way to the upstream: the caller's body, copied for retries while sent.
+pub type UpstreamRequest = Request<ReplayBody<Incoming>>;
+/// The upstream HTTP/1.1 client.
+pub type UpstreamClient = Client<HttpConnector, ReplayBody<Incoming>>;
+/// One dependency's stack. Refusals and upstream failures are responses; the error is only
+/// the client's readiness failing (hyper's client is always ready).
+pub type ProxyService = BoxCloneSyncService<UpstreamRequest, Response<ProxyBody>, BoxError>;
+
+/// The header that carries the reason stormguard refused (a primary) or did not retry.
+pub static DENIED_HEADER: http::HeaderName = http::HeaderName::from_static("x-stormguard-denied");
+/// The header that says what failed below HTTP when the proxy answers 502 or 504 itself.
+pub static ERROR_HEADER: http::HeaderName = http::HeaderName::from_static("x-stormguard-error");
+
+/// An upstream client whose pool keeps at least `cap` idle connections, so the limiter is the
+/// only queue (DESIGN.md: hidden queues). Connect time is inside the per-try timeout.
+pub fn client(cap: u64) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(usize::try_from(cap).unwrap_or(usize::MAX).max(1))
+        .build(connector)
+}
+
+/// The stack of one dependency, outermost first.
+pub fn stack(dependency: &Dependency, client: UpstreamClient) -> ProxyService {
+    let svc = ServiceBuilder::new()
+        // Outermost: stormguard's own refusals and transport failures become responses (503,
+        // 504, 502 with the reason), so every caller gets exactly one answer.
+        .then(answer)
+        // Retry outside the cap: every attempt takes its own slot, and a retry uses
+        // try_acquire, so it can never queue.
+        .layer(RetryLayer::new(dependency.clone()))
+        // The cap around each attempt, with its per-try timeout: connect time counts.
+        .layer(CapLayer::new(dependency.clone()))
+        // Innermost, so it sees exactly what the upstream sees: every attempt numbered, counted
+        // and timed.
+        .layer(tower::layer::layer_fn(|inner| Attempts { inner }))
+        .service(client);
+    BoxCloneSyncService::new(svc)
+}
+
+/// Per request, shared by its attempts (request extensions are copied to each attempt): how
+/// many were sent and how long the upstream took, for the access log.
+#[derive(Clone, Debug, Default)]
+pub struct AttemptLog(Arc<AttemptCounts>);
+
+#[derive(Debug, Default)]
+struct AttemptCounts {
+    attempts: AtomicU32,
+    upstream_us: AtomicU64,
+}
+
+impl AttemptLog {
+    /// Attempts sent to the upstream.
+    pub fn attempts(&self) -> u32 {
+        self.0.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Time the attempts spent waiting for response headers from the upstream.
+    pub fn upstream_time(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.0.upstream_us.load(Ordering::Relaxed))
+    }
+}
+
+/// Numbers each attempt (`x-stormguard-attempt: 1` on a first try that carries none; the retry
+/// layer numbers the retries) and records it in the request's [`AttemptLog`].
+#[derive(Clone, Debug)]
+struct Attempts<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for Attempts<S>
+where
+    S: Service<Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if !req.headers().contains_key(&ATTEMPT_HEADER) {
+            req.headers_mut().insert(ATTEMPT_HEADER.clone(), HeaderValue::from_static("1"));
+        }
+        let log = req.extensions().get::<AttemptLog>().cloned();
+        if let Some(l) = &log {
+            l.0.attempts.fetch_add(1, Ordering::Relaxed);
+        }
+        let started = Instant::now();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            if let Some(l) = log {
+                let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                l.0.upstream_us.fetch_add(us, Ordering::Relaxed);
+            }
+            r
+        })
+    }
+}
+
+/// What the caller gets: the upstream's response (hop-by-hop headers removed, a refused
+/// retry's reason in `x-stormguard-denied`), or the proxy's own answer.
+async fn answer<B>(result: Result<Response<B>, BoxError>) -> Result<Response<ProxyBody>, BoxError>
+where
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static,
+{
+    Ok(match result {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            if let Some(reason) = parts.extensions.get::<Denied>().copied() {
+                parts
+                    .headers
+                    .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+            }
+            Response::from_parts(parts, body.boxed_unsync())
+        }
+        Err(e) => match e.downcast_ref::<StormguardError>() {
+            Some(StormguardError::Denied(reason)) => {
+                let status = if *reason == Denied::Deadline {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                local(
+                    status,
+                    Some((&DENIED_HEADER, reason.as_str())),
+                    &format!("stormguard: refused ({reason})\n"),
+                )
+            }
+            Some(StormguardError::Timeout) => local(
+                StatusCode::GATEWAY_TIMEOUT,
+                Some((&ERROR_HEADER, "timeout")),
+                "stormguard: the upstream did not answer within the per-try timeout\n",
+            ),
+            _ => {
+                let kind = match stormguard_tower::error::classify_error(&*e) {
+                    stormguard_http::classify::TransportError::Connect => "connect-failure",
+                    stormguard_http::classify::TransportError::Timeout => "timeout",
+                    _ => "reset",
+                };
+                tracing::debug!(error = %e, "upstream failed");
+                local(
+                    StatusCode::BAD_GATEWAY,
+                    Some((&ERROR_HEADER, kind)),
+                    &format!("stormguard: upstream {kind}\n"),
+                )
+            }
+        },
+    })
+}
+
+/// A response the proxy makes itself.
+pub fn local(
+    status: StatusCode,
+    header: Option<(&http::HeaderName, &'static str)>,
+    body: &str,
+) -> Response<ProxyBody> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}).boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if let Some((name, value)) = header {
+        resp.headers_mut().insert(name.clone(), HeaderValue::from_static(value));
+    }
+    resp
+}
