@@ -1,5 +1,5 @@
-//! The `stormguard` command line: `plan` and `replay` (more commands arrive with the proxy,
-//! the simulator and the test tools).
+//! The `stormguard` command line: `plan`, `replay`, `proxy`, `check-config`, `chaos`, `load`,
+//! `simulate` and `audit`, one module each under [`cmd`].
 //!
 //! `main.rs` only calls [`main_with_args`]; tests call [`run`] with their own output buffers.
 //! Exit codes: 0 success, 2 bad flags, SPEC, config or input (with one clear sentence on stderr),
