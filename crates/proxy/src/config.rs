@@ -114,6 +114,10 @@ pub struct DependencyConfig {
     pub timeout_slot_hold: Option<Duration>,
     /// Request bodies are copied for retries up to this many bytes. Default 64 KiB.
     pub body_limit: usize,
+    /// The primary (first-try) concurrency the cap was planned for, at most the cap: not used
+    /// by the proxy, read by `stormguard audit` (a floor above `cap − planned_primary` is a
+    /// finding) and written by `stormguard plan --format toml`. Default none.
+    pub planned_primary: Option<u64>,
 }
 
 impl DependencyConfig {
@@ -137,6 +141,7 @@ impl DependencyConfig {
             scope_header: HeaderName::from_static("traceparent"),
             timeout_slot_hold: None,
             body_limit: stormguard_http::body::DEFAULT_LIMIT,
+            planned_primary: None,
         }
     }
 
@@ -186,6 +191,17 @@ impl DependencyConfig {
         }
         if self.queue > MAX_CAP {
             return Err(("queue", format!("queue must be at most {MAX_CAP}, got {}", self.queue)));
+        }
+        if let Some(p) = self.planned_primary
+            && p > self.cap
+        {
+            return Err((
+                "planned_primary",
+                format!(
+                    "planned_primary ({p}) is above the cap ({}): no headroom for retries",
+                    self.cap
+                ),
+            ));
         }
         self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
@@ -377,6 +393,7 @@ impl ProxyConfig {
                 "scope_header": d.scope_header.as_str(),
                 "timeout_slot_hold": dur(d.timeout_slot_hold),
                 "body_limit": d.body_limit,
+                "planned_primary": d.planned_primary,
             })).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(|r| json!({
                 "host": r.host, "path_prefix": r.path_prefix, "dependency": r.dependency,
@@ -551,6 +568,7 @@ struct RawDependency {
     scope_header: Option<Spanned<String>>,
     timeout_slot_hold: Option<Spanned<String>>,
     body_limit: Option<Spanned<u64>>,
+    planned_primary: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -714,6 +732,10 @@ impl RawDependency {
         if let Some(v) = self.max_retries {
             spans.put(k("max_retries"), v.span());
             d.max_retries = v.into_inner();
+        }
+        if let Some(v) = &self.planned_primary {
+            spans.put(k("planned_primary"), v.span());
+            d.planned_primary = Some(*v.get_ref());
         }
         if let Some(v) = self.body_limit {
             spans.put(k("body_limit"), v.span());

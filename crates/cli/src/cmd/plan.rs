@@ -233,6 +233,8 @@ fn toml(plan: &Plan, args: &PlanArgs) -> String {
     );
     let _ = writeln!(s, "# every attempt, first tries and retries, takes a slot under this cap");
     let _ = writeln!(s, "cap = {}", plan.cap);
+    let _ = writeln!(s, "# what the cap was planned for (read by `stormguard audit`)");
+    let _ = writeln!(s, "planned_primary = {}", plan.primary);
     let _ = writeln!(
         s,
         "# {} retries per original request keep {} primaries plus retries under the cap",
