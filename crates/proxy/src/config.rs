@@ -163,6 +163,11 @@ impl DependencyConfig {
         c.deadline = self.deadline;
         c.timeout_slot_hold = self.timeout_slot_hold;
         c.body_limit = self.body_limit;
+        // The proxy owns its runtime: a timed-out attempt runs on to its answer in a task, so
+        // its held slot comes back when the upstream really finishes.
+        c.background = Some(stormguard_tower::Spawner::new(|f| {
+            tokio::spawn(f);
+        }));
         c
     }
 

@@ -205,7 +205,12 @@ where
     let timer = per_try.map(|limit| (Box::pin(tokio::time::sleep(limit)), limit));
     // `inner` was made ready by `poll_ready` before this request was accepted.
     let call = inner.call(req);
-    CapFuture::Sent { call, timer, attempt: Some(Attempt { dep, permit, probe, now }) }
+    let attempt = Some(Attempt { dep, permit, probe, now });
+    match (&timer, attempt.as_ref().and_then(|a| a.dep.config().background.clone())) {
+        // A timed-out call can run on to its end only if it can be moved: box it.
+        (Some(_), Some(_)) => CapFuture::Movable { call: Some(Box::pin(call)), timer, attempt },
+        _ => CapFuture::Sent { call, timer, attempt },
+    }
 }
 
 /// What an attempt in flight holds besides its call.
@@ -228,6 +233,13 @@ pin_project! {
             timer: Option<(Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
             attempt: Option<Attempt>,
         },
+        /// Sent with a per-try timer and a background spawner: on a timeout the call moves to
+        /// the background and releases its held slot when the dependency answers.
+        Movable {
+            call: Option<Pin<Box<F>>>,
+            timer: Option<(Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
+            attempt: Option<Attempt>,
+        },
         /// Waiting in the queue, or refused.
         Boxed { fut: BoxFuture<Result<Response<PermitBody<RB>>, BoxError>>, _error: std::marker::PhantomData<fn() -> E> },
     }
@@ -237,6 +249,7 @@ impl<F, RB, E> std::fmt::Debug for CapFuture<F, RB, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CapFuture::Sent { .. } => f.write_str("CapFuture::Sent"),
+            CapFuture::Movable { .. } => f.write_str("CapFuture::Movable"),
             CapFuture::Boxed { .. } => f.write_str("CapFuture::Boxed"),
         }
     }
@@ -250,7 +263,8 @@ impl<F, RB, E> CapFuture<F, RB, E> {
 
 impl<F, RB, E> Future for CapFuture<F, RB, E>
 where
-    F: Future<Output = Result<Response<RB>, E>>,
+    F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
+    RB: Body + Send + 'static,
     E: Into<BoxError>,
 {
     type Output = Result<Response<PermitBody<RB>>, BoxError>;
@@ -269,18 +283,61 @@ where
                     return Poll::Pending;
                 }
                 let a = attempt.take().expect("a CapFuture polled after it finished");
-                if let Some(p) = a.probe {
-                    p.record(a.dep.now(), AttemptResult::UpstreamFailure);
+                timed_out(a, *limit);
+                Poll::Ready(Err(StormguardError::Timeout.into()))
+            }
+            CapProj::Movable { call, timer, attempt } => {
+                let fut = call.as_mut().expect("a CapFuture polled after it finished");
+                if let Poll::Ready(result) = fut.as_mut().poll(cx) {
+                    *call = None;
+                    let a = attempt.take().expect("a CapFuture polled after it finished");
+                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now));
                 }
-                if let Some(p) = a.permit {
-                    let hold = a.dep.config().timeout_slot_hold.unwrap_or(*limit);
-                    // The dependency is still working: keep the slot until the hold passes.
-                    let _held = p.hold(hold);
+                let Some((sleep, limit)) = timer else { return Poll::Pending };
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let a = attempt.take().expect("a CapFuture polled after it finished");
+                let spawner = a.dep.config().background.clone();
+                let call = call.take();
+                if let (Some(held), Some(spawner), Some(call)) =
+                    (timed_out(a, *limit), spawner, call)
+                {
+                    // The dependency is still working on it: let the call run to its answer,
+                    // then give the slot back (the hold gives it back first if it passes).
+                    spawner.spawn(Box::pin(async move {
+                        // Answered means the whole body came back: until then the dependency is
+                        // still sending it, and still counts it as in flight.
+                        let body = call.await.ok().map(|resp| resp.into_body());
+                        if let Some(body) = body {
+                            let mut body = std::pin::pin!(body);
+                            loop {
+                                let more = matches!(
+                                    std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await,
+                                    Some(Ok(_))
+                                );
+                                if !more {
+                                    break;
+                                }
+                            }
+                        }
+                        held.upstream_answered();
+                    }));
                 }
                 Poll::Ready(Err(StormguardError::Timeout.into()))
             }
         }
     }
+}
+
+/// A per-try timeout: the breaker counts it, and the slot is held, because the dependency is
+/// still working on the request its client gave up on.
+fn timed_out(a: Attempt, limit: std::time::Duration) -> Option<stormguard_core::limiter::HeldSlot> {
+    if let Some(p) = a.probe {
+        p.record(a.dep.now(), AttemptResult::UpstreamFailure);
+    }
+    let hold = a.dep.config().timeout_slot_hold.unwrap_or(limit);
+    a.permit.map(|p| p.hold(hold))
 }
 
 /// Records the attempt's result and moves the slot into the response body.

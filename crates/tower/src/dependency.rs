@@ -61,6 +61,38 @@ pub struct DependencyConfig {
     pub remaining_reserve: u64,
     /// The seed of the jitter's random source (per request, derived from this and a counter).
     pub seed: u64,
+    /// Where a timed-out attempt's call may run to its end, so its held slot comes back when
+    /// the dependency really answers (or when `timeout_slot_hold` passes, whichever is first).
+    /// The library spawns nothing itself; pass your runtime's spawner, e.g.
+    /// `Spawner::new(|f| { tokio::spawn(f); })`. Without one, the timed-out call is dropped and
+    /// its slot is held for the whole `timeout_slot_hold`. Default none.
+    pub background: Option<Spawner>,
+}
+
+/// Work handed to a [`Spawner`]: a timed-out call running on to its end.
+pub type BackgroundTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A caller-supplied way to run a future to its end in the background (see
+/// [`DependencyConfig::background`]).
+#[derive(Clone)]
+pub struct Spawner(Arc<dyn Fn(BackgroundTask) + Send + Sync>);
+
+impl Spawner {
+    /// A spawner from a function that runs the future it is given (e.g. `tokio::spawn`).
+    pub fn new(f: impl Fn(BackgroundTask) + Send + Sync + 'static) -> Spawner {
+        Spawner(Arc::new(f))
+    }
+
+    /// Runs `fut` in the background.
+    pub fn spawn(&self, fut: BackgroundTask) {
+        (self.0)(fut)
+    }
+}
+
+impl fmt::Debug for Spawner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Spawner")
+    }
 }
 
 impl DependencyConfig {
@@ -83,6 +115,7 @@ impl DependencyConfig {
             limit_ttl: Duration::from_secs(10),
             remaining_reserve: 0,
             seed: 0x5eed_5707_3a6d,
+            background: None,
         }
     }
 }

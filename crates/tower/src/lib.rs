@@ -30,7 +30,7 @@ pub mod metrics;
 pub mod retry;
 
 pub use cap::{Cap, CapLayer, PermitBody};
-pub use dependency::{Dependency, DependencyConfig, DependencySnapshot};
+pub use dependency::{Dependency, DependencyConfig, DependencySnapshot, Spawner};
 pub use error::{BoxError, StormguardError};
 pub use retry::{
     AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, Retry, RetryBody, RetryLayer,

@@ -350,3 +350,37 @@ async fn a_malformed_retry_after_is_ignored_and_counted() {
     assert!(svc.times.lock().unwrap()[1] - start <= Duration::from_millis(25));
     assert_eq!(dep.snapshot().malformed_headers.total(), 1);
 }
+
+/// With a background spawner, a timed-out attempt's slot comes back when the dependency
+/// answers; without one it is held for the whole hold.
+#[tokio::test(start_paused = true)]
+async fn a_held_slot_comes_back_when_the_dependency_answers() {
+    for background in [true, false] {
+        let dep = dependency(|c| {
+            c.limiter.cap = 1;
+            c.limiter.queue_len = 0;
+            c.per_try_timeout = Some(Duration::from_millis(100));
+            c.timeout_slot_hold = Some(Duration::from_secs(1));
+            c.retry.max_retries = 0;
+            if background {
+                c.background = Some(stormguard_tower::Spawner::new(|f| {
+                    tokio::spawn(f);
+                }));
+            }
+        });
+        let start = Instant::now();
+        let err = StormguardLayer::new(dep.clone())
+            .layer(Slow::new(Duration::from_millis(180)))
+            .oneshot(request(Method::GET))
+            .await
+            .unwrap_err();
+        assert!(matches!(err.downcast_ref::<StormguardError>(), Some(StormguardError::Timeout)));
+        tokio::time::sleep_until(start + Duration::from_millis(150)).await;
+        assert_eq!(dep.snapshot().limiter.in_flight, 1, "held while the dependency works");
+        tokio::time::sleep_until(start + Duration::from_millis(200)).await;
+        let expected = if background { 0 } else { 1 };
+        assert_eq!(dep.snapshot().limiter.in_flight, expected, "background {background}");
+        tokio::time::sleep_until(start + Duration::from_millis(1_200)).await;
+        assert_eq!(dep.snapshot().limiter.in_flight, 0, "the hold passed");
+    }
+}
