@@ -138,10 +138,11 @@ async fn cap_holds_at_40_percent_errors_under_open_loop_load() {
 /// let it reach 31–32 of 20 here). Without the cap, the same load passes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cap_holds_when_latency_passes_the_per_try_timeout() {
-    // Every attempt outlives the 100 ms per-try timeout, and ends within the slot hold (one more
-    // per-try timeout, the default).
+    // Every attempt outlives the 100 ms per-try timeout, many by far more than one more per-try
+    // timeout: the timed-out call runs on in the proxy and its slot comes back at the upstream's
+    // answer, so a generous hold keeps the cap without wasting slots.
     let upstream = chaos(Phase {
-        latency: Latency::Uniform { min: ms(120), max: ms(190) },
+        latency: Latency::Uniform { min: ms(120), max: ms(400) },
         ..Phase::default()
     })
     .await;
@@ -151,6 +152,7 @@ async fn cap_holds_when_latency_passes_the_per_try_timeout() {
         d.queue = 10_000;
         d.queue_timeout = Duration::from_secs(5);
         d.per_try_timeout = Some(ms(100));
+        d.timeout_slot_hold = Some(ms(2_000));
         d.retry_on = "5xx,reset,connect-failure,timeout".parse().unwrap();
         d.budget = "ratio:percent=10,min_per_sec=1000".parse().unwrap();
         let p = proxy(d).await;
@@ -189,6 +191,10 @@ async fn count_in_equals_count_out_under_faults() {
     let mut d = dep(&upstream);
     d.cap = 16;
     d.per_try_timeout = Some(ms(50));
+    // A timed-out attempt's slot comes back when the upstream has sent its whole answer; the
+    // hold only bounds that wait. Slow bodies on a busy machine can outlast a hold of one more
+    // per-try timeout, so give it room: a generous hold costs nothing when the answer comes.
+    d.timeout_slot_hold = Some(ms(2_000));
     d.retry_on = "5xx,reset,connect-failure,timeout,429".parse().unwrap();
     d.budget = "ratio:percent=0.25,min_per_sec=5".parse().unwrap();
     let p = proxy(d).await;
