@@ -510,6 +510,9 @@ impl RetryPolicy {
                 }
             }
         }
+        // A concurrency budget is sized from the requests in flight: tell it how many
+        // primaries hold or wait for a slot (the retries it granted it counts itself).
+        self.budget.set_active(upstream.limiter.primaries_active(), 0);
         match self.budget.try_retry(now, failure.kind()) {
             Ok(p) => charges.budget = Some(p),
             Err(_) => {
@@ -875,6 +878,27 @@ mod tests {
         let _ =
             w.decide(RequestFacts::idempotent(), &mut s, AttemptFailure::Status(404).into(), &[]);
         assert_eq!(w.policy.budget().snapshot(w.clock.now()).balance, 2.0);
+    }
+
+    #[test]
+    fn a_concurrency_budget_is_sized_from_the_primaries_in_flight() {
+        let config = RetryConfig { max_retries: 10, ..Default::default() };
+        let mut w = world(config, "concurrency:percent=0.5,min=0", None);
+        // Two primaries hold slots (cap 2): half of 2 is 1 concurrent retry.
+        let _a = w.upstream.limiter.try_acquire(AttemptKind::Primary).unwrap();
+        let _b = w.upstream.limiter.try_acquire(AttemptKind::Primary).unwrap();
+        assert_eq!(w.upstream.limiter.primaries_active(), 2);
+        let mut s = RetryState::default();
+        let Decision::Retry(first) = w.decide(RequestFacts::idempotent(), &mut s, e503(), &[])
+        else {
+            panic!("one retry fits")
+        };
+        // With the first retry granted (n = 3, 1 in flight), floor(0.5 × 3) = 1: no second.
+        assert_eq!(w.denied(RequestFacts::idempotent(), &mut s, e503(), &[]), Some(Denied::Budget));
+        drop(first);
+        // Unaware of the primaries, the same budget would have allowed nothing at all.
+        let alone = BudgetSpec::parse("concurrency:percent=0.5,min=0").unwrap().build().unwrap();
+        assert!(alone.try_retry(Timestamp::ZERO, crate::budget::FailureKind::Error).is_err());
     }
 
     #[test]

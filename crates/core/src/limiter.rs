@@ -162,6 +162,9 @@ struct Stats {
     wait: Histogram,
     execution: Histogram,
     high_water: AtomicU64,
+    /// Retries holding a slot now (not held ones): so a concurrency budget can tell primaries
+    /// from retries.
+    retries: AtomicU64,
     refused_cap: AtomicU64,
     refused_queue_full: AtomicU64,
     refused_queue_timeout: AtomicU64,
@@ -231,6 +234,7 @@ impl Limiter {
                     wait: Histogram::new(LATENCY_BOUNDS_NANOS.to_vec()),
                     execution: Histogram::new(LATENCY_BOUNDS_NANOS.to_vec()),
                     high_water: AtomicU64::new(0),
+                    retries: AtomicU64::new(0),
                     refused_cap: AtomicU64::new(0),
                     refused_queue_full: AtomicU64::new(0),
                     refused_queue_timeout: AtomicU64::new(0),
@@ -334,6 +338,18 @@ impl Limiter {
     /// Attempts in flight now (held slots included).
     pub fn in_flight(&self) -> u64 {
         unpack(self.inner.state.load(Ordering::Acquire)).0
+    }
+
+    /// Retries holding a slot now (timed-out ones whose slot is held are not counted).
+    pub fn retries_in_flight(&self) -> u64 {
+        self.inner.stats.retries.load(Ordering::Relaxed)
+    }
+
+    /// Primaries holding a slot (or a held slot) or waiting for one: the `n` a concurrency
+    /// budget is sized from, before the retries it granted itself.
+    pub fn primaries_active(&self) -> u64 {
+        let (in_flight, queued) = unpack(self.inner.state.load(Ordering::Acquire));
+        in_flight.saturating_sub(self.retries_in_flight()) + queued
     }
 
     /// Primaries waiting for a slot now.
@@ -471,6 +487,10 @@ impl Inner {
         let waited = duration_nanos(now.saturating_since(since));
         if waited > 0 {
             this.stats.wait.record(waited);
+        }
+        if kind == AttemptKind::Retry {
+            // Relaxed: a count read for a budget's estimate, not a synchronisation point.
+            this.stats.retries.fetch_add(1, Ordering::Relaxed);
         }
         Permit { inner: Some(this.clone()), slot, admitted_at: now, kind }
     }
@@ -618,6 +638,7 @@ impl Permit {
     /// until [`HeldSlot::upstream_answered`]. Dropping the [`HeldSlot`] keeps the hold.
     pub fn hold(mut self, hold: Duration) -> HeldSlot {
         let inner = self.inner.take().expect("a live permit has its limiter");
+        retire(&inner, self.kind);
         let now = inner.clock.now();
         inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
         let until = now.saturating_add(hold);
@@ -639,6 +660,7 @@ impl Permit {
     #[inline]
     pub fn release_at(mut self, now: Timestamp) {
         if let Some(inner) = self.inner.take() {
+            retire(&inner, self.kind);
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
         }
@@ -649,10 +671,19 @@ impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
+            retire(&inner, self.kind);
             let now = inner.clock.now();
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
         }
+    }
+}
+
+/// A retry's slot is given back (or moved into a hold): one retry fewer holds a slot.
+#[inline]
+fn retire(inner: &Inner, kind: AttemptKind) {
+    if kind == AttemptKind::Retry {
+        inner.stats.retries.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -1085,6 +1116,21 @@ mod tests {
         }
         drop(p);
         assert_eq!(t.join().unwrap(), Ok(AttemptKind::Primary));
+    }
+
+    #[test]
+    fn retries_and_primaries_are_told_apart() {
+        let (l, _) = limiter(4, 4);
+        let p = l.try_acquire(AttemptKind::Primary).unwrap();
+        let r1 = l.try_acquire(AttemptKind::Retry).unwrap();
+        let r2 = l.try_acquire(AttemptKind::Retry).unwrap();
+        assert_eq!((l.retries_in_flight(), l.primaries_active()), (2, 1));
+        drop(r1);
+        let held = r2.hold(Duration::from_secs(1));
+        assert_eq!((l.retries_in_flight(), l.primaries_active()), (0, 2), "a held slot is busy");
+        held.upstream_answered();
+        p.release_at(l.now());
+        assert_eq!((l.retries_in_flight(), l.primaries_active()), (0, 0));
     }
 
     #[test]
