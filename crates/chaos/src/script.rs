@@ -399,16 +399,7 @@ pub enum ScriptError {
 }
 
 /// The 1-based line and column (in characters) of byte `offset` in `text`.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let mut offset = offset.min(text.len());
-    while !text.is_char_boundary(offset) {
-        offset -= 1;
-    }
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    (line, before[line_start..].chars().count() + 1)
-}
+pub use stormguard_core::text::line_col;
 
 /// The key a TOML error points at: named in the message (unknown fields), or the bare key
 /// before `=` on the error's line, prefixed by the `[[phase]]` it is in.
@@ -807,16 +798,6 @@ latency = { dist = "uniform", min = "1ms", max = "3ms" }
         assert!(e.starts_with("s.toml:2:14: phase[0].error_rate: "), "{e}");
         let e = err("[[phase]\n");
         assert!(e.starts_with("s.toml:1:"), "{e}");
-    }
-
-    #[test]
-    fn line_col_counts_characters() {
-        let t = "ab\nµx = 1\n";
-        assert_eq!(line_col(t, 0), (1, 1));
-        assert_eq!(line_col(t, 3), (2, 1));
-        assert_eq!(line_col(t, 5), (2, 2)); // after the two-byte µ
-        assert_eq!(line_col(t, 4), (2, 1)); // inside µ: rounds down to its start
-        assert_eq!(line_col(t, 999), (3, 1));
     }
 
     proptest::proptest! {

@@ -28,6 +28,7 @@ pub mod random;
 pub mod scope;
 pub mod signals;
 mod sync;
+pub mod text;
 
 pub use budget::{AnyBudget, BudgetSpec, FailureKind, Outcome, RetryBudget, RetryPermit};
 pub use clock::{Clock, ManualClock, MonotonicClock, Timestamp};

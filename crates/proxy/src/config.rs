@@ -450,16 +450,7 @@ pub enum ConfigError {
 }
 
 /// The 1-based line and column (in characters) of byte `offset` in `text`.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let mut offset = offset.min(text.len());
-    while !text.is_char_boundary(offset) {
-        offset -= 1;
-    }
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    (line, before[line_start..].chars().count() + 1)
-}
+pub use stormguard_core::text::line_col;
 
 /// The key a TOML error points at: named in the message (unknown or missing fields), or the
 /// bare key before `=` on the error's line, prefixed by the table it is in (`dependency[1].`).
