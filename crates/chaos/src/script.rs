@@ -343,7 +343,11 @@ impl Script {
         };
         let raw: RawScript = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
-            at(span.clone(), key_at(text, span.start, e.message()), e.message().to_string())
+            at(
+                span.clone(),
+                stormguard_core::text::toml_key_at(text, span.start, e.message()),
+                e.message().to_string(),
+            )
         })?;
         let mut phases = Vec::with_capacity(raw.phase.len());
         for (i, table) in raw.phase.iter().enumerate() {
@@ -400,40 +404,6 @@ pub enum ScriptError {
 
 /// The 1-based line and column (in characters) of byte `offset` in `text`.
 pub use stormguard_core::text::line_col;
-
-/// The key a TOML error points at: named in the message (unknown fields), or the bare key
-/// before `=` on the error's line, prefixed by the `[[phase]]` it is in.
-fn key_at(text: &str, offset: usize, message: &str) -> String {
-    let offset = offset.min(text.len());
-    let named = message
-        .strip_prefix("unknown field `")
-        .and_then(|rest| rest.split_once('`'))
-        .map(|(k, _)| k.to_string());
-    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
-    let line = text[line_start..].lines().next().unwrap_or("");
-    let on_line = line
-        .split_once('=')
-        .map(|(k, _)| k.trim())
-        .filter(|k| !k.is_empty() && !k.starts_with('[') && !k.starts_with('#'))
-        .map(str::to_string);
-    let Some(key) = named.or(on_line) else { return String::new() };
-    // Which [[phase]] the offset is in, if any: the last table header before it.
-    let mut phase = None;
-    let mut count = 0;
-    for l in text[..line_start].lines() {
-        let t = l.trim();
-        if t.starts_with("[[phase]]") {
-            phase = Some(count);
-            count += 1;
-        } else if t.starts_with('[') {
-            phase = None;
-        }
-    }
-    match phase {
-        Some(i) => format!("phase[{i}].{key}"),
-        None => key,
-    }
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

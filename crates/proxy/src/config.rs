@@ -356,7 +356,7 @@ impl ProxyConfig {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
             let reason = e.message().trim().to_string();
-            at(span.clone(), key_at(text, span.start, &reason), reason)
+            at(span.clone(), stormguard_core::text::toml_key_at(text, span.start, &reason), reason)
         })?;
         let mut spans = Spans::default();
         let config = raw.build(&mut spans).map_err(|(span, key, reason)| at(span, key, reason))?;
@@ -451,50 +451,6 @@ pub enum ConfigError {
 
 /// The 1-based line and column (in characters) of byte `offset` in `text`.
 pub use stormguard_core::text::line_col;
-
-/// The key a TOML error points at: named in the message (unknown or missing fields), or the
-/// bare key before `=` on the error's line, prefixed by the table it is in (`dependency[1].`).
-fn key_at(text: &str, offset: usize, message: &str) -> String {
-    let offset = offset.min(text.len());
-    let named = ["unknown field `", "missing field `"].iter().find_map(|p| {
-        message.strip_prefix(p).and_then(|rest| rest.split_once('`')).map(|(k, _)| k.to_string())
-    });
-    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
-    let line = text[line_start..].lines().next().unwrap_or("");
-    let on_line = line
-        .split_once('=')
-        .map(|(k, _)| k.trim())
-        .filter(|k| !k.is_empty() && !k.starts_with('[') && !k.starts_with('#'))
-        .map(str::to_string);
-    let Some(key) = named.or(on_line) else { return String::new() };
-    // The table the offset is in: the last header before the error's line.
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut table = String::new();
-    let upto =
-        if line.trim_start().starts_with('[') { line_start + line.len() } else { line_start };
-    for l in text[..upto.min(text.len())].lines() {
-        let t = l.trim();
-        if let Some(name) =
-            t.strip_prefix("[[").and_then(|r| r.split_once("]]")).map(|(n, _)| n.trim())
-        {
-            let n = counts.entry(name.to_string()).or_insert(0);
-            table = format!("{name}[{}]", *n);
-            *n += 1;
-        } else if let Some(name) =
-            t.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(n, _)| n.trim())
-        {
-            // `[dependency.breaker]` belongs to the last `[[dependency]]`.
-            table = match name.split_once('.') {
-                Some((parent, child)) => match counts.get(parent) {
-                    Some(n) => format!("{parent}[{}].{child}", n - 1),
-                    None => name.to_string(),
-                },
-                None => name.to_string(),
-            };
-        }
-    }
-    if table.is_empty() { key } else { format!("{table}.{key}") }
-}
 
 /// Where each validated key was in the file.
 #[derive(Default)]
