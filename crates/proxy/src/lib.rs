@@ -26,6 +26,7 @@
 pub mod admin;
 pub mod config;
 pub mod hop;
+pub mod record;
 pub mod scopes;
 mod server;
 pub mod stack;
@@ -57,6 +58,14 @@ pub enum StartError {
     /// The configuration is invalid (`key: reason`).
     #[error("{0}: {1}")]
     Invalid(String, String),
+    /// The trace file (`--record`) could not be created.
+    #[error("cannot write the trace {path}: {source}")]
+    Record {
+        /// The file asked for.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -122,8 +131,17 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate().map_err(|(k, r)| StartError::Invalid(k, r))?;
     let mut deps = Vec::new();
     let mut registry = Registry::default();
+    let trace = match &config.record {
+        Some(path) => Some(
+            record::TraceFile::create(path)
+                .map_err(|source| StartError::Record { path: path.clone(), source })?,
+        ),
+        None => None,
+    };
     for d in &config.dependencies {
-        let dependency = Dependency::try_new(d.to_tower())
+        let mut tower_config = d.to_tower();
+        tower_config.recorder = trace.as_ref().map(record::TraceFile::recorder);
+        let dependency = Dependency::try_new(tower_config)
             .map_err(|r| StartError::Invalid(format!("dependency {}", d.name), r))?;
         stormguard_tower::metrics::register(&mut registry, &dependency);
         let service = stack::stack(&dependency, stack::client(d.cap));
@@ -168,6 +186,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         listeners: bound.iter().map(|(_, a, d)| (*a, *d)).collect(),
         refused_not_routable: Default::default(),
         refused_no_route: Default::default(),
+        trace: trace.clone(),
     });
     registry.register_collector(Box::new(ProxyCollector { shared: shared.clone() }));
     let (shutdown, _) = watch::channel(false);
@@ -182,6 +201,19 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         };
         tasks.push(tokio::spawn(serve(listener, svc, shutdown.subscribe())));
         tracing::info!(addr = %addr, "stormguard proxy listening");
+    }
+    if let Some(trace) = trace {
+        let mut stop = shutdown.subscribe();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = tick.tick() => trace.flush(),
+                }
+            }
+            trace.flush();
+        }));
     }
     let mut admin_addr = None;
     if let Some(a) = config.admin {
@@ -278,6 +310,22 @@ impl Collector for ProxyCollector {
         ] {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("reason", reason)])?)?;
+        }
+        if let Some(trace) = &self.shared.trace {
+            let m = enc.encode_descriptor(
+                "stormguard_record_lines",
+                "lines written to the trace file (--record)",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(trace.lines()).encode(m)?;
+            let m = enc.encode_descriptor(
+                "stormguard_record_errors",
+                "writes to the trace file that failed",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(trace.errors()).encode(m)?;
         }
         Ok(())
     }

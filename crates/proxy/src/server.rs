@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     /// Requests refused before any dependency: absolute-form for other hosts, no route.
     pub(crate) refused_not_routable: std::sync::atomic::AtomicU64,
     pub(crate) refused_no_route: std::sync::atomic::AtomicU64,
+    /// The trace file, in record mode.
+    pub(crate) trace: Option<Arc<crate::record::TraceFile>>,
 }
 
 /// The host a request names, lowercased, without its port.

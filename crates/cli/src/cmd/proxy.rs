@@ -71,6 +71,10 @@ pub struct ProxyArgs {
     /// Shadow mode: count what would be denied, deny nothing.
     #[arg(long)]
     pub shadow: bool,
+    /// Record mode: write every dependency's traffic to FILE as `replay` JSON lines (replay
+    /// one with `stormguard replay --dependency NAME --policy SPEC FILE`).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// Stop after this long (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<String>,
@@ -90,7 +94,11 @@ fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
 /// The proxy's config from the flags, or the file they name.
 pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     if let Some(path) = &args.config {
-        return ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()));
+        let mut config = ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()))?;
+        if let Some(r) = &args.record {
+            config.record = Some(r.clone());
+        }
+        return Ok(config);
     }
     let upstream = args.upstream.as_deref().unwrap_or_default();
     let uri =
@@ -109,6 +117,7 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     d.queue_timeout = duration("queue-timeout", &args.queue_timeout)?;
     d.enforce = !args.shadow;
     let mut config = ProxyConfig::single(args.listen, d);
+    config.record.clone_from(&args.record);
     config.admin = match args.admin.as_str() {
         "off" => None,
         a => Some(a.parse().map_err(|_| {
