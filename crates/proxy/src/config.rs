@@ -46,6 +46,8 @@ use toml::Spanned;
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
 pub const DEFAULT_SCOPE_MAX: usize = 65_536;
+/// Distinct `client` label values by default.
+pub const DEFAULT_CLIENT_MAX: usize = 32;
 
 /// Everything the proxy runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +65,12 @@ pub struct ProxyConfig {
     pub record: Option<PathBuf>,
     /// Trace ids remembered for fan-out scopes (LRU, 10 s idle). Default 65 536.
     pub scope_max: usize,
+    /// The request header that names the caller for the `client` label of the per-route
+    /// series (e.g. `x-client-id`). Default none: the caller's IP address.
+    pub client_header: Option<HeaderName>,
+    /// Distinct `client` label values, at most; later callers are counted as `other`.
+    /// Default 32.
+    pub client_max: usize,
 }
 
 /// One listening socket.
@@ -277,6 +285,8 @@ impl ProxyConfig {
             admin: Some(DEFAULT_ADMIN.parse().expect("a valid address")),
             record: None,
             scope_max: DEFAULT_SCOPE_MAX,
+            client_header: None,
+            client_max: DEFAULT_CLIENT_MAX,
         }
     }
 
@@ -335,6 +345,12 @@ impl ProxyConfig {
             return Err((
                 "scope_max".into(),
                 format!("must be between 1 and 16777216, got {}", self.scope_max),
+            ));
+        }
+        if !(1..=10_000).contains(&self.client_max) {
+            return Err((
+                "client_max".into(),
+                format!("must be between 1 and 10000, got {}", self.client_max),
             ));
         }
         Ok(())
@@ -407,6 +423,8 @@ impl ProxyConfig {
             "admin": self.admin.map(|a| a.to_string()),
             "record": self.record.as_ref().map(|p| p.display().to_string()),
             "scope_max": self.scope_max,
+            "client_header": self.client_header.as_ref().map(HeaderName::as_str),
+            "client_max": self.client_max,
         })
     }
 }
@@ -491,6 +509,8 @@ struct RawConfig {
     admin: Option<Spanned<String>>,
     record: Option<Spanned<String>>,
     scope_max: Option<Spanned<u64>>,
+    client_header: Option<Spanned<String>>,
+    client_max: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -643,6 +663,19 @@ impl RawConfig {
                 usize::try_from(s.into_inner()).unwrap_or(usize::MAX)
             }
         };
+        let client_header = match self.client_header {
+            None => None,
+            Some(h) => Some(HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                bad(&h, "client_header", format!("not a header name: {:?}", h.get_ref()))
+            })?),
+        };
+        let client_max = match self.client_max {
+            None => DEFAULT_CLIENT_MAX,
+            Some(c) => {
+                spans.put("client_max".into(), c.span());
+                usize::try_from(c.into_inner()).unwrap_or(usize::MAX)
+            }
+        };
         Ok(ProxyConfig {
             listeners,
             dependencies,
@@ -650,6 +683,8 @@ impl RawConfig {
             admin,
             record: self.record.map(|r| PathBuf::from(r.into_inner())),
             scope_max,
+            client_header,
+            client_max,
         })
     }
 }

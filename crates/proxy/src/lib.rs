@@ -30,6 +30,7 @@ pub mod record;
 pub mod scopes;
 mod server;
 pub mod stack;
+pub mod traffic;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -187,6 +188,8 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         refused_not_routable: Default::default(),
         refused_no_route: Default::default(),
         trace: trace.clone(),
+        traffic: traffic::Traffic::new(config.client_max),
+        client_header: config.client_header.clone(),
     });
     registry.register_collector(Box::new(ProxyCollector { shared: shared.clone() }));
     let (shutdown, _) = watch::channel(false);
@@ -195,9 +198,9 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     for (i, (listener, addr, _)) in bound.into_iter().enumerate() {
         listen.push(addr);
         let shared = shared.clone();
-        let svc = move |req| {
+        let svc = move |peer, req| {
             let shared = shared.clone();
-            async move { Ok::<_, std::convert::Infallible>(server::handle(shared, i, req).await) }
+            async move { Ok::<_, std::convert::Infallible>(server::handle(shared, i, peer, req).await) }
         };
         tasks.push(tokio::spawn(serve(listener, svc, shutdown.subscribe())));
         tracing::info!(addr = %addr, "stormguard proxy listening");
@@ -223,7 +226,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             Some(listener.local_addr().map_err(|source| StartError::Bind { addr: a, source })?);
         let admin =
             Arc::new(admin::Admin { shared: shared.clone(), registry, config: config.to_json() });
-        let svc = move |req| {
+        let svc = move |_peer, req| {
             let admin = admin.clone();
             async move { Ok::<_, std::convert::Infallible>(admin.handle(req).await) }
         };
@@ -243,14 +246,14 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
 /// connection task.
 async fn serve<F, Fut, B>(listener: TcpListener, svc: F, mut stop: watch::Receiver<bool>)
 where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(SocketAddr, http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut conns = JoinSet::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.changed() => break,
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -265,7 +268,7 @@ where
         let _ = stream.set_nodelay(true);
         let svc = svc.clone();
         conns.spawn(async move {
-            let service = hyper::service::service_fn(svc);
+            let service = hyper::service::service_fn(move |req| svc(peer, req));
             let builder = auto::Builder::new(TokioExecutor::new());
             if let Err(e) = builder.serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(error = %e, "connection ended with an error");
@@ -311,6 +314,18 @@ impl Collector for ProxyCollector {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("reason", reason)])?)?;
         }
+        let shared = &self.shared;
+        let names = |dep: usize, route: usize| {
+            let d = &shared.deps[dep];
+            // Host and port only: never credentials.
+            let upstream = d.upstream.authority().map_or_else(String::new, |a| {
+                format!("{}:{}", a.host(), a.port_u16().unwrap_or(80))
+            });
+            let route =
+                shared.routes.get(route).map_or_else(|| "default".into(), |r| r.label.clone());
+            (d.dependency.name().to_string(), upstream, route)
+        };
+        self.shared.traffic.encode(&mut enc, &names)?;
         if let Some(trace) = &self.shared.trace {
             let m = enc.encode_descriptor(
                 "stormguard_record_lines",

@@ -44,6 +44,10 @@ pub(crate) struct Shared {
     /// Requests refused before any dependency: absolute-form for other hosts, no route.
     pub(crate) refused_not_routable: std::sync::atomic::AtomicU64,
     pub(crate) refused_no_route: std::sync::atomic::AtomicU64,
+    /// The per-route series.
+    pub(crate) traffic: crate::traffic::Traffic,
+    /// The header naming the caller (else its IP address).
+    pub(crate) client_header: Option<http::HeaderName>,
     /// The trace file, in record mode.
     pub(crate) trace: Option<Arc<crate::record::TraceFile>>,
 }
@@ -85,20 +89,23 @@ fn serves_authority(shared: &Shared, listener: SocketAddr, uri: &Uri) -> bool {
 
 /// The route for a request: the longest matching path prefix, a route naming the host before
 /// one that does not; then the listener's dependency.
-fn route<'a>(shared: &'a Shared, host: Option<&str>, path: &str) -> Option<&'a RouteRuntime> {
+fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
     shared
         .routes
         .iter()
-        .filter(|r| {
+        .enumerate()
+        .filter(|(_, r)| {
             r.host.as_deref().is_none_or(|h| Some(h) == host) && path.starts_with(&r.path_prefix)
         })
-        .max_by_key(|r| (r.path_prefix.len(), r.host.is_some()))
+        .max_by_key(|(_, r)| (r.path_prefix.len(), r.host.is_some()))
+        .map(|(i, _)| i)
 }
 
 /// Serves one request.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     listener: usize,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
@@ -128,7 +135,8 @@ pub(crate) async fn handle(
         );
     }
     let host = request_host(&req);
-    let (dep_index, route) = match route(&shared, host.as_deref(), &path) {
+    let route_index = route(&shared, host.as_deref(), &path);
+    let (dep_index, route) = match route_index.map(|i| &shared.routes[i]) {
         Some(r) => (r.dep, Some(r)),
         None => match default_dep {
             Some(d) => (d, None),
@@ -143,6 +151,11 @@ pub(crate) async fn handle(
         },
     };
     let dep = &shared.deps[dep_index];
+    let client = match &shared.client_header {
+        Some(h) => req.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string),
+        None => None,
+    }
+    .unwrap_or_else(|| peer.ip().to_string());
     let (mut parts, body) = req.into_parts();
     // The upstream's address, the caller's path and query, HTTP/1.1 to the upstream.
     let mut uri = dep.upstream.clone().into_parts();
@@ -184,15 +197,25 @@ pub(crate) async fn handle(
         }
     };
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    shared.traffic.count(crate::traffic::Finished {
+        dependency: dep_index,
+        route: route_index,
+        client: &client,
+        status: resp.status().as_u16(),
+        attempts: log.attempts(),
+        denied: denied.parse().ok(),
+    });
     tracing::info!(
         target: "stormguard::access",
         method = %method,
         path = %path,
         dependency = dep.dependency.name(),
         route = route_label,
+        client = %client,
         status = resp.status().as_u16(),
         attempts = log.attempts(),
         denied,
+        slot_wait_ms = log.slot_wait().as_secs_f64() * 1e3,
         upstream_ms = log.upstream_time().as_secs_f64() * 1e3,
         total_ms = started.elapsed().as_secs_f64() * 1e3,
     );
