@@ -46,6 +46,8 @@ use toml::Spanned;
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
 pub const DEFAULT_SCOPE_MAX: usize = 65_536;
+/// How long a drain waits for requests in flight by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Distinct `client` label values by default.
 pub const DEFAULT_CLIENT_MAX: usize = 32;
 
@@ -71,6 +73,12 @@ pub struct ProxyConfig {
     /// Distinct `client` label values, at most; later callers are counted as `other`.
     /// Default 32.
     pub client_max: usize,
+    /// On SIGTERM (or [`ProxyHandle::drain`](crate::ProxyHandle::drain)): how long requests in
+    /// flight may take to finish before their connections are closed. Default 10 s.
+    pub drain_timeout: Duration,
+    /// The file this config was read from (set by [`ProxyConfig::load`]): `POST /reload` and
+    /// SIGHUP read it again.
+    pub source: Option<PathBuf>,
 }
 
 /// One listening socket.
@@ -287,6 +295,8 @@ impl ProxyConfig {
             scope_max: DEFAULT_SCOPE_MAX,
             client_header: None,
             client_max: DEFAULT_CLIENT_MAX,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            source: None,
         }
     }
 
@@ -360,7 +370,9 @@ impl ProxyConfig {
     pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        ProxyConfig::parse(&text, &path.display().to_string())
+        let mut config = ProxyConfig::parse(&text, &path.display().to_string())?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// Parses and checks a config; `file` names it in errors.
@@ -425,6 +437,7 @@ impl ProxyConfig {
             "scope_max": self.scope_max,
             "client_header": self.client_header.as_ref().map(HeaderName::as_str),
             "client_max": self.client_max,
+            "drain_timeout": dur(Some(self.drain_timeout)),
         })
     }
 }
@@ -511,6 +524,7 @@ struct RawConfig {
     scope_max: Option<Spanned<u64>>,
     client_header: Option<Spanned<String>>,
     client_max: Option<Spanned<u64>>,
+    drain_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -676,6 +690,10 @@ impl RawConfig {
                 usize::try_from(c.into_inner()).unwrap_or(usize::MAX)
             }
         };
+        let drain_timeout = match &self.drain_timeout {
+            None => DEFAULT_DRAIN_TIMEOUT,
+            Some(d) => duration(d, "drain_timeout")?,
+        };
         Ok(ProxyConfig {
             listeners,
             dependencies,
@@ -685,6 +703,8 @@ impl RawConfig {
             scope_max,
             client_header,
             client_max,
+            drain_timeout,
+            source: None,
         })
     }
 }

@@ -9,7 +9,7 @@
 //! of random client ids cannot grow the series without end.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -29,8 +29,9 @@ struct Counts {
     denied: [u64; Denied::ALL.len()],
 }
 
-/// Key: dependency index, route index (`usize::MAX`: the listener's default), caller index.
-type Key = (usize, usize, usize);
+/// Key: dependency, upstream and route labels, caller index (`usize::MAX`: other). Labels,
+/// not indices, so the series go on across a reload.
+type Key = (Arc<str>, Arc<str>, Arc<str>, usize);
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -49,10 +50,12 @@ pub struct Traffic {
 /// What one request did, for [`Traffic::count`].
 #[derive(Debug, Clone, Copy)]
 pub struct Finished<'a> {
-    /// The dependency's index.
-    pub dependency: usize,
-    /// The route's index, if a route matched.
-    pub route: Option<usize>,
+    /// The dependency's name.
+    pub dependency: &'a Arc<str>,
+    /// Its upstream's host and port.
+    pub upstream: &'a Arc<str>,
+    /// The route's label (`default` when none matched).
+    pub route: &'a Arc<str>,
     /// The caller.
     pub client: &'a str,
     /// The status the caller got.
@@ -82,8 +85,8 @@ impl Traffic {
             }
             None => usize::MAX,
         };
-        let c =
-            inner.counts.entry((f.dependency, f.route.unwrap_or(usize::MAX), client)).or_default();
+        let key = (f.dependency.clone(), f.upstream.clone(), f.route.clone(), client);
+        let c = inner.counts.entry(key).or_default();
         let class = usize::from(f.status / 100).clamp(1, 5) - 1;
         c.by_class[class] += 1;
         c.attempts += u64::from(f.attempts);
@@ -98,19 +101,14 @@ impl Traffic {
     }
 
     /// Encodes `stormguard_route_requests`, `stormguard_route_attempts` and
-    /// `stormguard_route_denied`; `names` gives a key's dependency, upstream and route labels.
-    pub(crate) fn encode(
-        &self,
-        enc: &mut DescriptorEncoder,
-        names: &dyn Fn(usize, usize) -> (String, String, String),
-    ) -> std::fmt::Result {
+    /// `stormguard_route_denied`.
+    pub(crate) fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let mut keys: Vec<&Key> = inner.counts.keys().collect();
         keys.sort_unstable();
         let client_name = |i: usize| inner.names.get(i).map_or(OTHER, String::as_str);
         let labels = |k: &Key| {
-            let (dep, up, route) = names(k.0, k.1);
-            (dep, up, route, client_name(k.2).to_string())
+            (k.0.to_string(), k.1.to_string(), k.2.to_string(), client_name(k.3).to_string())
         };
         {
             let mut m = enc.encode_descriptor(
@@ -185,10 +183,12 @@ mod tests {
     #[test]
     fn callers_past_the_bound_are_other() {
         let t = Traffic::new(2);
+        let (dep, up, route): (Arc<str>, Arc<str>, Arc<str>) = ("d".into(), "u".into(), "r".into());
         for (i, client) in ["a", "b", "c", "d", "a"].into_iter().enumerate() {
             t.count(Finished {
-                dependency: 0,
-                route: None,
+                dependency: &dep,
+                upstream: &up,
+                route: &route,
                 client,
                 status: if i == 2 { 503 } else { 200 },
                 attempts: 1,
@@ -197,8 +197,9 @@ mod tests {
         }
         assert_eq!(t.clients(), 2);
         let inner = t.inner.lock().unwrap();
-        assert_eq!(inner.counts[&(0, usize::MAX, 0)].by_class[1], 2, "a twice");
-        let other = &inner.counts[&(0, usize::MAX, usize::MAX)];
+        let key = |c| (dep.clone(), up.clone(), route.clone(), c);
+        assert_eq!(inner.counts[&key(0)].by_class[1], 2, "a twice");
+        let other = &inner.counts[&key(usize::MAX)];
         assert_eq!((other.by_class[1], other.by_class[4]), (1, 1), "c and d are other");
         assert_eq!(other.denied[Denied::Queue.index()], 1);
     }

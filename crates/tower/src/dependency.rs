@@ -220,6 +220,55 @@ impl Dependency {
         })
     }
 
+    /// A dependency built from `config` that keeps this one's state wherever the new config
+    /// allows — for a reload. The limiter (in flight, queue, held slots) and the pushback hold
+    /// are kept when the cap, queue and queue timeout are unchanged; the breaker when its
+    /// parameters are; the budget (and its balance) when its SPEC is; the kill switch always,
+    /// and shadow mode when `enforce` is unchanged. Anything changed starts fresh. The decision
+    /// counters start from zero. Clocks are shared.
+    pub fn successor(&self, config: DependencyConfig) -> Result<Dependency, String> {
+        let old = &self.inner;
+        if config.body_limit > 64 * 1024 * 1024 {
+            return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
+        }
+        let budget: Arc<dyn stormguard_core::budget::RetryBudget> =
+            if config.budget == old.config.budget {
+                old.policy.budget().clone()
+            } else {
+                Arc::new(config.budget.build().map_err(|e| e.to_string())?)
+            };
+        let policy = RetryPolicy::try_new(config.retry.clone(), budget)?;
+        policy.set_retries_enabled(old.policy.retries_enabled());
+        if config.retry.enforce == old.config.retry.enforce {
+            policy.set_enforce(old.policy.enforce());
+        }
+        let limiter = if config.limiter == old.config.limiter {
+            old.upstream.limiter.clone()
+        } else {
+            stormguard_core::limiter::Limiter::try_new(config.limiter, old.clock.clone())?
+        };
+        let breaker = if config.breaker == old.config.breaker {
+            old.upstream.breaker.clone()
+        } else {
+            config.breaker.map(stormguard_core::breaker::Breaker::try_new).transpose()?
+        };
+        let upstream = Upstream { limiter, breaker, hold: old.upstream.hold.clone() };
+        Ok(Dependency {
+            inner: Arc::new(Inner {
+                config,
+                clock: old.clock.clone(),
+                tokio_clock: old.tokio_clock,
+                upstream,
+                policy,
+                header_stats: HeaderStats::new(),
+                malformed_logged: std::sync::atomic::AtomicBool::new(false),
+                requests: AtomicU64::new(0),
+                // The recorded trace's request numbers go on from the old ones.
+                trace_ids: AtomicU64::new(old.trace_ids.load(Ordering::Relaxed)),
+            }),
+        })
+    }
+
     /// The configuration it was built with.
     pub fn config(&self) -> &DependencyConfig {
         &self.inner.config
