@@ -130,6 +130,17 @@ pub struct DependencyConfig {
     pub timeout_slot_hold: Option<Duration>,
     /// Request bodies are copied for retries up to this many bytes. Default 64 KiB.
     pub body_limit: usize,
+    /// The headers that state the upstream's own limits (concurrency limit, remaining,
+    /// reset), read per upstream. Default: `x-concurrency-limit-limit`; `x-concurrency-limit-
+    /// remaining`, `ratelimit-remaining`, `x-ratelimit-remaining`; `x-ratelimit-reset`,
+    /// `ratelimit-reset`.
+    pub limit_headers: stormguard_http::headers::LimitHeadersConfig,
+    /// A stated `remaining` at or below this holds retries to that upstream until its reset,
+    /// before any 429 arrives. Default 0.
+    pub remaining_reserve: u64,
+    /// Per upstream, in the order of `upstreams`: its own cap (its provider's limit); `None`
+    /// or missing: the dependency's `cap`. Only with several upstreams.
+    pub upstream_caps: Vec<Option<u64>>,
     /// The primary (first-try) concurrency the cap was planned for, at most the cap: not used
     /// by the proxy, read by `stormguard audit` (a floor above `cap − planned_primary` is a
     /// finding) and written by `stormguard plan --format toml`. Default none.
@@ -142,6 +153,9 @@ impl DependencyConfig {
         DependencyConfig {
             name: name.into(),
             upstreams: vec![upstream],
+            upstream_caps: Vec::new(),
+            limit_headers: stormguard_http::headers::LimitHeadersConfig::default(),
+            remaining_reserve: 0,
             cap: 20,
             queue: 100,
             queue_timeout: Duration::from_secs(1),
@@ -184,7 +198,27 @@ impl DependencyConfig {
         c.background = Some(stormguard_tower::Spawner::new(|f| {
             tokio::spawn(f);
         }));
+        if let Ok(h) = stormguard_http::headers::LimitHeaders::try_new(self.limit_headers.clone()) {
+            c.limit_headers = h;
+        }
+        c.remaining_reserve = self.remaining_reserve;
+        if self.upstreams.len() > 1 {
+            c.upstreams = self
+                .upstreams
+                .iter()
+                .enumerate()
+                .map(|(i, u)| stormguard_tower::UpstreamSpec {
+                    name: upstream_label(u),
+                    cap: self.upstream_caps.get(i).copied().flatten().unwrap_or(self.cap),
+                })
+                .collect();
+        }
         c
+    }
+
+    /// Upstream `i`'s cap.
+    pub fn upstream_cap(&self, i: usize) -> u64 {
+        self.upstream_caps.get(i).copied().flatten().unwrap_or(self.cap)
     }
 
     /// Checks every rule; the error names the key (`cap`, `budget`, ...) and why.
@@ -197,13 +231,25 @@ impl DependencyConfig {
                 format!("a name is letters, digits, '-', '_' or '.', got {:?}", self.name),
             ));
         }
-        match self.upstreams.as_slice() {
-            [] => return Err(("upstreams", "a dependency needs an upstream".into())),
-            [u] => check_upstream(u).map_err(|r| ("upstreams", r))?,
-            _ => {
+        if self.upstreams.is_empty() {
+            return Err(("upstreams", "a dependency needs an upstream".into()));
+        }
+        for (i, u) in self.upstreams.iter().enumerate() {
+            check_upstream(u).map_err(|r| ("upstreams", r))?;
+            if self.upstreams[..i].iter().any(|o| upstream_label(o) == upstream_label(u)) {
+                return Err(("upstreams", format!("{u} is listed twice")));
+            }
+        }
+        stormguard_http::headers::LimitHeaders::try_new(self.limit_headers.clone())
+            .map_err(|e| ("limit_headers", e.to_string()))?;
+        if self.upstream_caps.len() > self.upstreams.len() {
+            return Err(("upstreams", "more caps than upstreams".into()));
+        }
+        for c in self.upstream_caps.iter().flatten() {
+            if !(1..=MAX_CAP).contains(c) {
                 return Err((
                     "upstreams",
-                    "one upstream per dependency for now (several come with load balancing)".into(),
+                    format!("an upstream's cap must be between 1 and {MAX_CAP}, got {c}"),
                 ));
             }
         }
@@ -247,6 +293,14 @@ impl DependencyConfig {
         }
         Ok(())
     }
+}
+
+/// An upstream's `host:port` (never credentials): its `upstream` label.
+pub fn upstream_label(u: &Uri) -> String {
+    let default_port = if u.scheme_str() == Some("https") { 443 } else { 80 };
+    u.authority().map_or_else(String::new, |a| {
+        format!("{}:{}", a.host(), a.port_u16().unwrap_or(default_port))
+    })
 }
 
 /// An upstream must be `http://host:port` with no path: TLS upstreams come later.
@@ -404,6 +458,13 @@ impl ProxyConfig {
             "dependencies": self.dependencies.iter().map(|d| json!({
                 "name": d.name,
                 "upstreams": d.upstreams.iter().map(redact).collect::<Vec<_>>(),
+                "upstream_caps": (0..d.upstreams.len()).map(|i| d.upstream_cap(i)).collect::<Vec<_>>(),
+                "remaining_reserve": d.remaining_reserve,
+                "limit_headers": {
+                    "limit": d.limit_headers.limit,
+                    "remaining": d.limit_headers.remaining,
+                    "reset": d.limit_headers.resets.iter().map(|r| r.name.clone()).collect::<Vec<_>>(),
+                },
                 "cap": d.cap,
                 "queue": d.queue,
                 "queue_timeout": dur(Some(d.queue_timeout)),
@@ -538,7 +599,7 @@ struct RawListener {
 #[serde(deny_unknown_fields)]
 struct RawDependency {
     name: Spanned<String>,
-    upstreams: Spanned<Vec<Spanned<String>>>,
+    upstreams: Spanned<Vec<Spanned<toml::Value>>>,
     cap: Option<Spanned<u64>>,
     queue: Option<Spanned<u64>>,
     queue_timeout: Option<Spanned<String>>,
@@ -555,6 +616,17 @@ struct RawDependency {
     timeout_slot_hold: Option<Spanned<String>>,
     body_limit: Option<Spanned<u64>>,
     planned_primary: Option<Spanned<u64>>,
+    limit_headers: Option<Spanned<RawLimitHeaders>>,
+    remaining_reserve: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimitHeaders {
+    limit: Option<Vec<String>>,
+    remaining: Option<Vec<String>>,
+    /// `"name"` (unix-or-delta) or `"name:format"` (unix, unix-ms, delta, rfc3339).
+    reset: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -714,16 +786,49 @@ impl RawDependency {
         let k = |key: &str| format!("{p}.{key}");
         let mut upstreams = Vec::new();
         spans.put(k("upstreams"), self.upstreams.span());
-        for u in self.upstreams.get_ref() {
-            upstreams.push(
-                u.get_ref()
-                    .parse::<Uri>()
-                    .map_err(|e| bad(u, &k("upstreams"), format!("{:?}: {e}", u.get_ref())))?,
-            );
+        let mut upstream_caps = Vec::new();
+        for (i, u) in self.upstreams.get_ref().iter().enumerate() {
+            // A URL, or a table { url = "...", cap = N }.
+            let key = k(&format!("upstreams[{i}]"));
+            spans.put(key.clone(), u.span());
+            let (url, cap) = match u.get_ref() {
+                toml::Value::String(url) => (url.clone(), None),
+                toml::Value::Table(t) => {
+                    if let Some(extra) = t.keys().find(|k| !["url", "cap"].contains(&k.as_str())) {
+                        return Err(bad(
+                            u,
+                            &key,
+                            format!("unknown key `{extra}` (expected url, cap)"),
+                        ));
+                    }
+                    let url = t.get("url").and_then(toml::Value::as_str).ok_or_else(|| {
+                        bad(u, &key, "an upstream table needs url = \"http://host:port\"")
+                    })?;
+                    let cap = match t.get("cap") {
+                        None => None,
+                        Some(c) => {
+                            Some(c.as_integer().and_then(|c| u64::try_from(c).ok()).ok_or_else(
+                                || bad(u, &key, format!("cap must be a whole number, got {c}")),
+                            )?)
+                        }
+                    };
+                    (url.to_string(), cap)
+                }
+                other => {
+                    return Err(bad(
+                        u,
+                        &key,
+                        format!("an upstream is a URL or a table, got {}", other.type_str()),
+                    ));
+                }
+            };
+            upstreams.push(url.parse::<Uri>().map_err(|e| bad(u, &key, format!("{url:?}: {e}")))?);
+            upstream_caps.push(cap);
         }
         let mut d =
             DependencyConfig::new(self.name.get_ref().clone(), Uri::from_static("http://unset"));
         d.upstreams = upstreams;
+        d.upstream_caps = upstream_caps;
         spans.put(k("name"), self.name.span());
         macro_rules! num {
             ($field:ident) => {
@@ -735,6 +840,35 @@ impl RawDependency {
         }
         num!(cap);
         num!(queue);
+        num!(remaining_reserve);
+        if let Some(h) = self.limit_headers {
+            let key = k("limit_headers");
+            spans.put(key.clone(), h.span());
+            let span = h.span();
+            let h = h.into_inner();
+            if let Some(v) = h.limit {
+                d.limit_headers.limit = v;
+            }
+            if let Some(v) = h.remaining {
+                d.limit_headers.remaining = v;
+            }
+            if let Some(v) = h.reset {
+                let mut resets = Vec::new();
+                for r in v {
+                    let (name, format) = match r.split_once(':') {
+                        Some((n, f)) => (
+                            n.to_string(),
+                            f.parse().map_err(|e| {
+                                (span.clone(), key.clone(), format!("reset {r:?}: {e}"))
+                            })?,
+                        ),
+                        None => (r.clone(), stormguard_http::headers::ResetFormat::UnixOrDelta),
+                    };
+                    resets.push(stormguard_http::headers::ResetHeader { name, format });
+                }
+                d.limit_headers.resets = resets;
+            }
+        }
         num!(scope_retries);
         if let Some(v) = self.max_retries {
             spans.put(k("max_retries"), v.span());

@@ -86,31 +86,32 @@ pub(crate) fn build(
         }
         let mut tower = d.to_tower();
         tower.recorder = trace.map(TraceFile::recorder);
-        let upstream = d.upstreams[0].clone();
-        let same_upstream = old.filter(|o| o.upstream == upstream);
+        let upstreams: Arc<[http::Uri]> = d.upstreams.clone().into();
+        let same_upstream = old.filter(|o| o.upstreams == upstreams);
         let dependency = match same_upstream {
             Some(o) => o.dependency.successor(tower),
             None => Dependency::try_new(tower),
         }
         .map_err(|r| (format!("dependency {}", d.name), r))?;
-        if let Some(o) = same_upstream
-            && o.dependency.config().limiter != dependency.config().limiter
-        {
+        if same_upstream.is_some() {
+            // Each upstream whose limiter was rebuilt switches over from the old one.
+            let o = old.expect("same upstream implies an old one");
             bridges.push((o.dependency.clone(), dependency.clone()));
         }
         match old {
             Some(_) => report.changed.push(d.name.clone()),
             None => report.added.push(d.name.clone()),
         }
-        let upstream_label = upstream
-            .authority()
-            .map_or_else(String::new, |a| format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)));
+        let cap = (0..d.upstreams.len()).map(|i| d.upstream_cap(i)).max().unwrap_or(d.cap);
         deps.push(Arc::new(DepRuntime {
-            service: crate::stack::stack(&dependency, crate::stack::client(d.cap)),
-            upstream,
+            service: crate::stack::stack(&dependency, crate::stack::client(cap), upstreams.clone()),
+            upstream_labels: upstreams
+                .iter()
+                .map(|u| Arc::from(crate::config::upstream_label(u)))
+                .collect(),
+            upstreams,
             scopes: TraceScopes::new(d.scope_header.clone(), d.scope_retries, config.scope_max),
             name: Arc::from(d.name.as_str()),
-            upstream_label: Arc::from(upstream_label),
             config: key,
             dependency,
         }));
@@ -166,17 +167,25 @@ pub(crate) fn build(
 /// How long one step of a limiter's switch-over holds if it is not renewed.
 const BRIDGE_TTL: Duration = Duration::from_millis(50);
 
-/// Lowers `new`'s cap by what `old` has in flight until `old` is empty: the upstream sees at
-/// most the new cap across both (at least one slot stays open so the new config can start).
+/// For each upstream whose limiter was rebuilt: lowers the new limiter's cap by what the old
+/// one has in flight until the old one is empty, so the upstream sees at most the new cap
+/// across both (at least one slot stays open so the new config can start). A limiter that was
+/// kept needs nothing.
 fn bridge(old: Dependency, new: Dependency) {
-    let cap = new.config().limiter.cap;
     let step = move || {
-        let busy = old.upstream().limiter.in_flight();
-        if busy == 0 {
-            return false;
+        let mut busy_anywhere = false;
+        for i in 0..new.upstream_count().min(old.upstream_count()) {
+            let (o, n) = (&old.upstream_at(i).limiter, &new.upstream_at(i).limiter);
+            if o.config() == n.config() {
+                continue;
+            }
+            let busy = o.in_flight();
+            if busy > 0 {
+                busy_anywhere = true;
+                n.set_limit_hint(n.config().cap.saturating_sub(busy).max(1), BRIDGE_TTL);
+            }
         }
-        new.upstream().limiter.set_limit_hint(cap.saturating_sub(busy).max(1), BRIDGE_TTL);
-        true
+        busy_anywhere
     };
     if step() {
         tokio::spawn(async move {

@@ -22,14 +22,14 @@ use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, ProxyService, local};
 pub(crate) struct DepRuntime {
     pub(crate) dependency: Dependency,
     pub(crate) service: ProxyService,
-    /// `http://host:port` of its upstream.
-    pub(crate) upstream: Uri,
+    /// `http://host:port` of each upstream, in order of preference.
+    pub(crate) upstreams: Arc<[Uri]>,
     pub(crate) scopes: TraceScopes,
     /// What it was built from (with the proxy's `scope_max`).
     pub(crate) config: (DependencyConfig, usize),
-    /// Labels of the per-route series: its name, its upstream's host and port.
+    /// Labels of the per-route series: its name, each upstream's host and port.
     pub(crate) name: Arc<str>,
-    pub(crate) upstream_label: Arc<str>,
+    pub(crate) upstream_labels: Vec<Arc<str>>,
 }
 
 /// One route at run time.
@@ -143,8 +143,8 @@ fn serves_authority(shared: &Shared, listener: SocketAddr, uri: &Uri) -> bool {
             || host.parse::<std::net::IpAddr>().is_ok_and(|ip| {
                 ip == listener.ip() || (listener.ip().is_unspecified() && ip.is_loopback())
             }));
-    let is_upstream = shared.deps.iter().any(|d| {
-        d.upstream.authority().is_some_and(|a| {
+    let is_upstream = shared.deps.iter().flat_map(|d| d.upstreams.iter()).any(|u| {
+        u.authority().is_some_and(|a| {
             a.host().eq_ignore_ascii_case(&host) && a.port_u16().unwrap_or(80) == port
         })
     });
@@ -224,7 +224,7 @@ pub(crate) async fn handle(
     .unwrap_or_else(|| peer.ip().to_string());
     let (mut parts, body) = req.into_parts();
     // The upstream's address, the caller's path and query, HTTP/1.1 to the upstream.
-    let mut uri = dep.upstream.clone().into_parts();
+    let mut uri = dep.upstreams[0].clone().into_parts();
     uri.path_and_query =
         parts.uri.path_and_query().cloned().or_else(|| Some("/".parse().expect("a valid path")));
     parts.uri = match Uri::from_parts(uri) {
@@ -235,6 +235,10 @@ pub(crate) async fn handle(
     };
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    if dep.upstreams.len() > 1 {
+        // Each provider is its own host: the client names the one each attempt goes to.
+        parts.headers.remove(HOST);
+    }
     // The Host the caller used is kept (virtual hosts behind the upstream); without one (an
     // h2 caller), the client sets the upstream's.
     let log = AttemptLog::default();
@@ -265,7 +269,7 @@ pub(crate) async fn handle(
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
     state.traffic.count(crate::traffic::Finished {
         dependency: &dep.name,
-        upstream: &dep.upstream_label,
+        upstream: &dep.upstream_labels[log.target().min(dep.upstream_labels.len() - 1)],
         route: route_label,
         client: &client,
         status: resp.status().as_u16(),

@@ -17,7 +17,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use stormguard_core::Denied;
 use stormguard_http::stacked::ATTEMPT_HEADER;
-use stormguard_tower::{BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError};
+use stormguard_tower::{
+    BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError, UpstreamTarget,
+};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 
@@ -50,7 +52,11 @@ pub fn client(cap: u64) -> UpstreamClient {
 }
 
 /// The stack of one dependency, outermost first.
-pub fn stack(dependency: &Dependency, client: UpstreamClient) -> ProxyService {
+pub fn stack(
+    dependency: &Dependency,
+    client: UpstreamClient,
+    upstreams: Arc<[http::Uri]>,
+) -> ProxyService {
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,
         // 504, 502 with the reason), so every caller gets exactly one answer.
@@ -67,7 +73,7 @@ pub fn stack(dependency: &Dependency, client: UpstreamClient) -> ProxyService {
         .layer(CapLayer::new(dependency.clone()))
         // Innermost, so it sees exactly what the upstream sees: every attempt numbered, counted
         // and timed.
-        .layer(tower::layer::layer_fn(|inner| Attempts { inner }))
+        .layer(tower::layer::layer_fn(|inner| Attempts { inner, upstreams: upstreams.clone() }))
         .service(client);
     BoxCloneSyncService::new(svc)
 }
@@ -80,6 +86,8 @@ pub struct AttemptLog(Arc<AttemptCounts>);
 #[derive(Debug, Default)]
 struct AttemptCounts {
     attempts: AtomicU32,
+    /// The upstream of the last attempt.
+    target: std::sync::atomic::AtomicUsize,
     upstream_us: AtomicU64,
     slot_wait_us: AtomicU64,
 }
@@ -89,6 +97,11 @@ struct AttemptCounts {
 struct AskedForSlot(Instant);
 
 impl AttemptLog {
+    /// The upstream the last attempt went to (an index into the dependency's upstreams).
+    pub fn target(&self) -> usize {
+        self.0.target.load(Ordering::Relaxed)
+    }
+
     /// Attempts sent to the upstream.
     pub fn attempts(&self) -> u32 {
         self.0.attempts.load(Ordering::Relaxed)
@@ -111,6 +124,8 @@ impl AttemptLog {
 #[derive(Clone, Debug)]
 struct Attempts<S> {
     inner: S,
+    /// The dependency's upstreams: an attempt for upstream `i > 0` is sent there.
+    upstreams: Arc<[http::Uri]>,
 }
 
 impl<S, B> Service<Request<B>> for Attempts<S>
@@ -130,10 +145,21 @@ where
         if !req.headers().contains_key(&ATTEMPT_HEADER) {
             req.headers_mut().insert(ATTEMPT_HEADER.clone(), HeaderValue::from_static("1"));
         }
+        let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
+        if target != 0
+            && let Some(u) = self.upstreams.get(target)
+        {
+            let mut parts = u.clone().into_parts();
+            parts.path_and_query = req.uri().path_and_query().cloned();
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
+        }
         let log = req.extensions().get::<AttemptLog>().cloned();
         let started = Instant::now();
         if let Some(l) = &log {
             l.0.attempts.fetch_add(1, Ordering::Relaxed);
+            l.0.target.store(target, Ordering::Relaxed);
             if let Some(asked) = req.extensions().get::<AskedForSlot>() {
                 let us = started.saturating_duration_since(asked.0).as_micros();
                 l.0.slot_wait_us

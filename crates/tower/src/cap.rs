@@ -24,7 +24,7 @@ use stormguard_core::limiter::{AttemptKind, Permit};
 use stormguard_http::classify::classify_response;
 use tower::{Layer, Service};
 
-use crate::dependency::Dependency;
+use crate::dependency::{Dependency, UpstreamTarget};
 use crate::error::{BoxError, StormguardError, classify_error};
 
 /// A boxed, sendable future.
@@ -104,6 +104,9 @@ where
             .map(|d| d.0)
             .or_else(|| dep.config().deadline.map(|d| now.saturating_add(d)));
         let admitted = req.extensions_mut().remove::<AdmittedSlot>().and_then(|s| s.take());
+        // Which upstream (with several): the retry layer put it on the request.
+        let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
+        let upstream = dep.upstream_at(target);
         let permit = match admitted {
             // A retry: the retry layer took its slot (or, in shadow mode, none).
             Some(permit) => permit,
@@ -111,7 +114,7 @@ where
                 let policy = dep.policy();
                 // Fail fast while open, before waiting in the queue; half-open probes are
                 // counted once the attempt has its slot.
-                if let Some(b) = &dep.upstream().breaker
+                if let Some(b) = &upstream.breaker
                     && matches!(b.state(now), BreakerState::Open { .. })
                 {
                     policy.on_primary_refused(Denied::Breaker);
@@ -119,16 +122,20 @@ where
                 }
                 // A free slot and nobody waiting: take it now, without a queue entry or a
                 // timer; otherwise wait in the queue.
-                match dep.upstream().limiter.try_acquire_at(AttemptKind::Primary, now) {
+                match upstream.limiter.try_acquire_at(AttemptKind::Primary, now) {
                     Ok(p) => {
                         policy.on_admitted(now);
                         Some(p)
                     }
-                    Err(_) => return CapFuture::boxed(Box::pin(queued(dep, inner, req, deadline))),
+                    Err(_) => {
+                        return CapFuture::boxed(Box::pin(queued(
+                            dep, inner, req, deadline, target,
+                        )));
+                    }
                 }
             }
         };
-        send(dep, inner, req, permit, deadline, now)
+        send(dep, inner, req, permit, deadline, now, target)
     }
 }
 
@@ -145,6 +152,7 @@ fn queued<S, B, RB>(
     inner: S,
     req: Request<B>,
     deadline: Option<Timestamp>,
+    target: usize,
 ) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
@@ -154,12 +162,12 @@ where
     RB: Body + Send + 'static,
 {
     async move {
-        let r = acquire_primary(&dep, deadline).await;
+        let r = acquire_primary(&dep, target, deadline).await;
         let now = dep.now();
         match r {
             Ok(p) => {
                 dep.policy().on_admitted(now);
-                send(dep, inner, req, Some(p), deadline, now).await
+                send(dep, inner, req, Some(p), deadline, now, target).await
             }
             Err(reason) => {
                 dep.policy().on_primary_refused(reason);
@@ -178,6 +186,7 @@ fn send<S, B, RB>(
     permit: Option<Permit>,
     deadline: Option<Timestamp>,
     now: Timestamp,
+    target: usize,
 ) -> CapFuture<S::Future, RB, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
@@ -185,7 +194,7 @@ where
     S::Error: Into<BoxError>,
     RB: Body + Send + 'static,
 {
-    let probe = match dep.upstream().breaker.as_ref().map(|b| b.try_acquire(now)) {
+    let probe = match dep.upstream_at(target).breaker.as_ref().map(|b| b.try_acquire(now)) {
         Some(Err(_)) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
             drop(permit);
@@ -205,7 +214,7 @@ where
     let timer = per_try.map(|limit| (Box::pin(tokio::time::sleep(limit)), limit));
     // `inner` was made ready by `poll_ready` before this request was accepted.
     let call = inner.call(req);
-    let attempt = Some(Attempt { dep, permit, probe, now });
+    let attempt = Some(Attempt { dep, permit, probe, now, target });
     match (&timer, attempt.as_ref().and_then(|a| a.dep.config().background.clone())) {
         // A timed-out call can run on to its end only if it can be moved: box it.
         (Some(_), Some(_)) => CapFuture::Movable { call: Some(Box::pin(call)), timer, attempt },
@@ -219,6 +228,8 @@ struct Attempt {
     permit: Option<Permit>,
     probe: Option<stormguard_core::breaker::BreakerPermit>,
     now: Timestamp,
+    /// Which upstream.
+    target: usize,
 }
 
 pin_project! {
@@ -276,7 +287,7 @@ where
                 // The call first, as tokio's timeout does: an answer at the deadline counts.
                 if let Poll::Ready(result) = call.poll(cx) {
                     let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now));
+                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now, a.target));
                 }
                 let Some((sleep, limit)) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
@@ -291,7 +302,7 @@ where
                 if let Poll::Ready(result) = fut.as_mut().poll(cx) {
                     *call = None;
                     let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now));
+                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now, a.target));
                 }
                 let Some((sleep, limit)) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
@@ -347,6 +358,7 @@ fn finish<RB, E: Into<BoxError>>(
     permit: Option<Permit>,
     probe: Option<stormguard_core::breaker::BreakerPermit>,
     now: Timestamp,
+    target: usize,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
@@ -360,7 +372,7 @@ fn finish<RB, E: Into<BoxError>>(
                 };
                 p.record(now, counted);
             }
-            dep.apply_limits(resp.headers());
+            dep.apply_limits_at(target, resp.headers());
             Ok(resp.map(|body| PermitBody::new(body, permit, dep)))
         }
         Err(e) => {
@@ -383,8 +395,12 @@ fn finish<RB, E: Into<BoxError>>(
 
 /// Waits for a primary's slot, racing the queue against its deadline and the limiter's own
 /// timed events (a held slot or a limit hint expiring).
-async fn acquire_primary(dep: &Dependency, deadline: Option<Timestamp>) -> Result<Permit, Denied> {
-    let limiter = &dep.upstream().limiter;
+async fn acquire_primary(
+    dep: &Dependency,
+    target: usize,
+    deadline: Option<Timestamp>,
+) -> Result<Permit, Denied> {
+    let limiter = &dep.upstream_at(target).limiter;
     let mut acquire = match deadline {
         Some(d) => limiter.acquire_until(d),
         None => limiter.acquire(),

@@ -71,7 +71,31 @@ pub struct DependencyConfig {
     /// Where the dependency's traffic is reported as `replay` events (record mode). Default
     /// none: nothing is recorded and nothing is paid for it.
     pub recorder: Option<Recorder>,
+    /// Several upstreams (providers) behind the dependency, in order of preference. Each has
+    /// its own cap (with the dependency's queue and queue timeout), its own breaker (with the
+    /// dependency's breaker parameters) and its own pushback hold and stated limits; the
+    /// budget, the scopes and the counters are the dependency's. A primary goes to the first
+    /// upstream whose breaker is not open; a retry goes to the next one (a failover: it spends
+    /// the budget and takes a slot on its target at once, like any retry). Each attempt's
+    /// target is in its request's [`UpstreamTarget`] extension. Empty (the default): one
+    /// upstream with `limiter` and `breaker`.
+    pub upstreams: Vec<UpstreamSpec>,
 }
+
+/// One upstream of a dependency with several (see [`DependencyConfig::upstreams`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamSpec {
+    /// Its name: the `upstream` label of its series.
+    pub name: String,
+    /// Its cap: the provider's concurrency limit.
+    pub cap: u64,
+}
+
+/// A request extension: which of the dependency's upstreams an attempt goes to (an index into
+/// [`DependencyConfig::upstreams`]; 0 with a single upstream). Set by the retry layer on every
+/// attempt; read by the cap and by the service that sends the attempt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamTarget(pub usize);
 
 /// Work handed to a [`Spawner`]: a timed-out call running on to its end.
 pub type BackgroundTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -121,6 +145,7 @@ impl DependencyConfig {
             seed: 0x5eed_5707_3a6d,
             background: None,
             recorder: None,
+            upstreams: Vec::new(),
         }
     }
 }
@@ -135,7 +160,9 @@ struct Inner {
     config: DependencyConfig,
     clock: Arc<dyn Clock>,
     tokio_clock: Option<TokioClock>,
+    /// The first upstream; with several, `more` holds the rest, in order.
     upstream: Upstream,
+    more: Vec<Upstream>,
     policy: RetryPolicy,
     header_stats: HeaderStats,
     /// Whether a malformed header was logged already (it is logged once, counted always).
@@ -173,8 +200,34 @@ pub struct DependencySnapshot {
     pub malformed_headers: HeaderStatsSnapshot,
     /// Whether the policy is enforced (false: shadow mode).
     pub enforce: bool,
+    /// With several upstreams: the first one's name.
+    pub upstream_name: Option<String>,
+    /// With several upstreams: the second and later ones (the fields above describe the
+    /// first). Empty with one upstream.
+    pub others: Vec<UpstreamSnapshot>,
     /// The time of the snapshot on the dependency's clock.
     pub at: Timestamp,
+}
+
+/// One upstream of a dependency with several, at one instant.
+#[derive(Debug, Clone)]
+pub struct UpstreamSnapshot {
+    /// Its name.
+    pub name: String,
+    /// Its limiter.
+    pub limiter: LimiterSnapshot,
+    /// Its breaker's state, if there is one.
+    pub breaker: Option<BreakerState>,
+    /// Until when its pushback holds retries, if it does.
+    pub hold_until: Option<Timestamp>,
+}
+
+/// The limiter of upstream `i`: its own cap (with several upstreams), the dependency's queue.
+fn upstream_limiter(config: &DependencyConfig, i: usize) -> LimiterConfig {
+    match config.upstreams.get(i) {
+        Some(u) => LimiterConfig { cap: u.cap, ..config.limiter },
+        None => config.limiter,
+    }
 }
 
 impl Dependency {
@@ -204,13 +257,17 @@ impl Dependency {
         }
         let budget = config.budget.build().map_err(|e| e.to_string())?;
         let policy = RetryPolicy::with_budget(config.retry.clone(), budget)?;
-        let upstream = Upstream::new(config.limiter, config.breaker, clock.clone())?;
+        let mut upstreams = (0..config.upstreams.len().max(1))
+            .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let upstream = upstreams.remove(0);
         Ok(Dependency {
             inner: Arc::new(Inner {
                 config,
                 clock,
                 tokio_clock,
                 upstream,
+                more: upstreams,
                 policy,
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
@@ -242,23 +299,40 @@ impl Dependency {
         if config.retry.enforce == old.config.retry.enforce {
             policy.set_enforce(old.policy.enforce());
         }
-        let limiter = if config.limiter == old.config.limiter {
-            old.upstream.limiter.clone()
-        } else {
-            stormguard_core::limiter::Limiter::try_new(config.limiter, old.clock.clone())?
-        };
-        let breaker = if config.breaker == old.config.breaker {
-            old.upstream.breaker.clone()
-        } else {
-            config.breaker.map(stormguard_core::breaker::Breaker::try_new).transpose()?
-        };
-        let upstream = Upstream { limiter, breaker, hold: old.upstream.hold.clone() };
+        // Each upstream by name (the only one when unnamed): kept where its limiter and
+        // breaker settings are unchanged.
+        let old_name = |i: usize| old.config.upstreams.get(i).map(|u| u.name.as_str());
+        let mut upstreams = Vec::new();
+        for i in 0..config.upstreams.len().max(1) {
+            let name = config.upstreams.get(i).map(|u| u.name.as_str());
+            let limiter_config = upstream_limiter(&config, i);
+            let previous = (0..old.config.upstreams.len().max(1))
+                .find(|&j| old_name(j) == name)
+                .map(|j| (j, self.upstream_at(j)));
+            let limiter = match previous {
+                Some((j, u)) if upstream_limiter(&old.config, j) == limiter_config => {
+                    u.limiter.clone()
+                }
+                _ => stormguard_core::limiter::Limiter::try_new(limiter_config, old.clock.clone())?,
+            };
+            let breaker = match previous {
+                Some((_, u)) if config.breaker == old.config.breaker => u.breaker.clone(),
+                _ => config.breaker.map(stormguard_core::breaker::Breaker::try_new).transpose()?,
+            };
+            let hold = previous.map_or_else(
+                || Arc::new(stormguard_core::backoff::PushbackHold::new()),
+                |(_, u)| u.hold.clone(),
+            );
+            upstreams.push(Upstream { limiter, breaker, hold });
+        }
+        let upstream = upstreams.remove(0);
         Ok(Dependency {
             inner: Arc::new(Inner {
                 config,
                 clock: old.clock.clone(),
                 tokio_clock: old.tokio_clock,
                 upstream,
+                more: upstreams,
                 policy,
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
@@ -284,9 +358,42 @@ impl Dependency {
         self.inner.clock.now()
     }
 
-    /// The limiter, breaker and pushback hold.
+    /// The limiter, breaker and pushback hold (of the first upstream, with several).
     pub fn upstream(&self) -> &Upstream {
         &self.inner.upstream
+    }
+
+    /// Upstream `i` (see [`DependencyConfig::upstreams`]); the first when out of range.
+    pub fn upstream_at(&self, i: usize) -> &Upstream {
+        match i {
+            0 => &self.inner.upstream,
+            i => self.inner.more.get(i - 1).unwrap_or(&self.inner.upstream),
+        }
+    }
+
+    /// How many upstreams the dependency has (at least 1).
+    pub fn upstream_count(&self) -> usize {
+        1 + self.inner.more.len()
+    }
+
+    /// Where a primary goes: the first upstream whose breaker is not open (the first when
+    /// every one is: its breaker refuses it).
+    pub fn primary_target(&self, now: Timestamp) -> usize {
+        (0..self.upstream_count()).find(|&i| self.allows(i, now)).unwrap_or(0)
+    }
+
+    /// Where a retry of an attempt that failed on `failed` goes: the next upstream, in order
+    /// and wrapping around, whose breaker is not open (`failed` itself when none is).
+    pub fn failover_target(&self, failed: usize, now: Timestamp) -> usize {
+        let n = self.upstream_count();
+        (1..n).map(|k| (failed + k) % n).find(|&i| self.allows(i, now)).unwrap_or(failed)
+    }
+
+    fn allows(&self, i: usize, now: Timestamp) -> bool {
+        self.upstream_at(i)
+            .breaker
+            .as_ref()
+            .is_none_or(|b| !matches!(b.state(now), BreakerState::Open { .. }))
     }
 
     /// The retry rules and budget.
@@ -320,9 +427,13 @@ impl Dependency {
     pub(crate) fn record(&self, id: Option<u64>, at: Timestamp, op: TraceOp) {
         if let (Some(id), Some(r)) = (id, &self.inner.config.recorder) {
             if matches!(op, TraceOp::Retry(..)) {
-                let l = &self.inner.upstream.limiter;
-                let active =
-                    TraceOp::Active { n: l.primaries_active(), retries: l.retries_in_flight() };
+                let (mut n, mut retries) = (0, 0);
+                for i in 0..self.upstream_count() {
+                    let l = &self.upstream_at(i).limiter;
+                    n += l.primaries_active();
+                    retries += l.retries_in_flight();
+                }
+                let active = TraceOp::Active { n, retries };
                 r.record(self.name(), TraceEvent { at, id, op: active });
             }
             r.record(self.name(), TraceEvent { at, id, op });
@@ -338,6 +449,12 @@ impl Dependency {
     /// lowers the cap for `limit_ttl`; a stated remaining at or below the reserve holds retries
     /// until its reset.
     pub fn apply_limits(&self, headers: &http::HeaderMap) -> LimitInfo {
+        self.apply_limits_at(0, headers)
+    }
+
+    /// [`apply_limits`](Self::apply_limits) for upstream `i`: each upstream's stated limits are
+    /// its own.
+    pub fn apply_limits_at(&self, i: usize, headers: &http::HeaderMap) -> LimitInfo {
         // Most responses state no limit: skip the wall clock and the reset headers then.
         if !self.inner.config.limit_headers.mentions_limits(headers) {
             return LimitInfo::default();
@@ -348,13 +465,14 @@ impl Dependency {
             &self.inner.header_stats,
         );
         self.log_malformed_once();
+        let upstream = self.upstream_at(i);
         if let Some(limit) = info.limit {
-            self.inner.upstream.limiter.set_limit_hint(limit, self.inner.config.limit_ttl);
+            upstream.limiter.set_limit_hint(limit, self.inner.config.limit_ttl);
         }
         if let (Some(remaining), Some(reset)) = (info.remaining, info.reset)
             && remaining <= self.inner.config.remaining_reserve
         {
-            self.inner.upstream.hold.hold_until(self.now().saturating_add(reset));
+            upstream.hold.hold_until(self.now().saturating_add(reset));
         }
         info
     }
@@ -387,6 +505,19 @@ impl Dependency {
             hold_until: self.inner.upstream.hold.is_held(now),
             malformed_headers: self.inner.header_stats.snapshot(),
             enforce: self.inner.policy.enforce(),
+            upstream_name: self.inner.config.upstreams.first().map(|u| u.name.clone()),
+            others: self
+                .inner
+                .more
+                .iter()
+                .zip(self.inner.config.upstreams.iter().skip(1))
+                .map(|(u, spec)| UpstreamSnapshot {
+                    name: spec.name.clone(),
+                    limiter: u.limiter.snapshot(),
+                    breaker: u.breaker.as_ref().map(|b| b.state(now)),
+                    hold_until: u.hold.is_held(now),
+                })
+                .collect(),
             at: now,
         }
     }

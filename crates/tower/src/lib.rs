@@ -31,7 +31,10 @@ pub mod record;
 pub mod retry;
 
 pub use cap::{Cap, CapLayer, PermitBody};
-pub use dependency::{Dependency, DependencyConfig, DependencySnapshot, Spawner};
+pub use dependency::{
+    Dependency, DependencyConfig, DependencySnapshot, Spawner, UpstreamSnapshot, UpstreamSpec,
+    UpstreamTarget,
+};
 pub use error::{BoxError, StormguardError};
 pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{

@@ -252,7 +252,65 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         "Malformed dependency headers ignored.",
         &kinds,
     )?;
+    if !s.others.is_empty() {
+        upstreams(s, &mut enc)?;
+    }
     Ok(())
+}
+
+/// With several upstreams: each one's cap, in flight and state, labelled `upstream`. (The
+/// dependency-level series above describe the first upstream.)
+fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let dep: &str = &s.name;
+    let first = crate::dependency::UpstreamSnapshot {
+        name: s.upstream_name.clone().unwrap_or_default(),
+        limiter: s.limiter.clone(),
+        breaker: s.breaker,
+        hold_until: s.hold_until,
+    };
+    let all: Vec<_> = std::iter::once(&first).chain(&s.others).collect();
+    let series =
+        |f: &dyn Fn(&crate::dependency::UpstreamSnapshot) -> f64| -> Vec<(Labels<'_>, f64)> {
+            all.iter()
+                .map(|u| (vec![("dependency", dep), ("upstream", u.name.as_str())], f(u)))
+                .collect()
+        };
+    gauge(
+        enc,
+        "stormguard_upstream_cap",
+        "Each upstream's cap.",
+        &series(&|u| u.limiter.cap as f64),
+    )?;
+    gauge(
+        enc,
+        "stormguard_upstream_effective_cap",
+        "Each upstream's cap in force (lowered by its stated limit).",
+        &series(&|u| u.limiter.effective_cap as f64),
+    )?;
+    gauge(
+        enc,
+        "stormguard_upstream_in_flight_now",
+        "Attempts in flight at each upstream now.",
+        &series(&|u| u.limiter.in_flight as f64),
+    )?;
+    gauge(
+        enc,
+        "stormguard_upstream_in_flight_max",
+        "The most attempts in flight at each upstream since the previous scrape.",
+        &series(&|u| u.limiter.high_water as f64),
+    )?;
+    gauge(
+        enc,
+        "stormguard_upstream_breaker_open",
+        "1 while an upstream's breaker is open.",
+        &series(&|u| f64::from(u8::from(u.breaker.is_some_and(|b| b.as_str() == "open")))),
+    )?;
+    gauge(
+        enc,
+        "stormguard_upstream_pushback_hold_seconds",
+        "Time left of each upstream's pushback hold on retries.",
+        &series(&|u| u.hold_until.map_or(0.0, |t| t.saturating_since(s.at).as_secs_f64())),
+    )
 }
 
 impl Collector for DependencyCollector {

@@ -32,7 +32,7 @@ use stormguard_http::stacked::mark_attempt;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::cap::{AdmittedSlot, AttemptDeadline, BoxFuture};
-use crate::dependency::Dependency;
+use crate::dependency::{Dependency, UpstreamTarget};
 use crate::error::{BoxError, StormguardError, classify_error};
 use crate::record::{TraceOp, reached_budget};
 
@@ -219,8 +219,17 @@ where
     if id.is_some() {
         dep.record(id, start.unwrap_or_else(|| dep.now()), TraceOp::Request);
     }
+    // With several upstreams, the first whose breaker is not open.
+    let target = match dep.upstream_count() {
+        1 => 0,
+        _ => dep.primary_target(start.unwrap_or_else(|| dep.now())),
+    };
     // The first attempt sends a copy too: the original keeps the body for the next one.
     let Some(body) = policy.clone_body(req.body()) else {
+        let mut req = req;
+        if target != 0 {
+            req.extensions_mut().insert(UpstreamTarget(target));
+        }
         return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline, id)) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
@@ -229,11 +238,14 @@ where
     if let Some(d) = deadline {
         this.extensions_mut().insert(AttemptDeadline(d));
     }
+    if target != 0 {
+        this.extensions_mut().insert(UpstreamTarget(target));
+    }
     let spare = first.clone();
     let attempt = first.call(this);
     RetryFuture::First {
         attempt,
-        rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id })),
+        rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id, target })),
     }
 }
 
@@ -247,6 +259,8 @@ struct Rest<S, P, B> {
     route: Option<RouteBudget>,
     /// The request's number in the recorded trace, when recording.
     id: Option<u64>,
+    /// The upstream the first attempt went to.
+    target: usize,
 }
 
 pin_project! {
@@ -334,7 +348,7 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    let Rest { dep, policy, svc, req, deadline, route, id } = rest;
+    let Rest { dep, policy, svc, req, deadline, route, id, mut target } = rest;
     let config = dep.config();
     let mut facts = RequestFacts {
         idempotent: is_idempotent(
@@ -403,9 +417,15 @@ where
             }
         }
         facts.replayable = policy.is_replayable(req.body());
+        // A retry goes to the next upstream (with one, the same): its breaker, its pushback
+        // hold and, at admission, a slot under its cap.
+        let next = match dep.upstream_count() {
+            1 => 0,
+            _ => dep.failover_target(target, now),
+        };
         let decision = dep.policy().decide(
             now,
-            dep.upstream(),
+            dep.upstream_at(next),
             &facts,
             &mut state,
             &failed,
@@ -443,7 +463,7 @@ where
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
-        match dep.policy().admit(dep.upstream(), ticket, &mut state) {
+        match dep.policy().admit(dep.upstream_at(next), ticket, &mut state) {
             Ok(mut admitted) => {
                 if id.is_some() {
                     dep.record(id, now, TraceOp::Retry(kind, None));
@@ -457,6 +477,10 @@ where
                     this.extensions_mut().insert(AttemptDeadline(d));
                 }
                 this.extensions_mut().insert(slot);
+                if next != 0 {
+                    this.extensions_mut().insert(UpstreamTarget(next));
+                }
+                target = next;
                 let mut s = svc.clone();
                 result = match s.ready().await {
                     Ok(ready) => ready.call(this).await,
