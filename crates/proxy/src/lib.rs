@@ -25,6 +25,7 @@
 
 pub mod admin;
 pub mod config;
+mod fleet;
 pub mod hop;
 pub mod scopes;
 mod server;
@@ -73,6 +74,7 @@ pub struct ProxyHandle {
     listen: Vec<SocketAddr>,
     admin: Option<SocketAddr>,
     dependencies: Vec<Dependency>,
+    fleets: Vec<stormguard_redis::Fleet>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -91,6 +93,11 @@ impl ProxyHandle {
     /// The dependency named `name`: its snapshot, its switches.
     pub fn dependency(&self, name: &str) -> Option<&Dependency> {
         self.dependencies.iter().find(|d| d.name() == name)
+    }
+
+    /// The fleet layer of the dependency named `name`, when its placement is `fleet`.
+    pub fn fleet(&self, name: &str) -> Option<&stormguard_redis::Fleet> {
+        self.fleets.iter().find(|f| f.config().dependency == name)
     }
 
     /// A future that resolves when [`shutdown`](Self::shutdown) is called or the handle dropped.
@@ -122,10 +129,14 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate().map_err(|(k, r)| StartError::Invalid(k, r))?;
     let mut deps = Vec::new();
     let mut registry = Registry::default();
+    let mut fleets = Vec::new();
     for d in &config.dependencies {
-        let dependency = Dependency::try_new(d.to_tower())
-            .map_err(|r| StartError::Invalid(format!("dependency {}", d.name), r))?;
+        let (dependency, fleet) = fleet::build(d)?;
         stormguard_tower::metrics::register(&mut registry, &dependency);
+        if let Some((fleet, worker)) = fleet {
+            stormguard_redis::metrics::register(&mut registry, &fleet);
+            fleets.push((fleet, worker));
+        }
         let service = stack::stack(&dependency, stack::client(d.cap));
         deps.push(DepRuntime {
             service,
@@ -172,6 +183,15 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     registry.register_collector(Box::new(ProxyCollector { shared: shared.clone() }));
     let (shutdown, _) = watch::channel(false);
     let mut tasks = Vec::new();
+    // The proxy owns each fleet's lease worker: it renews until shutdown.
+    let mut fleet_handles = Vec::new();
+    for (fleet, worker) in fleets {
+        let mut stop = shutdown.subscribe();
+        tasks.push(tokio::spawn(worker.run_until(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+        fleet_handles.push(fleet);
+    }
     let mut listen = Vec::new();
     for (i, (listener, addr, _)) in bound.into_iter().enumerate() {
         listen.push(addr);
@@ -201,6 +221,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         listen,
         admin: admin_addr,
         dependencies: shared.deps.iter().map(|d| d.dependency.clone()).collect(),
+        fleets: fleet_handles,
         shutdown,
         tasks,
     })
