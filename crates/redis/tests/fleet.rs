@@ -134,7 +134,7 @@ async fn lua_concurrency_many_workers_never_over_grant() {
         let mut tasks = Vec::new();
         let mut workers = Vec::new();
         for i in 0..10 {
-            let inst = instance(&redis, &format!("w{i}"), 20, 10, 300, 10);
+            let inst = instance(&redis, &format!("w{i}"), 20, 10, 1_000, 10);
             if fleet {
                 workers.push(tokio::spawn(inst.worker.run()));
             } else {
