@@ -13,7 +13,10 @@
 //! - **a timed-out attempt keeps its slot** ([`Permit::hold`]) until the dependency answers or the
 //!   hold passes, because the dependency is still working on it;
 //! - **the dependency can lower the cap** ([`Limiter::set_limit_hint`]), never raise it above the
-//!   configured one; a lower cap takes effect as permits return.
+//!   configured one; a lower cap takes effect as permits return;
+//! - **a fleet lease can lower it too** ([`Limiter::set_lease`]): the slots this instance holds
+//!   of a cap shared by every instance (stormguard-redis), valid until a time, then a fallback
+//!   share. Like the hint it never raises the cap and never revokes a permit.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -124,6 +127,11 @@ struct Inner {
     /// The dependency's limit (0: none) and until when it holds, in nanoseconds.
     hint: AtomicU64,
     hint_until: AtomicU64,
+    /// The fleet lease: at most `lease_slots` until `lease_until` (nanoseconds), then at most
+    /// `lease_after`. `lease_slots == u64::MAX`: no lease.
+    lease_slots: AtomicU64,
+    lease_until: AtomicU64,
+    lease_after: AtomicU64,
     /// The earliest end of a timed-out attempt's hold, or `u64::MAX`.
     earliest_hold: AtomicU64,
     /// Admission time + 1 of the permit using each slot; 0 when free.
@@ -226,6 +234,9 @@ impl Limiter {
                 state: AtomicU64::new(0),
                 hint: AtomicU64::new(0),
                 hint_until: AtomicU64::new(0),
+                lease_slots: AtomicU64::new(u64::MAX),
+                lease_until: AtomicU64::new(0),
+                lease_after: AtomicU64::new(u64::MAX),
                 earliest_hold: AtomicU64::new(u64::MAX),
                 slots: (0..config.cap).map(|_| AtomicU64::new(0)).collect(),
                 slow: Mutex::new(Slow::default()),
@@ -330,6 +341,29 @@ impl Limiter {
         self.inner.fill_from_queue(now);
     }
 
+    /// Lowers the effective cap to `slots` until `until` (on the limiter's clock), and to `then`
+    /// after it: the lease of a cap shared by a fleet (`slots` granted by the fleet, `then` the
+    /// share to fall back on when no renewal came). Either may be 0 (admit nothing new); neither
+    /// raises the cap above the configured one. The last lease wins, and a lower one takes
+    /// effect as permits return: none is revoked.
+    pub fn set_lease(&self, slots: u64, until: Timestamp, then: u64) {
+        // Written after-until-slots, read slots-until-after (`lease_cap`): a reader that sees
+        // the new slots sees their expiry. A reader mixing an old and a new lease for an instant
+        // admits at most the larger of the two, which the fleet still counts as this
+        // instance's (a renewal is recorded before it is applied here).
+        self.inner.lease_after.store(then, Ordering::Release);
+        self.inner.lease_until.store(until.as_nanos(), Ordering::Release);
+        self.inner.lease_slots.store(slots.min(u64::MAX - 1), Ordering::Release);
+        // A larger lease may free room for waiters.
+        self.inner.fill_from_queue(self.inner.clock.now());
+    }
+
+    /// Removes the lease: the configured cap (and any limit hint) applies again.
+    pub fn clear_lease(&self) {
+        self.inner.lease_slots.store(u64::MAX, Ordering::Release);
+        self.inner.fill_from_queue(self.inner.clock.now());
+    }
+
     /// The cap in force now.
     pub fn effective_cap(&self) -> u64 {
         self.inner.effective_cap(self.inner.clock.now())
@@ -357,13 +391,18 @@ impl Limiter {
         unpack(self.inner.state.load(Ordering::Acquire)).1
     }
 
-    /// When something time-driven next changes (a held slot or the limit hint expires), so a
+    /// When something time-driven next changes (a held slot, the limit hint or a lease expires), so a
     /// runtime can wake waiters then.
     pub fn next_wakeup(&self) -> Option<Timestamp> {
         let hold = self.inner.earliest_hold.load(Ordering::Acquire);
         let hint_until = self.inner.hint_until.load(Ordering::Acquire);
+        let lease_until = if self.inner.lease_slots.load(Ordering::Acquire) == u64::MAX {
+            u64::MAX
+        } else {
+            self.inner.lease_until.load(Ordering::Acquire)
+        };
         let now = self.inner.clock.now().as_nanos();
-        [hold, hint_until]
+        [hold, hint_until, lease_until]
             .into_iter()
             .filter(|t| *t != u64::MAX && *t > now)
             .min()
@@ -413,10 +452,25 @@ impl Inner {
     #[inline]
     fn effective_cap(&self, now: Timestamp) -> u64 {
         let hint = self.hint.load(Ordering::Acquire);
-        if hint != 0 && now.as_nanos() < self.hint_until.load(Ordering::Acquire) {
+        let cap = if hint != 0 && now.as_nanos() < self.hint_until.load(Ordering::Acquire) {
             hint.min(self.config.cap)
         } else {
             self.config.cap
+        };
+        cap.min(self.lease_cap(now))
+    }
+
+    /// The fleet lease's ceiling now (`u64::MAX` without a lease): one load when there is none.
+    #[inline]
+    fn lease_cap(&self, now: Timestamp) -> u64 {
+        let slots = self.lease_slots.load(Ordering::Acquire);
+        if slots == u64::MAX {
+            return u64::MAX;
+        }
+        if now.as_nanos() < self.lease_until.load(Ordering::Acquire) {
+            slots
+        } else {
+            self.lease_after.load(Ordering::Acquire)
         }
     }
 
@@ -1080,6 +1134,59 @@ mod tests {
         assert_eq!(l.effective_cap(), 1, "never below 1");
         clock.advance(Duration::from_secs(5));
         assert_eq!(l.effective_cap(), 4, "the hint expires");
+    }
+
+    #[test]
+    fn lease_lowers_the_cap_until_it_expires_then_falls_back() {
+        let (l, clock) = limiter(10, 0);
+        let held: Vec<_> = (0..5).map(|_| l.try_acquire(AttemptKind::Primary).unwrap()).collect();
+        l.set_lease(2, Timestamp::from_millis(1_000), 4);
+        assert_eq!(l.effective_cap(), 2);
+        assert_eq!(l.in_flight(), 5, "no permit is revoked");
+        assert_eq!(l.next_wakeup(), Some(Timestamp::from_millis(1_000)));
+        let mut held = held.into_iter();
+        for _ in 0..3 {
+            drop(held.next());
+        }
+        assert_eq!(l.try_acquire(AttemptKind::Retry).unwrap_err(), Denied::Cap, "2 of 2 in use");
+        // The lease passes without a renewal: the fallback share applies.
+        clock.advance(Duration::from_millis(1_000));
+        assert_eq!(l.effective_cap(), 4);
+        let a = l.try_acquire(AttemptKind::Retry).unwrap();
+        let b = l.try_acquire(AttemptKind::Retry).unwrap();
+        assert_eq!(l.try_acquire(AttemptKind::Retry).unwrap_err(), Denied::Cap);
+        // A lease of 0 admits nothing new; one above the cap never raises it.
+        l.set_lease(0, Timestamp::from_millis(2_000), 0);
+        drop((a, b));
+        assert_eq!(l.try_acquire(AttemptKind::Primary).unwrap_err(), Denied::Cap);
+        l.set_lease(1_000, Timestamp::from_millis(2_000), 0);
+        assert_eq!(l.effective_cap(), 10);
+        l.clear_lease();
+        assert_eq!(l.effective_cap(), 10);
+        assert_eq!(l.next_wakeup(), None);
+        drop(held);
+    }
+
+    #[test]
+    fn a_larger_lease_admits_waiting_primaries() {
+        let (l, clock) = limiter(4, 10);
+        l.set_lease(0, Timestamp::from_millis(500), 0);
+        let (f, w) = flag();
+        let mut a = l.acquire();
+        assert!(poll(&mut a, &w).is_pending(), "no slot leased: the primary waits");
+        l.set_lease(1, Timestamp::from_millis(500), 0);
+        assert!(f.0.load(std::sync::atomic::Ordering::SeqCst), "the waiter is woken");
+        let p = match poll(&mut a, &w) {
+            Poll::Ready(Ok(p)) => p,
+            other => panic!("{other:?}"),
+        };
+        // With the limit hint too, the lower of the two holds.
+        l.set_limit_hint(3, Duration::from_secs(5));
+        l.set_lease(4, Timestamp::from_millis(500), 0);
+        assert_eq!(l.effective_cap(), 3);
+        clock.advance(Duration::from_millis(500));
+        assert_eq!(l.effective_cap(), 0, "expired lease, fallback share 0");
+        drop(p);
     }
 
     #[test]

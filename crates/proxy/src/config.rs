@@ -145,6 +145,106 @@ pub struct DependencyConfig {
     /// by the proxy, read by `stormguard audit` (a floor above `cap − planned_primary` is a
     /// finding) and written by `stormguard plan --format toml`. Default none.
     pub planned_primary: Option<u64>,
+    /// `placement = "fleet"`: the cap and the budget's reserve are shared by every instance
+    /// through Redis (see [`FleetPlacement`]). Default none: `placement = "local"`.
+    pub fleet: Option<FleetPlacement>,
+}
+
+/// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
+/// and its password are never in the file, in `/config` or in the logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisSource {
+    /// `redis = "env:NAME"`: the URL (`redis://[[user]:password@]host[:port][/db]`) is read
+    /// from the environment variable `NAME` when the proxy starts.
+    Env(String),
+    /// A target given in code (tests, embedding).
+    Target(stormguard_redis::RedisTarget),
+}
+
+/// The fleet placement of a dependency: `placement = "fleet"` and these keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetPlacement {
+    /// `redis`: where Redis is. Default `env:STORMGUARD_REDIS_URL`.
+    pub redis: RedisSource,
+    /// `fleet_cap`: attempts in flight across every instance. Default: `cap`.
+    pub fleet_cap: Option<u64>,
+    /// `max_instances`: the most instances at the fleet's peak (required, `≥ 1`); the fallback
+    /// share is `floor(fleet_cap / max_instances)`.
+    pub max_instances: u64,
+    /// `lease_ttl`: how long a grant is valid, 300 ms to 60 s. Default 2 s.
+    pub lease_ttl: Duration,
+    /// `interval`: how often the lease is renewed, at most `lease_ttl / 3`. Default 200 ms.
+    pub interval: Duration,
+    /// `fallback_min`: slots an instance uses without Redis when the share rounds below it.
+    /// Default 0 (the cap wins).
+    pub fallback_min: u64,
+    /// `instance`: this instance's id in the fleet. Default: `$HOSTNAME`, the pid, a nonce.
+    pub instance: Option<String>,
+}
+
+impl FleetPlacement {
+    /// A placement on the Redis named by `$STORMGUARD_REDIS_URL`, for `max_instances`.
+    pub fn new(max_instances: u64) -> FleetPlacement {
+        FleetPlacement {
+            redis: RedisSource::Env("STORMGUARD_REDIS_URL".into()),
+            fleet_cap: None,
+            max_instances,
+            lease_ttl: Duration::from_secs(2),
+            interval: Duration::from_millis(200),
+            fallback_min: 0,
+            instance: None,
+        }
+    }
+
+    /// The fleet layer's config for `dependency` on `redis`.
+    pub fn to_fleet(
+        &self,
+        dependency: &DependencyConfig,
+        redis: stormguard_redis::RedisTarget,
+    ) -> stormguard_redis::FleetConfig {
+        let mut c = stormguard_redis::FleetConfig::new(
+            dependency.name.clone(),
+            self.instance.clone().unwrap_or_else(stormguard_redis::default_instance_id),
+            redis,
+            self.fleet_cap.unwrap_or(dependency.cap),
+            self.max_instances,
+        )
+        .with_timing(self.lease_ttl, self.interval);
+        c.fallback_min = self.fallback_min;
+        c
+    }
+
+    /// Checks every rule; the error names the key.
+    fn validate(&self, d: &DependencyConfig) -> Result<(), (&'static str, String)> {
+        if self.max_instances == 0 {
+            return Err(("max_instances", "placement = \"fleet\" needs max_instances (the most instances at the fleet's peak), at least 1".into()));
+        }
+        let target = stormguard_redis::RedisTarget {
+            host: "check".into(),
+            port: 6379,
+            user: None,
+            password: None,
+            db: 0,
+        };
+        let c = self.to_fleet(d, target);
+        let key = |r: &str| {
+            if r.starts_with("fleet_cap") {
+                "fleet_cap"
+            } else if r.starts_with("max_instances") {
+                "max_instances"
+            } else if r.starts_with("interval") {
+                "interval"
+            } else if r.starts_with("instance") {
+                "instance"
+            } else {
+                "lease_ttl"
+            }
+        };
+        c.validate().map_err(|r| (key(&r), r))?;
+        let fleet = stormguard_redis::Fleet::try_new(c).map_err(|r| ("placement", r))?;
+        fleet.budget(&d.budget).map_err(|r| ("lease_ttl", r))?;
+        Ok(())
+    }
 }
 
 impl DependencyConfig {
@@ -172,6 +272,7 @@ impl DependencyConfig {
             timeout_slot_hold: None,
             body_limit: stormguard_http::body::DEFAULT_LIMIT,
             planned_primary: None,
+            fleet: None,
         }
     }
 
@@ -242,6 +343,12 @@ impl DependencyConfig {
         }
         stormguard_http::headers::LimitHeaders::try_new(self.limit_headers.clone())
             .map_err(|e| ("limit_headers", e.to_string()))?;
+        if self.fleet.is_some() && self.upstreams.len() > 1 {
+            return Err((
+                "placement",
+                "a fleet dependency has one upstream (its lease is that upstream's cap)".into(),
+            ));
+        }
         if self.upstream_caps.len() > self.upstreams.len() {
             return Err(("upstreams", "more caps than upstreams".into()));
         }
@@ -290,6 +397,9 @@ impl DependencyConfig {
         }
         if self.body_limit > 64 * 1024 * 1024 {
             return Err(("body_limit", format!("must be at most 64 MiB, got {}", self.body_limit)));
+        }
+        if let Some(f) = &self.fleet {
+            f.validate(self)?;
         }
         Ok(())
     }
@@ -488,6 +598,20 @@ impl ProxyConfig {
                 "timeout_slot_hold": dur(d.timeout_slot_hold),
                 "body_limit": d.body_limit,
                 "planned_primary": d.planned_primary,
+                "placement": if d.fleet.is_some() { "fleet" } else { "local" },
+                // The Redis URL and its password are never shown: only where they come from.
+                "fleet": d.fleet.as_ref().map(|f| json!({
+                    "redis": match &f.redis {
+                        RedisSource::Env(name) => format!("env:{name}"),
+                        RedisSource::Target(t) => t.to_string(),
+                    },
+                    "fleet_cap": f.fleet_cap.unwrap_or(d.cap),
+                    "max_instances": f.max_instances,
+                    "lease_ttl": dur(Some(f.lease_ttl)),
+                    "interval": dur(Some(f.interval)),
+                    "fallback_min": f.fallback_min,
+                    "instance": f.instance,
+                })),
             })).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(|r| json!({
                 "host": r.host, "path_prefix": r.path_prefix, "dependency": r.dependency,
@@ -618,6 +742,14 @@ struct RawDependency {
     planned_primary: Option<Spanned<u64>>,
     limit_headers: Option<Spanned<RawLimitHeaders>>,
     remaining_reserve: Option<Spanned<u64>>,
+    placement: Option<Spanned<String>>,
+    redis: Option<Spanned<String>>,
+    fleet_cap: Option<Spanned<u64>>,
+    max_instances: Option<Spanned<u64>>,
+    lease_ttl: Option<Spanned<String>>,
+    interval: Option<Spanned<String>>,
+    fallback_min: Option<Spanned<u64>>,
+    instance: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -781,8 +913,117 @@ impl RawConfig {
     }
 }
 
+/// The fleet keys of a `[[dependency]]`, read apart so they can be checked together.
+struct RawFleet {
+    placement: Option<Spanned<String>>,
+    redis: Option<Spanned<String>>,
+    fleet_cap: Option<Spanned<u64>>,
+    max_instances: Option<Spanned<u64>>,
+    lease_ttl: Option<Spanned<String>>,
+    interval: Option<Spanned<String>>,
+    fallback_min: Option<Spanned<u64>>,
+    instance: Option<Spanned<String>>,
+}
+
+impl RawFleet {
+    fn build(self, p: &str, spans: &mut Spans) -> Result<Option<FleetPlacement>, Bad> {
+        let k = |key: &str| format!("{p}.{key}");
+        let fleet = match &self.placement {
+            None => false,
+            Some(v) => {
+                spans.put(k("placement"), v.span());
+                match v.get_ref().as_str() {
+                    "local" => false,
+                    "fleet" => true,
+                    other => {
+                        return Err(bad(
+                            v,
+                            &k("placement"),
+                            format!("placement is \"local\" or \"fleet\", got {other:?}"),
+                        ));
+                    }
+                }
+            }
+        };
+        let spans_of: [(&str, Option<Range<usize>>); 7] = [
+            ("redis", self.redis.as_ref().map(Spanned::span)),
+            ("fleet_cap", self.fleet_cap.as_ref().map(Spanned::span)),
+            ("max_instances", self.max_instances.as_ref().map(Spanned::span)),
+            ("lease_ttl", self.lease_ttl.as_ref().map(Spanned::span)),
+            ("interval", self.interval.as_ref().map(Spanned::span)),
+            ("fallback_min", self.fallback_min.as_ref().map(Spanned::span)),
+            ("instance", self.instance.as_ref().map(Spanned::span)),
+        ];
+        for (key, span) in spans_of {
+            if let Some(span) = span {
+                if !fleet {
+                    return Err((
+                        span,
+                        k(key),
+                        format!("{key} is a fleet key: set placement = \"fleet\" to use it"),
+                    ));
+                }
+                spans.put(k(key), span);
+            }
+        }
+        if !fleet {
+            return Ok(None);
+        }
+        let mut f = FleetPlacement::new(0);
+        if let Some(v) = &self.redis {
+            match v.get_ref().strip_prefix("env:") {
+                Some(name) if !name.is_empty() => f.redis = RedisSource::Env(name.to_string()),
+                _ => {
+                    return Err(bad(
+                        v,
+                        &k("redis"),
+                        "the Redis URL and its password come from an environment variable: redis = \"env:STORMGUARD_REDIS_URL\"",
+                    ));
+                }
+            }
+        }
+        f.fleet_cap = self.fleet_cap.map(Spanned::into_inner);
+        match self.max_instances {
+            Some(v) => f.max_instances = v.into_inner(),
+            None => {
+                let span = self.placement.as_ref().map_or(0..0, Spanned::span);
+                return Err((
+                    span,
+                    k("max_instances"),
+                    "placement = \"fleet\" needs max_instances (the most instances at the fleet's peak)".into(),
+                ));
+            }
+        }
+        if let Some(v) = &self.lease_ttl {
+            f.lease_ttl = duration(v, &k("lease_ttl"))?;
+        }
+        if let Some(v) = &self.interval {
+            f.interval = duration(v, &k("interval"))?;
+        }
+        f.fallback_min = self.fallback_min.map_or(0, Spanned::into_inner);
+        f.instance = self.instance.map(Spanned::into_inner);
+        Ok(Some(f))
+    }
+}
+
 impl RawDependency {
-    fn build(self, p: &str, spans: &mut Spans) -> Result<DependencyConfig, Bad> {
+    fn build(mut self, p: &str, spans: &mut Spans) -> Result<DependencyConfig, Bad> {
+        let fleet = RawFleet {
+            placement: self.placement.take(),
+            redis: self.redis.take(),
+            fleet_cap: self.fleet_cap.take(),
+            max_instances: self.max_instances.take(),
+            lease_ttl: self.lease_ttl.take(),
+            interval: self.interval.take(),
+            fallback_min: self.fallback_min.take(),
+            instance: self.instance.take(),
+        };
+        let mut d = self.build_local(p, spans)?;
+        d.fleet = fleet.build(p, spans)?;
+        Ok(d)
+    }
+
+    fn build_local(self, p: &str, spans: &mut Spans) -> Result<DependencyConfig, Bad> {
         let k = |key: &str| format!("{p}.{key}");
         let mut upstreams = Vec::new();
         spans.put(k("upstreams"), self.upstreams.span());
@@ -1025,6 +1266,71 @@ mod tests {
                 .contains("dependency[0].upstreams")
         );
         assert!(err("cap = [").starts_with("f.toml:1:"));
+    }
+
+    #[test]
+    fn fleet_placement() {
+        let text = format!(
+            "{BASE}cap = 20\nplacement = \"fleet\"\nredis = \"env:REDIS_FOR_PAYMENTS\"\nmax_instances = 50\n\
+             lease_ttl = \"3s\"\ninterval = \"250ms\"\nfallback_min = 1\nfleet_cap = 100\n"
+        );
+        let c = ProxyConfig::parse(&text, "f.toml").unwrap();
+        let f = c.dependencies[0].fleet.as_ref().unwrap();
+        assert_eq!(f.redis, RedisSource::Env("REDIS_FOR_PAYMENTS".into()));
+        assert_eq!((f.max_instances, f.fleet_cap, f.fallback_min), (50, Some(100), 1));
+        assert_eq!((f.lease_ttl, f.interval), (Duration::from_secs(3), Duration::from_millis(250)));
+        let json = c.to_json().to_string();
+        assert!(json.contains("\"redis\":\"env:REDIS_FOR_PAYMENTS\""), "{json}");
+        assert!(json.contains("\"placement\":\"fleet\""), "{json}");
+        // Defaults: the URL from $STORMGUARD_REDIS_URL, the fleet cap from cap.
+        let c = ProxyConfig::parse(
+            &format!("{BASE}placement = \"fleet\"\nmax_instances = 3\n"),
+            "f.toml",
+        )
+        .unwrap();
+        let f = c.dependencies[0].fleet.as_ref().unwrap();
+        assert_eq!(f.redis, RedisSource::Env("STORMGUARD_REDIS_URL".into()));
+        assert_eq!(f.fleet_cap, None);
+        assert!(ProxyConfig::parse(BASE, "f.toml").unwrap().dependencies[0].fleet.is_none());
+    }
+
+    #[test]
+    fn fleet_errors_name_the_key() {
+        assert_eq!(
+            err(&format!(
+                "{BASE}placement = \"fleet\"\nredis = \"redis://:hunter2@h:6379\"\nmax_instances = 3\n"
+            )),
+            "f.toml:9:9: dependency[0].redis: the Redis URL and its password come from an environment variable: redis = \"env:STORMGUARD_REDIS_URL\""
+        );
+        assert_eq!(
+            err(&format!("{BASE}placement = \"fleet\"\n")),
+            "f.toml:8:13: dependency[0].max_instances: placement = \"fleet\" needs max_instances (the most instances at the fleet's peak)"
+        );
+        assert_eq!(
+            err(&format!("{BASE}max_instances = 3\n")),
+            "f.toml:8:17: dependency[0].max_instances: max_instances is a fleet key: set placement = \"fleet\" to use it"
+        );
+        assert!(err(&format!("{BASE}placement = \"global\"\n")).starts_with(
+            "f.toml:8:13: dependency[0].placement: placement is \"local\" or \"fleet\""
+        ));
+        assert!(
+            err(&format!("{BASE}placement = \"fleet\"\nmax_instances = 3\ninterval = \"1s\"\n"))
+                .starts_with("f.toml:10:12: dependency[0].interval: interval must be at least 10ms and at most lease_ttl / 3"),
+        );
+        assert!(
+            err(&format!("{BASE}placement = \"fleet\"\nmax_instances = 0\n"))
+                .starts_with("f.toml:9:17: dependency[0].max_instances: "),
+        );
+        assert!(
+            err(&format!(
+                "{BASE}budget = \"ratio:ttl=1s\"\nplacement = \"fleet\"\nmax_instances = 3\n"
+            ))
+            .starts_with("f.toml:5:1: dependency[0].lease_ttl: lease_ttl (2s) must be at most 0.9"),
+            "{}",
+            err(&format!(
+                "{BASE}budget = \"ratio:ttl=1s\"\nplacement = \"fleet\"\nmax_instances = 3\n"
+            ))
+        );
     }
 
     #[test]

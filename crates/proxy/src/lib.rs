@@ -31,6 +31,7 @@
 
 pub mod admin;
 pub mod config;
+mod fleet;
 pub mod hop;
 pub mod record;
 pub mod reload;
@@ -103,7 +104,7 @@ pub struct ProxyHandle {
     state: Arc<State>,
     /// The caller listeners: run, drain, stop.
     listeners_stop: watch::Sender<Stop>,
-    /// Everything else (admin, flusher): stop.
+    /// Everything else (admin, flusher, fleet workers): stop.
     shutdown: watch::Sender<bool>,
     listener_tasks: Vec<JoinHandle<usize>>,
     tasks: Vec<JoinHandle<()>>,
@@ -137,6 +138,11 @@ impl ProxyHandle {
             .iter()
             .find(|d| d.dependency.name() == name)
             .map(|d| d.dependency.clone())
+    }
+
+    /// The fleet layer of the dependency named `name`, when its placement is `fleet`.
+    pub fn fleet(&self, name: &str) -> Option<&stormguard_redis::Fleet> {
+        self.state.fleets.iter().find(|f| f.config().dependency == name)
     }
 
     /// Puts `config` in force (see [`reload`]). A config that is invalid, or that changes
@@ -233,17 +239,23 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         bound.push((listener, addr));
     }
     let addrs: Vec<SocketAddr> = bound.iter().map(|(_, a)| *a).collect();
-    let shared = reload::build(&config, None, &addrs, trace.as_ref())
-        .map_err(|(k, r)| StartError::Invalid(k, r))?
-        .shared;
+    let built = reload::build(&config, None, &addrs, trace.as_ref())?;
     let source = config.source.clone();
     let admin_at = config.admin;
-    let state = Arc::new(State::new(shared, trace.clone(), source));
+    let (fleets, workers): (Vec<_>, Vec<_>) = built.fleets.into_iter().unzip();
+    let state = Arc::new(State::new(built.shared, trace.clone(), source, fleets));
     rebuild_registry(&state);
     let (listeners_stop, _) = watch::channel(Stop::Run);
     let (shutdown, _) = watch::channel(false);
     let mut listener_tasks = Vec::new();
     let mut tasks = Vec::new();
+    // The proxy owns each fleet's lease worker: it renews until shutdown.
+    for worker in workers {
+        let mut stop = shutdown.subscribe();
+        tasks.push(tokio::spawn(worker.run_until(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+    }
     for (i, (listener, addr)) in bound.into_iter().enumerate() {
         let state = state.clone();
         let svc = move |peer, req| {
@@ -303,6 +315,9 @@ pub(crate) fn rebuild_registry(state: &Arc<State>) {
     let mut registry = Registry::default();
     for d in &state.current().deps {
         stormguard_tower::metrics::register(&mut registry, &d.dependency);
+    }
+    for f in &state.fleets {
+        stormguard_redis::metrics::register(&mut registry, f);
     }
     registry.register_collector(Box::new(ProxyCollector { state: Arc::downgrade(state) }));
     *state.registry.write().unwrap_or_else(PoisonError::into_inner) = registry;

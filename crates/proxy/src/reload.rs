@@ -62,6 +62,9 @@ pub enum ReloadError {
 pub(crate) struct Built {
     pub(crate) shared: Shared,
     pub(crate) report: ReloadReport,
+    /// The fleet layers built, with the workers to run (at start only: a reload refuses to
+    /// change a fleet dependency).
+    pub(crate) fleets: Vec<(stormguard_redis::Fleet, stormguard_redis::FleetWorker)>,
     /// Changed limiters of the same upstream: (old, new).
     bridges: Vec<(Dependency, Dependency)>,
 }
@@ -72,8 +75,10 @@ pub(crate) fn build(
     previous: Option<&Shared>,
     addrs: &[SocketAddr],
     trace: Option<&Arc<TraceFile>>,
-) -> Result<Built, (String, String)> {
+) -> Result<Built, crate::StartError> {
+    let invalid = |k: String, r: String| crate::StartError::Invalid(k, r);
     let mut report = ReloadReport::default();
+    let mut fleets = Vec::new();
     let mut bridges = Vec::new();
     let mut deps = Vec::new();
     for d in &config.dependencies {
@@ -89,10 +94,16 @@ pub(crate) fn build(
         let upstreams: Arc<[http::Uri]> = d.upstreams.clone().into();
         let same_upstream = old.filter(|o| o.upstreams == upstreams);
         let dependency = match same_upstream {
-            Some(o) => o.dependency.successor(tower),
-            None => Dependency::try_new(tower),
-        }
-        .map_err(|r| (format!("dependency {}", d.name), r))?;
+            Some(o) if d.fleet.is_none() => o
+                .dependency
+                .successor(tower)
+                .map_err(|r| invalid(format!("dependency {}", d.name), r))?,
+            _ => {
+                let (dependency, fleet) = crate::fleet::build(d, tower)?;
+                fleets.extend(fleet);
+                dependency
+            }
+        };
         if same_upstream.is_some() {
             // Each upstream whose limiter was rebuilt switches over from the old one.
             let o = old.expect("same upstream implies an old one");
@@ -134,7 +145,7 @@ pub(crate) fn build(
         let budget = match (old, &r.budget) {
             (Some(o), _) => o.budget.clone(),
             (None, Some(spec)) => Some(Arc::new(
-                spec.build().map_err(|e| ("route budget".to_string(), e.to_string()))?,
+                spec.build().map_err(|e| invalid("route budget".to_string(), e.to_string()))?,
             )
                 as Arc<dyn stormguard_core::budget::RetryBudget>),
             (None, None) => None,
@@ -161,7 +172,7 @@ pub(crate) fn build(
         client_header: config.client_header.clone(),
         config: config.clone(),
     };
-    Ok(Built { shared, report, bridges })
+    Ok(Built { shared, report, bridges, fleets })
 }
 
 /// How long one step of a limiter's switch-over holds if it is not renewed.
@@ -235,9 +246,16 @@ fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, Reload
     if old.config.record != config.record {
         return Err(ReloadError::Fixed("the record file"));
     }
+    // A fleet dependency's lease worker runs for the proxy's life: it cannot be swapped.
+    let fleet_deps = |c: &ProxyConfig| {
+        c.dependencies.iter().filter(|d| d.fleet.is_some()).cloned().collect::<Vec<_>>()
+    };
+    if fleet_deps(&old.config) != fleet_deps(&config) {
+        return Err(ReloadError::Fixed("a dependency with placement = \"fleet\""));
+    }
     let addrs: Vec<SocketAddr> = old.listeners.iter().map(|(a, _)| *a).collect();
     let built = build(&config, Some(&old), &addrs, state.trace.as_ref())
-        .map_err(|(k, r)| ReloadError::Invalid(format!("{k}: {r}")))?;
+        .map_err(|e| ReloadError::Invalid(e.to_string()))?;
     for (o, n) in built.bridges {
         bridge(o, n);
     }

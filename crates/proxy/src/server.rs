@@ -78,6 +78,8 @@ pub(crate) struct State {
     pub(crate) source: Option<std::path::PathBuf>,
     /// Reloads run one at a time.
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
+    /// The fleet layers of `placement = "fleet"` dependencies (fixed for the proxy's life).
+    pub(crate) fleets: Vec<stormguard_redis::Fleet>,
 }
 
 impl State {
@@ -85,6 +87,7 @@ impl State {
         shared: Shared,
         trace: Option<Arc<crate::record::TraceFile>>,
         source: Option<std::path::PathBuf>,
+        fleets: Vec<stormguard_redis::Fleet>,
     ) -> State {
         State {
             traffic: crate::traffic::Traffic::new(shared.config.client_max),
@@ -98,6 +101,7 @@ impl State {
             registry: RwLock::new(prometheus_client::registry::Registry::default()),
             source,
             reload_lock: tokio::sync::Mutex::new(()),
+            fleets,
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderName;
 use stormguard_core::breaker::{BreakerConfig, BreakerState};
-use stormguard_core::budget::{BudgetSnapshot, BudgetSpec};
+use stormguard_core::budget::{BudgetSnapshot, BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, Timestamp};
 use stormguard_core::decision::{RetryConfig, RetryPolicy, Upstream};
 use stormguard_core::limiter::{LimiterConfig, LimiterSnapshot};
@@ -235,7 +235,18 @@ impl Dependency {
     /// tokio runtime only if time is paused; otherwise anywhere.
     pub fn try_new(config: DependencyConfig) -> Result<Dependency, String> {
         let clock = TokioClock::new();
-        Dependency::build(config, Arc::new(clock), Some(clock))
+        Dependency::build(config, Arc::new(clock), Some(clock), None)
+    }
+
+    /// Like [`try_new`](Self::try_new), with a budget built elsewhere instead of
+    /// `config.budget`: e.g. stormguard-redis's fleet budget, whose reserve is shared by every
+    /// instance of a service.
+    pub fn try_new_with_budget(
+        config: DependencyConfig,
+        budget: Arc<dyn RetryBudget>,
+    ) -> Result<Dependency, String> {
+        let clock = TokioClock::new();
+        Dependency::build(config, Arc::new(clock), Some(clock), Some(budget))
     }
 
     /// Builds a dependency on another clock (a manual clock in a simulation). Sleeps still use
@@ -244,19 +255,25 @@ impl Dependency {
         config: DependencyConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Dependency, String> {
-        Dependency::build(config, clock, None)
+        Dependency::build(config, clock, None, None)
     }
 
     fn build(
         config: DependencyConfig,
         clock: Arc<dyn Clock>,
         tokio_clock: Option<TokioClock>,
+        budget: Option<Arc<dyn RetryBudget>>,
     ) -> Result<Dependency, String> {
         if config.body_limit > 64 * 1024 * 1024 {
             return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
         }
-        let budget = config.budget.build().map_err(|e| e.to_string())?;
-        let policy = RetryPolicy::with_budget(config.retry.clone(), budget)?;
+        let policy = match budget {
+            Some(budget) => RetryPolicy::try_new(config.retry.clone(), budget)?,
+            None => RetryPolicy::with_budget(
+                config.retry.clone(),
+                config.budget.build().map_err(|e| e.to_string())?,
+            )?,
+        };
         let mut upstreams = (0..config.upstreams.len().max(1))
             .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
             .collect::<Result<Vec<_>, _>>()?;

@@ -1,0 +1,55 @@
+//! `placement = "fleet"`: a dependency whose cap and retry reserve are shared by every
+//! instance through Redis (stormguard-redis). The proxy owns the lease worker and runs it
+//! until shutdown; the request path only reads the lease.
+
+use std::sync::Arc;
+
+use stormguard_redis::{Fleet, FleetWorker, RedisTarget};
+use stormguard_tower::Dependency;
+
+use crate::StartError;
+use crate::config::{DependencyConfig, RedisSource};
+
+/// The dependency, with its fleet and the worker to run when the placement is `fleet`.
+pub(crate) fn build(
+    d: &DependencyConfig,
+    tower: stormguard_tower::DependencyConfig,
+) -> Result<(Dependency, Option<(Fleet, FleetWorker)>), StartError> {
+    let invalid =
+        |key: &str, r: String| StartError::Invalid(format!("dependency {}.{key}", d.name), r);
+    let Some(placement) = &d.fleet else {
+        let dependency = Dependency::try_new(tower).map_err(|r| invalid("config", r))?;
+        return Ok((dependency, None));
+    };
+    let target: RedisTarget = match &placement.redis {
+        RedisSource::Target(t) => t.clone(),
+        RedisSource::Env(name) => {
+            let url = std::env::var(name).map_err(|_| {
+                invalid(
+                    "redis",
+                    format!(
+                        "the environment variable {name} is not set: it holds the Redis URL, redis://[[user]:password@]host[:port][/db]"
+                    ),
+                )
+            })?;
+            // The parse error never repeats the URL: it may hold the password.
+            url.parse().map_err(|r| invalid("redis", format!("${name}: {r}")))?
+        }
+    };
+    let config = placement.to_fleet(d, target);
+    tracing::info!(
+        dependency = %d.name,
+        redis = %config.redis,
+        instance = %config.instance,
+        fleet_cap = config.fleet_cap,
+        max_instances = config.max_instances,
+        fallback_slots = config.fallback_slots(),
+        "fleet placement: the cap and the reserve are shared through Redis"
+    );
+    let fleet = Fleet::try_new(config).map_err(|r| invalid("placement", r))?;
+    let budget = fleet.budget(&d.budget).map_err(|r| invalid("budget", r))?;
+    let dependency = Dependency::try_new_with_budget(tower, Arc::new(budget))
+        .map_err(|r| invalid("config", r))?;
+    let worker = fleet.worker(dependency.upstream().limiter.clone());
+    Ok((dependency, Some((fleet, worker))))
+}

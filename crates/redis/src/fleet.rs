@@ -1,0 +1,721 @@
+//! The fleet: the lease state every caller reads on the request path, the budget that spends
+//! leased reserve tokens, and the worker that renews the lease in the background.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use stormguard_core::budget::{
+    AnyBudget, BudgetExhausted, BudgetSnapshot, BudgetSpec, FailureKind, Outcome, RatioConfig,
+    RetryBudget, RetryPermit,
+};
+use stormguard_core::clock::Timestamp;
+use stormguard_core::decimal::Fraction;
+use stormguard_core::limiter::Limiter;
+
+use crate::resp::{Connection, RedisError, RedisTarget, Value};
+
+/// The lease script, run by `EVALSHA` (loaded once per connection).
+pub const LEASE_SCRIPT: &str = include_str!("lease.lua");
+
+/// Parameters of a [`Fleet`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetConfig {
+    /// The dependency's name: the hash tag of its keys (`stormguard:{NAME}:slots`), so they
+    /// live in one slot of a Redis Cluster. No `{` or `}`.
+    pub dependency: String,
+    /// This instance's id, unique in the fleet (a pod name; see [`default_instance_id`]).
+    pub instance: String,
+    /// Where Redis is.
+    pub redis: RedisTarget,
+    /// Attempts in flight at once across every instance, `1..=16777216`.
+    pub fleet_cap: u64,
+    /// The most instances the fleet runs at its peak (not today's count), `≥ 1`: the fallback
+    /// share is `floor(fleet_cap / max_instances)`.
+    pub max_instances: u64,
+    /// How long a grant is valid, 300 ms to 60 s, at least 3 × `interval`. Default 2 s.
+    pub lease_ttl: Duration,
+    /// How often the worker renews, 10 ms or more. Default 200 ms.
+    pub interval: Duration,
+    /// Taken off the lease's validity on the local clock, for clock drift and the script's own
+    /// latency; under `lease_ttl / 2`. Default `lease_ttl / 10`.
+    pub margin: Duration,
+    /// The least slots an instance uses when it falls back, if `floor(fleet_cap /
+    /// max_instances)` is less. Default 0: the cap wins (the overcommit is exported).
+    pub fallback_min: u64,
+    /// The longest one renewal may take (connect included) before it counts as failed.
+    /// Default: `interval`.
+    pub call_timeout: Duration,
+}
+
+impl FleetConfig {
+    /// A fleet config with every default.
+    pub fn new(
+        dependency: impl Into<String>,
+        instance: impl Into<String>,
+        redis: RedisTarget,
+        fleet_cap: u64,
+        max_instances: u64,
+    ) -> FleetConfig {
+        let lease_ttl = Duration::from_secs(2);
+        FleetConfig {
+            dependency: dependency.into(),
+            instance: instance.into(),
+            redis,
+            fleet_cap,
+            max_instances,
+            lease_ttl,
+            interval: Duration::from_millis(200),
+            margin: lease_ttl / 10,
+            fallback_min: 0,
+            call_timeout: Duration::from_millis(200),
+        }
+    }
+
+    /// Sets `lease_ttl`, `interval`, and the margin and call timeout that follow from them.
+    pub fn with_timing(mut self, lease_ttl: Duration, interval: Duration) -> FleetConfig {
+        self.lease_ttl = lease_ttl;
+        self.interval = interval;
+        self.margin = lease_ttl / 10;
+        self.call_timeout = interval;
+        self
+    }
+
+    /// Checks every rule, returning the first broken one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.dependency.is_empty() || self.dependency.contains(['{', '}']) {
+            return Err(format!(
+                "the dependency name is a Redis hash tag: not empty, no braces, got {:?}",
+                self.dependency
+            ));
+        }
+        if self.instance.is_empty() || self.instance.len() > 200 {
+            return Err("the instance id must be 1 to 200 bytes".into());
+        }
+        if !(1..=stormguard_core::limiter::MAX_CAP).contains(&self.fleet_cap) {
+            return Err(format!(
+                "fleet_cap must be between 1 and 16777216, got {}",
+                self.fleet_cap
+            ));
+        }
+        if self.max_instances == 0 || self.max_instances > 1_000_000 {
+            return Err(format!(
+                "max_instances must be between 1 and 1000000, got {}",
+                self.max_instances
+            ));
+        }
+        if self.lease_ttl < Duration::from_millis(300) || self.lease_ttl > Duration::from_secs(60) {
+            return Err(format!(
+                "lease_ttl must be between 300ms and 60s, got {:?}",
+                self.lease_ttl
+            ));
+        }
+        if self.interval < Duration::from_millis(10) || self.interval * 3 > self.lease_ttl {
+            return Err(format!(
+                "interval must be at least 10ms and at most lease_ttl / 3 ({:?}), got {:?}",
+                self.lease_ttl / 3,
+                self.interval
+            ));
+        }
+        if self.margin >= self.lease_ttl / 2 {
+            return Err(format!("margin must be under lease_ttl / 2, got {:?}", self.margin));
+        }
+        if self.call_timeout.is_zero() {
+            return Err("call_timeout must be more than 0".into());
+        }
+        Ok(())
+    }
+
+    /// Slots an instance uses when its lease has expired: `floor(fleet_cap / max_instances)`,
+    /// or `fallback_min` if that is more.
+    pub fn fallback_slots(&self) -> u64 {
+        (self.fleet_cap / self.max_instances.max(1)).max(self.fallback_min)
+    }
+
+    /// Slots the fleet may hold beyond its cap when every instance falls back at once:
+    /// `max(0, fallback_slots × max_instances − fleet_cap)`.
+    pub fn fallback_overcommit(&self) -> u64 {
+        (self.fallback_slots().saturating_mul(self.max_instances)).saturating_sub(self.fleet_cap)
+    }
+
+    /// The three keys: slots, tokens and epoch, sharing one hash tag.
+    pub fn keys(&self) -> [String; 3] {
+        let d = &self.dependency;
+        [
+            format!("stormguard:{{{d}}}:slots"),
+            format!("stormguard:{{{d}}}:tokens"),
+            format!("stormguard:{{{d}}}:epoch"),
+        ]
+    }
+}
+
+/// An instance id for a process that was given none: the host name (from `HOSTNAME`, as
+/// Kubernetes sets it), the process id and the start time, so two runs never share one.
+pub fn default_instance_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{host}-{}-{nanos:08x}", std::process::id())
+}
+
+/// What the fleet layer is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FleetMode {
+    /// Started, no answer from Redis yet: nothing is admitted until the first answer (or the
+    /// first failure, then fallback).
+    Joining,
+    /// Holding a lease granted by Redis.
+    Fleet,
+    /// Redis lost its data (or is new): the lease re-asserts what it held, nothing new is
+    /// granted for one lease TTL.
+    Quiet,
+    /// No lease: `floor(fleet_cap / max_instances)` slots and the same share of the reserve.
+    Fallback,
+}
+
+impl FleetMode {
+    /// Every mode, for the `stormguard_fleet_mode{mode}` gauge.
+    pub const ALL: [FleetMode; 4] =
+        [FleetMode::Joining, FleetMode::Fleet, FleetMode::Quiet, FleetMode::Fallback];
+
+    /// The lowercase name used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetMode::Joining => "joining",
+            FleetMode::Fleet => "fleet",
+            FleetMode::Quiet => "quiet",
+            FleetMode::Fallback => "fallback",
+        }
+    }
+
+    fn from_u8(v: u8) -> FleetMode {
+        match v {
+            1 => FleetMode::Fleet,
+            2 => FleetMode::Quiet,
+            3 => FleetMode::Fallback,
+            _ => FleetMode::Joining,
+        }
+    }
+}
+
+/// What the fleet layer shows at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetSnapshot {
+    /// The mode.
+    pub mode: FleetMode,
+    /// The slots this instance may use now (lease, or fallback share).
+    pub slots: u64,
+    /// Reserve tokens this instance may spend now.
+    pub tokens: u64,
+    /// Time since the last renewal Redis answered; `None` before the first.
+    pub sync_lag: Option<Duration>,
+    /// Slots the fleet may hold beyond its cap while this instance falls back (0 otherwise).
+    pub overcommit: u64,
+    /// Renewals answered.
+    pub syncs_ok: u64,
+    /// Renewals that failed or timed out.
+    pub syncs_failed: u64,
+    /// Script calls sent (`EVALSHA`/`EVAL`): at most one per interval.
+    pub script_calls: u64,
+    /// Times Redis was found to have lost its data (a new epoch).
+    pub data_loss: u64,
+    /// Live instances at the last renewal, this one included.
+    pub instances: u64,
+}
+
+/// The state the request path and the worker share. Atomics only: the request path never
+/// takes a lock. Relaxed or Acquire/Release as noted: every value is a bound the worker
+/// refreshes each interval, not a synchronisation point, except `tokens` (a compare-exchange).
+struct Shared {
+    config: FleetConfig,
+    /// The reserve in tokens per window, and the window in ms (0: no fleet reserve).
+    reserve: AtomicU64,
+    window_ms: AtomicU64,
+    mode: AtomicU8,
+    slots: AtomicU64,
+    lease_until: AtomicU64,
+    tokens: AtomicU64,
+    /// Tokens are spendable before this (nanoseconds on the limiter's clock).
+    tokens_until: AtomicU64,
+    /// Tokens spent since the worker last took the count.
+    spent: AtomicU64,
+    last_ok: AtomicU64,
+    syncs_ok: AtomicU64,
+    syncs_failed: AtomicU64,
+    script_calls: AtomicU64,
+    data_loss: AtomicU64,
+    instances: AtomicU64,
+    limiter: OnceLock<Limiter>,
+}
+
+const NEVER: u64 = u64::MAX;
+
+/// A fleet-shared cap and reserve for one dependency. Cheap to clone: clones share the lease.
+///
+/// Build it, take its [`budget`](Fleet::budget) for the dependency, then hand the dependency's
+/// limiter to [`worker`](Fleet::worker) and run the worker on your runtime.
+#[derive(Clone)]
+pub struct Fleet {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fleet")
+            .field("dependency", &self.shared.config.dependency)
+            .field("instance", &self.shared.config.instance)
+            .field("redis", &self.shared.config.redis)
+            .field("mode", &self.mode())
+            .finish()
+    }
+}
+
+impl Fleet {
+    /// Checks the config. No I/O: the worker connects.
+    pub fn try_new(config: FleetConfig) -> Result<Fleet, String> {
+        config.validate()?;
+        Ok(Fleet {
+            shared: Arc::new(Shared {
+                config,
+                reserve: AtomicU64::new(0),
+                window_ms: AtomicU64::new(10_000),
+                mode: AtomicU8::new(0),
+                slots: AtomicU64::new(0),
+                lease_until: AtomicU64::new(0),
+                tokens: AtomicU64::new(0),
+                tokens_until: AtomicU64::new(0),
+                spent: AtomicU64::new(0),
+                last_ok: AtomicU64::new(NEVER),
+                syncs_ok: AtomicU64::new(0),
+                syncs_failed: AtomicU64::new(0),
+                script_calls: AtomicU64::new(0),
+                data_loss: AtomicU64::new(0),
+                instances: AtomicU64::new(0),
+                limiter: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// The config it was built with.
+    pub fn config(&self) -> &FleetConfig {
+        &self.shared.config
+    }
+
+    /// The mode now.
+    pub fn mode(&self) -> FleetMode {
+        FleetMode::from_u8(self.shared.mode.load(Ordering::Acquire))
+    }
+
+    /// The dependency's budget, with its reserve shared by the fleet.
+    ///
+    /// For a `ratio` budget the reserve `min_per_sec × ttl` becomes the fleet's, leased in
+    /// tokens; `percent` stays local (it is scale-invariant). Other kinds are returned as they
+    /// are: their floors stay per instance (see docs/fleet.md).
+    pub fn budget(&self, spec: &BudgetSpec) -> Result<FleetBudget, String> {
+        let local = match spec {
+            BudgetSpec::Ratio(c) => {
+                let ttl_ms = u64::try_from(c.ttl.as_millis()).unwrap_or(u64::MAX);
+                if self.shared.config.lease_ttl * 10 > c.ttl * 9 {
+                    return Err(format!(
+                        "lease_ttl ({:?}) must be at most 0.9 × the budget's ttl ({:?}): a leased token must be spent while the fleet still counts it",
+                        self.shared.config.lease_ttl, c.ttl
+                    ));
+                }
+                let reserve = u128::from(c.min_per_sec.millionths()) * u128::from(ttl_ms)
+                    / 1_000
+                    / u128::from(Fraction::ONE_MILLIONTHS);
+                self.shared
+                    .reserve
+                    .store(u64::try_from(reserve).unwrap_or(u64::MAX), Ordering::Release);
+                self.shared.window_ms.store(ttl_ms, Ordering::Release);
+                BudgetSpec::Ratio(RatioConfig { min_per_sec: Fraction::ZERO, ..*c })
+            }
+            other => *other,
+        };
+        Ok(FleetBudget {
+            local: local.build().map_err(|e| e.to_string())?,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// The background worker that renews the lease, applying it to `limiter` (the
+    /// dependency's). Run it on your runtime (`tokio::spawn(worker.run())`): the library spawns
+    /// nothing. Until its first answer the limiter admits nothing new (at most one call
+    /// timeout).
+    ///
+    /// # Panics
+    /// When called twice: one fleet has one worker.
+    pub fn worker(&self, limiter: Limiter) -> FleetWorker {
+        limiter.set_lease(0, Timestamp::ZERO, 0);
+        assert!(self.shared.limiter.set(limiter.clone()).is_ok(), "one worker per fleet");
+        let now = limiter.now();
+        FleetWorker {
+            shared: self.shared.clone(),
+            limiter,
+            conn: None,
+            sha: None,
+            epoch: None,
+            unreported: 0,
+            spent_last: 0,
+            refill_at: now,
+        }
+    }
+
+    /// The fleet layer's state now.
+    pub fn snapshot(&self) -> FleetSnapshot {
+        let s = &self.shared;
+        let mode = self.mode();
+        let now = s.limiter.get().map(Limiter::now);
+        let last = s.last_ok.load(Ordering::Acquire);
+        let until = s.tokens_until.load(Ordering::Acquire);
+        let tokens = match now {
+            Some(now) if now.as_nanos() < until => s.tokens.load(Ordering::Acquire),
+            _ => 0,
+        };
+        let slots = match (mode, now) {
+            (FleetMode::Fallback, _) => s.config.fallback_slots(),
+            (_, Some(now)) if now.as_nanos() < s.lease_until.load(Ordering::Acquire) => {
+                s.slots.load(Ordering::Acquire)
+            }
+            (FleetMode::Joining, _) => 0,
+            _ => s.config.fallback_slots(),
+        };
+        FleetSnapshot {
+            mode,
+            slots,
+            tokens,
+            sync_lag: now
+                .filter(|_| last != NEVER)
+                .map(|n| n.saturating_since(Timestamp::from_nanos(last))),
+            overcommit: if mode == FleetMode::Fallback {
+                s.config.fallback_overcommit()
+            } else {
+                0
+            },
+            syncs_ok: s.syncs_ok.load(Ordering::Relaxed),
+            syncs_failed: s.syncs_failed.load(Ordering::Relaxed),
+            script_calls: s.script_calls.load(Ordering::Relaxed),
+            data_loss: s.data_loss.load(Ordering::Relaxed),
+            instances: s.instances.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A retry budget whose reserve is the fleet's: `percent` of this instance's own originals,
+/// and beyond that one leased reserve token per retry. See [`Fleet::budget`].
+pub struct FleetBudget {
+    local: AnyBudget,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for FleetBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetBudget").field("local", &self.local).finish_non_exhaustive()
+    }
+}
+
+impl FleetBudget {
+    /// Takes one leased reserve token, if one is left and still valid at `now`.
+    #[inline]
+    fn try_token(&self, now: Timestamp) -> bool {
+        let s = &self.shared;
+        // Acquire pairs with the worker's Release: a token count is read with its expiry.
+        if now.as_nanos() >= s.tokens_until.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut cur = s.tokens.load(Ordering::Acquire);
+        loop {
+            if cur == 0 {
+                return false;
+            }
+            // AcqRel: racing retries each take a distinct token; the worker's refresh is a
+            // compare-exchange on the same word, so no spend is lost.
+            match s.tokens.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    s.spent.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+impl RetryBudget for FleetBudget {
+    #[inline]
+    fn record_request(&self, now: Timestamp) {
+        self.local.record_request(now)
+    }
+    #[inline]
+    fn record_outcome(&self, now: Timestamp, outcome: Outcome) {
+        self.local.record_outcome(now, outcome)
+    }
+    #[inline]
+    fn try_retry(&self, now: Timestamp, kind: FailureKind) -> Result<RetryPermit, BudgetExhausted> {
+        match self.local.try_retry(now, kind) {
+            Ok(p) => Ok(p),
+            // A reserve token, spent: a refund of it is not given back (conservative).
+            Err(e) => {
+                if self.try_token(now) {
+                    Ok(RetryPermit::unbudgeted())
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+    fn set_active(&self, requests: u64, retries: u64) {
+        self.local.set_active(requests, retries)
+    }
+    fn snapshot(&self, now: Timestamp) -> BudgetSnapshot {
+        let mut s = self.local.snapshot(now);
+        let tokens = if now.as_nanos() < self.shared.tokens_until.load(Ordering::Acquire) {
+            self.shared.tokens.load(Ordering::Acquire)
+        } else {
+            0
+        };
+        s.balance = s.balance.max(0.0) + tokens as f64;
+        if tokens > 0 {
+            s.utilization = s.utilization.min(0.99);
+        }
+        s
+    }
+    fn counts_successes(&self) -> bool {
+        self.local.counts_successes()
+    }
+    fn refund(&self, now: Timestamp, permit: RetryPermit) {
+        self.local.refund(now, permit)
+    }
+}
+
+/// What one script call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Grant {
+    epoch: String,
+    quiet: bool,
+    ceiling: u64,
+    tokens: u64,
+    instances: u64,
+}
+
+fn parse_grant(v: Value) -> Result<Grant, RedisError> {
+    let Value::Array(items) = v else {
+        return Err(RedisError::Protocol("the script did not return an array"));
+    };
+    let int = |i: usize| match items.get(i) {
+        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+        _ => Err(RedisError::Protocol("the script returned a non-integer")),
+    };
+    let epoch = match items.first() {
+        Some(Value::Bulk(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => return Err(RedisError::Protocol("the script returned no epoch")),
+    };
+    Ok(Grant { epoch, quiet: int(1)? == 1, ceiling: int(2)?, tokens: int(4)?, instances: int(6)? })
+}
+
+/// Renews the lease every interval. Owned by the caller, who runs it (see [`Fleet::worker`]).
+pub struct FleetWorker {
+    shared: Arc<Shared>,
+    limiter: Limiter,
+    conn: Option<Connection>,
+    sha: Option<String>,
+    epoch: Option<String>,
+    /// Tokens spent and not yet counted by Redis (a failed call keeps them for the next).
+    unreported: u64,
+    spent_last: u64,
+    /// When the fallback reserve share refills next.
+    refill_at: Timestamp,
+}
+
+impl fmt::Debug for FleetWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetWorker")
+            .field("dependency", &self.shared.config.dependency)
+            .field("connected", &self.conn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FleetWorker {
+    /// Renews forever, one script call per interval.
+    pub async fn run(self) {
+        self.run_until(std::future::pending()).await
+    }
+
+    /// Renews until `stop` resolves. The lease is not handed back: it expires within the TTL,
+    /// as a crashed instance's does.
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let started = tokio::time::Instant::now();
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = self.tick() => {}
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep_until(started + self.shared.config.interval) => {}
+            }
+        }
+    }
+
+    /// One renewal: a script call, applied on success; on failure the lease runs out and the
+    /// fallback share takes over.
+    pub async fn tick(&mut self) {
+        let timeout = self.shared.config.call_timeout;
+        let sent = self.limiter.now();
+        let s = self.shared.clone();
+        let mode = FleetMode::from_u8(s.mode.load(Ordering::Acquire));
+        let lease_valid = matches!(mode, FleetMode::Fleet | FleetMode::Quiet)
+            && sent.as_nanos() < s.lease_until.load(Ordering::Acquire);
+        let in_flight = self.limiter.in_flight();
+        let held = if lease_valid { s.slots.load(Ordering::Acquire) } else { 0 };
+        let committed = in_flight.max(held);
+        let cap = self.limiter.config().cap.min(s.config.fleet_cap);
+        let want = (in_flight + self.limiter.queued() + 1).min(cap);
+        let spent_now = s.spent.swap(0, Ordering::AcqRel);
+        self.unreported += spent_now;
+        self.spent_last = spent_now;
+        let tokens_before = if lease_valid { s.tokens.load(Ordering::Acquire) } else { 0 };
+        let reserve = s.reserve.load(Ordering::Acquire);
+        let window = s.window_ms.load(Ordering::Acquire);
+        let fair = reserve.div_ceil(s.config.max_instances.max(1));
+        let token_want = fair.max(2 * self.spent_last + 1).min(reserve);
+        let args = [
+            committed,
+            want,
+            s.config.fleet_cap,
+            u64::try_from(s.config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+            self.unreported,
+            tokens_before,
+            token_want,
+            reserve,
+            window,
+        ];
+        let result = tokio::time::timeout(timeout, self.call(&args)).await;
+        match result {
+            Ok(Ok(grant)) => self.apply(sent, tokens_before, grant),
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(_) => self.failed(&RedisError::Timeout(timeout).to_string()),
+        }
+    }
+
+    async fn call(&mut self, args: &[u64; 9]) -> Result<Grant, RedisError> {
+        let target = &self.shared.config.redis;
+        if self.conn.is_none() {
+            self.conn = Some(Connection::connect(target).await?);
+            self.sha = None;
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        if self.sha.is_none() {
+            let v = conn.command(&[b"SCRIPT", b"LOAD", LEASE_SCRIPT.as_bytes()]).await?;
+            let Value::Bulk(sha) = v else {
+                return Err(RedisError::Protocol("SCRIPT LOAD returned no sha"));
+            };
+            self.sha = Some(String::from_utf8_lossy(&sha).into_owned());
+        }
+        let keys = self.shared.config.keys();
+        let nums: Vec<String> = args.iter().map(u64::to_string).collect();
+        let sha = self.sha.clone().unwrap_or_default();
+        let mut cmd: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), b"3"];
+        cmd.extend(keys.iter().map(|k| k.as_bytes()));
+        cmd.push(self.shared.config.instance.as_bytes());
+        cmd.extend(nums.iter().map(|n| n.as_bytes()));
+        self.shared.script_calls.fetch_add(1, Ordering::Relaxed);
+        let reply = match conn.command(&cmd).await {
+            // The script cache was flushed (a restart, SCRIPT FLUSH): send it whole, once.
+            Err(RedisError::Server(m)) if m.starts_with("NOSCRIPT") => {
+                self.sha = None;
+                cmd[0] = b"EVAL";
+                cmd[1] = LEASE_SCRIPT.as_bytes();
+                self.shared.script_calls.fetch_add(1, Ordering::Relaxed);
+                conn.command(&cmd).await?
+            }
+            other => other?,
+        };
+        parse_grant(reply)
+    }
+
+    fn apply(&mut self, sent: Timestamp, tokens_before: u64, grant: Grant) {
+        let s = &self.shared;
+        let c = &s.config;
+        self.unreported = 0;
+        if let Some(old) = &self.epoch
+            && *old != grant.epoch
+        {
+            s.data_loss.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                dependency = %c.dependency,
+                redis = %c.redis,
+                "the fleet's Redis lost its data (a new epoch): re-asserting this instance's lease; nothing new is granted for one lease ttl"
+            );
+        }
+        self.epoch = Some(grant.epoch);
+        let until = sent.saturating_add(c.lease_ttl.saturating_sub(c.margin));
+        let fallback = c.fallback_slots();
+        // Record first, then the limiter: a snapshot never shows slots the limiter lacks.
+        s.slots.store(grant.ceiling, Ordering::Release);
+        s.lease_until.store(until.as_nanos(), Ordering::Release);
+        self.limiter.set_lease(grant.ceiling, until, fallback);
+        // Tokens spent while the call was out came from the old allowance; Redis's new record
+        // (at least the old unspent count) covers them, so take them off the new allowance.
+        let mut cur = s.tokens.load(Ordering::Acquire);
+        loop {
+            let in_rtt = tokens_before.saturating_sub(cur);
+            let next = grant.tokens.saturating_sub(in_rtt);
+            match s.tokens.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        s.tokens_until.store(until.as_nanos(), Ordering::Release);
+        s.instances.store(grant.instances, Ordering::Relaxed);
+        s.last_ok.store(self.limiter.now().as_nanos(), Ordering::Release);
+        s.syncs_ok.fetch_add(1, Ordering::Relaxed);
+        let mode = if grant.quiet { FleetMode::Quiet } else { FleetMode::Fleet };
+        let was = FleetMode::from_u8(s.mode.swap(mode as u8, Ordering::AcqRel));
+        if was == FleetMode::Fallback {
+            tracing::info!(dependency = %c.dependency, redis = %c.redis, slots = grant.ceiling, "the fleet's Redis answers again: back on fleet leases");
+        }
+    }
+
+    fn failed(&mut self, error: &str) {
+        let s = &self.shared;
+        let c = &s.config;
+        // A reply may still come on this connection: never read it as the next one's.
+        self.conn = None;
+        s.syncs_failed.fetch_add(1, Ordering::Relaxed);
+        let now = self.limiter.now();
+        let mode = FleetMode::from_u8(s.mode.load(Ordering::Acquire));
+        let expired = now.as_nanos() >= s.lease_until.load(Ordering::Acquire);
+        if mode != FleetMode::Fallback && (mode == FleetMode::Joining || expired) {
+            s.mode.store(FleetMode::Fallback as u8, Ordering::Release);
+            let fallback = c.fallback_slots();
+            // The limiter already fell back on its own when the lease expired; a joining
+            // instance had no lease yet.
+            self.limiter.set_lease(fallback, Timestamp::ZERO, fallback);
+            self.refill_at = now;
+            tracing::warn!(
+                dependency = %c.dependency,
+                redis = %c.redis,
+                error,
+                fallback_slots = fallback,
+                overcommit = c.fallback_overcommit(),
+                "the fleet's Redis does not answer: using the fallback share until it does (logged once per outage)"
+            );
+        }
+        if FleetMode::from_u8(s.mode.load(Ordering::Acquire)) == FleetMode::Fallback
+            && now >= self.refill_at
+        {
+            // The fallback reserve: this instance's share of it per window, spent locally.
+            let window = Duration::from_millis(s.window_ms.load(Ordering::Acquire).max(1));
+            let share = s.reserve.load(Ordering::Acquire) / c.max_instances.max(1);
+            s.tokens.store(share, Ordering::Release);
+            s.tokens_until.store(NEVER, Ordering::Release);
+            self.refill_at = now.saturating_add(window);
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! A minimal RESP2 client: one connection, one command at a time, every reply bounded.
+//!
+//! The fleet needs five commands (`AUTH`, `SELECT`, `SCRIPT LOAD`, `EVALSHA`, `EVAL`) on one
+//! connection that a background worker owns, so a full client (pooling, pub/sub, cluster
+//! topology) would be mostly weight. Replies are read with limits (line length, bulk size,
+//! array length, nesting), so a malformed or hostile peer is an error, never a panic or an
+//! unbounded allocation. After any error or timeout the caller drops the connection: a late
+//! reply must never be read as the answer to the next command.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// The longest status or error line accepted, in bytes.
+const MAX_LINE: usize = 64 * 1024;
+/// The largest bulk string accepted, in bytes.
+const MAX_BULK: usize = 1024 * 1024;
+/// The most elements an array may have.
+const MAX_ARRAY: usize = 64 * 1024;
+/// The deepest nesting of arrays.
+const MAX_DEPTH: usize = 4;
+
+/// Where the fleet's Redis is: `redis://[[user]:password@]host[:port][/db]`.
+///
+/// The password never appears in `Debug` or `Display` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTarget {
+    /// Host name or address.
+    pub host: String,
+    /// TCP port. Default 6379.
+    pub port: u16,
+    /// The ACL user, if any.
+    pub user: Option<String>,
+    /// The password, if any.
+    pub password: Option<String>,
+    /// The database index (`SELECT`). Default 0.
+    pub db: u32,
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisTarget({self})")
+    }
+}
+
+impl fmt::Display for RedisTarget {
+    /// `redis://host:port/db`, with `[redacted]@` when credentials are set.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let creds = if self.user.is_some() || self.password.is_some() { "[redacted]@" } else { "" };
+        write!(f, "redis://{creds}{}:{}/{}", self.host, self.port, self.db)
+    }
+}
+
+impl std::str::FromStr for RedisTarget {
+    type Err = String;
+
+    /// Parses `redis://[[user]:password@]host[:port][/db]`; user and password may be
+    /// percent-encoded. Errors never repeat the text (it may hold a password).
+    fn from_str(text: &str) -> Result<RedisTarget, String> {
+        let rest = text.strip_prefix("redis://").ok_or_else(|| {
+            "a Redis URL starts with redis:// (rediss:// and unix sockets are not supported)"
+                .to_string()
+        })?;
+        let (creds, rest) = match rest.rsplit_once('@') {
+            Some((c, r)) => (Some(c), r),
+            None => (None, rest),
+        };
+        let (authority, db) = match rest.split_once('/') {
+            Some((a, "")) => (a, 0),
+            Some((a, d)) => (
+                a,
+                d.parse::<u32>()
+                    .map_err(|_| "the database after '/' must be a number".to_string())?,
+            ),
+            None => (rest, 0),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| "the port must be a number up to 65535".to_string())?,
+            ),
+            _ => (authority, 6379),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err("the Redis URL has no host".into());
+        }
+        let (user, password) = match creds {
+            None => (None, None),
+            Some(c) => {
+                let (u, p) = match c.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (c, None),
+                };
+                let user = Some(decode(u)?).filter(|u| !u.is_empty());
+                let password = p.map(decode).transpose()?.filter(|p| !p.is_empty());
+                (user, password)
+            }
+        };
+        Ok(RedisTarget { host: host.to_string(), port, user, password, db })
+    }
+}
+
+fn decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or("a '%' in the URL's credentials is not %XX")?;
+            out.push(
+                u8::from_str_radix(hex, 16)
+                    .map_err(|_| "a '%' in the URL's credentials is not %XX")?,
+            );
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "the URL's credentials are not UTF-8".to_string())
+}
+
+/// A reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    /// `$-1` or `*-1`.
+    Nil,
+    /// `:n`.
+    Int(i64),
+    /// `+text`.
+    Status(String),
+    /// `$n` bytes.
+    Bulk(Vec<u8>),
+    /// `*n` values.
+    Array(Vec<Value>),
+}
+
+/// What went wrong talking to Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisError {
+    /// The connection failed or closed.
+    #[error("redis i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// Redis answered with an error (`-ERR ...`).
+    #[error("redis said: {0}")]
+    Server(String),
+    /// The reply was not valid RESP, or broke a limit.
+    #[error("malformed redis reply: {0}")]
+    Protocol(&'static str),
+    /// No answer in time.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One connection.
+#[derive(Debug)]
+pub struct Connection {
+    stream: BufReader<TcpStream>,
+    line: Vec<u8>,
+}
+
+impl Connection {
+    /// Connects, authenticates and selects the database.
+    pub async fn connect(target: &RedisTarget) -> Result<Connection, RedisError> {
+        let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
+        let _ = tcp.set_nodelay(true);
+        let mut c = Connection { stream: BufReader::new(tcp), line: Vec::new() };
+        match (&target.user, &target.password) {
+            (Some(u), Some(p)) => {
+                c.command(&[b"AUTH", u.as_bytes(), p.as_bytes()]).await?;
+            }
+            (None, Some(p)) => {
+                c.command(&[b"AUTH", p.as_bytes()]).await?;
+            }
+            _ => {}
+        }
+        if target.db != 0 {
+            c.command(&[b"SELECT", target.db.to_string().as_bytes()]).await?;
+        }
+        Ok(c)
+    }
+
+    /// Sends one command and reads its reply; an error reply is [`RedisError::Server`].
+    pub async fn command(&mut self, args: &[&[u8]]) -> Result<Value, RedisError> {
+        let mut out = Vec::with_capacity(64 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+        out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        self.stream.get_mut().write_all(&out).await?;
+        self.read_value(0).await
+    }
+
+    async fn read_line(&mut self) -> Result<Vec<u8>, RedisError> {
+        self.line.clear();
+        let n =
+            (&mut self.stream).take(MAX_LINE as u64 + 2).read_until(b'\n', &mut self.line).await?;
+        if n == 0 {
+            return Err(RedisError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        if !self.line.ends_with(b"\r\n") {
+            return Err(RedisError::Protocol("a line without CRLF, or too long"));
+        }
+        self.line.truncate(self.line.len() - 2);
+        Ok(std::mem::take(&mut self.line))
+    }
+
+    fn read_value(
+        &mut self,
+        depth: usize,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Value, RedisError>> + Send + '_>> {
+        Box::pin(async move {
+            let line = self.read_line().await?;
+            let (&kind, rest) = line.split_first().ok_or(RedisError::Protocol("an empty line"))?;
+            let text = || String::from_utf8_lossy(rest).into_owned();
+            let number = || -> Result<i64, RedisError> {
+                std::str::from_utf8(rest)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or(RedisError::Protocol("a length or integer that is not a number"))
+            };
+            match kind {
+                b'+' => Ok(Value::Status(text())),
+                b'-' => Err(RedisError::Server(text())),
+                b':' => Ok(Value::Int(number()?)),
+                b'$' => {
+                    let n = number()?;
+                    if n < 0 {
+                        return Ok(Value::Nil);
+                    }
+                    let n = usize::try_from(n).unwrap_or(usize::MAX);
+                    if n > MAX_BULK {
+                        return Err(RedisError::Protocol("a bulk string above 1 MiB"));
+                    }
+                    let mut buf = vec![0; n + 2];
+                    self.stream.read_exact(&mut buf).await?;
+                    if !buf.ends_with(b"\r\n") {
+                        return Err(RedisError::Protocol("a bulk string without CRLF"));
+                    }
+                    buf.truncate(n);
+                    Ok(Value::Bulk(buf))
+                }
+                b'*' => {
+                    let n = number()?;
+                    if n < 0 {
+                        return Ok(Value::Nil);
+                    }
+                    let n = usize::try_from(n).unwrap_or(usize::MAX);
+                    if n > MAX_ARRAY || depth >= MAX_DEPTH {
+                        return Err(RedisError::Protocol("an array too long or too deep"));
+                    }
+                    let mut items = Vec::with_capacity(n.min(64));
+                    for _ in 0..n {
+                        items.push(self.read_value(depth + 1).await?);
+                    }
+                    Ok(Value::Array(items))
+                }
+                _ => Err(RedisError::Protocol("an unknown reply type")),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    #[test]
+    fn parses_urls_and_never_shows_the_password() {
+        let t: RedisTarget = "redis://app:s%40cret@cache.internal:6380/2".parse().unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.user.as_deref(), t.password.as_deref(), t.db),
+            ("cache.internal", 6380, Some("app"), Some("s@cret"), 2)
+        );
+        assert_eq!(t.to_string(), "redis://[redacted]@cache.internal:6380/2");
+        assert!(!format!("{t:?}").contains("cret"));
+        let t: RedisTarget = "redis://:pw@127.0.0.1".parse().unwrap();
+        assert_eq!((t.user, t.password.as_deref(), t.port), (None, Some("pw"), 6379));
+        let t: RedisTarget = "redis://[::1]:7000/".parse().unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("::1", 7000));
+        for bad in ["http://x", "redis://", "redis://h:99999", "redis://h/x", "redis://:%zz@h"] {
+            let e = bad.parse::<RedisTarget>().unwrap_err();
+            assert!(!e.contains("zz"), "{e}");
+        }
+    }
+
+    /// A peer that answers `reply` to whatever it is sent.
+    async fn peer(reply: &'static [u8]) -> Connection {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(reply).await;
+            let _ = s.shutdown().await;
+        });
+        let t = RedisTarget {
+            host: "127.0.0.1".into(),
+            port: addr.port(),
+            user: None,
+            password: None,
+            db: 0,
+        };
+        Connection::connect(&t).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn reads_nested_replies() {
+        let mut c = peer(b"*3\r\n$2\r\nab\r\n:-7\r\n*2\r\n+OK\r\n$-1\r\n").await;
+        let v = c.command(&[b"EVAL"]).await.unwrap();
+        assert_eq!(
+            v,
+            Value::Array(vec![
+                Value::Bulk(b"ab".to_vec()),
+                Value::Int(-7),
+                Value::Array(vec![Value::Status("OK".into()), Value::Nil]),
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn malformed_replies_are_errors_not_panics() {
+        for reply in [
+            &b"?what\r\n"[..],
+            b":12x\r\n",
+            b"$5\r\nab\r\n",
+            b"$99999999999\r\n",
+            b"*99999999\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+            b"+no crlf",
+            b"",
+            b"\r\n",
+        ] {
+            let mut c = peer(reply).await;
+            assert!(c.command(&[b"PING"]).await.is_err(), "{:?}", String::from_utf8_lossy(reply));
+        }
+        let mut c = peer(b"-NOSCRIPT no such script\r\n").await;
+        assert!(
+            matches!(c.command(&[b"EVALSHA"]).await, Err(RedisError::Server(m)) if m.starts_with("NOSCRIPT"))
+        );
+    }
+}
