@@ -204,6 +204,8 @@ fn summary_table(h: &mut String, s: &Summary) {
          <th>success</th><th>latency p50</th><th>p99</th><th>retries denied</th><th>first tries shed</th></tr>\n",
     );
     let row = |h: &mut String, name: &str, color: usize, p: &PathSummary, cap: String| {
+        // The naive path has no cap and no budget: nothing to deny.
+        let refusals = |m| if cap == "none" { "–".to_string() } else { by_reason(m) };
         let _ = writeln!(
             h,
             "<tr><td><span class=\"sw\" style=\"background:{}\"></span><b>{}</b></td><td>{:.1}</td>\
@@ -222,8 +224,8 @@ fn summary_table(h: &mut String, s: &Summary) {
             pct(p.success_rate),
             p.latency_p50_ms,
             p.latency_p99_ms,
-            escape(&by_reason(&p.retries_denied)),
-            escape(&by_reason(&p.primaries_shed)),
+            escape(&refusals(&p.retries_denied)),
+            escape(&refusals(&p.primaries_shed)),
         );
     };
     row(h, "naive retry-once", NAIVE, &s.naive, "none".to_string());
