@@ -88,3 +88,104 @@ fn the_proxy_starts_and_stops_by_itself() {
         .success()
         .stderr(predicate::str::contains("listening on http://127.0.0.1:"));
 }
+
+/// The real process: SIGHUP reads the config file again (a bad one is refused and the running
+/// config stays), SIGTERM drains — the request in flight finishes — and the exit code is 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_and_sigterm_drains() {
+    use std::io::BufRead;
+    use stormguard_chaos::{ChaosConfig, Latency, Phase};
+
+    let upstream = stormguard_chaos::spawn(
+        ChaosConfig::single(Phase {
+            latency: Latency::Fixed(std::time::Duration::from_millis(800)),
+            ..Phase::default()
+        }),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let config = |cap: u64| {
+        format!(
+            "admin = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ndependency = \"up\"\n\
+             [[dependency]]\nname = \"up\"\nupstreams = [\"{}\"]\ncap = {cap}\n",
+            upstream.url("")
+        )
+    };
+    let path = write("signals.toml", &config(20));
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("stormguard"))
+        .args(["proxy", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    };
+    // The addresses, from what the proxy prints.
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut listen, mut admin) = (None, None);
+    while listen.is_none() || admin.is_none() {
+        let line = lines.next().expect("the proxy printed its addresses").unwrap();
+        if let Some(a) = line.strip_prefix("stormguard proxy: listening on ") {
+            listen = Some(a.to_string());
+        }
+        if let Some(a) = line.strip_prefix("stormguard proxy: admin on ") {
+            admin = Some(a.to_string());
+        }
+    }
+    let (listen, admin) = (listen.unwrap(), admin.unwrap());
+    let stderr = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let c = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let get = |uri: String| {
+        let c = c.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let resp = c.get(uri.parse().unwrap()).await.unwrap();
+            let status = resp.status();
+            (status, String::from_utf8(resp.collect().await.unwrap().to_bytes().to_vec()).unwrap())
+        }
+    };
+    let cap = |text: String| {
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["dependencies"][0]["cap"].as_u64()
+    };
+    assert_eq!(cap(get(format!("{admin}/config")).await.1), Some(20));
+
+    std::fs::write(&path, config(7)).unwrap();
+    signal("-HUP");
+    let mut now = None;
+    for _ in 0..100 {
+        now = cap(get(format!("{admin}/config")).await.1);
+        if now == Some(7) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(now, Some(7), "SIGHUP put the new cap in force");
+
+    std::fs::write(&path, config(0)).unwrap();
+    signal("-HUP");
+    let mut refused = false;
+    for _ in 0..100 {
+        let metrics = get(format!("{admin}/metrics")).await.1;
+        if metrics.contains("stormguard_reloads_total{result=\"refused\"} 1") {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(refused, "the bad config was refused");
+    assert_eq!(cap(get(format!("{admin}/config")).await.1), Some(7), "the running config stayed");
+
+    let in_flight = tokio::spawn(get(format!("{listen}/slow")));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    signal("-TERM");
+    assert_eq!(in_flight.await.unwrap().0, http::StatusCode::OK, "the request in flight finished");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "exit 0 after the drain: {status:?}");
+    let stderr = stderr.join().unwrap().join("\n");
+    assert!(stderr.contains("reload refused"), "{stderr}");
+    assert!(stderr.contains("0 connection(s) cut"), "{stderr}");
+}

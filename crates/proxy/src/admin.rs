@@ -2,7 +2,8 @@
 //! `/readyz`, `/config` (the effective config), `/stats.json` (the same signals as JSON),
 //! `/dashboard` (a live page over `/stats.json`, see [`dashboard`]), and
 //! the run-time switches `POST /dependencies/<name>/retries` and `POST /dependencies/<name>/shadow`
-//! with a body `{"enabled": true|false}`.
+//! with a body `{"enabled": true|false}`, and `POST /reload` (read the config file again).
+//! `/readyz` answers 503 from the moment a drain starts.
 
 use std::sync::Arc;
 
@@ -10,20 +11,17 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use prometheus_client::registry::Registry;
 use serde_json::json;
 use stormguard_core::Denied;
 use stormguard_tower::Dependency;
 
-use crate::server::Shared;
+use crate::server::State;
 
 mod dashboard;
 
 /// What the admin endpoints read.
 pub(crate) struct Admin {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) registry: Registry,
-    pub(crate) config: serde_json::Value,
+    pub(crate) state: Arc<State>,
 }
 
 type AdminBody = Full<Bytes>;
@@ -99,10 +97,18 @@ impl Admin {
         let path = req.uri().path().to_string();
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
-            (&Method::GET, "/readyz") => reply(StatusCode::OK, "text/plain", "ready\n"),
+            (&Method::GET, "/readyz") => {
+                if self.state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+                    reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+                } else {
+                    reply(StatusCode::OK, "text/plain", "ready\n")
+                }
+            }
             (&Method::GET, "/metrics") => {
                 let mut text = String::new();
-                match prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+                let registry =
+                    self.state.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match prometheus_client::encoding::text::encode(&mut text, &registry) {
                     Ok(()) => reply(
                         StatusCode::OK,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -115,16 +121,27 @@ impl Admin {
                     ),
                 }
             }
-            (&Method::GET, "/config") => json_reply(StatusCode::OK, &self.config),
+            (&Method::GET, "/config") => {
+                json_reply(StatusCode::OK, &self.state.current().config.to_json())
+            }
             (&Method::GET, "/stats.json") => {
                 let deps: Vec<_> =
-                    self.shared.deps.iter().map(|d| stats_json(&d.dependency)).collect();
+                    self.state.current().deps.iter().map(|d| stats_json(&d.dependency)).collect();
                 json_reply(StatusCode::OK, &json!({ "dependencies": deps }))
             }
             (&Method::GET, "/dashboard" | "/dashboard/") => {
                 let deps: Vec<_> =
-                    self.shared.deps.iter().map(|d| stats_json(&d.dependency)).collect();
+                    self.state.current().deps.iter().map(|d| stats_json(&d.dependency)).collect();
                 reply(StatusCode::OK, "text/html; charset=utf-8", dashboard::page(&deps))
+            }
+            (&Method::POST, "/reload") => {
+                match crate::reload::reload_from_source(&self.state).await {
+                    Ok(report) => json_reply(StatusCode::OK, &json!({ "reloaded": report })),
+                    Err(e @ crate::ReloadError::NoSource) => {
+                        reply(StatusCode::CONFLICT, "text/plain", format!("{e}\n"))
+                    }
+                    Err(e) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
+                }
             }
             (&Method::POST, p) if p.starts_with("/dependencies/") => {
                 self.switch(req, p.to_string()).await
@@ -132,7 +149,7 @@ impl Admin {
             _ => reply(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "not found: GET /metrics /healthz /readyz /config /stats.json /dashboard; POST /dependencies/NAME/retries|shadow\n",
+                "not found: GET /metrics /healthz /readyz /config /stats.json /dashboard; POST /reload, /dependencies/NAME/retries|shadow\n",
             ),
         }
     }
@@ -148,7 +165,8 @@ impl Admin {
                 "expected /dependencies/NAME/retries or /shadow\n",
             );
         };
-        let Some(dep) = self.shared.deps.iter().find(|d| d.dependency.name() == name) else {
+        let shared = self.state.current();
+        let Some(dep) = shared.deps.iter().find(|d| d.dependency.name() == name) else {
             return reply(
                 StatusCode::NOT_FOUND,
                 "text/plain",

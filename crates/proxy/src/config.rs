@@ -46,6 +46,10 @@ use toml::Spanned;
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
 pub const DEFAULT_SCOPE_MAX: usize = 65_536;
+/// How long a drain waits for requests in flight by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Distinct `client` label values by default.
+pub const DEFAULT_CLIENT_MAX: usize = 32;
 
 /// Everything the proxy runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +67,18 @@ pub struct ProxyConfig {
     pub record: Option<PathBuf>,
     /// Trace ids remembered for fan-out scopes (LRU, 10 s idle). Default 65 536.
     pub scope_max: usize,
+    /// The request header that names the caller for the `client` label of the per-route
+    /// series (e.g. `x-client-id`). Default none: the caller's IP address.
+    pub client_header: Option<HeaderName>,
+    /// Distinct `client` label values, at most; later callers are counted as `other`.
+    /// Default 32.
+    pub client_max: usize,
+    /// On SIGTERM (or [`ProxyHandle::drain`](crate::ProxyHandle::drain)): how long requests in
+    /// flight may take to finish before their connections are closed. Default 10 s.
+    pub drain_timeout: Duration,
+    /// The file this config was read from (set by [`ProxyConfig::load`]): `POST /reload` and
+    /// SIGHUP read it again.
+    pub source: Option<PathBuf>,
 }
 
 /// One listening socket.
@@ -277,6 +293,10 @@ impl ProxyConfig {
             admin: Some(DEFAULT_ADMIN.parse().expect("a valid address")),
             record: None,
             scope_max: DEFAULT_SCOPE_MAX,
+            client_header: None,
+            client_max: DEFAULT_CLIENT_MAX,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            source: None,
         }
     }
 
@@ -337,6 +357,12 @@ impl ProxyConfig {
                 format!("must be between 1 and 16777216, got {}", self.scope_max),
             ));
         }
+        if !(1..=10_000).contains(&self.client_max) {
+            return Err((
+                "client_max".into(),
+                format!("must be between 1 and 10000, got {}", self.client_max),
+            ));
+        }
         Ok(())
     }
 
@@ -344,7 +370,9 @@ impl ProxyConfig {
     pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        ProxyConfig::parse(&text, &path.display().to_string())
+        let mut config = ProxyConfig::parse(&text, &path.display().to_string())?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// Parses and checks a config; `file` names it in errors.
@@ -407,6 +435,9 @@ impl ProxyConfig {
             "admin": self.admin.map(|a| a.to_string()),
             "record": self.record.as_ref().map(|p| p.display().to_string()),
             "scope_max": self.scope_max,
+            "client_header": self.client_header.as_ref().map(HeaderName::as_str),
+            "client_max": self.client_max,
+            "drain_timeout": dur(Some(self.drain_timeout)),
         })
     }
 }
@@ -491,6 +522,9 @@ struct RawConfig {
     admin: Option<Spanned<String>>,
     record: Option<Spanned<String>>,
     scope_max: Option<Spanned<u64>>,
+    client_header: Option<Spanned<String>>,
+    client_max: Option<Spanned<u64>>,
+    drain_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -643,6 +677,23 @@ impl RawConfig {
                 usize::try_from(s.into_inner()).unwrap_or(usize::MAX)
             }
         };
+        let client_header = match self.client_header {
+            None => None,
+            Some(h) => Some(HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                bad(&h, "client_header", format!("not a header name: {:?}", h.get_ref()))
+            })?),
+        };
+        let client_max = match self.client_max {
+            None => DEFAULT_CLIENT_MAX,
+            Some(c) => {
+                spans.put("client_max".into(), c.span());
+                usize::try_from(c.into_inner()).unwrap_or(usize::MAX)
+            }
+        };
+        let drain_timeout = match &self.drain_timeout {
+            None => DEFAULT_DRAIN_TIMEOUT,
+            Some(d) => duration(d, "drain_timeout")?,
+        };
         Ok(ProxyConfig {
             listeners,
             dependencies,
@@ -650,6 +701,10 @@ impl RawConfig {
             admin,
             record: self.record.map(|r| PathBuf::from(r.into_inner())),
             scope_max,
+            client_header,
+            client_max,
+            drain_timeout,
+            source: None,
         })
     }
 }

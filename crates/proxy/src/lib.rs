@@ -19,23 +19,34 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Operating it: [`ProxyHandle::reload`] (SIGHUP, `POST /reload`) puts a new config in force
+//! without dropping a connection — unchanged dependencies keep their budget, limiter and
+//! breaker; [`ProxyHandle::drain`] (SIGTERM) fails `/readyz` at once, stops accepting, and
+//! lets requests in flight finish up to the drain timeout.
+//!
 //! Modules: [`config`] (the TOML schema and the quick flags, validated once), [`stack`] (the
 //! middleware, in one function), [`hop`] (hop-by-hop headers), [`scopes`] (fan-out scopes by
-//! trace id). The narrative is in docs/proxy.md.
+//! trace id), [`record`] (record mode), [`traffic`] (the per-route series), [`reload`]. The
+//! narrative is in docs/proxy.md.
 
 pub mod admin;
 pub mod config;
 pub mod hop;
+pub mod record;
+pub mod reload;
 pub mod scopes;
 mod server;
 pub mod stack;
+pub mod traffic;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -48,8 +59,9 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::ProxyConfig;
-use crate::scopes::TraceScopes;
-use crate::server::{DepRuntime, RouteRuntime, Shared};
+use crate::server::State;
+
+pub use crate::reload::{ReloadError, ReloadReport};
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +69,14 @@ pub enum StartError {
     /// The configuration is invalid (`key: reason`).
     #[error("{0}: {1}")]
     Invalid(String, String),
+    /// The trace file (`--record`) could not be created.
+    #[error("cannot write the trace {path}: {source}")]
+    Record {
+        /// The file asked for.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -67,14 +87,35 @@ pub enum StartError {
     },
 }
 
+/// How the listeners stop: a drain lets the connections finish what they are serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Run,
+    Drain,
+    Now,
+}
+
 /// A running proxy. Dropping it stops it too (without waiting).
 #[derive(Debug)]
 pub struct ProxyHandle {
     listen: Vec<SocketAddr>,
     admin: Option<SocketAddr>,
-    dependencies: Vec<Dependency>,
+    state: Arc<State>,
+    /// The caller listeners: run, drain, stop.
+    listeners_stop: watch::Sender<Stop>,
+    /// Everything else (admin, flusher): stop.
     shutdown: watch::Sender<bool>,
+    listener_tasks: Vec<JoinHandle<usize>>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a drain did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Connections still open when the drain timeout passed (closed then).
+    pub cut: usize,
+    /// How long the drain took.
+    pub took: Duration,
 }
 
 impl ProxyHandle {
@@ -88,9 +129,26 @@ impl ProxyHandle {
         self.admin
     }
 
-    /// The dependency named `name`: its snapshot, its switches.
-    pub fn dependency(&self, name: &str) -> Option<&Dependency> {
-        self.dependencies.iter().find(|d| d.name() == name)
+    /// The dependency named `name` in the config in force: its snapshot, its switches.
+    pub fn dependency(&self, name: &str) -> Option<Dependency> {
+        self.state
+            .current()
+            .deps
+            .iter()
+            .find(|d| d.dependency.name() == name)
+            .map(|d| d.dependency.clone())
+    }
+
+    /// Puts `config` in force (see [`reload`]). A config that is invalid, or that changes
+    /// what cannot change while running (listeners, admin address, record file), is refused
+    /// and the running one stays.
+    pub async fn reload(&self, config: ProxyConfig) -> Result<ReloadReport, ReloadError> {
+        reload::reload(&self.state, config).await
+    }
+
+    /// Reads the file the config came from again and puts it in force (SIGHUP).
+    pub async fn reload_from_source(&self) -> Result<ReloadReport, ReloadError> {
+        reload::reload_from_source(&self.state).await
     }
 
     /// A future that resolves when [`shutdown`](Self::shutdown) is called or the handle dropped.
@@ -101,8 +159,45 @@ impl ProxyHandle {
         }
     }
 
+    /// The drain (SIGTERM): `/readyz` fails at once, the listeners stop accepting, open
+    /// connections finish the requests they are serving (HTTP/1.1 closes after the response,
+    /// HTTP/2 gets a GOAWAY) for up to `timeout`; then everything stops.
+    pub async fn drain(mut self, timeout: Duration) -> DrainReport {
+        let started = std::time::Instant::now();
+        self.state.draining.store(true, Ordering::SeqCst);
+        tracing::info!(timeout_ms = timeout.as_millis() as u64, "draining");
+        let _ = self.listeners_stop.send(Stop::Drain);
+        let mut tasks = std::mem::take(&mut self.listener_tasks);
+        let drained = tokio::time::timeout(timeout, async {
+            for t in &mut tasks {
+                let _ = t.await;
+            }
+        })
+        .await
+        .is_ok();
+        let _ = self.listeners_stop.send(Stop::Now);
+        let mut cut = 0;
+        if !drained {
+            for t in tasks {
+                cut += t.await.unwrap_or(0);
+            }
+        }
+        self.stop_rest().await;
+        let took = started.elapsed();
+        tracing::info!(cut, took_ms = took.as_millis() as u64, "drained");
+        DrainReport { cut, took }
+    }
+
     /// Stops accepting, closes every connection, and waits for the listeners to end.
     pub async fn shutdown(mut self) {
+        let _ = self.listeners_stop.send(Stop::Now);
+        for t in self.listener_tasks.drain(..) {
+            let _ = t.await;
+        }
+        self.stop_rest().await;
+    }
+
+    async fn stop_rest(&mut self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks.drain(..) {
             let _ = t.await;
@@ -112,47 +207,22 @@ impl ProxyHandle {
 
 impl Drop for ProxyHandle {
     fn drop(&mut self) {
+        let _ = self.listeners_stop.send(Stop::Now);
         let _ = self.shutdown.send(true);
     }
 }
 
 /// Starts the proxy on the current tokio runtime: binds every listener (and the admin
-/// listener), then serves until [`ProxyHandle::shutdown`].
+/// listener), then serves until [`ProxyHandle::shutdown`] or [`ProxyHandle::drain`].
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate().map_err(|(k, r)| StartError::Invalid(k, r))?;
-    let mut deps = Vec::new();
-    let mut registry = Registry::default();
-    for d in &config.dependencies {
-        let dependency = Dependency::try_new(d.to_tower())
-            .map_err(|r| StartError::Invalid(format!("dependency {}", d.name), r))?;
-        stormguard_tower::metrics::register(&mut registry, &dependency);
-        let service = stack::stack(&dependency, stack::client(d.cap));
-        deps.push(DepRuntime {
-            service,
-            upstream: d.upstreams[0].clone(),
-            scopes: TraceScopes::new(d.scope_header.clone(), d.scope_retries, config.scope_max),
-            dependency,
-        });
-    }
-    let index = |name: &str| config.dependencies.iter().position(|d| d.name == name);
-    let mut routes = Vec::new();
-    for r in &config.routes {
-        let budget = match &r.budget {
-            Some(spec) => Some(Arc::new(
-                spec.build()
-                    .map_err(|e| StartError::Invalid("route budget".into(), e.to_string()))?,
-            ) as Arc<dyn stormguard_core::budget::RetryBudget>),
-            None => None,
-        };
-        routes.push(RouteRuntime {
-            host: r.host.clone(),
-            path_prefix: r.path_prefix.clone(),
-            dep: index(&r.dependency).expect("validated"),
-            budget,
-            idempotent: r.idempotent,
-            label: format!("{}{}", r.host.as_deref().unwrap_or(""), r.path_prefix),
-        });
-    }
+    let trace = match &config.record {
+        Some(path) => Some(
+            record::TraceFile::create(path)
+                .map_err(|source| StartError::Record { path: path.clone(), source })?,
+        ),
+        None => None,
+    };
     let mut bound = Vec::new();
     for l in &config.listeners {
         let listener = TcpListener::bind(l.listen)
@@ -160,71 +230,106 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             .map_err(|source| StartError::Bind { addr: l.listen, source })?;
         let addr =
             listener.local_addr().map_err(|source| StartError::Bind { addr: l.listen, source })?;
-        bound.push((listener, addr, l.dependency.as_deref().and_then(index)));
+        bound.push((listener, addr));
     }
-    let shared = Arc::new(Shared {
-        deps,
-        routes,
-        listeners: bound.iter().map(|(_, a, d)| (*a, *d)).collect(),
-        refused_not_routable: Default::default(),
-        refused_no_route: Default::default(),
-    });
-    registry.register_collector(Box::new(ProxyCollector { shared: shared.clone() }));
+    let addrs: Vec<SocketAddr> = bound.iter().map(|(_, a)| *a).collect();
+    let shared = reload::build(&config, None, &addrs, trace.as_ref())
+        .map_err(|(k, r)| StartError::Invalid(k, r))?
+        .shared;
+    let source = config.source.clone();
+    let admin_at = config.admin;
+    let state = Arc::new(State::new(shared, trace.clone(), source));
+    rebuild_registry(&state);
+    let (listeners_stop, _) = watch::channel(Stop::Run);
     let (shutdown, _) = watch::channel(false);
+    let mut listener_tasks = Vec::new();
     let mut tasks = Vec::new();
-    let mut listen = Vec::new();
-    for (i, (listener, addr, _)) in bound.into_iter().enumerate() {
-        listen.push(addr);
-        let shared = shared.clone();
-        let svc = move |req| {
-            let shared = shared.clone();
-            async move { Ok::<_, std::convert::Infallible>(server::handle(shared, i, req).await) }
+    for (i, (listener, addr)) in bound.into_iter().enumerate() {
+        let state = state.clone();
+        let svc = move |peer, req| {
+            let state = state.clone();
+            async move { Ok::<_, std::convert::Infallible>(server::handle(state, i, peer, req).await) }
         };
-        tasks.push(tokio::spawn(serve(listener, svc, shutdown.subscribe())));
+        listener_tasks.push(tokio::spawn(serve(listener, svc, listeners_stop.subscribe())));
         tracing::info!(addr = %addr, "stormguard proxy listening");
     }
+    if let Some(trace) = trace {
+        let mut stop = shutdown.subscribe();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = tick.tick() => trace.flush(),
+                }
+            }
+            trace.flush();
+        }));
+    }
     let mut admin_addr = None;
-    if let Some(a) = config.admin {
+    if let Some(a) = admin_at {
         let listener =
             TcpListener::bind(a).await.map_err(|source| StartError::Bind { addr: a, source })?;
         admin_addr =
             Some(listener.local_addr().map_err(|source| StartError::Bind { addr: a, source })?);
-        let admin =
-            Arc::new(admin::Admin { shared: shared.clone(), registry, config: config.to_json() });
-        let svc = move |req| {
+        let admin = Arc::new(admin::Admin { state: state.clone() });
+        let svc = move |_peer, req| {
             let admin = admin.clone();
             async move { Ok::<_, std::convert::Infallible>(admin.handle(req).await) }
         };
-        tasks.push(tokio::spawn(serve(listener, svc, shutdown.subscribe())));
+        // The admin listener answers through a drain (`/readyz` says 503) and stops last.
+        let (admin_stop, rx) = watch::channel(Stop::Run);
+        let mut stop = shutdown.subscribe();
+        tasks.push(tokio::spawn(async move {
+            let serving = tokio::spawn(serve(listener, svc, rx));
+            let _ = stop.wait_for(|s| *s).await;
+            let _ = admin_stop.send(Stop::Now);
+            let _ = serving.await;
+        }));
     }
     Ok(ProxyHandle {
-        listen,
+        listen: addrs,
         admin: admin_addr,
-        dependencies: shared.deps.iter().map(|d| d.dependency.clone()).collect(),
+        state,
+        listeners_stop,
         shutdown,
+        listener_tasks,
         tasks,
     })
 }
 
-/// Accepts connections until shutdown; each is served by hyper-util's auto builder (HTTP/1.1,
-/// or h2c when the client opens with the HTTP/2 preface). Ending the loop aborts every
-/// connection task.
-async fn serve<F, Fut, B>(listener: TcpListener, svc: F, mut stop: watch::Receiver<bool>)
+/// Registers the metrics of the config in force: each dependency's, and the proxy's own.
+pub(crate) fn rebuild_registry(state: &Arc<State>) {
+    let mut registry = Registry::default();
+    for d in &state.current().deps {
+        stormguard_tower::metrics::register(&mut registry, &d.dependency);
+    }
+    registry.register_collector(Box::new(ProxyCollector { state: Arc::downgrade(state) }));
+    *state.registry.write().unwrap_or_else(PoisonError::into_inner) = registry;
+}
+
+/// Accepts connections until told to stop; each is served by hyper-util's auto builder
+/// (HTTP/1.1, or h2c when the client opens with the HTTP/2 preface). On [`Stop::Drain`] the
+/// listener closes and each connection finishes what it serves (HTTP/1.1 closes after its
+/// response, HTTP/2 sends GOAWAY); on [`Stop::Now`] every connection is aborted. Returns the
+/// connections aborted.
+async fn serve<F, Fut, B>(listener: TcpListener, svc: F, mut stop: watch::Receiver<Stop>) -> usize
 where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(SocketAddr, http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut conns = JoinSet::new();
+    let graceful = GracefulShutdown::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.changed() => break,
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
             },
@@ -232,37 +337,58 @@ where
         };
         let _ = stream.set_nodelay(true);
         let svc = svc.clone();
+        let builder = auto::Builder::new(TokioExecutor::new());
+        let conn = builder
+            .serve_connection(
+                TokioIo::new(stream),
+                hyper::service::service_fn(move |req| svc(peer, req)),
+            )
+            .into_owned();
+        let conn = graceful.watch(conn);
         conns.spawn(async move {
-            let service = hyper::service::service_fn(svc);
-            let builder = auto::Builder::new(TokioExecutor::new());
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), service).await {
+            if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
     }
+    drop(listener);
+    if *stop.borrow() == Stop::Drain {
+        tokio::select! {
+            () = graceful.shutdown() => return 0,
+            _ = stop.wait_for(|s| *s == Stop::Now) => {}
+        }
+    }
+    let cut = conns.len();
+    conns.shutdown().await;
+    cut
 }
 
-/// The proxy's own series: the switches and what it refused before any dependency.
+/// The proxy's own series: the switches, what it refused before any dependency, the
+/// per-route series, reloads, the trace file.
 #[derive(Debug)]
 struct ProxyCollector {
-    shared: Arc<Shared>,
+    state: Weak<State>,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("dependencies", &self.deps.len()).finish_non_exhaustive()
+        f.debug_struct("State")
+            .field("dependencies", &self.current().deps.len())
+            .finish_non_exhaustive()
     }
 }
 
 impl Collector for ProxyCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let Some(state) = self.state.upgrade() else { return Ok(()) };
+        let shared = state.current();
         let mut m = enc.encode_descriptor(
             "stormguard_retries_enabled",
             "1 while retries are on, 0 after the kill switch",
             None,
             MetricType::Gauge,
         )?;
-        for d in &self.shared.deps {
+        for d in &shared.deps {
             let on = i64::from(d.dependency.policy().retries_enabled());
             ConstGauge::new(on).encode(m.encode_family(&[("dependency", d.dependency.name())])?)?;
         }
@@ -272,12 +398,45 @@ impl Collector for ProxyCollector {
             None,
             MetricType::Counter,
         )?;
-        for (reason, n) in [
-            ("not_routable", &self.shared.refused_not_routable),
-            ("no_route", &self.shared.refused_no_route),
-        ] {
+        for (reason, n) in
+            [("not_routable", &state.refused_not_routable), ("no_route", &state.refused_no_route)]
+        {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("reason", reason)])?)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "stormguard_reloads",
+            "config reloads: applied, or refused (the running config stayed)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [("applied", &state.reloads), ("refused", &state.reloads_refused)] {
+            ConstCounter::new(n.load(Ordering::Relaxed))
+                .encode(m.encode_family(&[("result", result)])?)?;
+        }
+        let m = enc.encode_descriptor(
+            "stormguard_draining",
+            "1 once the proxy is draining (SIGTERM): /readyz fails",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(state.draining.load(Ordering::Relaxed))).encode(m)?;
+        state.traffic.encode(&mut enc)?;
+        if let Some(trace) = &state.trace {
+            let m = enc.encode_descriptor(
+                "stormguard_record_lines",
+                "lines written to the trace file (--record)",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(trace.lines()).encode(m)?;
+            let m = enc.encode_descriptor(
+                "stormguard_record_errors",
+                "writes to the trace file that failed",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(trace.errors()).encode(m)?;
         }
         Ok(())
     }

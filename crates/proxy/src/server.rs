@@ -2,7 +2,8 @@
 //! prior knowledge), each request checked, routed, and sent through its dependency's stack.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
 use http::header::HOST;
@@ -12,17 +13,23 @@ use stormguard_core::budget::RetryBudget;
 use stormguard_tower::{Dependency, Idempotent, ReplayBody, RouteBudget};
 use tower::ServiceExt;
 
+use crate::config::{DependencyConfig, ProxyConfig, RouteConfig};
 use crate::hop::strip_hop_by_hop;
 use crate::scopes::TraceScopes;
 use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, ProxyService, local};
 
-/// One dependency at run time.
+/// One dependency at run time. Kept whole across a reload that leaves its config unchanged.
 pub(crate) struct DepRuntime {
     pub(crate) dependency: Dependency,
     pub(crate) service: ProxyService,
     /// `http://host:port` of its upstream.
     pub(crate) upstream: Uri,
     pub(crate) scopes: TraceScopes,
+    /// What it was built from (with the proxy's `scope_max`).
+    pub(crate) config: (DependencyConfig, usize),
+    /// Labels of the per-route series: its name, its upstream's host and port.
+    pub(crate) name: Arc<str>,
+    pub(crate) upstream_label: Arc<str>,
 }
 
 /// One route at run time.
@@ -32,19 +39,83 @@ pub(crate) struct RouteRuntime {
     pub(crate) dep: usize,
     pub(crate) budget: Option<Arc<dyn RetryBudget>>,
     pub(crate) idempotent: bool,
-    pub(crate) label: String,
+    pub(crate) label: Arc<str>,
+    /// What it was built from (an unchanged route keeps its budget across a reload).
+    pub(crate) config: RouteConfig,
 }
 
-/// What every request handler shares.
+/// One generation of the configuration: what a request is routed and served by. A reload
+/// builds a new one; requests in flight finish on the one they started with.
 pub(crate) struct Shared {
-    pub(crate) deps: Vec<DepRuntime>,
-    pub(crate) routes: Vec<RouteRuntime>,
+    pub(crate) deps: Vec<Arc<DepRuntime>>,
+    pub(crate) routes: Vec<Arc<RouteRuntime>>,
     /// Per listener: its address and its default dependency.
     pub(crate) listeners: Vec<(SocketAddr, Option<usize>)>,
-    /// Requests refused before any dependency: absolute-form for other hosts, no route.
-    pub(crate) refused_not_routable: std::sync::atomic::AtomicU64,
-    pub(crate) refused_no_route: std::sync::atomic::AtomicU64,
+    /// The header naming the caller (else its IP address).
+    pub(crate) client_header: Option<http::HeaderName>,
+    /// The effective config.
+    pub(crate) config: ProxyConfig,
 }
+
+/// What lives as long as the proxy, across reloads.
+pub(crate) struct State {
+    current: RwLock<Arc<Shared>>,
+    /// Requests refused before any dependency: absolute-form for other hosts, no route.
+    pub(crate) refused_not_routable: AtomicU64,
+    pub(crate) refused_no_route: AtomicU64,
+    /// The per-route series.
+    pub(crate) traffic: crate::traffic::Traffic,
+    /// The trace file, in record mode.
+    pub(crate) trace: Option<Arc<crate::record::TraceFile>>,
+    /// Set when draining starts: `/readyz` fails from then on.
+    pub(crate) draining: AtomicBool,
+    /// Reloads applied, and refused.
+    pub(crate) reloads: AtomicU64,
+    pub(crate) reloads_refused: AtomicU64,
+    /// The metrics registry, rebuilt by a reload.
+    pub(crate) registry: RwLock<prometheus_client::registry::Registry>,
+    /// The file the config was read from, for `POST /reload`.
+    pub(crate) source: Option<std::path::PathBuf>,
+    /// Reloads run one at a time.
+    pub(crate) reload_lock: tokio::sync::Mutex<()>,
+}
+
+impl State {
+    pub(crate) fn new(
+        shared: Shared,
+        trace: Option<Arc<crate::record::TraceFile>>,
+        source: Option<std::path::PathBuf>,
+    ) -> State {
+        State {
+            traffic: crate::traffic::Traffic::new(shared.config.client_max),
+            current: RwLock::new(Arc::new(shared)),
+            refused_not_routable: AtomicU64::new(0),
+            refused_no_route: AtomicU64::new(0),
+            trace,
+            draining: AtomicBool::new(false),
+            reloads: AtomicU64::new(0),
+            reloads_refused: AtomicU64::new(0),
+            registry: RwLock::new(prometheus_client::registry::Registry::default()),
+            source,
+            reload_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The configuration requests are served by now.
+    pub(crate) fn current(&self) -> Arc<Shared> {
+        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Puts a new generation in force; returns the old one.
+    pub(crate) fn replace(&self, shared: Shared) -> Arc<Shared> {
+        let mut c = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *c, Arc::new(shared))
+    }
+}
+
+/// The `route` label of requests no route matched (the listener's dependency).
+static DEFAULT_ROUTE: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from("default"));
 
 /// The host a request names, lowercased, without its port.
 fn request_host(req: &Request<Incoming>) -> Option<String> {
@@ -83,28 +154,32 @@ fn serves_authority(shared: &Shared, listener: SocketAddr, uri: &Uri) -> bool {
 
 /// The route for a request: the longest matching path prefix, a route naming the host before
 /// one that does not; then the listener's dependency.
-fn route<'a>(shared: &'a Shared, host: Option<&str>, path: &str) -> Option<&'a RouteRuntime> {
+fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
     shared
         .routes
         .iter()
-        .filter(|r| {
+        .enumerate()
+        .filter(|(_, r)| {
             r.host.as_deref().is_none_or(|h| Some(h) == host) && path.starts_with(&r.path_prefix)
         })
-        .max_by_key(|r| (r.path_prefix.len(), r.host.is_some()))
+        .max_by_key(|(_, r)| (r.path_prefix.len(), r.host.is_some()))
+        .map(|(i, _)| i)
 }
 
 /// Serves one request.
 pub(crate) async fn handle(
-    shared: Arc<Shared>,
+    state: Arc<State>,
     listener: usize,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
+    let shared = state.current();
     let (addr, default_dep) = shared.listeners[listener];
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     if method == Method::CONNECT {
-        shared.refused_not_routable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        state.refused_not_routable.fetch_add(1, Ordering::Relaxed);
         return local(
             StatusCode::FORBIDDEN,
             None,
@@ -117,7 +192,7 @@ pub(crate) async fn handle(
         && req.uri().scheme().is_some()
         && !serves_authority(&shared, addr, req.uri())
     {
-        shared.refused_not_routable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        state.refused_not_routable.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(uri = %req.uri(), "absolute-form request for another host refused");
         return local(
             StatusCode::FORBIDDEN,
@@ -126,12 +201,13 @@ pub(crate) async fn handle(
         );
     }
     let host = request_host(&req);
-    let (dep_index, route) = match route(&shared, host.as_deref(), &path) {
+    let route_index = route(&shared, host.as_deref(), &path);
+    let (dep_index, route) = match route_index.map(|i| &shared.routes[i]) {
         Some(r) => (r.dep, Some(r)),
         None => match default_dep {
             Some(d) => (d, None),
             None => {
-                shared.refused_no_route.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                state.refused_no_route.fetch_add(1, Ordering::Relaxed);
                 return local(
                     StatusCode::NOT_FOUND,
                     None,
@@ -141,6 +217,11 @@ pub(crate) async fn handle(
         },
     };
     let dep = &shared.deps[dep_index];
+    let client = match &shared.client_header {
+        Some(h) => req.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string),
+        None => None,
+    }
+    .unwrap_or_else(|| peer.ip().to_string());
     let (mut parts, body) = req.into_parts();
     // The upstream's address, the caller's path and query, HTTP/1.1 to the upstream.
     let mut uri = dep.upstream.clone().into_parts();
@@ -162,7 +243,7 @@ pub(crate) async fn handle(
     if let Some(scope) = dep.scopes.scope_for(&parts.headers, started) {
         parts.extensions.insert(scope);
     }
-    let mut route_label = "";
+    let mut route_label: &Arc<str> = &DEFAULT_ROUTE;
     if let Some(r) = route {
         route_label = &r.label;
         if r.idempotent {
@@ -182,15 +263,26 @@ pub(crate) async fn handle(
         }
     };
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    state.traffic.count(crate::traffic::Finished {
+        dependency: &dep.name,
+        upstream: &dep.upstream_label,
+        route: route_label,
+        client: &client,
+        status: resp.status().as_u16(),
+        attempts: log.attempts(),
+        denied: denied.parse().ok(),
+    });
     tracing::info!(
         target: "stormguard::access",
         method = %method,
         path = %path,
         dependency = dep.dependency.name(),
-        route = route_label,
+        route = &**route_label,
+        client = %client,
         status = resp.status().as_u16(),
         attempts = log.attempts(),
         denied,
+        slot_wait_ms = log.slot_wait().as_secs_f64() * 1e3,
         upstream_ms = log.upstream_time().as_secs_f64() * 1e3,
         total_ms = started.elapsed().as_secs_f64() * 1e3,
     );

@@ -58,6 +58,11 @@ pub fn stack(dependency: &Dependency, client: UpstreamClient) -> ProxyService {
         // Retry outside the cap: every attempt takes its own slot, and a retry uses
         // try_acquire, so it can never queue.
         .layer(RetryLayer::new(dependency.clone()))
+        // Each attempt notes when it asked the cap for a slot, for the access log's slot wait.
+        .map_request(|mut req: UpstreamRequest| {
+            req.extensions_mut().insert(AskedForSlot(Instant::now()));
+            req
+        })
         // The cap around each attempt, with its per-try timeout: connect time counts.
         .layer(CapLayer::new(dependency.clone()))
         // Innermost, so it sees exactly what the upstream sees: every attempt numbered, counted
@@ -76,12 +81,23 @@ pub struct AttemptLog(Arc<AttemptCounts>);
 struct AttemptCounts {
     attempts: AtomicU32,
     upstream_us: AtomicU64,
+    slot_wait_us: AtomicU64,
 }
+
+/// When an attempt asked the cap for its slot.
+#[derive(Clone, Copy, Debug)]
+struct AskedForSlot(Instant);
 
 impl AttemptLog {
     /// Attempts sent to the upstream.
     pub fn attempts(&self) -> u32 {
         self.0.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Time the attempts spent waiting for their slot (a primary in the queue; a retry never
+    /// waits).
+    pub fn slot_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.0.slot_wait_us.load(Ordering::Relaxed))
     }
 
     /// Time the attempts spent waiting for response headers from the upstream.
@@ -115,10 +131,15 @@ where
             req.headers_mut().insert(ATTEMPT_HEADER.clone(), HeaderValue::from_static("1"));
         }
         let log = req.extensions().get::<AttemptLog>().cloned();
+        let started = Instant::now();
         if let Some(l) = &log {
             l.0.attempts.fetch_add(1, Ordering::Relaxed);
+            if let Some(asked) = req.extensions().get::<AskedForSlot>() {
+                let us = started.saturating_duration_since(asked.0).as_micros();
+                l.0.slot_wait_us
+                    .fetch_add(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
+            }
         }
-        let started = Instant::now();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let r = fut.await;

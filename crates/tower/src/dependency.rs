@@ -22,6 +22,7 @@ use stormguard_http::headers::{
 use stormguard_http::stacked::StackedHeaders;
 
 use crate::clock::TokioClock;
+use crate::record::{Recorder, TraceEvent, TraceOp};
 
 /// Everything that describes a dependency. Build it, then [`Dependency::try_new`].
 #[derive(Debug, Clone)]
@@ -67,6 +68,9 @@ pub struct DependencyConfig {
     /// `Spawner::new(|f| { tokio::spawn(f); })`. Without one, the timed-out call is dropped and
     /// its slot is held for the whole `timeout_slot_hold`. Default none.
     pub background: Option<Spawner>,
+    /// Where the dependency's traffic is reported as `replay` events (record mode). Default
+    /// none: nothing is recorded and nothing is paid for it.
+    pub recorder: Option<Recorder>,
 }
 
 /// Work handed to a [`Spawner`]: a timed-out call running on to its end.
@@ -116,6 +120,7 @@ impl DependencyConfig {
             remaining_reserve: 0,
             seed: 0x5eed_5707_3a6d,
             background: None,
+            recorder: None,
         }
     }
 }
@@ -136,6 +141,8 @@ struct Inner {
     /// Whether a malformed header was logged already (it is logged once, counted always).
     malformed_logged: std::sync::atomic::AtomicBool,
     requests: AtomicU64,
+    /// Request numbers in the recorded trace.
+    trace_ids: AtomicU64,
 }
 
 impl fmt::Debug for Dependency {
@@ -208,6 +215,56 @@ impl Dependency {
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
                 requests: AtomicU64::new(0),
+                trace_ids: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// A dependency built from `config` that keeps this one's state wherever the new config
+    /// allows — for a reload. The limiter (in flight, queue, held slots) and the pushback hold
+    /// are kept when the cap, queue and queue timeout are unchanged; the breaker when its
+    /// parameters are; the budget (and its balance) when its SPEC is; the kill switch always,
+    /// and shadow mode when `enforce` is unchanged. Anything changed starts fresh. The decision
+    /// counters start from zero. Clocks are shared.
+    pub fn successor(&self, config: DependencyConfig) -> Result<Dependency, String> {
+        let old = &self.inner;
+        if config.body_limit > 64 * 1024 * 1024 {
+            return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
+        }
+        let budget: Arc<dyn stormguard_core::budget::RetryBudget> =
+            if config.budget == old.config.budget {
+                old.policy.budget().clone()
+            } else {
+                Arc::new(config.budget.build().map_err(|e| e.to_string())?)
+            };
+        let policy = RetryPolicy::try_new(config.retry.clone(), budget)?;
+        policy.set_retries_enabled(old.policy.retries_enabled());
+        if config.retry.enforce == old.config.retry.enforce {
+            policy.set_enforce(old.policy.enforce());
+        }
+        let limiter = if config.limiter == old.config.limiter {
+            old.upstream.limiter.clone()
+        } else {
+            stormguard_core::limiter::Limiter::try_new(config.limiter, old.clock.clone())?
+        };
+        let breaker = if config.breaker == old.config.breaker {
+            old.upstream.breaker.clone()
+        } else {
+            config.breaker.map(stormguard_core::breaker::Breaker::try_new).transpose()?
+        };
+        let upstream = Upstream { limiter, breaker, hold: old.upstream.hold.clone() };
+        Ok(Dependency {
+            inner: Arc::new(Inner {
+                config,
+                clock: old.clock.clone(),
+                tokio_clock: old.tokio_clock,
+                upstream,
+                policy,
+                header_stats: HeaderStats::new(),
+                malformed_logged: std::sync::atomic::AtomicBool::new(false),
+                requests: AtomicU64::new(0),
+                // The recorded trace's request numbers go on from the old ones.
+                trace_ids: AtomicU64::new(old.trace_ids.load(Ordering::Relaxed)),
             }),
         })
     }
@@ -247,6 +304,29 @@ impl Dependency {
     pub fn request_rng(&self) -> SplitMix64 {
         let n = self.inner.requests.fetch_add(1, Ordering::Relaxed);
         SplitMix64::new(self.inner.config.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// A new request's number in the recorded trace, when recording (see
+    /// [`DependencyConfig::recorder`]).
+    pub(crate) fn trace_id(&self) -> Option<u64> {
+        self.inner
+            .config
+            .recorder
+            .as_ref()
+            .map(|_| self.inner.trace_ids.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Reports one event of request `id` to the recorder (nothing when `id` is `None`).
+    pub(crate) fn record(&self, id: Option<u64>, at: Timestamp, op: TraceOp) {
+        if let (Some(id), Some(r)) = (id, &self.inner.config.recorder) {
+            if matches!(op, TraceOp::Retry(..)) {
+                let l = &self.inner.upstream.limiter;
+                let active =
+                    TraceOp::Active { n: l.primaries_active(), retries: l.retries_in_flight() };
+                r.record(self.name(), TraceEvent { at, id, op: active });
+            }
+            r.record(self.name(), TraceEvent { at, id, op });
+        }
     }
 
     /// The tokio instant of a timestamp, for sleeping until it (`None` on a non-tokio clock).

@@ -27,11 +27,13 @@ pub mod clock;
 pub mod dependency;
 pub mod error;
 pub mod metrics;
+pub mod record;
 pub mod retry;
 
 pub use cap::{Cap, CapLayer, PermitBody};
 pub use dependency::{Dependency, DependencyConfig, DependencySnapshot, Spawner};
 pub use error::{BoxError, StormguardError};
+pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{
     AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, Retry, RetryBody, RetryLayer,
     RouteBudget,

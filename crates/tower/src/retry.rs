@@ -34,6 +34,7 @@ use tower::{Layer, Service, ServiceExt};
 use crate::cap::{AdmittedSlot, AttemptDeadline, BoxFuture};
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
+use crate::record::{TraceOp, reached_budget};
 
 /// A request extension: the caller's deadline for the whole request (queue waits, attempts and
 /// backoffs included). Shortens the dependency's configured deadline, never lengthens it.
@@ -214,9 +215,13 @@ where
     if let (Some(r), Some(now)) = (&route, start) {
         r.0.record_request(now);
     }
+    let id = dep.trace_id();
+    if id.is_some() {
+        dep.record(id, start.unwrap_or_else(|| dep.now()), TraceOp::Request);
+    }
     // The first attempt sends a copy too: the original keeps the body for the next one.
     let Some(body) = policy.clone_body(req.body()) else {
-        return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline)) };
+        return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline, id)) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.
@@ -228,7 +233,7 @@ where
     let attempt = first.call(this);
     RetryFuture::First {
         attempt,
-        rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route })),
+        rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id })),
     }
 }
 
@@ -240,6 +245,8 @@ struct Rest<S, P, B> {
     req: Request<B>,
     deadline: Option<Timestamp>,
     route: Option<RouteBudget>,
+    /// The request's number in the recorded trace, when recording.
+    id: Option<u64>,
 }
 
 pin_project! {
@@ -299,11 +306,13 @@ where
                         && r.policy.classify(resp.status(), resp.headers()).is_none()
                     {
                         r.dep.policy().on_success_with(|| r.dep.now(), false);
+                        if r.id.is_some() {
+                            r.dep.record(r.id, r.dep.now(), TraceOp::Success(false));
+                        }
                         return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
                     }
                     // A failure: the decision loop, in its own allocation.
-                    let Rest { dep, policy, svc, req, deadline, route } = *r;
-                    Box::pin(after_failure(dep, policy, svc, req, deadline, route, result))
+                    Box::pin(after_failure(*r, result))
                 }
             };
             self.set(RetryFuture::Boxed { fut: next });
@@ -313,12 +322,7 @@ where
 
 /// The decision loop after the first attempt failed.
 async fn after_failure<S, P, B, RB>(
-    dep: Dependency,
-    policy: P,
-    svc: S,
-    req: Request<B>,
-    deadline: Option<Timestamp>,
-    route: Option<RouteBudget>,
+    rest: Rest<S, P, B>,
     mut result: Result<Response<RB>, BoxError>,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
@@ -330,6 +334,7 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
+    let Rest { dep, policy, svc, req, deadline, route, id } = rest;
     let config = dep.config();
     let mut facts = RequestFacts {
         idempotent: is_idempotent(
@@ -362,6 +367,12 @@ where
                     if let Some(c) = charges.as_mut() {
                         c.succeeded();
                     }
+                    if id.is_some() {
+                        dep.record(id, now, TraceOp::Success(attempt > 1));
+                        if attempt > 1 {
+                            dep.record(id, now, TraceOp::RetryDone);
+                        }
+                    }
                     return Ok(result?.map(RetryBody::live));
                 }
                 Some(failure) => {
@@ -384,6 +395,13 @@ where
                 FailedAttempt { failure, unsent, pushback: None }
             }
         };
+        let kind = failed.failure.kind();
+        if id.is_some() {
+            dep.record(id, now, TraceOp::Failure(kind));
+            if attempt > 1 {
+                dep.record(id, now, TraceOp::RetryDone);
+            }
+        }
         facts.replayable = policy.is_replayable(req.body());
         let decision = dep.policy().decide(
             now,
@@ -396,7 +414,12 @@ where
         );
         let ticket = match decision {
             Decision::NotRetryable => return finish(result, None),
-            Decision::Denied(reason) => return finish(result, Some(reason)),
+            Decision::Denied(reason) => {
+                if id.is_some() && reached_budget(reason) {
+                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
+                }
+                return finish(result, Some(reason));
+            }
             Decision::Retry(ticket) => ticket,
         };
         let Some(next_body) = policy.clone_body(req.body()) else {
@@ -422,6 +445,9 @@ where
         }
         match dep.policy().admit(dep.upstream(), ticket, &mut state) {
             Ok(mut admitted) => {
+                if id.is_some() {
+                    dep.record(id, now, TraceOp::Retry(kind, None));
+                }
                 let slot = AdmittedSlot::new(admitted.take_permit());
                 charges = Some(admitted.into_charges());
                 attempt += 1;
@@ -437,7 +463,12 @@ where
                     Err(e) => Err(e),
                 };
             }
-            Err(reason) => return finish_kept(kept, reason),
+            Err(reason) => {
+                if id.is_some() && reached_budget(reason) {
+                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
+                }
+                return finish_kept(kept, reason);
+            }
         }
     }
 }
@@ -459,6 +490,7 @@ async fn single<S, B, RB>(
     svc: S,
     mut req: Request<B>,
     deadline: Option<Timestamp>,
+    id: Option<u64>,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
@@ -467,9 +499,24 @@ where
     if let Some(d) = deadline {
         req.extensions_mut().insert(AttemptDeadline(d));
     }
-    let resp = svc.oneshot(req).await?;
-    if classify_response(resp.status(), resp.headers()).is_none() {
+    let resp = match svc.oneshot(req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            let refused = matches!(e.downcast_ref(), Some(StormguardError::Denied(_)));
+            if id.is_some() && !refused {
+                let (failure, _) = classify_transport(classify_error(&*e));
+                dep.record(id, dep.now(), TraceOp::Failure(failure.kind()));
+            }
+            return Err(e);
+        }
+    };
+    let failure = classify_response(resp.status(), resp.headers());
+    if failure.is_none() {
         dep.policy().on_success_with(|| dep.now(), false);
+    }
+    if id.is_some() {
+        let op = failure.map_or(TraceOp::Success(false), |f| TraceOp::Failure(f.kind()));
+        dep.record(id, dep.now(), op);
     }
     Ok(resp.map(RetryBody::live))
 }

@@ -71,6 +71,14 @@ pub struct ProxyArgs {
     /// Shadow mode: count what would be denied, deny nothing.
     #[arg(long)]
     pub shadow: bool,
+    /// Record mode: write every dependency's traffic to FILE as `replay` JSON lines (replay
+    /// one with `stormguard replay --dependency NAME --policy SPEC FILE`).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// On SIGTERM or Ctrl-C: how long requests in flight may take to finish (default 10s, or
+    /// the config's `drain_timeout`).
+    #[arg(long, value_name = "DURATION")]
+    pub drain_timeout: Option<String>,
     /// Stop after this long (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<String>,
@@ -90,7 +98,14 @@ fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
 /// The proxy's config from the flags, or the file they name.
 pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     if let Some(path) = &args.config {
-        return ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()));
+        let mut config = ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()))?;
+        if let Some(r) = &args.record {
+            config.record = Some(r.clone());
+        }
+        if let Some(d) = &args.drain_timeout {
+            config.drain_timeout = duration("drain-timeout", d)?;
+        }
+        return Ok(config);
     }
     let upstream = args.upstream.as_deref().unwrap_or_default();
     let uri =
@@ -109,6 +124,10 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     d.queue_timeout = duration("queue-timeout", &args.queue_timeout)?;
     d.enforce = !args.shadow;
     let mut config = ProxyConfig::single(args.listen, d);
+    config.record.clone_from(&args.record);
+    if let Some(d) = &args.drain_timeout {
+        config.drain_timeout = duration("drain-timeout", d)?;
+    }
     config.admin = match args.admin.as_str() {
         "off" => None,
         a => Some(a.parse().map_err(|_| {
@@ -122,10 +141,14 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     Ok(config)
 }
 
-/// Runs `stormguard proxy` until Ctrl-C, SIGTERM or `--duration`.
+/// Runs `stormguard proxy` until `--duration` passes (then stops at once), or SIGTERM / Ctrl-C
+/// (then drains: `/readyz` fails, requests in flight finish up to the drain timeout, exit 0).
+/// SIGHUP reads the config file again and puts it in force (a bad one is refused and logged;
+/// the running config stays).
 pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     let config = config_from_args(args)?;
     let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    let drain_timeout = config.drain_timeout;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -141,36 +164,75 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
         if let Some(a) = proxy.admin_addr() {
             let _ = writeln!(std::io::stderr(), "stormguard proxy: admin on http://{a}");
         }
-        wait_for_stop(stop_after).await;
-        proxy.shutdown().await;
+        match wait_for_stop(&proxy, stop_after).await {
+            Ending::Elapsed => proxy.shutdown().await,
+            Ending::Signal => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "stormguard proxy: draining (up to {} ms)",
+                    drain_timeout.as_millis()
+                );
+                let report = proxy.drain(drain_timeout).await;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "stormguard proxy: drained in {} ms; {} connection(s) cut at the timeout",
+                    report.took.as_millis(),
+                    report.cut
+                );
+            }
+        }
         Ok::<_, Failure>(())
     })?;
     runtime.shutdown_background();
     Ok(())
 }
 
-async fn wait_for_stop(stop_after: Option<Duration>) {
+/// Why the proxy stops.
+enum Ending {
+    /// `--duration` passed: stop at once.
+    Elapsed,
+    /// SIGTERM or Ctrl-C: drain.
+    Signal,
+}
+
+async fn wait_for_stop(
+    proxy: &stormguard_proxy::ProxyHandle,
+    stop_after: Option<Duration>,
+) -> Ending {
     let deadline = async {
         match stop_after {
             Some(d) => tokio::time::sleep(d).await,
             None => std::future::pending().await,
         }
     };
+    tokio::pin!(deadline);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-                () = deadline => {}
+        if let (Ok(mut term), Ok(mut hup)) =
+            (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+        {
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => return Ending::Signal,
+                    _ = term.recv() => return Ending::Signal,
+                    _ = hup.recv() => match proxy.reload_from_source().await {
+                        Ok(r) => {
+                            let _ = writeln!(std::io::stderr(), "stormguard proxy: reloaded: {r:?}");
+                        }
+                        Err(e) => {
+                            let _ = writeln!(std::io::stderr(), "stormguard proxy: reload refused: {e}");
+                        }
+                    },
+                    () = &mut deadline => return Ending::Elapsed,
+                }
             }
-            return;
         }
     }
+    let _ = proxy;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = deadline => {}
+        _ = tokio::signal::ctrl_c() => Ending::Signal,
+        () = deadline => Ending::Elapsed,
     }
 }
 

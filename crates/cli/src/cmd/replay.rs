@@ -46,6 +46,11 @@ pub struct ReplayArgs {
     /// quota:capacity=500,retry_cost=5,timeout_cost=10,success_reward=1.
     #[arg(long, value_name = "SPEC")]
     pub policy: String,
+    /// Replay only this dependency's events (a trace the proxy recorded holds every
+    /// dependency's, each line tagged with `"dependency"`). Needed when the trace holds more
+    /// than one.
+    #[arg(long, value_name = "NAME")]
+    pub dependency: Option<String>,
     /// The trace (JSON lines); `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     pub file: Option<PathBuf>,
@@ -55,6 +60,8 @@ pub struct ReplayArgs {
 struct Event {
     t_ms: u64,
     op: String,
+    #[serde(default)]
+    dependency: Option<String>,
     #[serde(default)]
     id: Option<Value>,
     #[serde(default)]
@@ -82,6 +89,10 @@ pub struct Replay<B> {
     last_t_ms: u64,
     /// `retry_done` events that matched no retry in flight.
     pub unmatched_done: u64,
+    /// Only this dependency's events are replayed (`None`: the trace must hold one).
+    only: Option<String>,
+    /// The dependency the events replayed so far belong to.
+    seen: Option<String>,
 }
 
 /// Reads a `kind` field: error (default), timeout or throttle.
@@ -101,7 +112,21 @@ fn number(x: f64) -> Value {
 impl<B: RetryBudget> Replay<B> {
     /// A replay over `budget`, at virtual time zero.
     pub fn new(budget: B) -> Replay<B> {
-        Replay { budget, requests: HashMap::new(), current: None, last_t_ms: 0, unmatched_done: 0 }
+        Replay {
+            budget,
+            requests: HashMap::new(),
+            current: None,
+            last_t_ms: 0,
+            unmatched_done: 0,
+            only: None,
+            seen: None,
+        }
+    }
+
+    /// Replays only the events tagged with this dependency (untagged events are replayed too).
+    pub fn only(mut self, dependency: Option<String>) -> Replay<B> {
+        self.only = dependency;
+        self
     }
 
     /// The request an event belongs to: its `id`, or the most recent `request`.
@@ -117,6 +142,18 @@ impl<B: RetryBudget> Replay<B> {
     pub fn apply(&mut self, line: &str, line_no: u64) -> Result<Option<String>, String> {
         let ev: Event =
             serde_json::from_str(line).map_err(|e| format!("not a valid event: {e}"))?;
+        if let Some(d) = &ev.dependency {
+            match (&self.only, &self.seen) {
+                (Some(only), _) if only != d => return Ok(None),
+                (None, Some(seen)) if seen != d => {
+                    return Err(format!(
+                        "the trace holds more than one dependency ({seen:?}, {d:?}): choose one \
+                         with --dependency"
+                    ));
+                }
+                _ => self.seen = Some(d.clone()),
+            }
+        }
         if ev.t_ms < self.last_t_ms {
             return Err(format!(
                 "t_ms {} is earlier than the previous event's {}; t_ms must not decrease",
@@ -223,7 +260,7 @@ pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<(), Failure> {
             (Box::new(BufReader::new(f)), p.display().to_string())
         }
     };
-    let mut replay = Replay::new(budget);
+    let mut replay = Replay::new(budget).only(args.dependency.clone());
     for (i, line) in input.lines().enumerate() {
         let line_no = i as u64 + 1;
         let line = line.map_err(|e| Failure::usage(format!("{name}: line {line_no}: {e}")))?;
@@ -235,6 +272,9 @@ pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<(), Failure> {
             Ok(None) => {}
             Err(reason) => return Err(Failure::usage(format!("{name}: line {line_no}: {reason}"))),
         }
+    }
+    if let (Some(only), None) = (&replay.only, &replay.seen) {
+        return Err(Failure::usage(format!("{name}: no event is tagged with dependency {only:?}")));
     }
     if replay.unmatched_done > 0 {
         eprintln!(

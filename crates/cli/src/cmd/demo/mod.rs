@@ -459,8 +459,11 @@ async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
         r
     };
     let dep = proxy.dependency(DEPENDENCY).ok_or_else(|| Failure::runtime("no dependency"))?;
-    let sources =
-        Sources { naive: (&naive_up, &naive_live), guarded: (&guarded_up, &guarded_live), dep };
+    let sources = Sources {
+        naive: (&naive_up, &naive_live),
+        guarded: (&guarded_up, &guarded_live),
+        dep: &dep,
+    };
     let sampler = sample(&sources, &plan, duration, began, &finished, &progress);
     let ((guarded_report, naive_report), marks) = tokio::join!(loads, sampler);
     let guarded_report =

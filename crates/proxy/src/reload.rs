@@ -1,0 +1,254 @@
+//! Reload: a new config put in force while the proxy runs (SIGHUP, `POST /reload`,
+//! [`ProxyHandle::reload`](crate::ProxyHandle::reload)).
+//!
+//! The new config is validated first; a bad one is refused and logged, and the running one
+//! stays. Connections are not touched: each request is served by the generation of the config
+//! that was in force when it arrived, and finishes there. Per dependency:
+//!
+//! - **unchanged** (same settings): kept whole — budget balance, limiter (in flight, queue,
+//!   held slots), breaker, pushback hold, fan-out scopes, counters;
+//! - **changed, same upstream**: built anew, keeping each part whose own settings did not
+//!   change (the budget when its SPEC is the same, the limiter when cap, queue and queue
+//!   timeout are, the breaker when its parameters are; the kill switch always). When the
+//!   limiter itself changes, the new one starts lowered by what the old one still has in
+//!   flight and rises as those permits return (refreshed every 5 ms), so the upstream never
+//!   sees the two caps added up — the switch-over happens as permits return;
+//! - **changed upstream, added, removed**: fresh state; a removed dependency's requests in
+//!   flight finish on it.
+//!
+//! What cannot change while running: the listeners' addresses, the admin address and the
+//! record file (they need a restart; a config changing them is refused).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use stormguard_tower::Dependency;
+
+use crate::config::ProxyConfig;
+use crate::record::TraceFile;
+use crate::scopes::TraceScopes;
+use crate::server::{DepRuntime, RouteRuntime, Shared, State};
+
+/// What a reload changed, by dependency name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadReport {
+    /// Kept whole.
+    pub unchanged: Vec<String>,
+    /// Rebuilt, keeping what their changes allowed.
+    pub changed: Vec<String>,
+    /// New.
+    pub added: Vec<String>,
+    /// Gone (requests in flight finish on them).
+    pub removed: Vec<String>,
+}
+
+/// Why a reload was refused. The running config stays in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new config is invalid (the message names the location).
+    #[error("{0}")]
+    Invalid(String),
+    /// The new config changes what needs a restart.
+    #[error("{0} cannot change on reload: restart the proxy to change it")]
+    Fixed(&'static str),
+    /// The proxy was not started from a file, so there is nothing to read again.
+    #[error("the proxy was not started from a config file: nothing to reload")]
+    NoSource,
+}
+
+/// A generation built from a config, and what to do when it goes in force.
+pub(crate) struct Built {
+    pub(crate) shared: Shared,
+    pub(crate) report: ReloadReport,
+    /// Changed limiters of the same upstream: (old, new).
+    bridges: Vec<(Dependency, Dependency)>,
+}
+
+/// Builds the runtime of `config`, reusing what `previous` has for unchanged parts.
+pub(crate) fn build(
+    config: &ProxyConfig,
+    previous: Option<&Shared>,
+    addrs: &[SocketAddr],
+    trace: Option<&Arc<TraceFile>>,
+) -> Result<Built, (String, String)> {
+    let mut report = ReloadReport::default();
+    let mut bridges = Vec::new();
+    let mut deps = Vec::new();
+    for d in &config.dependencies {
+        let key = (d.clone(), config.scope_max);
+        let old = previous.and_then(|p| p.deps.iter().find(|o| o.config.0.name == d.name));
+        if let Some(o) = old.filter(|o| o.config == key) {
+            deps.push(o.clone());
+            report.unchanged.push(d.name.clone());
+            continue;
+        }
+        let mut tower = d.to_tower();
+        tower.recorder = trace.map(TraceFile::recorder);
+        let upstream = d.upstreams[0].clone();
+        let same_upstream = old.filter(|o| o.upstream == upstream);
+        let dependency = match same_upstream {
+            Some(o) => o.dependency.successor(tower),
+            None => Dependency::try_new(tower),
+        }
+        .map_err(|r| (format!("dependency {}", d.name), r))?;
+        if let Some(o) = same_upstream
+            && o.dependency.config().limiter != dependency.config().limiter
+        {
+            bridges.push((o.dependency.clone(), dependency.clone()));
+        }
+        match old {
+            Some(_) => report.changed.push(d.name.clone()),
+            None => report.added.push(d.name.clone()),
+        }
+        let upstream_label = upstream
+            .authority()
+            .map_or_else(String::new, |a| format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)));
+        deps.push(Arc::new(DepRuntime {
+            service: crate::stack::stack(&dependency, crate::stack::client(d.cap)),
+            upstream,
+            scopes: TraceScopes::new(d.scope_header.clone(), d.scope_retries, config.scope_max),
+            name: Arc::from(d.name.as_str()),
+            upstream_label: Arc::from(upstream_label),
+            config: key,
+            dependency,
+        }));
+    }
+    if let Some(p) = previous {
+        for o in &p.deps {
+            if !config.dependencies.iter().any(|d| d.name == o.config.0.name) {
+                report.removed.push(o.config.0.name.clone());
+            }
+        }
+    }
+    let index = |name: &str| config.dependencies.iter().position(|d| d.name == name);
+    let mut routes = Vec::new();
+    for r in &config.routes {
+        let dep = index(&r.dependency).expect("validated");
+        // An unchanged route keeps its budget's balance.
+        let old = previous.and_then(|p| {
+            p.routes.iter().find(|o| o.config == *r && p.deps[o.dep].config.0.name == r.dependency)
+        });
+        let budget = match (old, &r.budget) {
+            (Some(o), _) => o.budget.clone(),
+            (None, Some(spec)) => Some(Arc::new(
+                spec.build().map_err(|e| ("route budget".to_string(), e.to_string()))?,
+            )
+                as Arc<dyn stormguard_core::budget::RetryBudget>),
+            (None, None) => None,
+        };
+        routes.push(Arc::new(RouteRuntime {
+            host: r.host.clone(),
+            path_prefix: r.path_prefix.clone(),
+            dep,
+            budget,
+            idempotent: r.idempotent,
+            label: Arc::from(format!("{}{}", r.host.as_deref().unwrap_or(""), r.path_prefix)),
+            config: r.clone(),
+        }));
+    }
+    let listeners = addrs
+        .iter()
+        .zip(&config.listeners)
+        .map(|(a, l)| (*a, l.dependency.as_deref().and_then(index)))
+        .collect();
+    let shared = Shared {
+        deps,
+        routes,
+        listeners,
+        client_header: config.client_header.clone(),
+        config: config.clone(),
+    };
+    Ok(Built { shared, report, bridges })
+}
+
+/// How long one step of a limiter's switch-over holds if it is not renewed.
+const BRIDGE_TTL: Duration = Duration::from_millis(50);
+
+/// Lowers `new`'s cap by what `old` has in flight until `old` is empty: the upstream sees at
+/// most the new cap across both (at least one slot stays open so the new config can start).
+fn bridge(old: Dependency, new: Dependency) {
+    let cap = new.config().limiter.cap;
+    let step = move || {
+        let busy = old.upstream().limiter.in_flight();
+        if busy == 0 {
+            return false;
+        }
+        new.upstream().limiter.set_limit_hint(cap.saturating_sub(busy).max(1), BRIDGE_TTL);
+        true
+    };
+    if step() {
+        tokio::spawn(async move {
+            while step() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    }
+}
+
+/// Puts `config` in force, or refuses it and keeps the running one.
+pub(crate) async fn reload(
+    state: &Arc<State>,
+    config: ProxyConfig,
+) -> Result<ReloadReport, ReloadError> {
+    let _one_at_a_time = state.reload_lock.lock().await;
+    let result = apply(state, config);
+    match &result {
+        Ok(r) => {
+            state.reloads.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                unchanged = ?r.unchanged,
+                changed = ?r.changed,
+                added = ?r.added,
+                removed = ?r.removed,
+                "config reloaded"
+            );
+        }
+        Err(e) => {
+            state.reloads_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "reload refused; the running config stays");
+        }
+    }
+    result
+}
+
+fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, ReloadError> {
+    config.validate().map_err(|(k, r)| ReloadError::Invalid(format!("{k}: {r}")))?;
+    let old = state.current();
+    let listen = |c: &ProxyConfig| c.listeners.iter().map(|l| l.listen).collect::<Vec<_>>();
+    if listen(&old.config) != listen(&config) {
+        return Err(ReloadError::Fixed("the listeners' addresses"));
+    }
+    if old.config.admin != config.admin {
+        return Err(ReloadError::Fixed("the admin address"));
+    }
+    if old.config.record != config.record {
+        return Err(ReloadError::Fixed("the record file"));
+    }
+    let addrs: Vec<SocketAddr> = old.listeners.iter().map(|(a, _)| *a).collect();
+    let built = build(&config, Some(&old), &addrs, state.trace.as_ref())
+        .map_err(|(k, r)| ReloadError::Invalid(format!("{k}: {r}")))?;
+    for (o, n) in built.bridges {
+        bridge(o, n);
+    }
+    state.replace(built.shared);
+    crate::rebuild_registry(state);
+    Ok(built.report)
+}
+
+/// Reads the config file again and puts it in force.
+pub(crate) async fn reload_from_source(state: &Arc<State>) -> Result<ReloadReport, ReloadError> {
+    let Some(path) = state.source.clone() else {
+        state.reloads_refused.fetch_add(1, Ordering::Relaxed);
+        return Err(ReloadError::NoSource);
+    };
+    match ProxyConfig::load(&path) {
+        Ok(config) => reload(state, config).await,
+        Err(e) => {
+            state.reloads_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "reload refused; the running config stays");
+            Err(ReloadError::Invalid(e.to_string()))
+        }
+    }
+}
