@@ -1,5 +1,5 @@
 //! The `stormguard` command line: `plan`, `replay`, `proxy`, `check-config`, `chaos`, `load`,
-//! `simulate` and `audit`, one module each under [`cmd`].
+//! `demo`, `simulate` and `audit`, one module each under [`cmd`].
 //!
 //! `main.rs` only calls [`main_with_args`]; tests call [`run`] with their own output buffers.
 //! Exit codes: 0 success, 2 bad flags, SPEC, config or input (with one clear sentence on stderr),
@@ -40,6 +40,9 @@ pub enum Command {
     /// Drive a target (closed or open loop) and assert at the upstream that the cap and the
     /// budget held.
     Load(cmd::load::LoadArgs),
+    /// The worked example, live on loopback: a retry storm against a naive retry-once client
+    /// and against stormguard proxy, side by side, with a live dashboard and an HTML report.
+    Demo(cmd::demo::DemoArgs),
     /// The sidecar: an HTTP proxy that holds the cap and the budget for every caller on a host.
     Proxy(cmd::proxy::ProxyArgs),
     /// Validate a proxy config; an error names file, line, column and key, and exits 2.
@@ -84,6 +87,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
         Command::Simulate(args) => cmd::simulate::run(&args, out),
         Command::Chaos(args) => cmd::chaos::run(&args, out),
         Command::Load(args) => cmd::load::run(&args, out),
+        Command::Demo(args) => cmd::demo::run(&args, out),
         Command::Proxy(args) => cmd::proxy::run(&args, out),
         Command::CheckConfig(args) => cmd::proxy::check(&args, out),
         Command::Audit(args) => cmd::audit::run(&args, out),

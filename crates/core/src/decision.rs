@@ -385,11 +385,12 @@ impl RetryPolicy {
 
     /// A primary was refused before it reached a slot (`queue`, `breaker`, `deadline`).
     pub fn on_primary_refused(&self, reason: Denied) {
-        self.counters.denied(reason);
+        self.counters.primary_refused(reason);
     }
 
     /// The request ended in success (`retried`: on a retry).
     pub fn on_success(&self, now: Timestamp, retried: bool) {
+        self.counters.succeeded();
         self.budget.record_outcome(now, Outcome::Success { retried });
     }
 
@@ -398,6 +399,8 @@ impl RetryPolicy {
     pub fn on_success_with(&self, now: impl FnOnce() -> Timestamp, retried: bool) {
         if self.budget.counts_successes() {
             self.on_success(now(), retried);
+        } else {
+            self.counters.succeeded();
         }
     }
 
@@ -679,6 +682,21 @@ mod tests {
         let c = w.policy.counters().snapshot();
         for reason in [Denied::NonIdempotent, Denied::Body, Denied::Budget] {
             assert_eq!(c.denied(reason), 1, "{reason}");
+        }
+    }
+
+    #[test]
+    fn successes_and_refused_primaries_are_counted_for_the_success_rate() {
+        // A budget that does not count successes takes the clock-free path; one that does, the
+        // other: both count.
+        for budget in [RICH, "ratio:percent=0.2,deposit_on=success"] {
+            let w = world(RetryConfig::default(), budget, None);
+            w.policy.on_success_with(|| w.clock.now(), false);
+            w.policy.on_success(w.clock.now(), true);
+            w.policy.on_primary_refused(Denied::Queue);
+            let c = w.policy.counters().snapshot();
+            assert_eq!((c.primaries, c.succeeded, c.primaries_refused), (1, 2, 1), "{budget}");
+            assert_eq!(c.denied(Denied::Queue), 1, "a refused primary is a denial too");
         }
     }
 

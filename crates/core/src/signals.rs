@@ -15,6 +15,8 @@ pub struct Counters {
     primaries: AtomicU64,
     retries: AtomicU64,
     not_retryable: AtomicU64,
+    succeeded: AtomicU64,
+    primaries_refused: AtomicU64,
     denied: [AtomicU64; Denied::ALL.len()],
     shadow_denied: [AtomicU64; Denied::ALL.len()],
 }
@@ -25,6 +27,8 @@ impl Default for Counters {
             primaries: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             not_retryable: AtomicU64::new(0),
+            succeeded: AtomicU64::new(0),
+            primaries_refused: AtomicU64::new(0),
             denied: std::array::from_fn(|_| AtomicU64::new(0)),
             shadow_denied: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -40,6 +44,12 @@ pub struct CountersSnapshot {
     pub retries: u64,
     /// Failures whose condition is not in `retry_on` (not denials).
     pub not_retryable: u64,
+    /// Original requests that ended in success (on their first try or a retry). With
+    /// `primaries` and `primaries_refused` it gives the success rate callers saw.
+    pub succeeded: u64,
+    /// Original requests refused before reaching a slot (`queue`, `breaker`, `deadline`); they
+    /// are also counted in `denied` by reason.
+    pub primaries_refused: u64,
     /// Denials by reason, indexed by [`Denied::index`].
     pub denied: [u64; Denied::ALL.len()],
     /// Denials shadow mode would have made, indexed by [`Denied::index`].
@@ -71,6 +81,17 @@ impl Counters {
         self.retries.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An original request ended in success.
+    pub fn succeeded(&self) {
+        self.succeeded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An original request was refused before it reached a slot, for `reason`.
+    pub fn primary_refused(&self, reason: Denied) {
+        self.primaries_refused.fetch_add(1, Ordering::Relaxed);
+        self.denied(reason);
+    }
+
     /// A failure was not retryable by `retry_on`.
     pub fn not_retryable(&self) {
         self.not_retryable.fetch_add(1, Ordering::Relaxed);
@@ -95,6 +116,8 @@ impl Counters {
             primaries: self.primaries.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
             not_retryable: self.not_retryable.load(Ordering::Relaxed),
+            succeeded: self.succeeded.load(Ordering::Relaxed),
+            primaries_refused: self.primaries_refused.load(Ordering::Relaxed),
             denied: load(&self.denied),
             shadow_denied: load(&self.shadow_denied),
         }

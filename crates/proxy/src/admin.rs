@@ -1,5 +1,6 @@
 //! The admin listener (loopback by default): `/metrics` (OpenMetrics text), `/healthz`,
-//! `/readyz`, `/config` (the effective config), `/stats.json` (the same signals as JSON), and
+//! `/readyz`, `/config` (the effective config), `/stats.json` (the same signals as JSON),
+//! `/dashboard` (a live page over `/stats.json`, see [`dashboard`]), and
 //! the run-time switches `POST /dependencies/<name>/retries` and `POST /dependencies/<name>/shadow`
 //! with a body `{"enabled": true|false}`, and `POST /reload` (read the config file again).
 //! `/readyz` answers 503 from the moment a drain starts.
@@ -15,6 +16,8 @@ use stormguard_core::Denied;
 use stormguard_tower::Dependency;
 
 use crate::server::State;
+
+mod dashboard;
 
 /// What the admin endpoints read.
 pub(crate) struct Admin {
@@ -50,9 +53,19 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
         .iter()
         .map(|d| (d.as_str().to_string(), json!(s.counters.shadow_denied(*d))))
         .collect();
+    let l = &s.limiter;
+    // In flight seen by each admitted attempt, one bucket per count (the last: above the cap),
+    // cumulative; trailing empty buckets are left out. Rates and windowed quantiles are
+    // differences of two readings.
+    let in_flight_counts = &l.in_flight_histogram.counts;
+    let used = in_flight_counts.iter().rposition(|c| *c > 0).map_or(0, |i| i + 1);
+    let wait = &l.wait_histogram;
+    let seconds = |nanos: u64| nanos as f64 / 1e9;
     json!({
         "name": s.name,
         "requests": s.counters.primaries,
+        "succeeded": s.counters.succeeded,
+        "primaries_refused": s.counters.primaries_refused,
         "retries": s.counters.retries,
         "not_retryable": s.counters.not_retryable,
         "denied": denied,
@@ -61,6 +74,13 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
         "effective_cap": s.limiter.effective_cap,
         "in_flight": s.limiter.in_flight,
         "in_flight_max": s.limiter.high_water,
+        "in_flight_p99": l.in_flight_histogram.quantile_bound(0.99),
+        "in_flight_histogram": &in_flight_counts[..used],
+        "slot_wait": {
+            "bounds_seconds": wait.bounds.iter().map(|b| seconds(*b)).collect::<Vec<_>>(),
+            "counts": &wait.counts,
+            "p99_seconds": wait.quantile_bound(0.99).map(seconds),
+        },
         "queued": s.limiter.queued,
         "held_slots": s.limiter.held,
         "oldest_permit_seconds": s.limiter.oldest_permit_age.map(|d| d.as_secs_f64()),
@@ -109,6 +129,11 @@ impl Admin {
                     self.state.current().deps.iter().map(|d| stats_json(&d.dependency)).collect();
                 json_reply(StatusCode::OK, &json!({ "dependencies": deps }))
             }
+            (&Method::GET, "/dashboard" | "/dashboard/") => {
+                let deps: Vec<_> =
+                    self.state.current().deps.iter().map(|d| stats_json(&d.dependency)).collect();
+                reply(StatusCode::OK, "text/html; charset=utf-8", dashboard::page(&deps))
+            }
             (&Method::POST, "/reload") => {
                 match crate::reload::reload_from_source(&self.state).await {
                     Ok(report) => json_reply(StatusCode::OK, &json!({ "reloaded": report })),
@@ -124,7 +149,7 @@ impl Admin {
             _ => reply(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "not found: GET /metrics /healthz /readyz /config /stats.json; POST /reload, /dependencies/NAME/retries|shadow\n",
+                "not found: GET /metrics /healthz /readyz /config /stats.json /dashboard; POST /reload, /dependencies/NAME/retries|shadow\n",
             ),
         }
     }

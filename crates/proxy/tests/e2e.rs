@@ -402,7 +402,18 @@ async fn h2c_and_admin_endpoints() {
     }
     let (_, _, body) = send(&c, "GET", &format!("{admin}/stats.json"), b"").await;
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(v["dependencies"][0]["requests"], 1);
+    let d = &v["dependencies"][0];
+    assert_eq!(d["requests"], 1);
+    // What the dashboard reads: successes, refused primaries, the in-flight and wait buckets.
+    assert_eq!((&d["succeeded"], &d["primaries_refused"]), (&1.into(), &0.into()), "{d}");
+    assert_eq!(d["in_flight_histogram"], serde_json::json!([0, 1]), "one attempt saw itself");
+    assert_eq!(d["slot_wait"]["counts"].as_array().unwrap().iter().filter(|c| **c == 1).count(), 1);
+    let (status, headers, body) = send(&c, "GET", &format!("{admin}/dashboard"), b"").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/html"));
+    let page = String::from_utf8(body.to_vec()).unwrap();
+    assert!(page.contains("<td data-f=\"requests\">1</td>"), "{page}");
+    assert!(page.contains("<td data-f=\"success\">100.0 %</td>"), "{page}");
     let (_, _, body) = send(&c, "GET", &format!("{admin}/config"), b"").await;
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["dependencies"][0]["cap"], 20);

@@ -2,6 +2,10 @@
 //! summary tables and SVG time-series charts drawn with plotters — offered load, in flight at
 //! the dependency against the cap, retries per first try against the budget, and goodput and
 //! errors — every policy on the same axes, the timeline's phases shaded.
+//!
+//! The chart drawing is public ([`svg_chart`], [`PAGE_STYLE`], [`color_hex`], [`escape`]) so that
+//! other reports of measured time series (`stormguard demo`) look the same without a second
+//! copy of it.
 
 use std::fmt::Write as _;
 
@@ -35,16 +39,103 @@ fn hex(c: RGBColor) -> String {
     format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
 }
 
-fn esc(s: &str) -> String {
+/// The CSS colour (`#rrggbb`) of series `i` in every chart: legends use it to match the lines.
+pub fn color_hex(i: usize) -> String {
+    hex(color(i))
+}
+
+/// `s` escaped for HTML text and attribute values.
+pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-/// One line on a chart.
-struct Line {
-    policy: usize,
-    points: Vec<(f64, f64)>,
-    dashed: bool,
+fn esc(s: &str) -> String {
+    escape(s)
 }
+
+/// The page's style sheet (inside `<style>`): the font, headings, tables, legend swatches
+/// (`span.sw`, `.legend span.item`), `.muted` and `.chart`.
+pub const PAGE_STYLE: &str = "body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px 32px;color:#222;max-width:1320px}\
+     h1{font-size:24px;margin:0 0 6px} h2{font-size:17px;margin:26px 0 6px}\
+     p{margin:4px 0;line-height:1.4} .muted{color:#666;font-size:13px}\
+     table{border-collapse:collapse;font-size:13px;margin:6px 0}\
+     th,td{padding:4px 9px;border-bottom:1px solid #e3e3e3;text-align:right;white-space:nowrap}\
+     th{background:#f5f5f5} td:first-child,th:first-child{text-align:left}\
+     td.policy{white-space:normal;min-width:210px;max-width:340px}\
+     .sw{display:inline-block;width:22px;height:4px;margin-right:6px;vertical-align:middle}\
+     .legend span.item{margin-right:18px;font-size:13px;white-space:nowrap}\
+     .chart{margin:4px 0 0}";
+
+/// One line on a chart: series `series` (its colour), points `(x seconds, y)`; `dashed` for a
+/// reference line (a cap, a budget).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChartLine {
+    /// Which series: picks the colour ([`color_hex`]).
+    pub series: usize,
+    /// `(seconds, value)`, in time order.
+    pub points: Vec<(f64, f64)>,
+    /// A thin dashed reference line instead of a solid one.
+    pub dashed: bool,
+}
+
+/// A shaded stretch of the time axis, labelled at its top left (a phase of the run).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Band {
+    /// The label.
+    pub name: String,
+    /// Where it starts, in seconds.
+    pub start_s: f64,
+    /// Where it ends, in seconds.
+    pub end_s: f64,
+    /// Shade it red (the trigger of a storm) rather than grey.
+    pub trigger: bool,
+}
+
+/// What one chart shows: time from 0 to `x_end_s` on the x axis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChartSpec<'a> {
+    /// The caption.
+    pub title: &'a str,
+    /// The y axis's label.
+    pub y_desc: &'a str,
+    /// The end of the time axis, in seconds.
+    pub x_end_s: f64,
+    /// Shaded stretches of time.
+    pub bands: &'a [Band],
+    /// The lines.
+    pub lines: &'a [ChartLine],
+    /// Switch to a log y axis when the values span more than 25×.
+    pub log_if_wide: bool,
+}
+
+/// Draws one chart as an inline `<svg>` element (1280 × 300), or says why it could not.
+pub fn svg_chart(spec: &ChartSpec<'_>) -> Result<String, String> {
+    let ChartSpec { title, y_desc, x_end_s, bands, lines, log_if_wide } = *spec;
+    let y_max =
+        lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).fold(0.0f64, f64::max).max(1e-9);
+    let y_min_pos = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .filter(|v| *v >= 1.0)
+        .fold(f64::INFINITY, f64::min);
+    // A storm and a capped policy differ by orders of magnitude: a log axis keeps both
+    // readable.
+    let log = log_if_wide && y_min_pos.is_finite() && y_max / y_min_pos > 25.0;
+    let x_end_s = x_end_s.max(1e-9);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        if log {
+            let y_desc = format!("{y_desc} (log scale)");
+            draw(&root, x_end_s, bands, title, &y_desc, lines, (1.0f64..y_max * 1.5).log_scale())?;
+        } else {
+            draw(&root, x_end_s, bands, title, y_desc, lines, 0.0f64..y_max * 1.08)?;
+        }
+    }
+    Ok(svg)
+}
+
+type Line = ChartLine;
 
 /// Renders the whole report as one HTML page.
 pub fn render(report: &Report) -> String {
@@ -52,18 +143,7 @@ pub fn render(report: &Report) -> String {
     let title = format!("stormguard simulate: {}", report.scenario);
     let _ = write!(
         h,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>\
-         body{{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px 32px;color:#222;max-width:1320px}}\
-         h1{{font-size:24px;margin:0 0 6px}} h2{{font-size:17px;margin:26px 0 6px}}\
-         p{{margin:4px 0;line-height:1.4}} .muted{{color:#666;font-size:13px}}\
-         table{{border-collapse:collapse;font-size:13px;margin:6px 0}}\
-         th,td{{padding:4px 9px;border-bottom:1px solid #e3e3e3;text-align:right;white-space:nowrap}}\
-         th{{background:#f5f5f5}} td:first-child,th:first-child{{text-align:left}}\
-         td.policy{{white-space:normal;min-width:210px;max-width:340px}}\
-         .sw{{display:inline-block;width:22px;height:4px;margin-right:6px;vertical-align:middle}}\
-         .legend span.item{{margin-right:18px;font-size:13px;white-space:nowrap}}\
-         .chart{{margin:4px 0 0}}\
-         </style></head><body>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>{PAGE_STYLE}</style></head><body>\n",
         esc(&title)
     );
     let _ = writeln!(h, "<h1>{}</h1>", esc(&title));
@@ -117,7 +197,7 @@ pub fn render(report: &Report) -> String {
             .iter()
             .enumerate()
             .map(|(i, p)| Line {
-                policy: i,
+                series: i,
                 points: p.series.t_s.iter().copied().zip(f(&p.series)).collect(),
                 dashed: false,
             })
@@ -125,7 +205,7 @@ pub fn render(report: &Report) -> String {
     };
     let end = report.duration_s;
     let reference = |value: Option<f64>, i: usize| {
-        value.map(|v| Line { policy: i, points: vec![(0.0, v), (end, v)], dashed: true })
+        value.map(|v| Line { series: i, points: vec![(0.0, v), (end, v)], dashed: true })
     };
 
     let offered = series(&|s| s.offered_per_s.clone());
@@ -259,34 +339,27 @@ fn chart(
     lines: Vec<Line>,
     log_if_wide: bool,
 ) {
-    let y_max =
-        lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).fold(0.0f64, f64::max).max(1e-9);
-    let y_min_pos = lines
+    let bands: Vec<Band> = report
+        .phases
         .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.1))
-        .filter(|v| *v >= 1.0)
-        .fold(f64::INFINITY, f64::min);
-    // A storm and a capped policy differ by orders of magnitude: a log axis keeps both
-    // readable.
-    let log = log_if_wide && y_min_pos.is_finite() && y_max / y_min_pos > 25.0;
-    let mut svg = String::new();
-    let drawn = {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
-        if log {
-            draw(
-                &root,
-                report,
-                title,
-                &format!("{y_desc} (log scale)"),
-                &lines,
-                (1.0f64..y_max * 1.5).log_scale(),
-            )
-        } else {
-            draw(&root, report, title, y_desc, &lines, 0.0f64..y_max * 1.08)
-        }
+        .filter(|p| p.trigger || !(p.name == "baseline" || p.name.starts_with("after ")))
+        .map(|p: &PhaseInfo| Band {
+            name: p.name.clone(),
+            start_s: p.start_s,
+            end_s: p.end_s,
+            trigger: p.trigger,
+        })
+        .collect();
+    let spec = ChartSpec {
+        title,
+        y_desc,
+        x_end_s: report.duration_s,
+        bands: &bands,
+        lines: &lines,
+        log_if_wide,
     };
-    match drawn {
-        Ok(()) => {
+    match svg_chart(&spec) {
+        Ok(svg) => {
             let _ = writeln!(h, "<div class=\"chart\">{svg}</div>");
         }
         Err(e) => {
@@ -297,7 +370,8 @@ fn chart(
 
 fn draw<Y>(
     root: &DrawingArea<SVGBackend<'_>, Shift>,
-    report: &Report,
+    x_end_s: f64,
+    bands: &[Band],
     title: &str,
     y_desc: &str,
     lines: &[Line],
@@ -314,7 +388,7 @@ where
         .margin(10)
         .x_label_area_size(38)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0f64..report.duration_s, y)
+        .build_cartesian_2d(0.0f64..x_end_s, y)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
@@ -339,11 +413,7 @@ where
         let r = chart.y_range();
         (r.start, r.end)
     };
-    let shade: Vec<&PhaseInfo> = report
-        .phases
-        .iter()
-        .filter(|p| p.trigger || !(p.name == "baseline" || p.name.starts_with("after ")))
-        .collect();
+    let shade = bands;
     chart
         .draw_series(shade.iter().map(|p| {
             let c = if p.trigger {
@@ -358,13 +428,13 @@ where
         .draw_series(shade.iter().map(|p| {
             Text::new(
                 p.name.clone(),
-                (p.start_s + report.duration_s * 0.004, y_hi),
+                (p.start_s + x_end_s * 0.004, y_hi),
                 ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90)),
             )
         }))
         .map_err(|e| err(&e))?;
     for l in lines {
-        let style = ShapeStyle::from(&color(l.policy)).stroke_width(if l.dashed { 1 } else { 2 });
+        let style = ShapeStyle::from(&color(l.series)).stroke_width(if l.dashed { 1 } else { 2 });
         let points = l.points.iter().map(|&(x, v)| (x, v.clamp(y_lo, y_hi)));
         if l.dashed {
             chart.draw_series(DashedLineSeries::new(points, 7, 5, style)).map_err(|e| err(&e))?;

@@ -24,7 +24,7 @@ Examples:
   # Everything from a file (listeners, dependencies, routes):
   stormguard proxy --config stormguard.toml
 
-Admin: GET /metrics /healthz /readyz /config /stats.json;
+Admin: GET /metrics /healthz /readyz /config /stats.json /dashboard;
   POST /dependencies/NAME/retries {\"enabled\": false}   the kill switch
   POST /dependencies/NAME/shadow {\"enabled\": true}     shadow mode
 The config format is in docs/proxy.md.")]
