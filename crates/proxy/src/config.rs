@@ -95,8 +95,8 @@ pub struct ListenerConfig {
 pub struct DependencyConfig {
     /// The name, unique: the `dependency` label of every metric.
     pub name: String,
-    /// The upstreams, `http://host:port`. Exactly one for now (several come with load
-    /// balancing).
+    /// The upstreams, `http://host:port` or `https://host:port`. Exactly one for now (several
+    /// come with load balancing).
     pub upstreams: Vec<Uri>,
     /// Attempts in flight at once, first tries and retries, `1..=16777216`. Default 20.
     pub cap: u64,
@@ -134,6 +134,46 @@ pub struct DependencyConfig {
     /// by the proxy, read by `stormguard audit` (a floor above `cap − planned_primary` is a
     /// finding) and written by `stormguard plan --format toml`. Default none.
     pub planned_primary: Option<u64>,
+    /// TLS to its `https://` upstreams (`[dependency.tls]`).
+    pub tls: TlsConfig,
+    /// HTTP/2 to its upstreams (`http2`, `max_concurrent_streams`).
+    pub http2: Http2Config,
+}
+
+/// TLS to a dependency's `https://` upstreams. The files are PEM, read when the config is
+/// checked (a missing or invalid one is a config error); relative paths are from the current
+/// directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// The CA certificates the upstream's chain must lead to, instead of the operating
+    /// system's roots. Default none: the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain to present (with `client_key`). Default none.
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1). Default none.
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether anything is configured.
+    pub fn is_set(&self) -> bool {
+        self.ca_file.is_some() || self.client_cert.is_some() || self.client_key.is_some()
+    }
+}
+
+/// HTTP/2 to a dependency's upstreams. `https://` upstreams negotiate HTTP/2 by ALPN whatever
+/// this says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Http2Config {
+    /// HTTP/2 only, by prior knowledge (`http2 = true`): h2c for plaintext gRPC upstreams; on
+    /// `https://`, ALPN offers only `h2`. Default false.
+    pub prior_knowledge: bool,
+    /// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, when known in advance,
+    /// `1..=2147483647`: the cap in force is at most this (× 1 connection) from the first
+    /// request, before any SETTINGS arrive. Without it, the value the upstream sends lowers
+    /// the cap from the first connection on. It bounds the cap whatever protocol the
+    /// connection turns out to speak: set it for HTTP/2 upstreams only. Default none.
+    pub max_concurrent_streams: Option<u32>,
 }
 
 impl DependencyConfig {
@@ -158,14 +198,22 @@ impl DependencyConfig {
             timeout_slot_hold: None,
             body_limit: stormguard_http::body::DEFAULT_LIMIT,
             planned_primary: None,
+            tls: TlsConfig::default(),
+            http2: Http2Config::default(),
         }
+    }
+
+    /// The cap the limiter is built with: `cap`, at most `max_concurrent_streams` (one HTTP/2
+    /// connection per upstream).
+    pub fn upstream_cap(&self) -> u64 {
+        self.http2.max_concurrent_streams.map_or(self.cap, |m| self.cap.min(u64::from(m)))
     }
 
     /// The tower dependency this describes.
     pub fn to_tower(&self) -> stormguard_tower::DependencyConfig {
         let mut c = stormguard_tower::DependencyConfig::new(self.name.clone());
         c.limiter = LimiterConfig {
-            cap: self.cap,
+            cap: self.upstream_cap(),
             queue_len: self.queue,
             queue_timeout: self.queue_timeout,
         };
@@ -245,21 +293,31 @@ impl DependencyConfig {
         if self.body_limit > 64 * 1024 * 1024 {
             return Err(("body_limit", format!("must be at most 64 MiB, got {}", self.body_limit)));
         }
+        if let Some(m) = self.http2.max_concurrent_streams
+            && !(1..=i32::MAX as u32).contains(&m)
+        {
+            return Err((
+                "max_concurrent_streams",
+                format!("must be between 1 and 2147483647, got {m}"),
+            ));
+        }
+        let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
+        if self.tls.is_set() && !https {
+            return Err(("tls", "[dependency.tls] applies to https:// upstreams only".into()));
+        }
+        if https {
+            // Read the certificates and keys now: a bad file is a config error, not a failed
+            // request.
+            crate::upstream::tls_config(&self.tls)?;
+        }
         Ok(())
     }
 }
 
-/// An upstream must be `http://host:port` with no path: TLS upstreams come later.
+/// An upstream must be `http://host:port` or `https://host:port` with no path.
 fn check_upstream(u: &Uri) -> Result<(), String> {
-    match u.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!("{u}: TLS upstreams are not supported yet; use http://"));
-        }
-        _ => return Err(format!("{u}: an upstream is http://host:port")),
-    }
-    if u.authority().is_none() {
-        return Err(format!("{u}: an upstream is http://host:port"));
+    if !matches!(u.scheme_str(), Some("http" | "https")) || u.authority().is_none() {
+        return Err(format!("{u}: an upstream is http://host:port or https://host:port"));
     }
     if !matches!(u.path(), "" | "/") || u.query().is_some() {
         return Err(format!("{u}: an upstream has no path"));
@@ -427,6 +485,13 @@ impl ProxyConfig {
                 "timeout_slot_hold": dur(d.timeout_slot_hold),
                 "body_limit": d.body_limit,
                 "planned_primary": d.planned_primary,
+                "http2": d.http2.prior_knowledge,
+                "max_concurrent_streams": d.http2.max_concurrent_streams,
+                "tls": d.tls.is_set().then(|| json!({
+                    "ca_file": d.tls.ca_file.as_ref().map(|p| p.display().to_string()),
+                    "client_cert": d.tls.client_cert.as_ref().map(|p| p.display().to_string()),
+                    "client_key": d.tls.client_key.as_ref().map(|p| p.display().to_string()),
+                })),
             })).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(|r| json!({
                 "host": r.host, "path_prefix": r.path_prefix, "dependency": r.dependency,
@@ -555,6 +620,17 @@ struct RawDependency {
     timeout_slot_hold: Option<Spanned<String>>,
     body_limit: Option<Spanned<u64>>,
     planned_primary: Option<Spanned<u64>>,
+    http2: Option<Spanned<bool>>,
+    max_concurrent_streams: Option<Spanned<u64>>,
+    tls: Option<Spanned<RawTls>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca_file: Option<Spanned<String>>,
+    client_cert: Option<Spanned<String>>,
+    client_key: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -817,6 +893,28 @@ impl RawDependency {
             }
             d.breaker = Some(c);
         }
+        if let Some(v) = self.http2 {
+            spans.put(k("http2"), v.span());
+            d.http2.prior_knowledge = v.into_inner();
+        }
+        if let Some(v) = self.max_concurrent_streams {
+            spans.put(k("max_concurrent_streams"), v.span());
+            d.http2.max_concurrent_streams = Some(u32::try_from(v.into_inner()).unwrap_or(0));
+        }
+        if let Some(t) = self.tls {
+            spans.put(k("tls"), t.span());
+            let t = t.into_inner();
+            for (key, src, dst) in [
+                ("ca_file", t.ca_file, &mut d.tls.ca_file),
+                ("client_cert", t.client_cert, &mut d.tls.client_cert),
+                ("client_key", t.client_key, &mut d.tls.client_key),
+            ] {
+                if let Some(v) = src {
+                    spans.put(k(&format!("tls.{key}")), v.span());
+                    *dst = Some(PathBuf::from(v.into_inner()));
+                }
+            }
+        }
         Ok(d)
     }
 }
@@ -887,8 +985,7 @@ mod tests {
             "f.toml:3:14: listener[0].dependency: no dependency is named \"nope\""
         );
         assert!(
-            err(&format!("{BASE}upstreams = [\"https://x\"]\n"))
-                .contains("dependency[0].upstreams")
+            err(&format!("{BASE}upstreams = [\"ftp://x\"]\n")).contains("dependency[0].upstreams")
         );
         assert!(err("cap = [").starts_with("f.toml:1:"));
     }

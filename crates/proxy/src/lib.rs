@@ -31,6 +31,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod grpc;
 pub mod hop;
 pub mod record;
 pub mod reload;
@@ -38,6 +39,7 @@ pub mod scopes;
 mod server;
 pub mod stack;
 pub mod traffic;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

@@ -102,11 +102,15 @@ pub(crate) fn build(
             Some(_) => report.changed.push(d.name.clone()),
             None => report.added.push(d.name.clone()),
         }
-        let upstream_label = upstream
-            .authority()
-            .map_or_else(String::new, |a| format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)));
+        let upstream_label = upstream.authority().map_or_else(String::new, |a| {
+            format!("{}:{}", a.host(), crate::upstream::port_of(&upstream))
+        });
         deps.push(Arc::new(DepRuntime {
-            service: crate::stack::stack(&dependency, crate::stack::client(d.cap)),
+            service: crate::stack::stack(
+                &dependency,
+                crate::stack::client(d)
+                    .map_err(|(k, r)| (format!("dependency {}.{k}", d.name), r))?,
+            ),
             upstream,
             scopes: TraceScopes::new(d.scope_header.clone(), d.scope_retries, config.scope_max),
             name: Arc::from(d.name.as_str()),
