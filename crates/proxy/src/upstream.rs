@@ -382,14 +382,15 @@ pub fn port_of(upstream: &Uri) -> u16 {
 pub fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(e) = cur {
-        if e.downcast_ref::<rustls::Error>().is_some()
-            || e.downcast_ref::<io::Error>()
-                .and_then(io::Error::get_ref)
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-        {
+        if e.downcast_ref::<rustls::Error>().is_some() {
             return true;
         }
-        cur = e.source();
+        // `io::Error::source` skips the error it wraps: look inside (hyper-rustls wraps
+        // rustls' error in two of them).
+        cur = match e.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     false
 }
