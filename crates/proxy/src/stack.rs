@@ -48,6 +48,7 @@ pub fn client(dep: &DependencyConfig) -> Result<UpstreamClient, (&'static str, S
 /// The stack of one dependency, outermost first.
 pub fn stack(dependency: &Dependency, client: UpstreamClient) -> ProxyService {
     let peer = client.peer_streams();
+    peer.attach(&dependency.upstream().limiter);
     let dep = dependency.clone();
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,

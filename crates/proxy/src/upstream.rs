@@ -45,6 +45,7 @@ use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use stormguard_core::limiter::Limiter;
 use stormguard_tower::{Dependency, ReplayBody};
 use tower::Service;
 
@@ -188,27 +189,48 @@ fn pem(e: rustls::pki_types::pem::Error) -> String {
 /// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as the last HTTP/2 connection's first
 /// SETTINGS frame said (unknown until one arrives, and when the peer states no limit).
 #[derive(Clone, Debug, Default)]
-pub struct PeerStreams(Arc<AtomicU64>);
+pub struct PeerStreams(Arc<PeerInner>);
+
+#[derive(Debug, Default)]
+struct PeerInner {
+    /// The limit; 0 while unknown or unlimited.
+    limit: AtomicU64,
+    /// The limiter to lower the moment a connection's SETTINGS are read.
+    limiter: std::sync::OnceLock<Limiter>,
+}
 
 impl PeerStreams {
     /// The limit, once known.
     pub fn get(&self) -> Option<u64> {
         // Relaxed: a lone value, read to lower a bound; a stale read only delays that.
-        Some(self.0.load(Ordering::Relaxed)).filter(|n| *n > 0)
+        Some(self.0.limit.load(Ordering::Relaxed)).filter(|n| *n > 0)
     }
 
     fn set(&self, limit: Option<u32>) {
-        self.0.store(limit.map_or(0, u64::from), Ordering::Relaxed);
+        self.0.limit.store(limit.map_or(0, u64::from), Ordering::Relaxed);
+        if let Some(l) = self.0.limiter.get() {
+            self.lower(l);
+        }
+    }
+
+    /// Lowers this limiter as soon as a limit is learned (the first one attached wins: a
+    /// client serves one dependency).
+    pub fn attach(&self, limiter: &Limiter) {
+        let _ = self.0.limiter.set(limiter.clone());
+        self.lower(limiter);
     }
 
     /// Lowers `dep`'s cap to the peer's limit (× 1 connection) when it is above it. Called on
     /// every attempt, so a higher hint (a concurrency-limit header) cannot keep it raised.
     pub fn apply(&self, dep: &Dependency) {
-        if let Some(n) = self.get() {
-            let limiter = &dep.upstream().limiter;
-            if limiter.effective_cap() > n {
-                limiter.set_limit_hint(n, PEER_LIMIT_TTL);
-            }
+        self.lower(&dep.upstream().limiter);
+    }
+
+    fn lower(&self, limiter: &Limiter) {
+        if let Some(n) = self.get()
+            && limiter.effective_cap() > n
+        {
+            limiter.set_limit_hint(n, PEER_LIMIT_TTL);
         }
     }
 }
