@@ -148,3 +148,20 @@ fn tls_files_are_checked_when_the_config_is_loaded() {
         "{e}"
     );
 }
+
+/// `deploy/examples/payments-https.toml` is a valid config (`stormguard check-config` reads it
+/// with `ProxyConfig::load`); its CA file is swapped for the test CA so the check does not
+/// depend on this machine's certificate store.
+#[test]
+fn the_https_example_config_is_valid() {
+    let pki = pki();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/examples/payments-https.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains("\"/etc/ssl/certs/ca-certificates.crt\""));
+    let text =
+        text.replace("/etc/ssl/certs/ca-certificates.crt", &pki.ca_pem.display().to_string());
+    let c = ProxyConfig::parse(&text, "payments-https.toml").unwrap();
+    let d = &c.dependencies[0];
+    assert_eq!(d.upstreams[0].scheme_str(), Some("https"));
+    assert_eq!(d.tls.ca_file.as_deref(), Some(pki.ca_pem.as_path()));
+}
