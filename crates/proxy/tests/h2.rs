@@ -160,3 +160,133 @@ async fn without_the_cap_hypers_h2_client_queues_streams_out_of_sight() {
         "h2 (hyper alone): {BURST} calls outstanding, 4 at the upstream: {hidden} in a hidden queue"
     );
 }
+
+/// An h2 upstream (the `h2` crate's server, so the test chooses the RST_STREAM code): the
+/// first stream is reset with `first_reset`, the others answered 200. Returns the address and
+/// (streams received, streams answered).
+async fn resetting_upstream(
+    first_reset: h2::Reason,
+) -> (std::net::SocketAddr, Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts = Arc::new(Default::default());
+    let c: Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)> = Arc::clone(&counts);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(tcp).await else { return };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    if c.0.fetch_add(1, Ordering::SeqCst) == 0 {
+                        respond.send_reset(first_reset);
+                    } else {
+                        c.1.fetch_add(1, Ordering::SeqCst);
+                        let _ = respond.send_response(http::Response::new(()), true);
+                    }
+                }
+            });
+        }
+    });
+    (addr, counts)
+}
+
+/// REFUSED_STREAM proves the stream was not processed: a POST is retried. Another reset code
+/// proves nothing, and the same POST is not.
+#[tokio::test]
+async fn refused_stream_is_retried_even_for_a_post_and_another_reset_is_not() {
+    let caller: Caller = Client::builder(TokioExecutor::new()).build_http();
+    for (reason, status, streams, answered, retries) in [
+        (h2::Reason::REFUSED_STREAM, StatusCode::OK, 2, 1, 1),
+        (h2::Reason::INTERNAL_ERROR, StatusCode::BAD_GATEWAY, 1, 0, 0),
+    ] {
+        let (addr, counts) = resetting_upstream(reason).await;
+        let mut d = dep(&format!("http://{addr}"));
+        d.http2.prior_knowledge = true;
+        let p = proxy(d).await;
+        let a =
+            answer(caller.request(post(format!("http://{}/", p.listen_addrs()[0]))).await.unwrap())
+                .await;
+        assert_eq!(a.status, status, "{reason:?}");
+        if status == StatusCode::BAD_GATEWAY {
+            assert_eq!(a.headers["x-stormguard-error"], "reset");
+        }
+        assert_eq!(counts.0.load(Ordering::SeqCst), streams, "{reason:?}");
+        assert_eq!(counts.1.load(Ordering::SeqCst), answered, "{reason:?}");
+        assert_eq!(p.dependency("upstream").unwrap().snapshot().counters.retries, retries);
+        p.shutdown().await;
+    }
+}
+
+/// A raw HTTP/2 upstream whose first connection reads the client's first HEADERS, then sends
+/// SETTINGS and GOAWAY(`last_stream_id`, NO_ERROR) and closes; later connections are served by
+/// hyper (200). Returns the address and the requests hyper served.
+async fn goaway_upstream(
+    last_stream_id: u32,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s = served.clone();
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut preface = [0u8; 24];
+        tcp.read_exact(&mut preface).await.unwrap();
+        loop {
+            let mut head = [0u8; 9];
+            tcp.read_exact(&mut head).await.unwrap();
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            tcp.read_exact(&mut payload).await.unwrap();
+            if head[3] == 0x1 {
+                break; // HEADERS: the request's stream is open
+            }
+        }
+        let mut out = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // SETTINGS, empty
+        out.extend_from_slice(&[0, 0, 8, 0x7, 0, 0, 0, 0, 0]); // GOAWAY
+        out.extend_from_slice(&last_stream_id.to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes()); // NO_ERROR
+        tcp.write_all(&out).await.unwrap();
+        // Let the client read it, then close.
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_millis(200), tcp.read(&mut [0u8; 1024]))
+                .await;
+        drop(tcp);
+        while let Ok((tcp, _)) = listener.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, std::convert::Infallible>(http::Response::new(full("ok"))) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, served)
+}
+
+/// A GOAWAY whose last-stream-id is below the stream proves the stream was not processed: the
+/// POST is retried on a new connection. The same GOAWAY naming the stream (the server may have
+/// processed it) followed by a close is not proof, and the POST is not retried.
+#[tokio::test]
+async fn goaway_below_the_stream_is_retried_even_for_a_post() {
+    let caller: Caller = Client::builder(TokioExecutor::new()).build_http();
+    for (last_stream_id, status, served, retries) in
+        [(0, StatusCode::OK, 1, 1), (1, StatusCode::BAD_GATEWAY, 0, 0)]
+    {
+        let (addr, count) = goaway_upstream(last_stream_id).await;
+        let mut d = dep(&format!("http://{addr}"));
+        d.http2.prior_knowledge = true;
+        let p = proxy(d).await;
+        let a =
+            answer(caller.request(post(format!("http://{}/", p.listen_addrs()[0]))).await.unwrap())
+                .await;
+        assert_eq!(a.status, status, "last_stream_id {last_stream_id}");
+        assert_eq!(count.load(Ordering::SeqCst), served, "last_stream_id {last_stream_id}");
+        assert_eq!(p.dependency("upstream").unwrap().snapshot().counters.retries, retries);
+        p.shutdown().await;
+    }
+}
