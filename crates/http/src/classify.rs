@@ -98,6 +98,11 @@ pub enum TransportError {
         /// The request's stream.
         stream_id: u32,
     },
+    /// HTTP/2 GOAWAY reported for a stream the server never took up, by a client that does not
+    /// give the stream ids: hyper (through `h2`) reports a graceful GOAWAY (`NO_ERROR`) only to
+    /// streams above its last-stream-id and to requests started after it; streams the server
+    /// may have processed run on to their answer, or fail as a reset.
+    GoAwayUnprocessed,
     /// The connection or stream was reset, or closed before a response.
     Reset,
     /// The per-try timeout expired (connect time included) before response headers.
@@ -114,6 +119,7 @@ pub fn classify_transport(error: TransportError) -> (AttemptFailure, bool) {
         TransportError::GoAway { last_stream_id, stream_id } => {
             (AttemptFailure::Reset, stream_id > last_stream_id)
         }
+        TransportError::GoAwayUnprocessed => (AttemptFailure::Reset, true),
         TransportError::Reset => (AttemptFailure::Reset, false),
         TransportError::Timeout => (AttemptFailure::Timeout, false),
     }
@@ -203,6 +209,10 @@ mod tests {
         let at = TransportError::GoAway { last_stream_id: 7, stream_id: 7 };
         assert_eq!(classify_transport(below), (AttemptFailure::Reset, true));
         assert_eq!(classify_transport(at), (AttemptFailure::Reset, false));
+        assert_eq!(
+            classify_transport(TransportError::GoAwayUnprocessed),
+            (AttemptFailure::Reset, true)
+        );
         assert_eq!(classify_transport(TransportError::Reset), (AttemptFailure::Reset, false));
         assert_eq!(classify_transport(TransportError::Timeout), (AttemptFailure::Timeout, false));
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);

@@ -95,8 +95,8 @@ pub struct ListenerConfig {
 pub struct DependencyConfig {
     /// The name, unique: the `dependency` label of every metric.
     pub name: String,
-    /// The upstreams, `http://host:port`. Exactly one for now (several come with load
-    /// balancing).
+    /// The upstreams, `http://host:port` or `https://host:port`. Exactly one for now (several
+    /// come with load balancing).
     pub upstreams: Vec<Uri>,
     /// Attempts in flight at once, first tries and retries, `1..=16777216`. Default 20.
     pub cap: u64,
@@ -148,6 +148,10 @@ pub struct DependencyConfig {
     /// `placement = "fleet"`: the cap and the budget's reserve are shared by every instance
     /// through Redis (see [`FleetPlacement`]). Default none: `placement = "local"`.
     pub fleet: Option<FleetPlacement>,
+    /// TLS to its `https://` upstreams (`[dependency.tls]`).
+    pub tls: TlsConfig,
+    /// HTTP/2 to its upstreams (`http2`, `max_concurrent_streams`).
+    pub http2: Http2Config,
 }
 
 /// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
@@ -247,6 +251,42 @@ impl FleetPlacement {
     }
 }
 
+/// TLS to a dependency's `https://` upstreams. The files are PEM, read when the config is
+/// checked (a missing or invalid one is a config error); relative paths are from the current
+/// directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// The CA certificates the upstream's chain must lead to, instead of the operating
+    /// system's roots. Default none: the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain to present (with `client_key`). Default none.
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1). Default none.
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether anything is configured.
+    pub fn is_set(&self) -> bool {
+        self.ca_file.is_some() || self.client_cert.is_some() || self.client_key.is_some()
+    }
+}
+
+/// HTTP/2 to a dependency's upstreams. `https://` upstreams negotiate HTTP/2 by ALPN whatever
+/// this says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Http2Config {
+    /// HTTP/2 only, by prior knowledge (`http2 = true`): h2c for plaintext gRPC upstreams; on
+    /// `https://`, ALPN offers only `h2`. Default false.
+    pub prior_knowledge: bool,
+    /// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, when known in advance,
+    /// `1..=2147483647`: the cap in force is at most this (× 1 connection) from the first
+    /// request, before any SETTINGS arrive. Without it, the value the upstream sends lowers
+    /// the cap from the first connection on. It bounds the cap whatever protocol the
+    /// connection turns out to speak: set it for HTTP/2 upstreams only. Default none.
+    pub max_concurrent_streams: Option<u32>,
+}
+
 impl DependencyConfig {
     /// A dependency named `name` in front of `upstream`, with every default.
     pub fn new(name: impl Into<String>, upstream: Uri) -> DependencyConfig {
@@ -273,6 +313,8 @@ impl DependencyConfig {
             body_limit: stormguard_http::body::DEFAULT_LIMIT,
             planned_primary: None,
             fleet: None,
+            tls: TlsConfig::default(),
+            http2: Http2Config::default(),
         }
     }
 
@@ -280,7 +322,7 @@ impl DependencyConfig {
     pub fn to_tower(&self) -> stormguard_tower::DependencyConfig {
         let mut c = stormguard_tower::DependencyConfig::new(self.name.clone());
         c.limiter = LimiterConfig {
-            cap: self.cap,
+            cap: self.upstream_cap(0),
             queue_len: self.queue,
             queue_timeout: self.queue_timeout,
         };
@@ -310,16 +352,23 @@ impl DependencyConfig {
                 .enumerate()
                 .map(|(i, u)| stormguard_tower::UpstreamSpec {
                     name: upstream_label(u),
-                    cap: self.upstream_caps.get(i).copied().flatten().unwrap_or(self.cap),
+                    cap: self.upstream_cap(i),
                 })
                 .collect();
         }
         c
     }
 
-    /// Upstream `i`'s cap.
+    /// The cap upstream `i`'s limiter is built with: its own cap (or the dependency's), at
+    /// most `max_concurrent_streams` (one HTTP/2 connection per upstream).
     pub fn upstream_cap(&self, i: usize) -> u64 {
-        self.upstream_caps.get(i).copied().flatten().unwrap_or(self.cap)
+        let cap = self.upstream_caps.get(i).copied().flatten().unwrap_or(self.cap);
+        self.http2.max_concurrent_streams.map_or(cap, |m| cap.min(u64::from(m)))
+    }
+
+    /// The largest of the upstreams' caps: the connection pool's size.
+    pub fn largest_upstream_cap(&self) -> u64 {
+        (0..self.upstreams.len()).map(|i| self.upstream_cap(i)).max().unwrap_or(self.cap)
     }
 
     /// Checks every rule; the error names the key (`cap`, `budget`, ...) and why.
@@ -401,6 +450,23 @@ impl DependencyConfig {
         if let Some(f) = &self.fleet {
             f.validate(self)?;
         }
+        if let Some(m) = self.http2.max_concurrent_streams
+            && !(1..=i32::MAX as u32).contains(&m)
+        {
+            return Err((
+                "max_concurrent_streams",
+                format!("must be between 1 and 2147483647, got {m}"),
+            ));
+        }
+        let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
+        if self.tls.is_set() && !https {
+            return Err(("tls", "[dependency.tls] applies to https:// upstreams only".into()));
+        }
+        if https {
+            // Read the certificates and keys now: a bad file is a config error, not a failed
+            // request.
+            crate::upstream::tls_config(&self.tls)?;
+        }
         Ok(())
     }
 }
@@ -414,16 +480,10 @@ pub fn upstream_label(u: &Uri) -> String {
 }
 
 /// An upstream must be `http://host:port` with no path: TLS upstreams come later.
+/// An upstream must be `http://host:port` or `https://host:port` with no path.
 fn check_upstream(u: &Uri) -> Result<(), String> {
-    match u.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!("{u}: TLS upstreams are not supported yet; use http://"));
-        }
-        _ => return Err(format!("{u}: an upstream is http://host:port")),
-    }
-    if u.authority().is_none() {
-        return Err(format!("{u}: an upstream is http://host:port"));
+    if !matches!(u.scheme_str(), Some("http" | "https")) || u.authority().is_none() {
+        return Err(format!("{u}: an upstream is http://host:port or https://host:port"));
     }
     if !matches!(u.path(), "" | "/") || u.query().is_some() {
         return Err(format!("{u}: an upstream has no path"));
@@ -612,6 +672,13 @@ impl ProxyConfig {
                     "fallback_min": f.fallback_min,
                     "instance": f.instance,
                 })),
+                "http2": d.http2.prior_knowledge,
+                "max_concurrent_streams": d.http2.max_concurrent_streams,
+                "tls": d.tls.is_set().then(|| json!({
+                    "ca_file": d.tls.ca_file.as_ref().map(|p| p.display().to_string()),
+                    "client_cert": d.tls.client_cert.as_ref().map(|p| p.display().to_string()),
+                    "client_key": d.tls.client_key.as_ref().map(|p| p.display().to_string()),
+                })),
             })).collect::<Vec<_>>(),
             "routes": self.routes.iter().map(|r| json!({
                 "host": r.host, "path_prefix": r.path_prefix, "dependency": r.dependency,
@@ -750,6 +817,9 @@ struct RawDependency {
     interval: Option<Spanned<String>>,
     fallback_min: Option<Spanned<u64>>,
     instance: Option<Spanned<String>>,
+    http2: Option<Spanned<bool>>,
+    max_concurrent_streams: Option<Spanned<u64>>,
+    tls: Option<Spanned<RawTls>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -759,6 +829,14 @@ struct RawLimitHeaders {
     remaining: Option<Vec<String>>,
     /// `"name"` (unix-or-delta) or `"name:format"` (unix, unix-ms, delta, rfc3339).
     reset: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca_file: Option<Spanned<String>>,
+    client_cert: Option<Spanned<String>>,
+    client_key: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1192,6 +1270,28 @@ impl RawDependency {
             }
             d.breaker = Some(c);
         }
+        if let Some(v) = self.http2 {
+            spans.put(k("http2"), v.span());
+            d.http2.prior_knowledge = v.into_inner();
+        }
+        if let Some(v) = self.max_concurrent_streams {
+            spans.put(k("max_concurrent_streams"), v.span());
+            d.http2.max_concurrent_streams = Some(u32::try_from(v.into_inner()).unwrap_or(0));
+        }
+        if let Some(t) = self.tls {
+            spans.put(k("tls"), t.span());
+            let t = t.into_inner();
+            for (key, src, dst) in [
+                ("ca_file", t.ca_file, &mut d.tls.ca_file),
+                ("client_cert", t.client_cert, &mut d.tls.client_cert),
+                ("client_key", t.client_key, &mut d.tls.client_key),
+            ] {
+                if let Some(v) = src {
+                    spans.put(k(&format!("tls.{key}")), v.span());
+                    *dst = Some(PathBuf::from(v.into_inner()));
+                }
+            }
+        }
         Ok(d)
     }
 }
@@ -1262,8 +1362,7 @@ mod tests {
             "f.toml:3:14: listener[0].dependency: no dependency is named \"nope\""
         );
         assert!(
-            err(&format!("{BASE}upstreams = [\"https://x\"]\n"))
-                .contains("dependency[0].upstreams")
+            err(&format!("{BASE}upstreams = [\"ftp://x\"]\n")).contains("dependency[0].upstreams")
         );
         assert!(err("cap = [").starts_with("f.toml:1:"));
     }

@@ -25,13 +25,15 @@
 //! lets requests in flight finish up to the drain timeout.
 //!
 //! Modules: [`config`] (the TOML schema and the quick flags, validated once), [`stack`] (the
-//! middleware, in one function), [`hop`] (hop-by-hop headers), [`scopes`] (fan-out scopes by
-//! trace id), [`record`] (record mode), [`traffic`] (the per-route series), [`reload`]. The
-//! narrative is in docs/proxy.md.
+//! middleware, in one function), [`upstream`] (the upstream client: TLS, HTTP/2 with the cap
+//! held under the peer's streams), [`grpc`] (`grpc-timeout`), [`hop`] (hop-by-hop headers),
+//! [`scopes`] (fan-out scopes by trace id), [`record`] (record mode), [`traffic`] (the
+//! per-route series), [`reload`]. The narrative is in docs/proxy.md.
 
 pub mod admin;
 pub mod config;
 mod fleet;
+pub mod grpc;
 pub mod hop;
 pub mod record;
 pub mod reload;
@@ -39,6 +41,7 @@ pub mod scopes;
 mod server;
 pub mod stack;
 pub mod traffic;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

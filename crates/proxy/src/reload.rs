@@ -113,9 +113,13 @@ pub(crate) fn build(
             Some(_) => report.changed.push(d.name.clone()),
             None => report.added.push(d.name.clone()),
         }
-        let cap = (0..d.upstreams.len()).map(|i| d.upstream_cap(i)).max().unwrap_or(d.cap);
         deps.push(Arc::new(DepRuntime {
-            service: crate::stack::stack(&dependency, crate::stack::client(cap), upstreams.clone()),
+            service: crate::stack::stack(
+                &dependency,
+                crate::stack::client(d)
+                    .map_err(|(k, r)| invalid(format!("dependency {}.{k}", d.name), r))?,
+                upstreams.clone(),
+            ),
             upstream_labels: upstreams
                 .iter()
                 .map(|u| Arc::from(crate::config::upstream_label(u)))

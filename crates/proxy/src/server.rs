@@ -149,7 +149,7 @@ fn serves_authority(shared: &Shared, listener: SocketAddr, uri: &Uri) -> bool {
             }));
     let is_upstream = shared.deps.iter().flat_map(|d| d.upstreams.iter()).any(|u| {
         u.authority().is_some_and(|a| {
-            a.host().eq_ignore_ascii_case(&host) && a.port_u16().unwrap_or(80) == port
+            a.host().eq_ignore_ascii_case(&host) && crate::upstream::port_of(u) == port
         })
     });
     let is_route = shared.routes.iter().any(|r| r.host.as_deref() == Some(host.as_str()));
@@ -250,6 +250,16 @@ pub(crate) async fn handle(
     parts.extensions.insert(log.clone());
     if let Some(scope) = dep.scopes.scope_for(&parts.headers, started) {
         parts.extensions.insert(scope);
+    }
+    // A gRPC caller's own timeout is the request's deadline: no attempt or retry after it,
+    // and each attempt's `grpc-timeout` is what is left of it.
+    if crate::grpc::is_grpc_request(&parts.headers)
+        && let Some(t) = parts
+            .headers
+            .get(&crate::grpc::GRPC_TIMEOUT)
+            .and_then(|v| crate::grpc::parse_timeout(v.as_bytes()))
+    {
+        parts.extensions.insert(stormguard_tower::Deadline::after(t));
     }
     let mut route_label: &Arc<str> = &DEFAULT_ROUTE;
     if let Some(r) = route {

@@ -12,25 +12,24 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use stormguard_core::Denied;
 use stormguard_http::stacked::ATTEMPT_HEADER;
 use stormguard_tower::{
-    BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError, UpstreamTarget,
+    BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError, TimeLeft,
+    UpstreamTarget,
 };
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 
+use crate::config::DependencyConfig;
 use crate::hop::strip_hop_by_hop;
+use crate::upstream::PeerStreams;
+pub use crate::upstream::UpstreamClient;
 
 /// The body the proxy answers with.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// A request on its way to the upstream: the caller's body, copied for retries while sent.
 pub type UpstreamRequest = Request<ReplayBody<Incoming>>;
-/// The upstream HTTP/1.1 client.
-pub type UpstreamClient = Client<HttpConnector, ReplayBody<Incoming>>;
 /// One dependency's stack. Refusals and upstream failures are responses; the error is only
 /// the client's readiness failing (hyper's client is always ready).
 pub type ProxyService = BoxCloneSyncService<UpstreamRequest, Response<ProxyBody>, BoxError>;
@@ -40,15 +39,11 @@ pub static DENIED_HEADER: http::HeaderName = http::HeaderName::from_static("x-st
 /// The header that says what failed below HTTP when the proxy answers 502 or 504 itself.
 pub static ERROR_HEADER: http::HeaderName = http::HeaderName::from_static("x-stormguard-error");
 
-/// An upstream client whose pool keeps at least `cap` idle connections, so the limiter is the
-/// only queue (DESIGN.md: hidden queues). Connect time is inside the per-try timeout.
-pub fn client(cap: u64) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(usize::try_from(cap).unwrap_or(usize::MAX).max(1))
-        .build(connector)
+/// The upstream client of a dependency (see [`crate::upstream`]): HTTP/1.1 with a pool of at
+/// least `cap` idle connections, HTTP/2 with the cap held under the peer's streams, TLS for
+/// `https://`. The error names the key of a TLS file that cannot be used.
+pub fn client(dep: &DependencyConfig) -> Result<UpstreamClient, (&'static str, String)> {
+    crate::upstream::client(dep)
 }
 
 /// The stack of one dependency, outermost first.
@@ -57,6 +52,11 @@ pub fn stack(
     client: UpstreamClient,
     upstreams: Arc<[http::Uri]>,
 ) -> ProxyService {
+    let peer = client.peer_streams();
+    // The HTTP/2 peer's stream limit lowers the first upstream's cap (with several upstreams,
+    // only the first one's is read: see docs/proxy.md).
+    peer.attach(&dependency.upstream().limiter);
+    let dep = dependency.clone();
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,
         // 504, 502 with the reason), so every caller gets exactly one answer.
@@ -72,8 +72,14 @@ pub fn stack(
         // The cap around each attempt, with its per-try timeout: connect time counts.
         .layer(CapLayer::new(dependency.clone()))
         // Innermost, so it sees exactly what the upstream sees: every attempt numbered, counted
-        // and timed.
-        .layer(tower::layer::layer_fn(|inner| Attempts { inner, upstreams: upstreams.clone() }))
+        // and timed, a gRPC attempt told its deadline, the cap held under the HTTP/2 peer's
+        // streams, and an attempt for another upstream sent there.
+        .layer(tower::layer::layer_fn(move |inner| Attempts {
+            inner,
+            peer: peer.clone(),
+            dependency: dep.clone(),
+            upstreams: upstreams.clone(),
+        }))
         .service(client);
     BoxCloneSyncService::new(svc)
 }
@@ -120,12 +126,17 @@ impl AttemptLog {
 }
 
 /// Numbers each attempt (`x-stormguard-attempt: 1` on a first try that carries none; the retry
-/// layer numbers the retries) and records it in the request's [`AttemptLog`].
+/// layer numbers the retries) and records it in the request's [`AttemptLog`]. On a gRPC
+/// request it writes the time left as `grpc-timeout` (never above the caller's) and restores
+/// `te: trailers` (removed with the hop-by-hop headers; gRPC servers require it). It keeps the
+/// dependency's cap at most the HTTP/2 peer's streams ([`PeerStreams::apply`]).
 #[derive(Clone, Debug)]
 struct Attempts<S> {
     inner: S,
     /// The dependency's upstreams: an attempt for upstream `i > 0` is sent there.
     upstreams: Arc<[http::Uri]>,
+    peer: PeerStreams,
+    dependency: Dependency,
 }
 
 impl<S, B> Service<Request<B>> for Attempts<S>
@@ -155,6 +166,13 @@ where
                 *req.uri_mut() = uri;
             }
         }
+        if crate::grpc::is_grpc_request(req.headers()) {
+            req.headers_mut().insert(http::header::TE, HeaderValue::from_static("trailers"));
+            if let Some(TimeLeft(left)) = req.extensions().get::<TimeLeft>().copied() {
+                crate::grpc::propagate(req.headers_mut(), left);
+            }
+        }
+        self.peer.apply(&self.dependency);
         let log = req.extensions().get::<AttemptLog>().cloned();
         let started = Instant::now();
         if let Some(l) = &log {
@@ -215,6 +233,13 @@ where
             ),
             _ => {
                 let kind = match stormguard_tower::error::classify_error(&*e) {
+                    // A failed handshake is a connect failure (nothing was sent) that the
+                    // caller is told apart: retrying will not fix a certificate.
+                    stormguard_http::classify::TransportError::Connect
+                        if crate::upstream::is_tls_error(&*e) =>
+                    {
+                        "tls"
+                    }
                     stormguard_http::classify::TransportError::Connect => "connect-failure",
                     stormguard_http::classify::TransportError::Timeout => "timeout",
                     _ => "reset",

@@ -49,6 +49,13 @@ impl AdmittedSlot {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttemptDeadline(pub(crate) Timestamp);
 
+/// A request extension on each attempt the cap sends while a deadline applies (the
+/// dependency's, or the caller's [`Deadline`](crate::Deadline)): the time the request had left
+/// when the attempt was sent — its deadline, not the per-try timeout. A client can pass it on
+/// to the dependency, as gRPC's `grpc-timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeLeft(pub std::time::Duration);
+
 /// Applies [`Cap`].
 #[derive(Clone, Debug)]
 pub struct CapLayer {
@@ -182,7 +189,7 @@ where
 fn send<S, B, RB>(
     dep: Dependency,
     mut inner: S,
-    req: Request<B>,
+    mut req: Request<B>,
     permit: Option<Permit>,
     deadline: Option<Timestamp>,
     now: Timestamp,
@@ -210,6 +217,9 @@ where
         (None, Some(d)) => Some(d.saturating_since(now)),
         (None, None) => None,
     };
+    if let Some(d) = deadline {
+        req.extensions_mut().insert(TimeLeft(d.saturating_since(now)));
+    }
     // The per-try timer, apart: most attempts never need one polled.
     let timer = per_try.map(|limit| (Box::pin(tokio::time::sleep(limit)), limit));
     // `inner` was made ready by `poll_ready` before this request was accepted.

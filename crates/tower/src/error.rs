@@ -39,8 +39,9 @@ impl StormguardError {
 
 /// Reads an inner service's error: connect failures, resets and timeouts from the `std::io`
 /// errors in its source chain, and from what common clients say in their messages ("connect",
-/// "connection refused"). Anything else counts as a reset: it may have reached the dependency,
-/// so a non-idempotent request is not retried after it.
+/// "connection refused"); HTTP/2 REFUSED_STREAM and a graceful GOAWAY as `h2` words them
+/// (hyper's HTTP/2 errors carry the `h2` error). Anything else counts as a reset: it may have
+/// reached the dependency, so a non-idempotent request is not retried after it.
 pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportError {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut said_connect = false;
@@ -68,6 +69,12 @@ pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportErr
         }
         if text.contains("refused_stream") || text.contains("refused stream") {
             return TransportError::RefusedStream;
+        }
+        // `h2`'s words for a GOAWAY received with NO_ERROR: it reports one only to streams above
+        // the last-stream-id (and to requests started after it), never to a stream the server
+        // may have processed — those run on, or end as a reset when the connection closes.
+        if text.contains("connection error received: not a result of an error") {
+            return TransportError::GoAwayUnprocessed;
         }
         cur = e.source();
     }
@@ -98,5 +105,33 @@ mod tests {
         assert_eq!(classify_error(&hyper_reset), TransportError::Reset);
         let other = std::fmt::Error;
         assert_eq!(classify_error(&other), TransportError::Reset);
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Said(&'static str);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (SendRequest)")]
+    struct Outer(#[source] Said);
+
+    /// What hyper's HTTP/2 client reports, as `h2` words it (`h2::Error`'s Display).
+    #[test]
+    fn reads_h2_refusals() {
+        let refused = Outer(Said(
+            "stream error received: refused stream before processing any application logic",
+        ));
+        assert_eq!(classify_error(&refused), TransportError::RefusedStream);
+        let graceful = Outer(Said("connection error received: not a result of an error"));
+        assert_eq!(classify_error(&graceful), TransportError::GoAwayUnprocessed);
+        // A GOAWAY with an error code also reaches streams the server may have processed.
+        let failed = Outer(Said("connection error received: unspecific protocol error detected"));
+        assert_eq!(classify_error(&failed), TransportError::Reset);
+        // Our own GOAWAY (sent, not received) says nothing about the server.
+        let ours = Outer(Said("connection error detected: not a result of an error"));
+        assert_eq!(classify_error(&ours), TransportError::Reset);
+        // Another stream error is a reset.
+        let cancel = Outer(Said("stream error received: stream no longer needed"));
+        assert_eq!(classify_error(&cancel), TransportError::Reset);
     }
 }

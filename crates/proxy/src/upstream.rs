@@ -1,0 +1,459 @@
+//! The upstream client: HTTP/1.1 and HTTP/2, plaintext and TLS, with no queue hidden under
+//! the limiter.
+//!
+//! The limiter is only honest if nothing below it queues (DESIGN.md: hidden queues). Over
+//! HTTP/1.1 that means a pool of at least `cap` connections. Over HTTP/2 every request to an
+//! upstream shares one connection (hyper-util's pool keeps one per host), and the peer says in
+//! its SETTINGS how many streams it takes at once (`SETTINGS_MAX_CONCURRENT_STREAMS`). hyper's
+//! client does not refuse a request over that number: `h2` parks it in a queue of its own until
+//! a stream closes, while it holds a stormguard slot. So the effective cap must be at most the
+//! peer's streams × 1 connection. hyper does not expose the peer's settings, so this client
+//! reads them itself: each HTTP/2 connection's first frame from the server is its SETTINGS
+//! (RFC 9113 §3.4), and [`PeerStreams`] remembers the value it carries; the stack lowers the
+//! limiter to it ([`PeerStreams::apply`]). Until the first connection's SETTINGS arrive, a
+//! configured `max_concurrent_streams` bounds the cap and the number of streams hyper opens.
+//!
+//! TLS is rustls with the `ring` provider: the operating system's roots by default
+//! (rustls-native-certs), or only those of a configured CA file; SNI from the upstream's host;
+//! HTTP/2 by ALPN (`h2`, then `http/1.1`); an optional client certificate. Certificates and keys
+//! are read when the config is checked, so a bad file is a config error, not a failed request.
+//!
+//! ```
+//! use stormguard_proxy::config::DependencyConfig;
+//!
+//! let mut dep = DependencyConfig::new("grpc", "http://127.0.0.1:50051".parse().unwrap());
+//! dep.http2.prior_knowledge = true; // h2c
+//! let client = stormguard_proxy::upstream::client(&dep).unwrap();
+//! assert_eq!(client.peer_streams().get(), None); // learned at the first connection
+//! ```
+
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use stormguard_core::limiter::Limiter;
+use stormguard_tower::{Dependency, ReplayBody};
+use tower::Service;
+
+use crate::config::{DependencyConfig, TlsConfig};
+
+/// How long a learned stream limit holds the cap down without being renewed. Every attempt
+/// renews it, so it only runs out on a dependency that has gone quiet.
+const PEER_LIMIT_TTL: Duration = Duration::from_secs(30);
+
+/// The connector: TCP (`TCP_NODELAY`), TLS for `https://`, the SETTINGS reader on top.
+type Connector = ReadSettings<HttpsConnector<HttpConnector>>;
+
+/// The client of one dependency's upstreams. Cheap to clone: clones share the pool.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<Connector, ReplayBody<Incoming>>,
+    peer: PeerStreams,
+}
+
+impl UpstreamClient {
+    /// What the upstream's HTTP/2 SETTINGS allow, once a connection has seen them.
+    pub fn peer_streams(&self) -> PeerStreams {
+        self.peer.clone()
+    }
+}
+
+impl Service<Request<ReplayBody<Incoming>>> for UpstreamClient {
+    type Response = Response<Incoming>;
+    type Error = hyper_util::client::legacy::Error;
+    type Future = hyper_util::client::legacy::ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // hyper-util's client is always ready: its pool waits inside the call.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReplayBody<Incoming>>) -> Self::Future {
+        self.client.request(req)
+    }
+}
+
+/// The client for `dep`'s upstreams: reads the TLS files (an error names the key, as
+/// [`DependencyConfig::validate`] reports it). The HTTP/1.1 pool keeps at least `cap` idle
+/// connections, so the limiter is the only queue; connect time (TLS handshake included) is
+/// inside the per-try timeout, since the cap times the whole call.
+pub fn client(dep: &DependencyConfig) -> Result<UpstreamClient, (&'static str, String)> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    // https:// URIs go through the TLS layer, which needs the TCP connector to accept them.
+    http.enforce_http(false);
+    let tls = tls_config(&dep.tls)?;
+    let builder = HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    let https = if dep.http2.prior_knowledge {
+        // HTTP/2 only: ALPN offers `h2` alone.
+        builder.enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_all_versions().wrap_connector(http)
+    };
+    let peer = PeerStreams::default();
+    let connector =
+        ReadSettings { inner: https, peer: peer.clone(), h2_only: dep.http2.prior_knowledge };
+    let cap = dep.largest_upstream_cap();
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .pool_max_idle_per_host(usize::try_from(cap).unwrap_or(usize::MAX).max(1))
+        // Before the peer's SETTINGS arrive, hyper would open up to 100 streams; never more
+        // than the cap (bounded by `max_concurrent_streams` when configured), so a first burst
+        // is not refused with REFUSED_STREAM by a peer that takes fewer.
+        .http2_initial_max_send_streams(usize::try_from(cap).unwrap_or(usize::MAX));
+    if dep.http2.prior_knowledge {
+        builder.http2_only(true);
+    }
+    Ok(UpstreamClient { client: builder.build(connector), peer })
+}
+
+/// The rustls client config of a dependency: roots, ALPN (set by the connector), client
+/// certificate.
+pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, (&'static str, String)> {
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca_file {
+        Some(path) => {
+            let certs = read_certs(path).map_err(|r| ("tls.ca_file", r))?;
+            for c in certs {
+                roots.add(c).map_err(|e| ("tls.ca_file", format!("{}: {e}", path.display())))?;
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(native.certs);
+            if added == 0 {
+                // Not an error here: every handshake will fail, and say so.
+                tracing::warn!(
+                    errors = native.errors.len(),
+                    "no system root certificates found; https upstreams need tls.ca_file"
+                );
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("tls", e.to_string()))?
+        .with_root_certificates(roots);
+    match (&tls.client_cert, &tls.client_key) {
+        (None, None) => Ok(builder.with_no_client_auth()),
+        (Some(_), None) => Err(("tls.client_cert", "client_cert needs client_key".into())),
+        (None, Some(_)) => Err(("tls.client_key", "client_key needs client_cert".into())),
+        (Some(cert), Some(key)) => {
+            let chain = read_certs(cert).map_err(|r| ("tls.client_cert", r))?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                ("tls.client_key", format!("{}: no private key read: {}", key.display(), pem(e)))
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| ("tls.client_key", format!("does not fit client_cert: {e}")))
+        }
+    }
+}
+
+/// Every certificate in a PEM file; at least one.
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|e| format!("{}: {}", path.display(), pem(e)))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate in it (PEM expected)", path.display()));
+    }
+    Ok(certs)
+}
+
+fn pem(e: rustls::pki_types::pem::Error) -> String {
+    match e {
+        rustls::pki_types::pem::Error::Io(e) => e.to_string(),
+        rustls::pki_types::pem::Error::NoItemsFound => {
+            "nothing of that kind in it (PEM expected)".into()
+        }
+        other => format!("not valid PEM: {other}"),
+    }
+}
+
+/// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as the last HTTP/2 connection's first
+/// SETTINGS frame said (unknown until one arrives, and when the peer states no limit).
+#[derive(Clone, Debug, Default)]
+pub struct PeerStreams(Arc<PeerInner>);
+
+#[derive(Debug, Default)]
+struct PeerInner {
+    /// The limit; 0 while unknown or unlimited.
+    limit: AtomicU64,
+    /// The limiter to lower the moment a connection's SETTINGS are read.
+    limiter: std::sync::OnceLock<Limiter>,
+}
+
+impl PeerStreams {
+    /// The limit, once known.
+    pub fn get(&self) -> Option<u64> {
+        // Relaxed: a lone value, read to lower a bound; a stale read only delays that.
+        Some(self.0.limit.load(Ordering::Relaxed)).filter(|n| *n > 0)
+    }
+
+    fn set(&self, limit: Option<u32>) {
+        self.0.limit.store(limit.map_or(0, u64::from), Ordering::Relaxed);
+        if let Some(l) = self.0.limiter.get() {
+            self.lower(l);
+        }
+    }
+
+    /// Lowers this limiter as soon as a limit is learned (the first one attached wins: a
+    /// client serves one dependency).
+    pub fn attach(&self, limiter: &Limiter) {
+        let _ = self.0.limiter.set(limiter.clone());
+        self.lower(limiter);
+    }
+
+    /// Lowers `dep`'s cap to the peer's limit (× 1 connection) when it is above it. Called on
+    /// every attempt, so a higher hint (a concurrency-limit header) cannot keep it raised.
+    pub fn apply(&self, dep: &Dependency) {
+        self.lower(&dep.upstream().limiter);
+    }
+
+    fn lower(&self, limiter: &Limiter) {
+        if let Some(n) = self.get()
+            && limiter.effective_cap() > n
+        {
+            limiter.set_limit_hint(n, PEER_LIMIT_TTL);
+        }
+    }
+}
+
+/// A connector that reads the server's first SETTINGS frame on each HTTP/2 connection.
+#[derive(Clone, Debug)]
+struct ReadSettings<C> {
+    inner: C,
+    peer: PeerStreams,
+    /// HTTP/2 by prior knowledge: every connection is HTTP/2 (else only those ALPN made so).
+    h2_only: bool,
+}
+
+type IoStream = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+
+impl<C> Service<Uri> for ReadSettings<C>
+where
+    C: Service<Uri, Response = IoStream> + Send,
+    C::Future: Send + 'static,
+    C::Error: Send,
+{
+    type Response = SettingsStream;
+    type Error = C::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<SettingsStream, C::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), C::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connect = self.inner.call(uri);
+        let peer = self.peer.clone();
+        let h2_only = self.h2_only;
+        Box::pin(async move {
+            let io = connect.await?;
+            let h2 = h2_only || io.connected().is_negotiated_h2();
+            let reader = h2.then(|| (SettingsReader::default(), peer));
+            Ok(SettingsStream { io, reader })
+        })
+    }
+}
+
+/// A connection whose first incoming HTTP/2 frame is read on its way through.
+#[derive(Debug)]
+pub struct SettingsStream {
+    io: IoStream,
+    /// Until the first frame has been read (then `None`: reads go straight through).
+    reader: Option<(SettingsReader, PeerStreams)>,
+}
+
+impl Connection for SettingsStream {
+    fn connected(&self) -> Connected {
+        self.io.connected()
+    }
+}
+
+impl Read for SettingsStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let Some((reader, peer)) = &mut this.reader else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        // Read into a scratch buffer we can look at, then hand the bytes on: only until the
+        // first frame is through (usually the first read).
+        let mut scratch = [0u8; 1024];
+        let n = buf.remaining().min(scratch.len());
+        let mut rb = ReadBuf::new(&mut scratch[..n]);
+        match Pin::new(&mut this.io).poll_read(cx, rb.unfilled()) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        let filled = rb.filled();
+        buf.put_slice(filled);
+        if filled.is_empty() {
+            this.reader = None;
+        } else if let Some(outcome) = reader.feed(filled) {
+            if let Some(limit) = outcome {
+                tracing::debug!(limit, "upstream SETTINGS_MAX_CONCURRENT_STREAMS");
+            }
+            peer.set(outcome);
+            this.reader = None;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Write for SettingsStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+}
+
+/// Reads an HTTP/2 server's first frame, which must be SETTINGS (RFC 9113 §3.4): a 9-byte
+/// header (length: 24 bits, type 0x4, flags, stream 0), then 6-byte entries (id: 16 bits,
+/// value: 32 bits); `SETTINGS_MAX_CONCURRENT_STREAMS` is id 0x3.
+#[derive(Debug, Default)]
+pub(crate) struct SettingsReader {
+    bytes: Vec<u8>,
+}
+
+/// A SETTINGS frame is a few entries; a server preface that claims more is not read.
+const MAX_SETTINGS_PAYLOAD: usize = 6 * 64;
+
+impl SettingsReader {
+    /// Takes the next bytes from the server. `Some(limit)` once the first frame is read
+    /// (`Some(None)`: no limit stated, or the frame was not SETTINGS); `None`: more bytes
+    /// needed.
+    pub(crate) fn feed(&mut self, mut data: &[u8]) -> Option<Option<u32>> {
+        loop {
+            let mut need = 9;
+            if let [l0, l1, l2, kind, flags, ..] = self.bytes[..] {
+                let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+                if kind != 0x4 || flags & 0x1 != 0 || len > MAX_SETTINGS_PAYLOAD {
+                    return Some(None);
+                }
+                need += len;
+                if self.bytes.len() == need {
+                    let limit = self.bytes[9..]
+                        .chunks_exact(6)
+                        .filter(|e| u16::from_be_bytes([e[0], e[1]]) == 0x3)
+                        .map(|e| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+                        .next_back();
+                    return Some(limit);
+                }
+            }
+            if data.is_empty() {
+                return None;
+            }
+            let take = (need - self.bytes.len()).min(data.len());
+            self.bytes.extend_from_slice(&data[..take]);
+            data = &data[take..];
+        }
+    }
+}
+
+/// An upstream's port: the one it names, else 443 for `https://` and 80 for `http://`.
+pub fn port_of(upstream: &Uri) -> u16 {
+    upstream.port_u16().unwrap_or(if upstream.scheme_str() == Some("https") { 443 } else { 80 })
+}
+
+/// Whether a TLS handshake failed somewhere in `e`'s source chain (an untrusted or expired
+/// certificate, a name mismatch, no common protocol).
+pub fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if e.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        // `io::Error::source` skips the error it wraps: look inside (hyper-rustls wraps
+        // rustls' error in two of them).
+        cur = match e.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(entries: &[(u16, u32)]) -> Vec<u8> {
+        let len = entries.len() * 6;
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, 0x4, 0, 0, 0, 0, 0];
+        for (id, v) in entries {
+            f.extend_from_slice(&id.to_be_bytes());
+            f.extend_from_slice(&v.to_be_bytes());
+        }
+        f
+    }
+
+    #[test]
+    fn reads_max_concurrent_streams_from_the_first_frame() {
+        let frame = settings(&[(0x1, 4096), (0x3, 4), (0x4, 65535)]);
+        assert_eq!(SettingsReader::default().feed(&frame), Some(Some(4)));
+        // Split anywhere, with the next frame behind it.
+        let mut more = frame.clone();
+        more.extend_from_slice(&settings(&[(0x3, 99)]));
+        for cut in 1..frame.len() {
+            let mut r = SettingsReader::default();
+            assert_eq!(r.feed(&more[..cut]), None, "cut {cut}");
+            assert_eq!(r.feed(&more[cut..]), Some(Some(4)), "cut {cut}");
+        }
+        // No limit stated; the last value wins when stated twice.
+        assert_eq!(SettingsReader::default().feed(&settings(&[(0x4, 1)])), Some(None));
+        assert_eq!(SettingsReader::default().feed(&settings(&[(0x3, 8), (0x3, 2)])), Some(Some(2)));
+        // Not SETTINGS, a SETTINGS ack, or an oversized frame: nothing learned.
+        let mut ping = settings(&[(0x3, 1)]);
+        ping[3] = 0x6;
+        assert_eq!(SettingsReader::default().feed(&ping), Some(None));
+        let mut ack = settings(&[]);
+        ack[4] = 0x1;
+        assert_eq!(SettingsReader::default().feed(&ack), Some(None));
+        let huge = settings(&vec![(0x3, 1); 100]);
+        assert_eq!(SettingsReader::default().feed(&huge), Some(None));
+    }
+}
