@@ -141,6 +141,9 @@ pub struct DependencyConfig {
     /// Per upstream, in the order of `upstreams`: its own cap (its provider's limit); `None`
     /// or missing: the dependency's `cap`. Only with several upstreams.
     pub upstream_caps: Vec<Option<u64>>,
+    /// With several upstreams: attempts in flight across all of them, at most (`total_cap`).
+    /// Default none: the sum of the upstreams' caps.
+    pub total_cap: Option<u64>,
     /// The primary (first-try) concurrency the cap was planned for, at most the cap: not used
     /// by the proxy, read by `stormguard audit` (a floor above `cap − planned_primary` is a
     /// finding) and written by `stormguard plan --format toml`. Default none.
@@ -294,6 +297,7 @@ impl DependencyConfig {
             name: name.into(),
             upstreams: vec![upstream],
             upstream_caps: Vec::new(),
+            total_cap: None,
             limit_headers: stormguard_http::headers::LimitHeadersConfig::default(),
             remaining_reserve: 0,
             cap: 20,
@@ -345,6 +349,7 @@ impl DependencyConfig {
             c.limit_headers = h;
         }
         c.remaining_reserve = self.remaining_reserve;
+        c.total_cap = self.total_cap;
         if self.upstreams.len() > 1 {
             c.upstreams = self
                 .upstreams
@@ -397,6 +402,14 @@ impl DependencyConfig {
                 "placement",
                 "a fleet dependency has one upstream (its lease is that upstream's cap)".into(),
             ));
+        }
+        if let Some(t) = self.total_cap {
+            if self.upstreams.len() < 2 {
+                return Err(("total_cap", "total_cap is for several upstreams: use cap".into()));
+            }
+            if !(1..=MAX_CAP).contains(&t) {
+                return Err(("total_cap", format!("must be between 1 and {MAX_CAP}, got {t}")));
+            }
         }
         if self.upstream_caps.len() > self.upstreams.len() {
             return Err(("upstreams", "more caps than upstreams".into()));
@@ -630,6 +643,7 @@ impl ProxyConfig {
                 "upstreams": d.upstreams.iter().map(redact).collect::<Vec<_>>(),
                 "upstream_caps": (0..d.upstreams.len()).map(|i| d.upstream_cap(i)).collect::<Vec<_>>(),
                 "remaining_reserve": d.remaining_reserve,
+                "total_cap": d.total_cap,
                 "limit_headers": {
                     "limit": d.limit_headers.limit,
                     "remaining": d.limit_headers.remaining,
@@ -809,6 +823,7 @@ struct RawDependency {
     planned_primary: Option<Spanned<u64>>,
     limit_headers: Option<Spanned<RawLimitHeaders>>,
     remaining_reserve: Option<Spanned<u64>>,
+    total_cap: Option<Spanned<u64>>,
     placement: Option<Spanned<String>>,
     redis: Option<Spanned<String>>,
     fleet_cap: Option<Spanned<u64>>,
@@ -1160,6 +1175,10 @@ impl RawDependency {
         num!(cap);
         num!(queue);
         num!(remaining_reserve);
+        if let Some(t) = self.total_cap {
+            spans.put(k("total_cap"), t.span());
+            d.total_cap = Some(t.into_inner());
+        }
         if let Some(h) = self.limit_headers {
             let key = k("limit_headers");
             spans.put(key.clone(), h.span());

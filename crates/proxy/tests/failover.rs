@@ -232,3 +232,36 @@ async fn remaining_at_the_reserve_holds_retries_before_any_429() {
     assert_eq!(a.stats().total.requests, 8);
     p.shutdown().await;
 }
+
+/// A total cap across the providers: one chaos server reached under two names (so it counts
+/// what both "providers" send it) with caps of 12 each and a total of 14 never sees more than
+/// 14; without the total cap it sees up to 24.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_total_cap_holds_across_the_upstreams() {
+    let both =
+        chaos(Phase { error_rate: 0.5, latency: Latency::Fixed(ms(30)), ..Phase::default() }).await;
+    let other_name = format!("http://localhost:{}", both.local_addr().port());
+    for total in [Some(14), None] {
+        both.reset();
+        let mut d = providers(&both, &other_name);
+        d.upstream_caps = vec![Some(12), Some(12)];
+        d.total_cap = total;
+        d.queue = 10_000;
+        d.queue_timeout = Duration::from_secs(5);
+        d.budget = "ratio:percent=10,min_per_sec=1000".parse().unwrap();
+        let p = proxy(d).await;
+        let mut l = LoadConfig::new(&format!("http://{}/", p.listen_addrs()[0])).unwrap();
+        // 12 slots of 30 ms serve 400/s; 600/s arrive and half of them fail over.
+        l.mode = Mode::Open { rate: "600/s".parse().unwrap(), max_outstanding: 4000 };
+        l.duration = Some(ms(1000));
+        l.timeout = Duration::from_secs(10);
+        let r = load::run(&l, &Live::default()).await.unwrap();
+        assert_eq!(r.outcomes.total(), r.scheduled, "count in = count out: {:?}", r.outcomes);
+        let max = both.stats().total.in_flight.max;
+        match total {
+            Some(t) => assert!(max <= t, "the total cap held across both names: {max}"),
+            None => assert!(max > 14, "two caps of 12 add up: {max}"),
+        }
+        p.shutdown().await;
+    }
+}

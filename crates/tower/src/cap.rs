@@ -33,14 +33,18 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// The slot the retry layer took for a retry (`Some(None)`: a shadow-mode retry sent without
 /// one). Cap takes it out of the request's extensions.
 #[derive(Clone, Debug)]
-pub(crate) struct AdmittedSlot(Arc<Mutex<Option<Option<Permit>>>>);
+pub(crate) struct AdmittedSlot(Arc<Mutex<Option<Slots>>>);
+
+/// What an attempt holds: its slot under its upstream's cap, and one under the dependency's
+/// total cap when there is one (`None`s in shadow mode).
+type Slots = (Option<Permit>, Option<Permit>);
 
 impl AdmittedSlot {
-    pub(crate) fn new(permit: Option<Permit>) -> AdmittedSlot {
-        AdmittedSlot(Arc::new(Mutex::new(Some(permit))))
+    pub(crate) fn new(permit: Option<Permit>, total: Option<Permit>) -> AdmittedSlot {
+        AdmittedSlot(Arc::new(Mutex::new(Some((permit, total)))))
     }
 
-    fn take(&self) -> Option<Option<Permit>> {
+    fn take(&self) -> Option<Slots> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
@@ -114,9 +118,9 @@ where
         // Which upstream (with several): the retry layer put it on the request.
         let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
         let upstream = dep.upstream_at(target);
-        let permit = match admitted {
-            // A retry: the retry layer took its slot (or, in shadow mode, none).
-            Some(permit) => permit,
+        let (permit, total) = match admitted {
+            // A retry: the retry layer took its slots (or, in shadow mode, none).
+            Some(slots) => slots,
             None => {
                 let policy = dep.policy();
                 // Fail fast while open, before waiting in the queue; half-open probes are
@@ -128,11 +132,20 @@ where
                     return CapFuture::boxed(refused(Denied::Breaker));
                 }
                 // A free slot and nobody waiting: take it now, without a queue entry or a
-                // timer; otherwise wait in the queue.
+                // timer; otherwise wait in the queue. With a total cap, its slot first.
+                let total = match dep.total().map(|t| t.try_acquire_at(AttemptKind::Primary, now)) {
+                    None => None,
+                    Some(Ok(p)) => Some(p),
+                    Some(Err(_)) => {
+                        return CapFuture::boxed(Box::pin(queued(
+                            dep, inner, req, deadline, target,
+                        )));
+                    }
+                };
                 match upstream.limiter.try_acquire_at(AttemptKind::Primary, now) {
                     Ok(p) => {
                         policy.on_admitted(now);
-                        Some(p)
+                        (Some(p), total)
                     }
                     Err(_) => {
                         return CapFuture::boxed(Box::pin(queued(
@@ -142,7 +155,7 @@ where
                 }
             }
         };
-        send(dep, inner, req, permit, deadline, now, target)
+        send(dep, inner, req, (permit, total), deadline, now, target)
     }
 }
 
@@ -169,12 +182,22 @@ where
     RB: Body + Send + 'static,
 {
     async move {
-        let r = acquire_primary(&dep, target, deadline).await;
+        // With a total cap, its slot first, then the upstream's (always in this order).
+        let total = match dep.total() {
+            None => Ok(None),
+            Some(t) => acquire_primary(&dep, t, deadline).await.map(Some),
+        };
+        let r = match total {
+            Ok(total) => acquire_primary(&dep, &dep.upstream_at(target).limiter, deadline)
+                .await
+                .map(|p| (Some(p), total)),
+            Err(reason) => Err(reason),
+        };
         let now = dep.now();
         match r {
-            Ok(p) => {
+            Ok(slots) => {
                 dep.policy().on_admitted(now);
-                send(dep, inner, req, Some(p), deadline, now, target).await
+                send(dep, inner, req, slots, deadline, now, target).await
             }
             Err(reason) => {
                 dep.policy().on_primary_refused(reason);
@@ -190,7 +213,7 @@ fn send<S, B, RB>(
     dep: Dependency,
     mut inner: S,
     mut req: Request<B>,
-    permit: Option<Permit>,
+    (permit, total): Slots,
     deadline: Option<Timestamp>,
     now: Timestamp,
     target: usize,
@@ -204,7 +227,7 @@ where
     let probe = match dep.upstream_at(target).breaker.as_ref().map(|b| b.try_acquire(now)) {
         Some(Err(_)) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
-            drop(permit);
+            drop((permit, total));
             dep.policy().counters().denied(Denied::Breaker);
             return CapFuture::boxed(refused(Denied::Breaker));
         }
@@ -224,7 +247,7 @@ where
     let timer = per_try.map(|limit| (Box::pin(tokio::time::sleep(limit)), limit));
     // `inner` was made ready by `poll_ready` before this request was accepted.
     let call = inner.call(req);
-    let attempt = Some(Attempt { dep, permit, probe, now, target });
+    let attempt = Some(Attempt { dep, permit, total, probe, now, target });
     match (&timer, attempt.as_ref().and_then(|a| a.dep.config().background.clone())) {
         // A timed-out call can run on to its end only if it can be moved: box it.
         (Some(_), Some(_)) => CapFuture::Movable { call: Some(Box::pin(call)), timer, attempt },
@@ -236,6 +259,8 @@ where
 struct Attempt {
     dep: Dependency,
     permit: Option<Permit>,
+    /// Its slot under the dependency's total cap, if there is one.
+    total: Option<Permit>,
     probe: Option<stormguard_core::breaker::BreakerPermit>,
     now: Timestamp,
     /// Which upstream.
@@ -297,7 +322,14 @@ where
                 // The call first, as tokio's timeout does: an answer at the deadline counts.
                 if let Poll::Ready(result) = call.poll(cx) {
                     let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now, a.target));
+                    return Poll::Ready(finish(
+                        a.dep,
+                        result,
+                        (a.permit, a.total),
+                        a.probe,
+                        a.now,
+                        a.target,
+                    ));
                 }
                 let Some((sleep, limit)) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
@@ -312,7 +344,14 @@ where
                 if let Poll::Ready(result) = fut.as_mut().poll(cx) {
                     *call = None;
                     let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(a.dep, result, a.permit, a.probe, a.now, a.target));
+                    return Poll::Ready(finish(
+                        a.dep,
+                        result,
+                        (a.permit, a.total),
+                        a.probe,
+                        a.now,
+                        a.target,
+                    ));
                 }
                 let Some((sleep, limit)) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
@@ -321,7 +360,7 @@ where
                 let a = attempt.take().expect("a CapFuture polled after it finished");
                 let spawner = a.dep.config().background.clone();
                 let call = call.take();
-                if let (Some(held), Some(spawner), Some(call)) =
+                if let ((Some(held), total), Some(spawner), Some(call)) =
                     (timed_out(a, *limit), spawner, call)
                 {
                     // The dependency is still working on it: let the call run to its answer,
@@ -343,6 +382,9 @@ where
                             }
                         }
                         held.upstream_answered();
+                        if let Some(t) = total {
+                            t.upstream_answered();
+                        }
                     }));
                 }
                 Poll::Ready(Err(StormguardError::Timeout.into()))
@@ -353,19 +395,22 @@ where
 
 /// A per-try timeout: the breaker counts it, and the slot is held, because the dependency is
 /// still working on the request its client gave up on.
-fn timed_out(a: Attempt, limit: std::time::Duration) -> Option<stormguard_core::limiter::HeldSlot> {
+fn timed_out(
+    a: Attempt,
+    limit: std::time::Duration,
+) -> (Option<stormguard_core::limiter::HeldSlot>, Option<stormguard_core::limiter::HeldSlot>) {
     if let Some(p) = a.probe {
         p.record(a.dep.now(), AttemptResult::UpstreamFailure);
     }
     let hold = a.dep.config().timeout_slot_hold.unwrap_or(limit);
-    a.permit.map(|p| p.hold(hold))
+    (a.permit.map(|p| p.hold(hold)), a.total.map(|p| p.hold(hold)))
 }
 
 /// Records the attempt's result and moves the slot into the response body.
 fn finish<RB, E: Into<BoxError>>(
     dep: Dependency,
     result: Result<Response<RB>, E>,
-    permit: Option<Permit>,
+    (permit, total): Slots,
     probe: Option<stormguard_core::breaker::BreakerPermit>,
     now: Timestamp,
     target: usize,
@@ -383,7 +428,7 @@ fn finish<RB, E: Into<BoxError>>(
                 p.record(now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
-            Ok(resp.map(|body| PermitBody::new(body, permit, dep)))
+            Ok(resp.map(|body| PermitBody::new(body, permit, total, dep)))
         }
         Err(e) => {
             let e: BoxError = e.into();
@@ -397,7 +442,7 @@ fn finish<RB, E: Into<BoxError>>(
                 };
                 p.record(now, counted);
             }
-            drop(permit);
+            drop((permit, total));
             Err(StormguardError::Transport { kind, source: e }.into())
         }
     }
@@ -407,10 +452,9 @@ fn finish<RB, E: Into<BoxError>>(
 /// timed events (a held slot or a limit hint expiring).
 async fn acquire_primary(
     dep: &Dependency,
-    target: usize,
+    limiter: &stormguard_core::limiter::Limiter,
     deadline: Option<Timestamp>,
 ) -> Result<Permit, Denied> {
-    let limiter = &dep.upstream_at(target).limiter;
     let mut acquire = match deadline {
         Some(d) => limiter.acquire_until(d),
         None => limiter.acquire(),
@@ -446,6 +490,7 @@ pin_project! {
         #[pin]
         inner: B,
         permit: Option<Permit>,
+        total: Option<Permit>,
         dependency: Option<Dependency>,
     }
 }
@@ -457,13 +502,18 @@ impl<B> std::fmt::Debug for PermitBody<B> {
 }
 
 impl<B> PermitBody<B> {
-    fn new(inner: B, permit: Option<Permit>, dependency: Dependency) -> PermitBody<B> {
-        PermitBody { inner, permit, dependency: Some(dependency) }
+    fn new(
+        inner: B,
+        permit: Option<Permit>,
+        total: Option<Permit>,
+        dependency: Dependency,
+    ) -> PermitBody<B> {
+        PermitBody { inner, permit, total, dependency: Some(dependency) }
     }
 
     /// A body that holds no slot.
     pub fn without_permit(inner: B) -> PermitBody<B> {
-        PermitBody { inner, permit: None, dependency: None }
+        PermitBody { inner, permit: None, total: None, dependency: None }
     }
 
     /// Whether the body still holds its attempt's slot.
@@ -493,9 +543,16 @@ where
             Some(Ok(_)) => this.inner.is_end_stream(),
         };
         if done && let Some(p) = this.permit.take() {
+            let total = this.total.take();
             match this.dependency {
-                Some(d) => p.release_at(d.now()),
-                None => drop(p),
+                Some(d) => {
+                    let now = d.now();
+                    p.release_at(now);
+                    if let Some(t) = total {
+                        t.release_at(now);
+                    }
+                }
+                None => drop((p, total)),
             }
         }
         Poll::Ready(r.map(|r| r.map_err(Into::into)))

@@ -11,7 +11,7 @@ use stormguard_core::breaker::{BreakerConfig, BreakerState};
 use stormguard_core::budget::{BudgetSnapshot, BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, Timestamp};
 use stormguard_core::decision::{RetryConfig, RetryPolicy, Upstream};
-use stormguard_core::limiter::{LimiterConfig, LimiterSnapshot};
+use stormguard_core::limiter::{Limiter, LimiterConfig, LimiterSnapshot};
 use stormguard_core::random::SplitMix64;
 use stormguard_core::signals::CountersSnapshot;
 use stormguard_http::body::DEFAULT_LIMIT;
@@ -80,6 +80,10 @@ pub struct DependencyConfig {
     /// target is in its request's [`UpstreamTarget`] extension. Empty (the default): one
     /// upstream with `limiter` and `breaker`.
     pub upstreams: Vec<UpstreamSpec>,
+    /// With several upstreams: attempts in flight across all of them, at most (with the
+    /// dependency's queue and queue timeout). Every attempt then holds a slot under this cap
+    /// and one under its upstream's. Default none: the sum of the upstreams' caps.
+    pub total_cap: Option<u64>,
 }
 
 /// One upstream of a dependency with several (see [`DependencyConfig::upstreams`]).
@@ -146,6 +150,7 @@ impl DependencyConfig {
             background: None,
             recorder: None,
             upstreams: Vec::new(),
+            total_cap: None,
         }
     }
 }
@@ -163,6 +168,8 @@ struct Inner {
     /// The first upstream; with several, `more` holds the rest, in order.
     upstream: Upstream,
     more: Vec<Upstream>,
+    /// The total cap across the upstreams, if configured.
+    total: Option<Limiter>,
     policy: RetryPolicy,
     header_stats: HeaderStats,
     /// Whether a malformed header was logged already (it is logged once, counted always).
@@ -202,6 +209,8 @@ pub struct DependencySnapshot {
     pub enforce: bool,
     /// With several upstreams: the first one's name.
     pub upstream_name: Option<String>,
+    /// The total cap's limiter, when configured.
+    pub total: Option<LimiterSnapshot>,
     /// With several upstreams: the second and later ones (the fields above describe the
     /// first). Empty with one upstream.
     pub others: Vec<UpstreamSnapshot>,
@@ -220,6 +229,23 @@ pub struct UpstreamSnapshot {
     pub breaker: Option<BreakerState>,
     /// Until when its pushback holds retries, if it does.
     pub hold_until: Option<Timestamp>,
+}
+
+/// The total cap's limiter settings, with several upstreams and `total_cap` set.
+fn total_config(config: &DependencyConfig) -> Option<LimiterConfig> {
+    match (config.upstreams.len() > 1, config.total_cap) {
+        (true, Some(cap)) => Some(LimiterConfig { cap, ..config.limiter }),
+        _ => None,
+    }
+}
+
+fn total_limiter(
+    config: &DependencyConfig,
+    clock: &Arc<dyn Clock>,
+) -> Result<Option<Limiter>, String> {
+    total_config(config)
+        .map(|c| Limiter::try_new(c, clock.clone()).map_err(|e| format!("total_cap: {e}")))
+        .transpose()
 }
 
 /// The limiter of upstream `i`: its own cap (with several upstreams), the dependency's queue.
@@ -278,6 +304,7 @@ impl Dependency {
             .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let upstream = upstreams.remove(0);
+        let total = total_limiter(&config, &clock)?;
         Ok(Dependency {
             inner: Arc::new(Inner {
                 config,
@@ -285,6 +312,7 @@ impl Dependency {
                 tokio_clock,
                 upstream,
                 more: upstreams,
+                total,
                 policy,
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
@@ -343,6 +371,10 @@ impl Dependency {
             upstreams.push(Upstream { limiter, breaker, hold });
         }
         let upstream = upstreams.remove(0);
+        let total = match &old.total {
+            Some(t) if total_config(&config) == Some(*t.config()) => Some(t.clone()),
+            _ => total_limiter(&config, &old.clock)?,
+        };
         Ok(Dependency {
             inner: Arc::new(Inner {
                 config,
@@ -350,6 +382,7 @@ impl Dependency {
                 tokio_clock: old.tokio_clock,
                 upstream,
                 more: upstreams,
+                total,
                 policy,
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
@@ -386,6 +419,11 @@ impl Dependency {
             0 => &self.inner.upstream,
             i => self.inner.more.get(i - 1).unwrap_or(&self.inner.upstream),
         }
+    }
+
+    /// The total cap across the upstreams, when there are several and `total_cap` is set.
+    pub fn total(&self) -> Option<&Limiter> {
+        self.inner.total.as_ref()
     }
 
     /// How many upstreams the dependency has (at least 1).
@@ -523,6 +561,7 @@ impl Dependency {
             malformed_headers: self.inner.header_stats.snapshot(),
             enforce: self.inner.policy.enforce(),
             upstream_name: self.inner.config.upstreams.first().map(|u| u.name.clone()),
+            total: self.inner.total.as_ref().map(Limiter::snapshot),
             others: self
                 .inner
                 .more

@@ -310,7 +310,29 @@ fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::R
         "stormguard_upstream_pushback_hold_seconds",
         "Time left of each upstream's pushback hold on retries.",
         &series(&|u| u.hold_until.map_or(0.0, |t| t.saturating_since(s.at).as_secs_f64())),
-    )
+    )?;
+    if let Some(t) = &s.total {
+        let base: Labels<'_> = vec![("dependency", dep)];
+        gauge(
+            enc,
+            "stormguard_total_cap",
+            "The cap across the dependency's upstreams.",
+            &[(base.clone(), t.cap as f64)],
+        )?;
+        gauge(
+            enc,
+            "stormguard_total_in_flight_now",
+            "Attempts in flight across the dependency's upstreams now.",
+            &[(base.clone(), t.in_flight as f64)],
+        )?;
+        gauge(
+            enc,
+            "stormguard_total_in_flight_max",
+            "The most attempts in flight across the upstreams since the previous scrape.",
+            &[(base, t.high_water as f64)],
+        )?;
+    }
+    Ok(())
 }
 
 impl Collector for DependencyCollector {

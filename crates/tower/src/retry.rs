@@ -20,12 +20,12 @@ use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-use stormguard_core::Denied;
 use stormguard_core::budget::RetryBudget;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::{Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState};
 use stormguard_core::scope::{FanOutScope, Scope};
+use stormguard_core::{AttemptKind, Denied};
 use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
@@ -463,12 +463,30 @@ where
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
+        // With a total cap across the upstreams, a retry takes its slot there first, at once
+        // or not at all, like its upstream's.
+        let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(reason)) if dep.policy().enforce() => {
+                dep.policy().give_up(now, ticket);
+                dep.policy().counters().denied(reason);
+                if id.is_some() {
+                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
+                }
+                return finish_kept(kept, reason);
+            }
+            Some(Err(reason)) => {
+                dep.policy().counters().shadow_denied(reason);
+                None
+            }
+        };
         match dep.policy().admit(dep.upstream_at(next), ticket, &mut state) {
             Ok(mut admitted) => {
                 if id.is_some() {
                     dep.record(id, now, TraceOp::Retry(kind, None));
                 }
-                let slot = AdmittedSlot::new(admitted.take_permit());
+                let slot = AdmittedSlot::new(admitted.take_permit(), total);
                 charges = Some(admitted.into_charges());
                 attempt += 1;
                 let mut this = copy_request(&req, next_body);
