@@ -112,7 +112,7 @@ wait_http() { # wait_http URL: until it answers at all (any status), up to 10 s
   log "no answer from $1"
   return 1
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+cpu_ticks() { awk '{print $14 "," $15}' "/proc/$1/stat"; } # user,system
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -298,7 +298,7 @@ cost_round() { # ROUND NAME (direct or a proxy)
   [ -n "$pid" ] && after=$(cpu_ticks "$pid") && rss=$(hwm_kib "$pid")
   [ -n "$pid" ] && stop "$pid"
   echo "$wrk_out" >"$OUT/wrk-$name-$round.txt"
-  emit "$(WRK="$wrk_out" python3 - "$round" "$name" "${before:-0}" "${after:-0}" "${rss:-0}" "$CLK_TCK" <<'PY'
+  emit "$(WRK="$wrk_out" python3 - "$round" "$name" "${before:-0,0}" "${after:-0,0}" "${rss:-0}" "$CLK_TCK" <<'PY'
 import json, os, re, sys
 round_, name, before, after, rss, tck = sys.argv[1:]
 w = os.environ["WRK"]
@@ -314,8 +314,10 @@ r = dict(scenario="cost", proxy=name, round=int(round_), requests=reqs, non_2xx_
          rps=float(re.search(r"Requests/sec:\s+([\d.]+)", w).group(1)),
          p50_ms=ms(pct["50"]), p99_ms=ms(pct["99"]))
 if name != "direct":
-    cpu = (int(after) - int(before)) / int(tck)
-    r.update(cpu_s=cpu, cpu_s_per_100k=cpu / reqs * 1e5, rss_mib=int(rss) / 1024)
+    (u0, s0), (u1, s1) = [map(int, x.split(",")) for x in (before, after)]
+    user, system = (u1 - u0) / int(tck), (s1 - s0) / int(tck)
+    r.update(cpu_s=user + system, cpu_s_per_100k=(user + system) / reqs * 1e5,
+             user_s_per_100k=user / reqs * 1e5, rss_mib=int(rss) / 1024)
 print(json.dumps(r))
 PY
 )"

@@ -175,13 +175,13 @@ def report(path):
     direct = by.get(("cost", "direct"), [])
     d50 = med([r["p50_ms"] for r in direct])
     d99 = med([r["p99_ms"] for r in direct])
-    w(f"**Cost** ({rounds} rounds; median, min–max in brackets; added latency is over the direct "
+    w(f"**Cost** ({rounds} round{'s' if rounds != 1 else ''}; median, min–max in brackets; added latency is over the direct "
       f"run's median, p50 {fmt(d50, 2)} ms, p99 {fmt(d99, 2)} ms, {fmt(med([r['rps'] for r in direct]), 0)} req/s):")
     w("")
-    w("| proxy | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | CPU s per 100k req | peak RSS MiB |")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    w("| proxy | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | CPU s per 100k req | of which user | peak RSS MiB |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     w(f"| direct (nginx) | {cell([r['rps'] for r in direct], 0)} | {cell([r['p50_ms'] for r in direct], 2)} "
-      f"| {cell([r['p99_ms'] for r in direct], 2)} | – | – | – | – |")
+      f"| {cell([r['p99_ms'] for r in direct], 2)} | – | – | – | – | – |")
     cost = {}
     for p in present:
         rs = by.get(("cost", p), [])
@@ -194,7 +194,7 @@ def report(path):
         cost[p] = dict(cpu=med(cpu), rss=med(rss), add99=med(add99), rps=med([r["rps"] for r in rs]))
         w(f"| {p} | {cell([r['rps'] for r in rs], 0)} | {cell([r['p50_ms'] for r in rs], 2)} "
           f"| {cell([r['p99_ms'] for r in rs], 2)} | {cell(add50, 2)} | {cell(add99, 2)} "
-          f"| {cell(cpu, 2)} | {cell(rss, 1)} |")
+          f"| {cell(cpu, 2)} | {cell([r.get('user_s_per_100k') for r in rs], 2)} | {cell(rss, 1)} |")
     w("")
     if "stormguard" in cost:
         s = cost["stormguard"]
