@@ -211,9 +211,9 @@ def report(path):
     w("**Storm** (40 % 503s at 50 ms, open loop; cap 20):")
     w("")
     w("| proxy | upstream max in flight | upstream p99 in flight | amplification (upstream attempts ÷ client requests) "
-      "| client success | client p50 ms | client p99 ms | upstream 5xx seen by client (marked) "
-      "| proxy-made 5xx (marked) | no answer (timeout, error) |")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+      "| client success | client p50 ms | client p99 ms | upstream's 5xx passed on | of them marked "
+      "| proxy-made 5xx | of them marked | no answer (timeout, error) |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for p in present:
         rs = by.get(("storm", p), [])
         if not rs:
@@ -221,8 +221,8 @@ def report(path):
         amp = [r["upstream_requests"] / r["scheduled"] for r in rs if r["scheduled"]]
         storm[p] = dict(max=med([r["max_in_flight"] for r in rs]), amp=med(amp),
                         succ=med([r["success_rate"] for r in rs]), p99=med([r["p99_ms"] for r in rs]))
-        up = f"{cell([r['upstream_5xx'] for r in rs], 0)} ({cell([r['upstream_5xx_marked'] for r in rs], 0)})"
-        loc = f"{cell([r['local_5xx'] for r in rs], 0)} ({cell([r['local_5xx_marked'] for r in rs], 0)})"
+        up = f"{cell([r['upstream_5xx'] for r in rs], 0)} | {cell([r['upstream_5xx_marked'] for r in rs], 0)}"
+        loc = f"{cell([r['local_5xx'] for r in rs], 0)} | {cell([r['local_5xx_marked'] for r in rs], 0)}"
         none = f"{cell([r['timeouts'] for r in rs], 0)}, {cell([r['errors'] for r in rs], 0)}"
         w(f"| {p} | {cell([r['max_in_flight'] for r in rs], 0)} | {cell([r['p99_in_flight'] for r in rs], 0)} "
           f"| {cell(amp, 2)} | {cell([r['success_rate'] for r in rs], 1, pct=True)} "
