@@ -193,6 +193,11 @@ pub struct Phase {
     /// traffic response carries `X-Concurrency-Limit-Limit` and `-Remaining`. TOML
     /// `max_concurrency`; default none.
     pub max_concurrency: Option<u64>,
+    /// How many requests the server works on at full speed (>= 1), like a server with that
+    /// many cores: a request that arrives with more in flight takes its drawn latency × in
+    /// flight / `workers` (up to `latency_max`), so overload slows every caller down, as it
+    /// does a real dependency. TOML `workers`; default none (latency does not depend on load).
+    pub workers: Option<u64>,
     /// A token bucket; a request that finds it empty is answered 429 with `Retry-After` (whole
     /// seconds, at least 1) and `retry-after-ms`. TOML `rate_limit = "100/s"`, with `rate_burst`
     /// for the bucket size; default none.
@@ -217,6 +222,7 @@ impl Default for Phase {
             latency: Latency::default(),
             latency_max: DEFAULT_LATENCY_MAX,
             max_concurrency: None,
+            workers: None,
             rate_limit: None,
             body_bytes: DEFAULT_BODY_BYTES,
             slow_body: None,
@@ -267,6 +273,9 @@ impl Phase {
             return Err(InvalidPhase { key: "duration", reason: "must be above zero".into() });
         }
         self.latency.validate().map_err(|reason| InvalidPhase { key: "latency", reason })?;
+        if self.workers == Some(0) {
+            return Err(InvalidPhase { key: "workers", reason: "must be at least 1".into() });
+        }
         if self.max_concurrency == Some(0) {
             return Err(InvalidPhase {
                 key: "max_concurrency",
@@ -430,6 +439,7 @@ const PHASE_KEYS: &[&str] = &[
     "latency_dist",
     "latency_max",
     "max_concurrency",
+    "workers",
     "rate_limit",
     "rate_burst",
     "body_bytes",
@@ -578,6 +588,7 @@ fn parse_phase(i: usize, table: &BTreeMap<Spanned<String>, Spanned<Value>>) -> R
             "latency_dist" => dist = Some(as_str(v, key)?),
             "latency_max" => phase.latency_max = as_duration(v, key)?,
             "max_concurrency" => phase.max_concurrency = Some(as_count(v, key)?),
+            "workers" => phase.workers = Some(as_count(v, key)?),
             "rate_limit" => {
                 rate = Some(as_str(v, key)?.parse::<Rate>().map_err(|r| bad(v, key, r))?);
             }

@@ -703,7 +703,8 @@ async fn handle(
         }
     }
 
-    let draw = shared.sampler.draw(phase, seq);
+    let mut draw = shared.sampler.draw(phase, seq);
+    draw.latency = stretched(draw.latency, n, phase);
     match shared.on_disconnect {
         OnDisconnect::Finish if !draw.latency.is_zero() => {
             // The work is its own task, so the connection going away cannot cancel it.
@@ -717,6 +718,17 @@ async fn handle(
             rx.await.unwrap_or(Err(InjectedReset))
         }
         _ => work(guard, draw, h2, conn_reset, n).await,
+    }
+}
+
+/// A drawn latency under load: with more in flight than `workers`, each request shares them
+/// and takes `in flight / workers` times longer (never past `latency_max`, nor below the draw).
+fn stretched(latency: Duration, in_flight: u64, phase: &Phase) -> Duration {
+    match phase.workers {
+        Some(workers) if in_flight > workers => {
+            latency.mul_f64(in_flight as f64 / workers as f64).min(phase.latency_max).max(latency)
+        }
+        _ => latency,
     }
 }
 
@@ -809,6 +821,18 @@ async fn work(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn overload_stretches_latency_by_in_flight_over_workers() {
+        let p = Phase { workers: Some(4), latency_max: Duration::from_secs(1), ..Phase::default() };
+        let ms = Duration::from_millis;
+        assert_eq!(stretched(ms(100), 4, &p), ms(100), "at the workers: full speed");
+        assert_eq!(stretched(ms(100), 6, &p), ms(150));
+        assert_eq!(stretched(ms(100), 80, &p), ms(1000), "never past latency_max");
+        let no_workers = Phase::default();
+        assert_eq!(stretched(ms(100), 80, &no_workers), ms(100), "load does not matter");
+    }
+
     use super::*;
 
     fn s(n: u64) -> Duration {

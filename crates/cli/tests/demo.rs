@@ -125,6 +125,16 @@ fn the_budget_holds_where_naive_retries_storm() {
     let phases: Vec<&str> =
         v["phases"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(phases, ["5 % errors", "20 % errors", "40 % errors", "latency spike", "recovery"]);
+    // After the spike, the naive path's storm outlives its cause (its dependency, slowed by
+    // the abandoned attempts, keeps timing out); the stormguard path recovers.
+    let recovery = &v["phases"][4];
+    let success = |path: &str| recovery[path]["success_rate"].as_f64().unwrap_or(0.0);
+    assert!(
+        success("stormguard") >= success("naive") + 0.3,
+        "recovery success: naive {:.2}, stormguard {:.2}",
+        success("naive"),
+        success("stormguard")
+    );
 
     let html = std::fs::read_to_string(&report).expect("the report was written");
     let _ = std::fs::remove_file(&report);

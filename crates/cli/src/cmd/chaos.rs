@@ -72,6 +72,10 @@ pub struct ChaosArgs {
     /// Answer 429 (with X-Concurrency-Limit-Limit and -Remaining) above this many in flight.
     #[arg(long, value_name = "N", group = "one_phase")]
     pub max_concurrency: Option<u64>,
+    /// Work on this many at full speed; above it, each request's latency is stretched by in
+    /// flight / workers (overload slows every caller).
+    #[arg(long, value_name = "N", group = "one_phase")]
+    pub workers: Option<u64>,
     /// Answer 429 (with Retry-After) above this rate, e.g. 100/s, 5/100ms.
     #[arg(long, value_name = "RATE", group = "one_phase")]
     pub rate_limit: Option<String>,
@@ -133,6 +137,7 @@ fn flag_of(key: &str) -> &'static str {
         "truncate_rate" => "--truncate-rate",
         "latency" => "--latency",
         "max_concurrency" => "--max-concurrency",
+        "workers" => "--workers",
         "rate_limit" => "--rate-limit",
         "rate_burst" => "--rate-burst",
         "body_bytes" => "--body-bytes",
@@ -180,6 +185,7 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
         p.latency_max = duration("latency-max", m)?;
     }
     p.max_concurrency = args.max_concurrency;
+    p.workers = args.workers;
     if let Some(r) = &args.rate_limit {
         let rate = r.parse().map_err(|e| Failure::usage(format!("--rate-limit: {e}")))?;
         let mut limit = RateLimit::new(rate);

@@ -50,6 +50,10 @@ pub const BUDGET_PERCENT: f64 = 0.25;
 /// Each attempt's limit, on both paths.
 pub const PER_TRY_TIMEOUT: Duration = Duration::from_millis(350);
 const DEPENDENCY: &str = "demo";
+/// How many requests the dependency works on at full speed: past that, every request it holds
+/// takes longer (in flight / workers times), as a real server's do when overloaded. The cap of
+/// 20 was planned inside it.
+pub const WORKERS: u64 = 22;
 
 /// Flags of `stormguard demo`.
 #[derive(Debug, Args)]
@@ -163,6 +167,7 @@ fn script(plan: &[PhasePlan], seed: u64) -> Script {
                 error_rate: p.error_rate,
                 status: 503,
                 latency: p.latency,
+                workers: Some(WORKERS),
                 ..Phase::default()
             })
             .collect(),
@@ -806,10 +811,10 @@ pub fn table(s: &Summary) -> String {
     }
     let _ = writeln!(
         t,
-        "\nThe upstreams have no limit of their own, so the naive path's extra load costs it nothing\n\
-         here; a real dependency pushed past its cap slows down for every caller (stormguard\n\
-         simulate --builtin metastable shows that loop). The cap and the budget keep what it sees\n\
-         to what was planned, and shed the rest at once."
+        "\nEach upstream works on {WORKERS} requests at full speed and slows down for every caller past\n\
+         that, as a real dependency does. The naive path's retries push it there; the slowdown\n\
+         turns into more timeouts and more retries, and the storm outlives its cause. The cap and\n\
+         the budget keep what the dependency sees to what was planned, and shed the rest at once."
     );
     if let Some(r) = &s.report {
         let _ = writeln!(t, "\nreport: {r}");
