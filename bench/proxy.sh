@@ -37,7 +37,7 @@ PROXIES=${PROXIES:-stormguard envoy haproxy}
 WRITE=${WRITE:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=$CARGO_TARGET_DIR/bench-proxy
-BIN=$CARGO_TARGET_DIR/release/stormguard
+BIN=${SG_BIN:-$CARGO_TARGET_DIR/release/stormguard}
 rm -rf "$OUT" && mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl
 : >"$RESULTS"

@@ -79,6 +79,11 @@ pub struct ProxyArgs {
     /// the config's `drain_timeout`).
     #[arg(long, value_name = "DURATION")]
     pub drain_timeout: Option<String>,
+    /// Worker threads (default: the CPUs this process may run on, by affinity and cgroup
+    /// quota). With 1, tokio's current-thread scheduler runs everything on one thread: 13 % less
+    /// CPU per request than the multi-thread scheduler with one worker (BENCHMARKS.md).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// Stop after this long (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<String>,
@@ -149,10 +154,18 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     let config = config_from_args(args)?;
     let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
     let drain_timeout = config.drain_timeout;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    let runtime = match args.threads {
+        Some(0) => return Err(Failure::usage("--threads: must be at least 1")),
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Some(n) => {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()
+        }
+        None if std::thread::available_parallelism().is_ok_and(|n| n.get() == 1) => {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()
+        }
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    }
+    .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     runtime.block_on(async {
         let proxy = stormguard_proxy::start(config).await.map_err(|e| match e {
             e @ stormguard_proxy::StartError::Invalid(..) => Failure::usage(e.to_string()),
