@@ -4,6 +4,10 @@
 //! `_total` of a counter, a bare name of a gauge), and every label matcher in them names a
 //! label, and a value, that the series carry. On 127.0.0.1 with ephemeral ports.
 
+mod common;
+
+use common::*;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use stormguard_chaos::{ChaosConfig, ChaosServer, OnDisconnect, Phase};
+use stormguard_chaos::{ChaosServer, Phase};
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_proxy::config::{DependencyConfig, ProxyConfig, RouteConfig};
@@ -248,12 +252,6 @@ impl Scrape {
         }
         Ok(())
     }
-}
-
-async fn chaos(phase: Phase) -> ChaosServer {
-    let mut c = ChaosConfig::single(phase);
-    c.on_disconnect = OnDisconnect::Finish;
-    stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
 async fn get(c: &Client<HttpConnector, Full<Bytes>>, uri: &str) -> (StatusCode, Bytes) {

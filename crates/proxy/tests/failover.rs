@@ -2,6 +2,10 @@
 //! cap holds at that upstream, an open breaker sends primaries on, and a stated `remaining`
 //! at the reserve holds retries to that upstream before any 429.
 
+mod common;
+
+use common::*;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,23 +14,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
-use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase};
+use stormguard_chaos::{ChaosServer, Latency, Phase};
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
 use stormguard_proxy::{ProxyHandle, start};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-async fn chaos(phase: Phase) -> ChaosServer {
-    let mut c = ChaosConfig::single(phase);
-    c.on_disconnect = OnDisconnect::Finish;
-    stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
-}
 
 fn providers(a: &ChaosServer, b: &str) -> DependencyConfig {
     let mut d = DependencyConfig::new("models", a.url("").parse().unwrap());
@@ -42,8 +35,6 @@ async fn proxy(d: DependencyConfig) -> ProxyHandle {
     start(c).await.unwrap()
 }
 
-type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-
 async fn get(c: &TestClient, p: &ProxyHandle) -> (StatusCode, http::HeaderMap) {
     let req = Request::get(format!("http://{}/v1/chat", p.listen_addrs()[0]))
         .body(Full::new(Bytes::new()))
@@ -53,10 +44,6 @@ async fn get(c: &TestClient, p: &ProxyHandle) -> (StatusCode, http::HeaderMap) {
     let (parts, body) = resp.into_parts();
     body.collect().await.unwrap();
     (parts.status, parts.headers)
-}
-
-fn client() -> TestClient {
-    Client::builder(TokioExecutor::new()).build_http()
 }
 
 /// The first provider fails: each request's retry fails over to the second, spending the

@@ -4,25 +4,19 @@
 //! placement, which break it. The Redis-kill, instance-kill, FLUSHALL and Lua-concurrency tests
 //! are in crates/redis.
 
+mod common;
+
+use common::*;
+
 use std::time::Duration;
 
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
-use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase};
+use stormguard_chaos::{ChaosServer, Latency, Phase};
 use stormguard_proxy::config::{DependencyConfig, FleetPlacement, ProxyConfig, RedisSource};
 use stormguard_proxy::{ProxyHandle, start};
 use stormguard_redis::FleetMode;
 use stormguard_redis::resp::Connection;
 use stormguard_redis::server::RedisProcess;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-async fn chaos(phase: Phase) -> ChaosServer {
-    let mut c = ChaosConfig::single(phase);
-    c.on_disconnect = OnDisconnect::Finish;
-    stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
-}
 
 /// An established fleet: its epoch is old, so no test waits out the quiet period of a new one.
 async fn established(redis: &RedisProcess) {

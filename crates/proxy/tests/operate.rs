@@ -1,33 +1,19 @@
 //! Operating the proxy: reload under load, a refused reload, a limiter's switch-over, drain.
 //! On 127.0.0.1 with ephemeral ports against chaos upstreams.
 
+mod common;
+
+use common::*;
+
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
-use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase};
+use stormguard_chaos::{ChaosServer, Latency, Phase};
 use stormguard_proxy::config::{DependencyConfig, ListenerConfig, ProxyConfig};
 use stormguard_proxy::{ProxyHandle, ReloadError, start};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-async fn chaos(phase: Phase) -> ChaosServer {
-    let mut c = ChaosConfig::single(phase);
-    c.on_disconnect = OnDisconnect::Finish;
-    stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
-}
-
-type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-
-fn client() -> TestClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
 
 async fn get(c: &TestClient, uri: &str) -> Result<(StatusCode, Bytes), String> {
     let req = Request::get(uri).body(Full::new(Bytes::new())).unwrap();
