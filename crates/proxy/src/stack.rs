@@ -53,9 +53,8 @@ pub fn stack(
     upstreams: Arc<[http::Uri]>,
 ) -> ProxyService {
     let peer = client.peer_streams();
-    // The HTTP/2 peer's stream limit lowers the first upstream's cap (with several upstreams,
-    // only the first one's is read: see docs/proxy.md).
-    peer.attach(&dependency.upstream().limiter);
+    // Each HTTP/2 peer's stream limit lowers its upstream's cap.
+    peer.attach(dependency);
     let dep = dependency.clone();
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,
@@ -172,7 +171,7 @@ where
                 crate::grpc::propagate(req.headers_mut(), left);
             }
         }
-        self.peer.apply(&self.dependency);
+        self.peer.apply(&self.dependency, target);
         let log = req.extensions().get::<AttemptLog>().cloned();
         let started = Instant::now();
         if let Some(l) = &log {

@@ -104,7 +104,7 @@ pub fn client(dep: &DependencyConfig) -> Result<UpstreamClient, (&'static str, S
     } else {
         builder.enable_all_versions().wrap_connector(http)
     };
-    let peer = PeerStreams::default();
+    let peer = PeerStreams::new(&dep.upstreams);
     let connector =
         ReadSettings { inner: https, peer: peer.clone(), h2_only: dep.http2.prior_knowledge };
     let cap = dep.largest_upstream_cap();
@@ -186,10 +186,18 @@ fn pem(e: rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// The upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as the last HTTP/2 connection's first
-/// SETTINGS frame said (unknown until one arrives, and when the peer states no limit).
+/// Each upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as its last HTTP/2 connection's first
+/// SETTINGS frame said (unknown until one arrives, and when the peer states no limit). One
+/// client serves one dependency: an entry per upstream, in the dependency's order, found by the
+/// connection's authority.
 #[derive(Clone, Debug, Default)]
-pub struct PeerStreams(Arc<PeerInner>);
+pub struct PeerStreams {
+    upstreams: Arc<[(String, PeerStream)]>,
+}
+
+/// One upstream's peer limit.
+#[derive(Clone, Debug, Default)]
+pub struct PeerStream(Arc<PeerInner>);
 
 #[derive(Debug, Default)]
 struct PeerInner {
@@ -200,6 +208,52 @@ struct PeerInner {
 }
 
 impl PeerStreams {
+    /// An entry for each upstream (their authorities, in the dependency's order).
+    fn new(upstreams: &[Uri]) -> PeerStreams {
+        PeerStreams {
+            upstreams: upstreams.iter().map(|u| (authority(u), PeerStream::default())).collect(),
+        }
+    }
+
+    /// Upstream `i`'s entry.
+    pub fn upstream(&self, i: usize) -> Option<&PeerStream> {
+        self.upstreams.get(i).map(|(_, p)| p)
+    }
+
+    /// The entry of the upstream a connection to `uri` reaches.
+    fn for_uri(&self, uri: &Uri) -> Option<PeerStream> {
+        let a = authority(uri);
+        self.upstreams.iter().find(|(u, _)| *u == a).map(|(_, p)| p.clone())
+    }
+
+    /// The first upstream's limit, once known.
+    pub fn get(&self) -> Option<u64> {
+        self.upstream(0).and_then(PeerStream::get)
+    }
+
+    /// Lowers each upstream's limiter as soon as its limit is learned.
+    pub fn attach(&self, dep: &Dependency) {
+        for (i, (_, p)) in self.upstreams.iter().enumerate() {
+            p.attach(&dep.upstream_at(i).limiter);
+        }
+    }
+
+    /// Lowers upstream `target`'s cap to its peer's limit (× 1 connection) when it is above it.
+    /// Called on every attempt, so a higher hint (a concurrency-limit header) cannot keep it
+    /// raised.
+    pub fn apply(&self, dep: &Dependency, target: usize) {
+        if let Some(p) = self.upstream(target) {
+            p.lower(&dep.upstream_at(target).limiter);
+        }
+    }
+}
+
+/// `host:port` of an upstream or a connection's URI, the scheme's default port filled in.
+fn authority(u: &Uri) -> String {
+    crate::config::upstream_label(u).to_ascii_lowercase()
+}
+
+impl PeerStream {
     /// The limit, once known.
     pub fn get(&self) -> Option<u64> {
         // Relaxed: a lone value, read to lower a bound; a stale read only delays that.
@@ -213,17 +267,10 @@ impl PeerStreams {
         }
     }
 
-    /// Lowers this limiter as soon as a limit is learned (the first one attached wins: a
-    /// client serves one dependency).
-    pub fn attach(&self, limiter: &Limiter) {
+    /// Lowers this limiter as soon as a limit is learned (the first one attached wins).
+    fn attach(&self, limiter: &Limiter) {
         let _ = self.0.limiter.set(limiter.clone());
         self.lower(limiter);
-    }
-
-    /// Lowers `dep`'s cap to the peer's limit (× 1 connection) when it is above it. Called on
-    /// every attempt, so a higher hint (a concurrency-limit header) cannot keep it raised.
-    pub fn apply(&self, dep: &Dependency) {
-        self.lower(&dep.upstream().limiter);
     }
 
     fn lower(&self, limiter: &Limiter) {
@@ -261,13 +308,13 @@ where
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        let peer = self.peer.for_uri(&uri);
         let connect = self.inner.call(uri);
-        let peer = self.peer.clone();
         let h2_only = self.h2_only;
         Box::pin(async move {
             let io = connect.await?;
             let h2 = h2_only || io.connected().is_negotiated_h2();
-            let reader = h2.then(|| (SettingsReader::default(), peer));
+            let reader = peer.filter(|_| h2).map(|peer| (SettingsReader::default(), peer));
             Ok(SettingsStream { io, reader })
         })
     }
@@ -278,7 +325,7 @@ where
 pub struct SettingsStream {
     io: IoStream,
     /// Until the first frame has been read (then `None`: reads go straight through).
-    reader: Option<(SettingsReader, PeerStreams)>,
+    reader: Option<(SettingsReader, PeerStream)>,
 }
 
 impl Connection for SettingsStream {

@@ -47,6 +47,10 @@ fn h2_dep(up: &Upstream) -> DependencyConfig {
 
 type Caller = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+fn get(url: String) -> Request<Full<Bytes>> {
+    Request::get(url).body(Full::new(Bytes::new())).unwrap()
+}
+
 fn post(url: String) -> Request<Full<Bytes>> {
     Request::builder().method("POST").uri(url).body(Full::new(Bytes::from_static(b"x"))).unwrap()
 }
@@ -289,4 +293,73 @@ async fn goaway_below_the_stream_is_retried_even_for_a_post() {
         assert_eq!(p.dependency("upstream").unwrap().snapshot().counters.retries, retries);
         p.shutdown().await;
     }
+}
+
+/// With several h2 upstreams, each one's stream limit lowers its own cap: the first provider
+/// fails at once, so every request's retry fails over to the second, which takes 2 streams at
+/// once. Once its SETTINGS are read, at most 2 retries are admitted there — in stormguard's
+/// count as at the upstream — and the rest are refused (`cap`) instead of waiting in hyper's
+/// client.
+#[tokio::test]
+async fn each_upstreams_peer_limit_lowers_its_own_cap() {
+    let failing = upstream(Serve::default(), |_req| async {
+        let mut r = http::Response::new(full("down"));
+        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        r
+    })
+    .await;
+    let gate = Arc::new(Semaphore::new(0));
+    let second = {
+        let gate = gate.clone();
+        let serve = Serve { max_streams: Some(2), ..Serve::default() };
+        upstream(serve, move |_req| {
+            let gate = gate.clone();
+            async move {
+                gate.acquire().await.unwrap().forget();
+                http::Response::new(full("ok"))
+            }
+        })
+        .await
+    };
+    let mut d = dep(&format!("http://{}", failing.addr));
+    d.upstreams.push(format!("http://{}", second.addr).parse().unwrap());
+    d.http2.prior_knowledge = true;
+    d.cap = 20;
+    d.max_retries = 1;
+    d.budget = "ratio:percent=10,min_per_sec=1000".parse().unwrap();
+    let p = proxy(d).await;
+    let caller: Caller = Client::builder(TokioExecutor::new()).build_http();
+    let url = format!("http://{}/", p.listen_addrs()[0]);
+    // One request opens the connection to the second provider: its SETTINGS arrive.
+    gate.add_permits(1);
+    assert_eq!(
+        answer(caller.request(get(url.clone())).await.unwrap()).await.status,
+        StatusCode::OK
+    );
+    let d = p.dependency("upstream").unwrap();
+    let second_limiter = &d.upstream_at(1).limiter;
+    until("the second provider's limit to be learned", || second_limiter.effective_cap() == 2)
+        .await;
+    assert_eq!(d.upstream_at(0).limiter.effective_cap(), 20, "the first provider's is its own");
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let (c, req) = (caller.clone(), get(url.clone()));
+            tokio::spawn(async move { answer(c.request(req).await.unwrap()).await })
+        })
+        .collect();
+    until("2 retries at the second provider", || Counts::get(&second.counts.in_flight) == 2).await;
+    until("the other 4 refused", || {
+        d.snapshot().counters.denied(stormguard_core::Denied::Cap) == 4
+    })
+    .await;
+    assert_eq!(second_limiter.in_flight(), 2, "no hidden queue in the client");
+    gate.add_permits(6);
+    let mut statuses: Vec<u16> = Vec::new();
+    for c in calls {
+        statuses.push(c.await.unwrap().status.as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 503, 503, 503, 503]);
+    assert_eq!(Counts::get(&second.counts.max_in_flight), 2);
+    p.shutdown().await;
 }
