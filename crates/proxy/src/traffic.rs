@@ -106,10 +106,7 @@ impl Traffic {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let mut keys: Vec<&Key> = inner.counts.keys().collect();
         keys.sort_unstable();
-        let client_name = |i: usize| inner.names.get(i).map_or(OTHER, String::as_str);
-        let labels = |k: &Key| {
-            (k.0.to_string(), k.1.to_string(), k.2.to_string(), client_name(k.3).to_string())
-        };
+        let labels = |k, more| labels(&inner.names, k, more);
         {
             let mut m = enc.encode_descriptor(
                 "stormguard_route_requests",
@@ -118,16 +115,9 @@ impl Traffic {
                 MetricType::Counter,
             )?;
             for k in &keys {
-                let (dep, up, route, client) = labels(k);
                 for (class, n) in CLASSES.iter().zip(inner.counts[*k].by_class) {
                     if n > 0 {
-                        let l = [
-                            ("dependency", dep.as_str()),
-                            ("upstream", up.as_str()),
-                            ("route", route.as_str()),
-                            ("client", client.as_str()),
-                            ("class", class),
-                        ];
+                        let l = labels(k, Some(("class", class)));
                         ConstCounter::new(n).encode(m.encode_family(&l)?)?;
                     }
                 }
@@ -141,13 +131,7 @@ impl Traffic {
                 MetricType::Counter,
             )?;
             for k in &keys {
-                let (dep, up, route, client) = labels(k);
-                let l = [
-                    ("dependency", dep.as_str()),
-                    ("upstream", up.as_str()),
-                    ("route", route.as_str()),
-                    ("client", client.as_str()),
-                ];
+                let l = labels(k, None);
                 ConstCounter::new(inner.counts[*k].attempts).encode(m.encode_family(&l)?)?;
             }
         }
@@ -158,22 +142,28 @@ impl Traffic {
             MetricType::Counter,
         )?;
         for k in &keys {
-            let (dep, up, route, client) = labels(k);
             for (reason, n) in Denied::ALL.iter().zip(inner.counts[*k].denied) {
                 if n > 0 {
-                    let l = [
-                        ("dependency", dep.as_str()),
-                        ("upstream", up.as_str()),
-                        ("route", route.as_str()),
-                        ("client", client.as_str()),
-                        ("reason", reason.as_str()),
-                    ];
+                    let l = labels(k, Some(("reason", reason.as_str())));
                     ConstCounter::new(n).encode(m.encode_family(&l)?)?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// A key's labels, and one more (the status class or the reason) when given.
+fn labels<'a>(
+    names: &'a [String],
+    k: &'a Key,
+    more: Option<(&'static str, &'static str)>,
+) -> Vec<(&'static str, &'a str)> {
+    let client = names.get(k.3).map_or(OTHER, String::as_str);
+    let mut l = vec![("dependency", &*k.0), ("upstream", &*k.1), ("route", &*k.2)];
+    l.push(("client", client));
+    l.extend(more);
+    l
 }
 
 #[cfg(test)]

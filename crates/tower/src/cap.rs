@@ -322,14 +322,7 @@ where
                 // The call first, as tokio's timeout does: an answer at the deadline counts.
                 if let Poll::Ready(result) = call.poll(cx) {
                     let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(
-                        a.dep,
-                        result,
-                        (a.permit, a.total),
-                        a.probe,
-                        a.now,
-                        a.target,
-                    ));
+                    return Poll::Ready(finish(a, result));
                 }
                 let Some((sleep, limit)) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
@@ -344,14 +337,7 @@ where
                 if let Poll::Ready(result) = fut.as_mut().poll(cx) {
                     *call = None;
                     let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(
-                        a.dep,
-                        result,
-                        (a.permit, a.total),
-                        a.probe,
-                        a.now,
-                        a.target,
-                    ));
+                    return Poll::Ready(finish(a, result));
                 }
                 let Some((sleep, limit)) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
@@ -408,13 +394,10 @@ fn timed_out(
 
 /// Records the attempt's result and moves the slot into the response body.
 fn finish<RB, E: Into<BoxError>>(
-    dep: Dependency,
+    attempt: Attempt,
     result: Result<Response<RB>, E>,
-    (permit, total): Slots,
-    probe: Option<stormguard_core::breaker::BreakerPermit>,
-    now: Timestamp,
-    target: usize,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
+    let Attempt { dep, permit, total, probe, now, target } = attempt;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
     match result {

@@ -231,6 +231,13 @@ pub struct UpstreamSnapshot {
     pub hold_until: Option<Timestamp>,
 }
 
+fn check_body_limit(config: &DependencyConfig) -> Result<(), String> {
+    if config.body_limit > 64 * 1024 * 1024 {
+        return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
+    }
+    Ok(())
+}
+
 /// The total cap's limiter settings, with several upstreams and `total_cap` set.
 fn total_config(config: &DependencyConfig) -> Option<LimiterConfig> {
     match (config.upstreams.len() > 1, config.total_cap) {
@@ -290,9 +297,7 @@ impl Dependency {
         tokio_clock: Option<TokioClock>,
         budget: Option<Arc<dyn RetryBudget>>,
     ) -> Result<Dependency, String> {
-        if config.body_limit > 64 * 1024 * 1024 {
-            return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
-        }
+        check_body_limit(&config)?;
         let policy = match budget {
             Some(budget) => RetryPolicy::try_new(config.retry.clone(), budget)?,
             None => RetryPolicy::with_budget(
@@ -300,12 +305,25 @@ impl Dependency {
                 config.budget.build().map_err(|e| e.to_string())?,
             )?,
         };
-        let mut upstreams = (0..config.upstreams.len().max(1))
+        let upstreams = (0..config.upstreams.len().max(1))
             .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
             .collect::<Result<Vec<_>, _>>()?;
-        let upstream = upstreams.remove(0);
         let total = total_limiter(&config, &clock)?;
-        Ok(Dependency {
+        Ok(Dependency::assemble(config, (clock, tokio_clock), upstreams, total, policy, 0))
+    }
+
+    /// The dependency made of these parts (`upstreams` holds at least one); its recorded
+    /// trace's request numbers start after `trace_ids`.
+    fn assemble(
+        config: DependencyConfig,
+        (clock, tokio_clock): (Arc<dyn Clock>, Option<TokioClock>),
+        mut upstreams: Vec<Upstream>,
+        total: Option<Limiter>,
+        policy: RetryPolicy,
+        trace_ids: u64,
+    ) -> Dependency {
+        let upstream = upstreams.remove(0);
+        Dependency {
             inner: Arc::new(Inner {
                 config,
                 clock,
@@ -317,9 +335,9 @@ impl Dependency {
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
                 requests: AtomicU64::new(0),
-                trace_ids: AtomicU64::new(0),
+                trace_ids: AtomicU64::new(trace_ids),
             }),
-        })
+        }
     }
 
     /// A dependency built from `config` that keeps this one's state wherever the new config
@@ -330,9 +348,7 @@ impl Dependency {
     /// counters start from zero. Clocks are shared.
     pub fn successor(&self, config: DependencyConfig) -> Result<Dependency, String> {
         let old = &self.inner;
-        if config.body_limit > 64 * 1024 * 1024 {
-            return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
-        }
+        check_body_limit(&config)?;
         let budget: Arc<dyn stormguard_core::budget::RetryBudget> =
             if config.budget == old.config.budget {
                 old.policy.budget().clone()
@@ -370,27 +386,14 @@ impl Dependency {
             );
             upstreams.push(Upstream { limiter, breaker, hold });
         }
-        let upstream = upstreams.remove(0);
         let total = match &old.total {
             Some(t) if total_config(&config) == Some(*t.config()) => Some(t.clone()),
             _ => total_limiter(&config, &old.clock)?,
         };
-        Ok(Dependency {
-            inner: Arc::new(Inner {
-                config,
-                clock: old.clock.clone(),
-                tokio_clock: old.tokio_clock,
-                upstream,
-                more: upstreams,
-                total,
-                policy,
-                header_stats: HeaderStats::new(),
-                malformed_logged: std::sync::atomic::AtomicBool::new(false),
-                requests: AtomicU64::new(0),
-                // The recorded trace's request numbers go on from the old ones.
-                trace_ids: AtomicU64::new(old.trace_ids.load(Ordering::Relaxed)),
-            }),
-        })
+        // The recorded trace's request numbers go on from the old ones.
+        let trace_ids = old.trace_ids.load(Ordering::Relaxed);
+        let clocks = (old.clock.clone(), old.tokio_clock);
+        Ok(Dependency::assemble(config, clocks, upstreams, total, policy, trace_ids))
     }
 
     /// The configuration it was built with.
