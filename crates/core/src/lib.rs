@@ -20,6 +20,7 @@ pub mod clock;
 pub mod conditions;
 pub mod decimal;
 pub mod decision;
+pub mod defaults;
 pub mod denied;
 pub mod histogram;
 pub mod limiter;
