@@ -34,4 +34,4 @@ pub mod text;
 pub use budget::{AnyBudget, BudgetSpec, FailureKind, Outcome, RetryBudget, RetryPermit};
 pub use clock::{Clock, ManualClock, MonotonicClock, Timestamp};
 pub use denied::Denied;
-pub use limiter::{AttemptKind, Limiter, LimiterConfig, Permit};
+pub use limiter::{AttemptKind, Limiter, LimiterConfig, Permit, Reader};

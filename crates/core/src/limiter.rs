@@ -61,6 +61,28 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 /// The largest cap and queue length: both are packed into half of a `u64`.
 pub const MAX_CAP: u64 = 1 << 24;
 
+/// Who reads the high-water mark. Each reader has its own: a reading returns the most attempts
+/// in flight at once since *that* reader's previous reading, so a dashboard polling every 100 ms
+/// does not hide the peak of a Prometheus scrape's interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reader {
+    /// The Prometheus exposition (`/metrics`, `metrics::register`).
+    Metrics,
+    /// JSON readers: the proxy's `/stats.json` and the dashboard that polls it.
+    Json,
+    /// Everything else: [`Limiter::snapshot`], the demo's sampler, tests.
+    Local,
+}
+
+impl Reader {
+    /// Every reader, in index order.
+    pub const ALL: [Reader; 3] = [Reader::Metrics, Reader::Json, Reader::Local];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Whether an attempt is a first try or a retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttemptKind {
@@ -169,7 +191,10 @@ struct Stats {
     in_flight: Histogram,
     wait: Histogram,
     execution: Histogram,
-    high_water: AtomicU64,
+    /// One high-water mark per [`Reader`], each reset only by its own reader.
+    high_water: [AtomicU64; Reader::ALL.len()],
+    /// Holds that passed before the dependency answered (the slot came back by time).
+    holds_expired: AtomicU64,
     /// Retries holding a slot now (not held ones): so a concurrency budget can tell primaries
     /// from retries.
     retries: AtomicU64,
@@ -202,8 +227,12 @@ pub struct LimiterSnapshot {
     pub queued: u64,
     /// Slots held for timed-out attempts the dependency may still be working on.
     pub held: u64,
-    /// The most attempts in flight at once since the previous snapshot (exact).
+    /// The most attempts in flight at once since this reader's previous snapshot (exact; see
+    /// [`Reader`]).
     pub high_water: u64,
+    /// Holds (of timed-out or abandoned attempts) that passed before the dependency answered:
+    /// each one's slot came back while the dependency may still have been working on it.
+    pub holds_expired: u64,
     /// How long the oldest permit still in use has been held; `None` when none is.
     pub oldest_permit_age: Option<Duration>,
     /// In flight as seen by each admitted attempt (itself included): one bucket per integer.
@@ -244,7 +273,8 @@ impl Limiter {
                     in_flight: Histogram::linear(config.cap),
                     wait: Histogram::new(LATENCY_BOUNDS_NANOS.to_vec()),
                     execution: Histogram::new(LATENCY_BOUNDS_NANOS.to_vec()),
-                    high_water: AtomicU64::new(0),
+                    high_water: std::array::from_fn(|_| AtomicU64::new(0)),
+                    holds_expired: AtomicU64::new(0),
                     retries: AtomicU64::new(0),
                     refused_cap: AtomicU64::new(0),
                     refused_queue_full: AtomicU64::new(0),
@@ -409,15 +439,23 @@ impl Limiter {
             .map(Timestamp::from_nanos)
     }
 
-    /// The limiter's state and signals; resets the high-water mark to the current in-flight.
+    /// The limiter's state and signals, as [`Reader::Local`] reads them; resets that reader's
+    /// high-water mark to the current in-flight.
     pub fn snapshot(&self) -> LimiterSnapshot {
+        self.snapshot_for(Reader::Local)
+    }
+
+    /// The limiter's state and signals; resets `reader`'s high-water mark (only) to the current
+    /// in-flight.
+    pub fn snapshot_for(&self, reader: Reader) -> LimiterSnapshot {
         let inner = &self.inner;
         let now = inner.clock.now();
         inner.reclaim_holds(now);
         inner.fill_from_queue(now);
         let (in_flight, queued) = unpack(inner.state.load(Ordering::Acquire));
         let held = inner.slow.lock().holds.len() as u64;
-        let high_water = inner.stats.high_water.swap(in_flight, Ordering::AcqRel).max(in_flight);
+        let high_water =
+            inner.stats.high_water[reader.index()].swap(in_flight, Ordering::AcqRel).max(in_flight);
         let oldest = inner
             .slots
             .iter()
@@ -433,6 +471,7 @@ impl Limiter {
             queued,
             held,
             high_water,
+            holds_expired: inner.stats.holds_expired.load(Ordering::Relaxed),
             oldest_permit_age: oldest,
             wait_histogram: {
                 let mut wait = inner.stats.wait.snapshot();
@@ -532,9 +571,11 @@ impl Inner {
         kind: AttemptKind,
     ) -> Permit {
         this.stats.in_flight.record(in_flight);
-        // A load first: the read-modify-write only when this is a new high.
-        if in_flight > this.stats.high_water.load(Ordering::Relaxed) {
-            this.stats.high_water.fetch_max(in_flight, Ordering::AcqRel);
+        // A load first: the read-modify-write only when this is a new high for that reader.
+        for mark in &this.stats.high_water {
+            if in_flight > mark.load(Ordering::Relaxed) {
+                mark.fetch_max(in_flight, Ordering::AcqRel);
+            }
         }
         // Waits of zero (every retry, every primary that found a slot free) are not recorded:
         // the snapshot derives them from the admissions, keeping the hot path short.
@@ -650,6 +691,7 @@ impl Inner {
             self.earliest_hold.store(next, Ordering::Release);
             due
         };
+        self.stats.holds_expired.fetch_add(due.len() as u64, Ordering::Relaxed);
         for slot in due {
             self.release(slot, now);
         }
@@ -687,9 +729,10 @@ impl Permit {
         self.admitted_at
     }
 
-    /// The attempt timed out on our side, but the dependency may still be working on it: keep
-    /// its slot for up to `hold` (`timeout_slot_hold`; by default one more per-try timeout), or
-    /// until [`HeldSlot::upstream_answered`]. Dropping the [`HeldSlot`] keeps the hold.
+    /// The attempt timed out on our side, or its caller went away, but the dependency may still
+    /// be working on it: keep its slot for up to `hold` (`timeout_slot_hold` or `abandon_hold`,
+    /// 30 s by default: [`crate::defaults`]), or until [`HeldSlot::upstream_answered`].
+    /// Dropping the [`HeldSlot`] keeps the hold.
     pub fn hold(mut self, hold: Duration) -> HeldSlot {
         let inner = self.inner.take().expect("a live permit has its limiter");
         retire(&inner, self.kind);
@@ -755,8 +798,9 @@ impl fmt::Debug for Inner {
 }
 
 impl HeldSlot {
-    /// The dependency finished the timed-out attempt: release its slot now.
-    pub fn upstream_answered(self) {
+    /// The dependency finished the attempt: release its slot now. Returns whether the slot was
+    /// still held (`false`: the hold had passed and the slot had come back already).
+    pub fn upstream_answered(self) -> bool {
         let now = self.inner.clock.now();
         let slot = {
             let mut slow = self.inner.slow.lock();
@@ -764,8 +808,12 @@ impl HeldSlot {
             pos.map(|p| slow.holds.swap_remove(p).slot)
         };
         // `None`: the hold already passed and the slot went back.
-        if let Some(slot) = slot {
-            self.inner.release(slot, now);
+        match slot {
+            Some(slot) => {
+                self.inner.release(slot, now);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -1072,7 +1120,8 @@ mod tests {
         assert_eq!(l.snapshot().held, 1);
         clock.advance(Duration::from_millis(1));
         let r = l.try_acquire(AttemptKind::Retry).unwrap();
-        drop(held); // dropping the handle changes nothing
+        assert_eq!(l.snapshot().holds_expired, 1, "the hold passed before the answer");
+        assert!(!held.upstream_answered(), "an answer after the hold passed frees nothing");
         drop(r);
         assert_eq!(l.in_flight(), 1);
     }
@@ -1100,8 +1149,9 @@ mod tests {
     fn upstream_answer_releases_a_hold_early() {
         let (l, _) = limiter(1, 0);
         let held = l.try_acquire(AttemptKind::Primary).unwrap().hold(Duration::from_secs(10));
-        held.upstream_answered();
+        assert!(held.upstream_answered());
         assert!(l.try_acquire(AttemptKind::Retry).is_ok());
+        assert_eq!(l.snapshot().holds_expired, 0);
     }
 
     #[test]
@@ -1206,6 +1256,23 @@ mod tests {
         assert_eq!(l.snapshot().high_water, 1, "the high-water mark resets to the current count");
         drop(a);
         assert_eq!(l.snapshot().oldest_permit_age, None);
+    }
+
+    #[test]
+    fn each_reader_keeps_its_own_high_water_mark() {
+        let (l, _) = limiter(5, 10);
+        let peak: Vec<_> = (0..4).map(|_| l.try_acquire(AttemptKind::Primary).unwrap()).collect();
+        drop(peak);
+        let _one = l.try_acquire(AttemptKind::Primary).unwrap();
+        // A JSON reader polling often resets only its own mark...
+        for _ in 0..10 {
+            assert!(l.snapshot_for(Reader::Json).high_water <= 4);
+        }
+        assert_eq!(l.snapshot_for(Reader::Json).high_water, 1);
+        // ...so the scrape still sees the interval's peak, then its own reset.
+        assert_eq!(l.snapshot_for(Reader::Metrics).high_water, 4);
+        assert_eq!(l.snapshot_for(Reader::Metrics).high_water, 1);
+        assert_eq!(l.snapshot().high_water, 4, "the local reader had not read yet");
     }
 
     #[test]

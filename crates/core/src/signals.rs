@@ -17,6 +17,7 @@ pub struct Counters {
     not_retryable: AtomicU64,
     succeeded: AtomicU64,
     primaries_refused: AtomicU64,
+    abandoned: [AtomicU64; 2],
     denied: [AtomicU64; Denied::ALL.len()],
     shadow_denied: [AtomicU64; Denied::ALL.len()],
 }
@@ -29,6 +30,7 @@ impl Default for Counters {
             not_retryable: AtomicU64::new(0),
             succeeded: AtomicU64::new(0),
             primaries_refused: AtomicU64::new(0),
+            abandoned: std::array::from_fn(|_| AtomicU64::new(0)),
             denied: std::array::from_fn(|_| AtomicU64::new(0)),
             shadow_denied: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -50,13 +52,49 @@ pub struct CountersSnapshot {
     /// Original requests refused before reaching a slot (`queue`, `breaker`, `deadline`); they
     /// are also counted in `denied` by reason.
     pub primaries_refused: u64,
+    /// Attempts whose caller went away while the dependency worked on them, by how they ended,
+    /// indexed by [`Abandoned::index`]: the dependency answered within `abandon_hold`
+    /// (`finished`), or the hold passed and the attempt was cut (`cut`).
+    pub abandoned: [u64; 2],
     /// Denials by reason, indexed by [`Denied::index`].
     pub denied: [u64; Denied::ALL.len()],
     /// Denials shadow mode would have made, indexed by [`Denied::index`].
     pub shadow_denied: [u64; Denied::ALL.len()],
 }
 
+/// How an abandoned attempt ended (its caller had gone away; the dependency was still working).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Abandoned {
+    /// The dependency answered within the hold; its slot came back then.
+    Finished,
+    /// The hold passed first: the attempt was cut and its slot came back.
+    Cut,
+}
+
+impl Abandoned {
+    /// Both outcomes, in index order.
+    pub const ALL: [Abandoned; 2] = [Abandoned::Finished, Abandoned::Cut];
+
+    /// Its index in [`CountersSnapshot::abandoned`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The `outcome` label: `finished` or `cut`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Abandoned::Finished => "finished",
+            Abandoned::Cut => "cut",
+        }
+    }
+}
+
 impl CountersSnapshot {
+    /// Abandoned attempts that ended so.
+    pub fn abandoned(&self, outcome: Abandoned) -> u64 {
+        self.abandoned[outcome.index()]
+    }
+
     /// Denials for one reason.
     pub fn denied(&self, reason: Denied) -> u64 {
         self.denied[reason.index()]
@@ -102,6 +140,11 @@ impl Counters {
         self.denied[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An attempt whose caller went away ended so.
+    pub fn abandoned(&self, outcome: Abandoned) {
+        self.abandoned[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Shadow mode would have refused an attempt for `reason`.
     pub fn shadow_denied(&self, reason: Denied) {
         self.shadow_denied[reason.index()].fetch_add(1, Ordering::Relaxed);
@@ -118,6 +161,7 @@ impl Counters {
             not_retryable: self.not_retryable.load(Ordering::Relaxed),
             succeeded: self.succeeded.load(Ordering::Relaxed),
             primaries_refused: self.primaries_refused.load(Ordering::Relaxed),
+            abandoned: std::array::from_fn(|i| self.abandoned[i].load(Ordering::Relaxed)),
             denied: load(&self.denied),
             shadow_denied: load(&self.shadow_denied),
         }

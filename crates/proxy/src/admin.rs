@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde_json::json;
 use stormguard_core::Denied;
+use stormguard_core::signals::Abandoned;
 use stormguard_tower::Dependency;
 
 use crate::server::State;
@@ -44,7 +45,8 @@ fn json_reply(status: StatusCode, v: &serde_json::Value) -> Response<AdminBody> 
 
 /// The signals of one dependency as JSON: counters, in flight, budget, breaker, switches.
 pub fn stats_json(dep: &Dependency) -> serde_json::Value {
-    let s = dep.snapshot();
+    // Its own high-water marks: polling here never resets a Prometheus scrape's.
+    let s = dep.snapshot_for(stormguard_tower::Reader::Json);
     let denied: serde_json::Map<String, serde_json::Value> = Denied::ALL
         .iter()
         .map(|d| (d.as_str().to_string(), json!(s.counters.denied(*d))))
@@ -61,6 +63,23 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
     let used = in_flight_counts.iter().rposition(|c| *c > 0).map_or(0, |i| i + 1);
     let wait = &l.wait_histogram;
     let seconds = |nanos: u64| nanos as f64 / 1e9;
+    let upstreams: Vec<serde_json::Value> = if s.others.is_empty() {
+        Vec::new()
+    } else {
+        std::iter::once((s.upstream_name.as_deref().unwrap_or(""), &s.limiter))
+            .chain(s.others.iter().map(|u| (u.name.as_str(), &u.limiter)))
+            .map(|(name, l)| {
+                json!({
+                    "name": name,
+                    "cap": l.cap,
+                    "effective_cap": l.effective_cap,
+                    "in_flight": l.in_flight,
+                    "in_flight_max": l.high_water,
+                    "held_slots": l.held,
+                })
+            })
+            .collect()
+    };
     json!({
         "name": s.name,
         "requests": s.counters.primaries,
@@ -83,6 +102,19 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
         },
         "queued": s.limiter.queued,
         "held_slots": s.limiter.held,
+        "slot_holds_expired": s.limiter.holds_expired,
+        "abandoned": {
+            "finished": s.counters.abandoned(Abandoned::Finished),
+            "cut": s.counters.abandoned(Abandoned::Cut),
+        },
+        // With several upstreams, each one's slots (the fields above describe the first).
+        "upstreams": upstreams,
+        "total": s.total.as_ref().map(|t| json!({
+            "cap": t.cap,
+            "in_flight": t.in_flight,
+            "in_flight_max": t.high_water,
+            "queued": t.queued,
+        })),
         "oldest_permit_seconds": s.limiter.oldest_permit_age.map(|d| d.as_secs_f64()),
         "budget": { "balance": s.budget.balance, "utilization": s.budget.utilization, "percent": s.budget.percent },
         "breaker": s.breaker.map(|b| format!("{b:?}")),

@@ -126,8 +126,17 @@ pub struct DependencyConfig {
     /// The header that keys the fan-out scope: `traceparent` (its trace id) by default; any
     /// other header is used whole.
     pub scope_header: HeaderName,
-    /// How long a timed-out attempt keeps its slot. Default: one more per-try timeout.
-    pub timeout_slot_hold: Option<Duration>,
+    /// How long an attempt the proxy timed out (per-try timeout or deadline) keeps its slot
+    /// while the upstream may still be working on it: the call runs on and the slot comes back
+    /// when the upstream answers, or at this bound, when the call is cut. Never shortened to
+    /// what was left of the deadline. 0 turns the hold off (the slot comes back at the timeout,
+    /// and the upstream may see more than the cap). Default 30 s.
+    pub timeout_slot_hold: Duration,
+    /// How long an attempt whose caller went away (closed its connection while the attempt was
+    /// at the upstream) keeps its slot: the proxy reads the upstream's answer and discards it,
+    /// and the slot comes back then, or at this bound, when the call is cut. 0 turns the hold
+    /// off. Default 30 s.
+    pub abandon_hold: Duration,
     /// Request bodies are copied for retries up to this many bytes. Default 64 KiB.
     pub body_limit: usize,
     /// The headers that state the upstream's own limits (concurrency limit, remaining,
@@ -313,7 +322,8 @@ impl DependencyConfig {
             breaker: None,
             scope_retries: 1,
             scope_header: HeaderName::from_static("traceparent"),
-            timeout_slot_hold: None,
+            timeout_slot_hold: stormguard_core::defaults::TIMEOUT_SLOT_HOLD,
+            abandon_hold: stormguard_core::defaults::ABANDON_HOLD,
             body_limit: stormguard_http::body::DEFAULT_LIMIT,
             planned_primary: None,
             fleet: None,
@@ -339,12 +349,11 @@ impl DependencyConfig {
         c.per_try_timeout = self.per_try_timeout;
         c.deadline = self.deadline;
         c.timeout_slot_hold = self.timeout_slot_hold;
+        c.abandon_hold = self.abandon_hold;
         c.body_limit = self.body_limit;
-        // The proxy owns its runtime: a timed-out attempt runs on to its answer in a task, so
-        // its held slot comes back when the upstream really finishes.
-        c.background = Some(stormguard_tower::Spawner::new(|f| {
-            tokio::spawn(f);
-        }));
+        // The proxy owns its runtime: a timed-out or abandoned attempt runs on to its answer in
+        // a task, so its held slot comes back when the upstream really finishes.
+        c.background = Some(stormguard_tower::Spawner::tokio());
         if let Ok(h) = stormguard_http::headers::LimitHeaders::try_new(self.limit_headers.clone()) {
             c.limit_headers = h;
         }
@@ -448,11 +457,7 @@ impl DependencyConfig {
         if let Some(b) = &self.breaker {
             b.validate().map_err(|r| ("breaker", r))?;
         }
-        for (key, d) in [
-            ("per_try_timeout", self.per_try_timeout),
-            ("deadline", self.deadline),
-            ("timeout_slot_hold", self.timeout_slot_hold),
-        ] {
+        for (key, d) in [("per_try_timeout", self.per_try_timeout), ("deadline", self.deadline)] {
             if d == Some(Duration::ZERO) {
                 return Err((key, "must be more than 0".into()));
             }
@@ -669,7 +674,8 @@ impl ProxyConfig {
                 })),
                 "scope_retries": d.scope_retries,
                 "scope_header": d.scope_header.as_str(),
-                "timeout_slot_hold": dur(d.timeout_slot_hold),
+                "timeout_slot_hold": dur(Some(d.timeout_slot_hold)),
+                "abandon_hold": dur(Some(d.abandon_hold)),
                 "body_limit": d.body_limit,
                 "planned_primary": d.planned_primary,
                 "placement": if d.fleet.is_some() { "fleet" } else { "local" },
@@ -819,6 +825,7 @@ struct RawDependency {
     scope_retries: Option<Spanned<u64>>,
     scope_header: Option<Spanned<String>>,
     timeout_slot_hold: Option<Spanned<String>>,
+    abandon_hold: Option<Spanned<String>>,
     body_limit: Option<Spanned<u64>>,
     planned_primary: Option<Spanned<u64>>,
     limit_headers: Option<Spanned<RawLimitHeaders>>,
@@ -1220,14 +1227,19 @@ impl RawDependency {
             spans.put(k("body_limit"), v.span());
             d.body_limit = usize::try_from(v.into_inner()).unwrap_or(usize::MAX);
         }
-        if let Some(v) = &self.queue_timeout {
-            spans.put(k("queue_timeout"), v.span());
-            d.queue_timeout = duration(v, &k("queue_timeout"))?;
+        for (key, src, dst) in [
+            ("queue_timeout", &self.queue_timeout, &mut d.queue_timeout),
+            ("timeout_slot_hold", &self.timeout_slot_hold, &mut d.timeout_slot_hold),
+            ("abandon_hold", &self.abandon_hold, &mut d.abandon_hold),
+        ] {
+            if let Some(v) = src {
+                spans.put(k(key), v.span());
+                *dst = duration(v, &k(key))?;
+            }
         }
         for (key, src, dst) in [
             ("per_try_timeout", &self.per_try_timeout, &mut d.per_try_timeout),
             ("deadline", &self.deadline, &mut d.deadline),
-            ("timeout_slot_hold", &self.timeout_slot_hold, &mut d.timeout_slot_hold),
         ] {
             if let Some(v) = src {
                 spans.put(k(key), v.span());

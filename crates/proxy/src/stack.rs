@@ -225,33 +225,45 @@ where
                     &format!("stormguard: refused ({reason})\n"),
                 )
             }
-            Some(StormguardError::Timeout) => local(
-                StatusCode::GATEWAY_TIMEOUT,
-                Some((&ERROR_HEADER, "timeout")),
-                "stormguard: the upstream did not answer within the per-try timeout\n",
-            ),
-            _ => {
-                let kind = match stormguard_tower::error::classify_error(&*e) {
-                    // A failed handshake is a connect failure (nothing was sent) that the
-                    // caller is told apart: retrying will not fix a certificate.
-                    stormguard_http::classify::TransportError::Connect
-                        if crate::upstream::is_tls_error(&*e) =>
-                    {
-                        "tls"
-                    }
-                    stormguard_http::classify::TransportError::Connect => "connect-failure",
-                    stormguard_http::classify::TransportError::Timeout => "timeout",
-                    _ => "reset",
-                };
-                tracing::debug!(error = %e, "upstream failed");
-                local(
-                    StatusCode::BAD_GATEWAY,
-                    Some((&ERROR_HEADER, kind)),
-                    &format!("stormguard: upstream {kind}\n"),
-                )
+            // The last attempt failed below HTTP and its retry was refused: the failure's own
+            // answer (502/504), with the reason it was not retried, like any refused retry.
+            Some(StormguardError::NotRetried { reason, source }) => {
+                let mut resp = failed(&**source);
+                resp.headers_mut()
+                    .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+                resp
             }
+            _ => failed(&*e),
         },
     })
+}
+
+/// The proxy's answer to an attempt that failed below HTTP: 504 after the per-try timeout,
+/// 502 otherwise, with what failed in `x-stormguard-error`.
+fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<ProxyBody> {
+    if let Some(StormguardError::Timeout) = e.downcast_ref::<StormguardError>() {
+        return local(
+            StatusCode::GATEWAY_TIMEOUT,
+            Some((&ERROR_HEADER, "timeout")),
+            "stormguard: the upstream did not answer within the per-try timeout\n",
+        );
+    }
+    let kind = match stormguard_tower::error::classify_error(e) {
+        // A failed handshake is a connect failure (nothing was sent) that the caller is told
+        // apart: retrying will not fix a certificate.
+        stormguard_http::classify::TransportError::Connect if crate::upstream::is_tls_error(e) => {
+            "tls"
+        }
+        stormguard_http::classify::TransportError::Connect => "connect-failure",
+        stormguard_http::classify::TransportError::Timeout => "timeout",
+        _ => "reset",
+    };
+    tracing::debug!(error = %e, "upstream failed");
+    local(
+        StatusCode::BAD_GATEWAY,
+        Some((&ERROR_HEADER, kind)),
+        &format!("stormguard: upstream {kind}\n"),
+    )
 }
 
 /// A response the proxy makes itself.

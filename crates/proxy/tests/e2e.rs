@@ -141,7 +141,7 @@ async fn cap_holds_when_latency_passes_the_per_try_timeout() {
         d.queue = 10_000;
         d.queue_timeout = Duration::from_secs(5);
         d.per_try_timeout = Some(ms(100));
-        d.timeout_slot_hold = Some(ms(2_000));
+        d.timeout_slot_hold = ms(2_000);
         d.retry_on = "5xx,reset,connect-failure,timeout".parse().unwrap();
         d.budget = "ratio:percent=10,min_per_sec=1000".parse().unwrap();
         let p = proxy(d).await;
@@ -183,7 +183,7 @@ async fn count_in_equals_count_out_under_faults() {
     // A timed-out attempt's slot comes back when the upstream has sent its whole answer; the
     // hold only bounds that wait. Slow bodies on a busy machine can outlast a hold of one more
     // per-try timeout, so give it room: a generous hold costs nothing when the answer comes.
-    d.timeout_slot_hold = Some(ms(2_000));
+    d.timeout_slot_hold = ms(2_000);
     d.retry_on = "5xx,reset,connect-failure,timeout,429".parse().unwrap();
     d.budget = "ratio:percent=0.25,min_per_sec=5".parse().unwrap();
     let p = proxy(d).await;
@@ -537,7 +537,7 @@ async fn count_in_equals_count_out_over_100k_requests() {
     d.queue = 1000;
     d.queue_timeout = Duration::from_secs(10);
     d.per_try_timeout = Some(ms(500));
-    d.timeout_slot_hold = Some(ms(2_000));
+    d.timeout_slot_hold = ms(2_000);
     d.retry_on = "5xx,reset,connect-failure,timeout,429".parse().unwrap();
     d.backoff = stormguard_core::backoff::BackoffConfig::parse_range("1ms..5ms").unwrap();
     d.budget = "ratio:percent=0.25,min_per_sec=5".parse().unwrap();

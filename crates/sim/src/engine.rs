@@ -275,7 +275,6 @@ struct Attempt {
     error: bool,
     /// The client still waits for the answer (false once it timed out).
     waiting: bool,
-    limit: u64,
     unit: u32,
     /// The slot came from the separate retry pool.
     pooled: bool,
@@ -342,7 +341,7 @@ pub(crate) struct Run<'s> {
     outstanding: u64,
     per_try: Option<u64>,
     deadline: u64,
-    hold: Option<u64>,
+    hold: u64,
     retry_on: RetryOn,
     fast_within: Option<u64>,
     release_held_on_answer: bool,
@@ -408,7 +407,7 @@ impl<'s> Run<'s> {
             outstanding: 0,
             per_try: sc.client.per_try_timeout.map(nanos),
             deadline: nanos(sc.client.deadline),
-            hold: sc.client.timeout_slot_hold.map(nanos),
+            hold: nanos(sc.client.timeout_slot_hold),
             retry_on: sc.client.retry_on.clone(),
             fast_within: sc.client.fast_within.map(nanos),
             release_held_on_answer: sc.client.held_slot == HeldSlotRelease::OnAnswer,
@@ -774,7 +773,6 @@ impl<'s> Run<'s> {
             key,
             error,
             waiting: true,
-            limit,
             unit,
             pooled,
             permit,
@@ -805,7 +803,7 @@ impl<'s> Run<'s> {
             return;
         }
         a.waiting = false;
-        let (call, limit, unit, pooled) = (a.call, a.limit, a.unit, a.pooled);
+        let (call, unit, pooled) = (a.call, a.unit, a.pooled);
         let (permit, probe) = (a.permit.take(), a.probe.take());
         let ts = self.ts();
         if let Some(p) = probe {
@@ -813,8 +811,8 @@ impl<'s> Run<'s> {
         }
         if let Some(p) = permit {
             // The dependency is still working on it: the slot is held, as the tower layer
-            // holds it, for `timeout_slot_hold` (default: the per-try timeout).
-            let hold = self.hold.unwrap_or(limit).max(1);
+            // holds it, for `timeout_slot_hold` (never shortened to the per-try timeout).
+            let hold = self.hold.max(1);
             let held = p.hold(Duration::from_nanos(hold));
             if self.release_held_on_answer
                 && let Some(a) = self.attempts.get_mut(att)

@@ -146,9 +146,10 @@ pub struct ClientConfig {
     pub per_try_timeout: Option<Duration>,
     /// The user action's deadline, from its start. Default 10 s.
     pub deadline: Duration,
-    /// How long a timed-out attempt keeps its slot under the cap. Default: the attempt's
-    /// per-try timeout (stormguard's default).
-    pub timeout_slot_hold: Option<Duration>,
+    /// How long a timed-out attempt keeps its slot under the cap while the dependency works
+    /// on (released at its answer with `held_slot = "until-answer"`). Default 30 s, as the
+    /// library and the proxy ([`stormguard_core::defaults::TIMEOUT_SLOT_HOLD`]).
+    pub timeout_slot_hold: Duration,
     /// The failures that are retried, by every policy. Default `5xx,timeout,reset,connect-failure`.
     pub retry_on: RetryOn,
     /// An action counts as fast when it succeeds within this. Default: none (not reported).
@@ -640,7 +641,9 @@ fn parse_client(s: &Section<'_>) -> Res<ClientConfig> {
     Ok(ClientConfig {
         per_try_timeout,
         deadline,
-        timeout_slot_hold: s.duration("timeout_slot_hold")?,
+        timeout_slot_hold: s
+            .duration("timeout_slot_hold")?
+            .unwrap_or(stormguard_core::defaults::TIMEOUT_SLOT_HOLD),
         retry_on,
         fast_within: s.duration("fast_within")?,
         held_slot: match s.string("held_slot")?.as_deref() {

@@ -5,9 +5,25 @@
 //! already took for it with `try_acquire`, so it never waits here. Admission happens in `call`,
 //! where the request is known; `poll_ready` only forwards the inner service's readiness. The
 //! permit moves into the response body, so the slot is held until the body ends or is dropped —
-//! a caller slowly reading a large body is still load on the dependency. On a per-try timeout
-//! the slot is *held* for `timeout_slot_hold` (by default one more per-try timeout), because the
-//! dependency is still working on the request its client gave up on.
+//! a caller slowly reading a large body is still load on the dependency.
+//!
+//! **A slot outlives its caller's interest.** Closing a connection does not stop a server that
+//! is still computing its answer, so an attempt that reached the dependency keeps its slot
+//! until the dependency has answered, whatever ended the caller's interest:
+//! - stormguard's own per-try timeout, or the request's deadline: the slot is *held* until the
+//!   dependency answers, at most `timeout_slot_hold` (30 s by default; never shortened to what
+//!   was left of the deadline);
+//! - the caller went away (the response future was dropped while the attempt was at the
+//!   dependency): with a [`Spawner`](crate::Spawner) the call runs on in the background, its
+//!   answer read and discarded, and the slot comes back when it ends, or at `abandon_hold`,
+//!   when the call is cut; both are counted (`stormguard_abandoned_total{outcome}`).
+//!
+//! Without a spawner a timed-out attempt holds its slot for the whole `timeout_slot_hold`, and
+//! a dropped future frees its slot at once (nothing is left to tell when the dependency
+//! finished): give one wherever the cap must hold against callers that give up. A primary
+//! still waiting in the queue frees its place at once when dropped: it never reached the
+//! dependency. A response body dropped before its end frees the slot at once too: once the
+//! dependency is sending, the closed connection stops it at its next write.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +37,7 @@ use stormguard_core::Denied;
 use stormguard_core::breaker::{AttemptResult, BreakerState};
 use stormguard_core::clock::Timestamp;
 use stormguard_core::limiter::{AttemptKind, Permit};
+use stormguard_core::signals::Abandoned;
 use stormguard_http::classify::classify_response;
 use tower::{Layer, Service};
 
@@ -91,7 +108,7 @@ impl<S, B, RB> Service<Request<B>> for Cap<S>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
@@ -177,7 +194,7 @@ fn queued<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
@@ -221,7 +238,7 @@ fn send<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     RB: Body + Send + 'static,
 {
     let probe = match dep.upstream_at(target).breaker.as_ref().map(|b| b.try_acquire(now)) {
@@ -244,15 +261,116 @@ where
         req.extensions_mut().insert(TimeLeft(d.saturating_since(now)));
     }
     // The per-try timer, apart: most attempts never need one polled.
-    let timer = per_try.map(|limit| (Box::pin(tokio::time::sleep(limit)), limit));
+    let timer = per_try.map(|limit| Box::pin(tokio::time::sleep(limit)));
     // `inner` was made ready by `poll_ready` before this request was accepted.
     let call = inner.call(req);
-    let attempt = Some(Attempt { dep, permit, total, probe, now, target });
-    match (&timer, attempt.as_ref().and_then(|a| a.dep.config().background.clone())) {
-        // A timed-out call can run on to its end only if it can be moved: box it.
-        (Some(_), Some(_)) => CapFuture::Movable { call: Some(Box::pin(call)), timer, attempt },
-        _ => CapFuture::Sent { call, timer, attempt },
+    let movable = dep.config().background.is_some();
+    let attempt = Attempt { dep, permit, total, probe, now, target };
+    if movable {
+        // A call that outlives its caller (a timeout, a dropped future) runs on in the
+        // background until the dependency answers: box it so it can be moved there.
+        CapFuture::Movable {
+            flight: InFlight {
+                call: Some(Box::pin(call)),
+                attempt: Some(attempt),
+                run_on: run_on::<S::Future, RB, S::Error>,
+            },
+            timer,
+        }
+    } else {
+        CapFuture::Sent { call, timer, attempt: Some(attempt) }
     }
+}
+
+/// Why an attempt's call runs on without its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Orphaned {
+    /// stormguard's per-try timeout (or the deadline) passed: held for `timeout_slot_hold`.
+    TimedOut,
+    /// The caller went away: held for `abandon_hold`, and counted.
+    Abandoned,
+}
+
+/// An attempt in flight whose call can be moved to the background. Dropping it while the call
+/// is still at the dependency (the caller went away) moves the call there with its slots.
+struct InFlight<F> {
+    call: Option<Pin<Box<F>>>,
+    attempt: Option<Attempt>,
+    /// [`run_on`] for this call's types: a function pointer, so that `Drop` (which cannot
+    /// require the bounds spawning needs) can still call it.
+    run_on: fn(Pin<Box<F>>, Attempt, Orphaned),
+}
+
+impl<F> Drop for InFlight<F> {
+    fn drop(&mut self) {
+        if let (Some(call), Some(attempt)) = (self.call.take(), self.attempt.take()) {
+            (self.run_on)(call, attempt, Orphaned::Abandoned);
+        }
+    }
+}
+
+/// Moves an orphaned call to the dependency's spawner: its slots are held until the dependency
+/// has answered (the whole body read and discarded: until then it is still sending, and still
+/// counts the request as in flight), or until the hold passes, when the call is cut. Runs
+/// only with a spawner (the `Movable` state).
+fn run_on<F, RB, E>(call: Pin<Box<F>>, a: Attempt, why: Orphaned)
+where
+    F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
+    RB: Body + Send + 'static,
+    E: 'static,
+{
+    let Some(spawner) = a.dep.config().background.clone() else { return };
+    let hold = match why {
+        Orphaned::TimedOut => a.dep.config().timeout_slot_hold,
+        Orphaned::Abandoned => a.dep.config().abandon_hold,
+    };
+    let dep = a.dep.clone();
+    let target = a.target;
+    let (held, total) = hold_slots(a, hold, why);
+    spawner.spawn(Box::pin(async move {
+        let answered = tokio::time::timeout(hold, async move {
+            // The error (a transport failure: nothing more comes) is dropped at once.
+            let resp = call.await.ok();
+            if let Some(resp) = resp {
+                let mut body = std::pin::pin!(resp.into_body());
+                // Each frame dropped where it is read, so no frame is held across an await.
+                while std::future::poll_fn(|cx| {
+                    body.as_mut().poll_frame(cx).map(|f| matches!(f, Some(Ok(_))))
+                })
+                .await
+                {}
+            }
+        })
+        .await
+        .is_ok();
+        // Cut (the call dropped above) or answered: the slots come back now, if the
+        // limiter's own clock has not given them back already.
+        if let Some(h) = held {
+            h.upstream_answered();
+        }
+        if let Some(t) = total {
+            t.upstream_answered();
+        }
+        if why == Orphaned::Abandoned {
+            let outcome = if answered { Abandoned::Finished } else { Abandoned::Cut };
+            dep.policy().counters().abandoned(outcome);
+            if !answered {
+                tracing::debug!(
+                    dependency = dep.name(),
+                    upstream = target,
+                    hold_ms = hold.as_millis() as u64,
+                    "an abandoned attempt was cut: the dependency had not answered within abandon_hold"
+                );
+            }
+        } else if !answered {
+            tracing::debug!(
+                dependency = dep.name(),
+                upstream = target,
+                hold_ms = hold.as_millis() as u64,
+                "a timed-out attempt was cut: the dependency had not answered within timeout_slot_hold"
+            );
+        }
+    }));
 }
 
 /// What an attempt in flight holds besides its call.
@@ -276,15 +394,15 @@ pin_project! {
         Sent {
             #[pin]
             call: F,
-            timer: Option<(Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
+            timer: Option<Pin<Box<tokio::time::Sleep>>>,
             attempt: Option<Attempt>,
         },
-        /// Sent with a per-try timer and a background spawner: on a timeout the call moves to
-        /// the background and releases its held slot when the dependency answers.
+        /// Sent with a background spawner: on a timeout, or when the caller drops this future,
+        /// the call moves to the background and releases its held slot when the dependency
+        /// answers.
         Movable {
-            call: Option<Pin<Box<F>>>,
-            timer: Option<(Pin<Box<tokio::time::Sleep>>, std::time::Duration)>,
-            attempt: Option<Attempt>,
+            flight: InFlight<F>,
+            timer: Option<Pin<Box<tokio::time::Sleep>>>,
         },
         /// Waiting in the queue, or refused.
         Boxed { fut: BoxFuture<Result<Response<PermitBody<RB>>, BoxError>>, _error: std::marker::PhantomData<fn() -> E> },
@@ -324,54 +442,31 @@ where
                     let a = attempt.take().expect("a CapFuture polled after it finished");
                     return Poll::Ready(finish(a, result));
                 }
-                let Some((sleep, limit)) = timer else { return Poll::Pending };
+                let Some(sleep) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
+                // No spawner: the call is dropped, and its slots held for the whole hold.
                 let a = attempt.take().expect("a CapFuture polled after it finished");
-                timed_out(a, *limit);
+                let hold = a.dep.config().timeout_slot_hold;
+                drop(hold_slots(a, hold, Orphaned::TimedOut));
                 Poll::Ready(Err(StormguardError::Timeout.into()))
             }
-            CapProj::Movable { call, timer, attempt } => {
-                let fut = call.as_mut().expect("a CapFuture polled after it finished");
+            CapProj::Movable { flight, timer } => {
+                let fut = flight.call.as_mut().expect("a CapFuture polled after it finished");
                 if let Poll::Ready(result) = fut.as_mut().poll(cx) {
-                    *call = None;
-                    let a = attempt.take().expect("a CapFuture polled after it finished");
+                    flight.call = None;
+                    let a = flight.attempt.take().expect("a CapFuture polled after it finished");
                     return Poll::Ready(finish(a, result));
                 }
-                let Some((sleep, limit)) = timer else { return Poll::Pending };
+                let Some(sleep) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                let a = attempt.take().expect("a CapFuture polled after it finished");
-                let spawner = a.dep.config().background.clone();
-                let call = call.take();
-                if let ((Some(held), total), Some(spawner), Some(call)) =
-                    (timed_out(a, *limit), spawner, call)
-                {
-                    // The dependency is still working on it: let the call run to its answer,
-                    // then give the slot back (the hold gives it back first if it passes).
-                    spawner.spawn(Box::pin(async move {
-                        // Answered means the whole body came back: until then the dependency is
-                        // still sending it, and still counts it as in flight.
-                        let body = call.await.ok().map(|resp| resp.into_body());
-                        if let Some(body) = body {
-                            let mut body = std::pin::pin!(body);
-                            loop {
-                                let more = matches!(
-                                    std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await,
-                                    Some(Ok(_))
-                                );
-                                if !more {
-                                    break;
-                                }
-                            }
-                        }
-                        held.upstream_answered();
-                        if let Some(t) = total {
-                            t.upstream_answered();
-                        }
-                    }));
+                // The dependency is still working on it: the call runs on to its answer, then
+                // gives the slot back (the hold gives it back first if it passes).
+                if let (Some(call), Some(a)) = (flight.call.take(), flight.attempt.take()) {
+                    (flight.run_on)(call, a, Orphaned::TimedOut);
                 }
                 Poll::Ready(Err(StormguardError::Timeout.into()))
             }
@@ -379,16 +474,20 @@ where
     }
 }
 
-/// A per-try timeout: the breaker counts it, and the slot is held, because the dependency is
-/// still working on the request its client gave up on.
-fn timed_out(
+/// An attempt that ends without its answer (a per-try timeout, an abandoned caller): a timeout
+/// counts for the breaker, and the slots are held for `hold`, because the dependency is still
+/// working on the request its client gave up on. An abandoned attempt's probe is given back
+/// unjudged: its caller leaving says nothing of the dependency.
+fn hold_slots(
     a: Attempt,
-    limit: std::time::Duration,
+    hold: std::time::Duration,
+    why: Orphaned,
 ) -> (Option<stormguard_core::limiter::HeldSlot>, Option<stormguard_core::limiter::HeldSlot>) {
-    if let Some(p) = a.probe {
+    if let Some(p) = a.probe
+        && why == Orphaned::TimedOut
+    {
         p.record(a.dep.now(), AttemptResult::UpstreamFailure);
     }
-    let hold = a.dep.config().timeout_slot_hold.unwrap_or(limit);
     (a.permit.map(|p| p.hold(hold)), a.total.map(|p| p.hold(hold)))
 }
 

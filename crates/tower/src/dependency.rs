@@ -11,7 +11,7 @@ use stormguard_core::breaker::{BreakerConfig, BreakerState};
 use stormguard_core::budget::{BudgetSnapshot, BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, Timestamp};
 use stormguard_core::decision::{RetryConfig, RetryPolicy, Upstream};
-use stormguard_core::limiter::{Limiter, LimiterConfig, LimiterSnapshot};
+use stormguard_core::limiter::{Limiter, LimiterConfig, LimiterSnapshot, Reader};
 use stormguard_core::random::SplitMix64;
 use stormguard_core::signals::CountersSnapshot;
 use stormguard_http::body::DEFAULT_LIMIT;
@@ -42,9 +42,23 @@ pub struct DependencyConfig {
     /// The whole request's limit, queue wait and backoffs included; a request extension
     /// [`Deadline`](crate::Deadline) can shorten it. Default none.
     pub deadline: Option<Duration>,
-    /// How long a timed-out attempt keeps its slot, since the dependency is still working on
-    /// it. Default: one more per-try timeout.
-    pub timeout_slot_hold: Option<Duration>,
+    /// How long an attempt stormguard timed out (its per-try timeout, or the request's
+    /// deadline) keeps its slot, since the dependency is still working on it: with a
+    /// [`background`](Self::background) spawner the call runs on and the slot comes back when
+    /// the dependency answers, or at this bound, when the call is cut; without one the slot is
+    /// held for the whole bound, since nothing can tell when the dependency finished. Never
+    /// shortened to what was left of the deadline. Default 30 s
+    /// ([`stormguard_core::defaults::TIMEOUT_SLOT_HOLD`]).
+    pub timeout_slot_hold: Duration,
+    /// How long an attempt whose caller went away (the response future was dropped while the
+    /// attempt was at the dependency, or its response body was dropped before its end) keeps its
+    /// slot: with a [`background`](Self::background) spawner the call runs on to its answer,
+    /// which is read and discarded, and the slot comes back then, or at this bound, when the call
+    /// is cut (`stormguard_abandoned_total{outcome}` counts both). Without a spawner a dropped
+    /// attempt frees its slot at once: the dependency may then see more than the cap while it
+    /// finishes work nobody waits for. Default 30 s
+    /// ([`stormguard_core::defaults::ABANDON_HOLD`]).
+    pub abandon_hold: Duration,
     /// Request bodies are copied while sent, up to this many bytes, so a retry can resend them;
     /// a failed response's body is kept up to this size until its retry is sent. Default 64 KiB.
     pub body_limit: usize,
@@ -62,11 +76,12 @@ pub struct DependencyConfig {
     pub remaining_reserve: u64,
     /// The seed of the jitter's random source (per request, derived from this and a counter).
     pub seed: u64,
-    /// Where a timed-out attempt's call may run to its end, so its held slot comes back when
-    /// the dependency really answers (or when `timeout_slot_hold` passes, whichever is first).
-    /// The library spawns nothing itself; pass your runtime's spawner, e.g.
-    /// `Spawner::new(|f| { tokio::spawn(f); })`. Without one, the timed-out call is dropped and
-    /// its slot is held for the whole `timeout_slot_hold`. Default none.
+    /// Where a timed-out or abandoned attempt's call runs on to its end, so its held slot comes
+    /// back when the dependency really answers (or when `timeout_slot_hold` / `abandon_hold`
+    /// passes, whichever is first). The library spawns nothing itself; pass your runtime's
+    /// spawner, e.g. [`Spawner::tokio`]. Without one, a timed-out call is dropped and its slot
+    /// is held for the whole `timeout_slot_hold`, and an abandoned one frees its slot at once.
+    /// With one, each attempt's call is boxed (one allocation) so it can be moved. Default none.
     pub background: Option<Spawner>,
     /// Where the dependency's traffic is reported as `replay` events (record mode). Default
     /// none: nothing is recorded and nothing is paid for it.
@@ -115,6 +130,14 @@ impl Spawner {
         Spawner(Arc::new(f))
     }
 
+    /// Spawns on the current tokio runtime (`tokio::spawn`): the attempt's call must then be
+    /// polled inside one, as every tower client's is.
+    pub fn tokio() -> Spawner {
+        Spawner::new(|f| {
+            tokio::spawn(f);
+        })
+    }
+
     /// Runs `fut` in the background.
     pub fn spawn(&self, fut: BackgroundTask) {
         (self.0)(fut)
@@ -138,7 +161,8 @@ impl DependencyConfig {
             breaker: None,
             per_try_timeout: None,
             deadline: None,
-            timeout_slot_hold: None,
+            timeout_slot_hold: stormguard_core::defaults::TIMEOUT_SLOT_HOLD,
+            abandon_hold: stormguard_core::defaults::ABANDON_HOLD,
             body_limit: DEFAULT_LIMIT,
             idempotency_key: IDEMPOTENCY_KEY.clone(),
             stacked: StackedHeaders::default(),
@@ -551,12 +575,20 @@ impl Dependency {
         }
     }
 
-    /// A snapshot of every signal. Reading it resets the limiter's high-water mark.
+    /// A snapshot of every signal, as [`Reader::Local`] reads it: reading it resets that
+    /// reader's high-water marks (see [`snapshot_for`](Self::snapshot_for)).
     pub fn snapshot(&self) -> DependencySnapshot {
+        self.snapshot_for(Reader::Local)
+    }
+
+    /// A snapshot of every signal. Each [`Reader`] has its own high-water marks: the most
+    /// attempts in flight since *its* previous reading, so `/stats.json` polling does not reset
+    /// a Prometheus scrape's.
+    pub fn snapshot_for(&self, reader: Reader) -> DependencySnapshot {
         let now = self.now();
         DependencySnapshot {
             name: self.inner.config.name.clone(),
-            limiter: self.inner.upstream.limiter.snapshot(),
+            limiter: self.inner.upstream.limiter.snapshot_for(reader),
             budget: self.inner.policy.budget().snapshot(now),
             counters: self.inner.policy.counters().snapshot(),
             breaker: self.inner.upstream.breaker.as_ref().map(|b| b.state(now)),
@@ -564,7 +596,7 @@ impl Dependency {
             malformed_headers: self.inner.header_stats.snapshot(),
             enforce: self.inner.policy.enforce(),
             upstream_name: self.inner.config.upstreams.first().map(|u| u.name.clone()),
-            total: self.inner.total.as_ref().map(Limiter::snapshot),
+            total: self.inner.total.as_ref().map(|t| t.snapshot_for(reader)),
             others: self
                 .inner
                 .more
@@ -572,7 +604,7 @@ impl Dependency {
                 .zip(self.inner.config.upstreams.iter().skip(1))
                 .map(|(u, spec)| UpstreamSnapshot {
                     name: spec.name.clone(),
-                    limiter: u.limiter.snapshot(),
+                    limiter: u.limiter.snapshot_for(reader),
                     breaker: u.breaker.as_ref().map(|b| b.state(now)),
                     hold_until: u.hold.is_held(now),
                 })

@@ -16,6 +16,18 @@ pub enum StormguardError {
     /// The per-try timeout expired before response headers, and no retry followed.
     #[error("attempt timed out before response headers")]
     Timeout,
+    /// The last attempt failed below HTTP (a per-try timeout, a transport failure) and its
+    /// retry was refused for `reason`: the caller is told why, as for a refused retry after a
+    /// failed response (where the reason is in the response's extensions).
+    #[error("not retried ({reason}): {source}")]
+    NotRetried {
+        /// Why the retry was refused.
+        reason: Denied,
+        /// The last attempt's error: [`StormguardError::Timeout`] or
+        /// [`StormguardError::Transport`].
+        #[source]
+        source: BoxError,
+    },
     /// The inner service failed below HTTP.
     #[error("{kind:?}: {source}")]
     Transport {
@@ -28,10 +40,12 @@ pub enum StormguardError {
 }
 
 impl StormguardError {
-    /// The denial reason, if stormguard refused.
+    /// The denial reason, if stormguard refused the request, or refused its retry after a
+    /// failure below HTTP.
     pub fn denied(&self) -> Option<Denied> {
         match self {
             StormguardError::Denied(d) => Some(*d),
+            StormguardError::NotRetried { reason, .. } => Some(*reason),
             _ => None,
         }
     }
@@ -50,7 +64,7 @@ pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportErr
             match se {
                 StormguardError::Transport { kind, .. } => return *kind,
                 StormguardError::Timeout => return TransportError::Timeout,
-                StormguardError::Denied(_) => {}
+                StormguardError::Denied(_) | StormguardError::NotRetried { .. } => {}
             }
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {

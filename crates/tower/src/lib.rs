@@ -42,6 +42,7 @@ pub use retry::{
     RouteBudget,
 };
 pub use stormguard_core::Denied;
+pub use stormguard_core::limiter::Reader;
 pub use stormguard_core::scope::FanOutScope;
 pub use stormguard_http::body::ReplayBody;
 

@@ -12,6 +12,15 @@
 //! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
 //! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
 //! | state | `stormguard_breaker_state{state}`, `stormguard_pushback_hold_seconds`, `stormguard_oldest_permit_seconds`, `stormguard_enforce`, `stormguard_malformed_headers_total{header}` |
+//! | slots that outlive their caller | `stormguard_held_slots` (held now), `stormguard_abandoned_total{outcome="finished"\|"cut"}`, `stormguard_slot_holds_expired_total` (holds that passed before the dependency answered) |
+//!
+//! With several upstreams each one's series carry an `upstream` label
+//! (`stormguard_upstream_in_flight`, `stormguard_upstream_slot_wait_seconds`,
+//! `stormguard_upstream_execution_seconds`, `stormguard_upstream_cap`, …), and with a
+//! `total_cap` the cap across them has its own (`stormguard_total_in_flight`,
+//! `stormguard_total_slot_wait_seconds`, `stormguard_total_execution_seconds`, …). The
+//! dependency-level series describe the first upstream. `stormguard_in_flight_max` is this
+//! reader's own high-water mark ([`Reader::Metrics`]): `/stats.json` reading does not reset it.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -22,6 +31,9 @@ use prometheus_client::registry::Registry;
 use stormguard_core::Denied;
 use stormguard_core::histogram::HistogramSnapshot;
 use stormguard_http::headers::HeaderKind;
+
+use stormguard_core::limiter::{LimiterSnapshot, Reader};
+use stormguard_core::signals::Abandoned;
 
 use crate::dependency::{Dependency, DependencySnapshot};
 
@@ -63,15 +75,12 @@ fn gauge(
     Ok(())
 }
 
-fn histogram(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
+fn histogram_series(
+    m: &mut prometheus_client::encoding::MetricEncoder<'_>,
     labels: &Labels<'_>,
     h: &HistogramSnapshot,
     scale: f64,
 ) -> std::fmt::Result {
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
     let buckets: Vec<(f64, u64)> = h
         .bounds
         .iter()
@@ -173,8 +182,24 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     gauge(
         &mut enc,
         "stormguard_held_slots",
-        "Slots held for timed-out attempts.",
+        "Slots held for timed-out or abandoned attempts the dependency may still be working on.",
         &[(base.clone(), l.held as f64)],
+    )?;
+    counter(
+        &mut enc,
+        "stormguard_slot_holds_expired",
+        "Held slots (of timed-out or abandoned attempts) given back because the hold passed before the dependency answered.",
+        &[(base.clone(), l.holds_expired)],
+    )?;
+    let abandoned: Vec<_> = Abandoned::ALL
+        .iter()
+        .map(|o| (vec![("dependency", dep), ("outcome", o.as_str())], c.abandoned(*o)))
+        .collect();
+    counter(
+        &mut enc,
+        "stormguard_abandoned",
+        "Attempts whose caller went away while the dependency worked on them, by how they ended: finished (answered within abandon_hold) or cut.",
+        &abandoned,
     )?;
     gauge(
         &mut enc,
@@ -188,30 +213,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         "Retries refused for want of a slot.",
         &[(base.clone(), l.refused_cap)],
     )?;
-    histogram(
-        &mut enc,
-        "stormguard_in_flight",
-        "Attempts in flight as seen by each admitted attempt.",
-        &base,
-        &l.in_flight_histogram,
-        1.0,
-    )?;
-    histogram(
-        &mut enc,
-        "stormguard_slot_wait_seconds",
-        "Time from asking for a slot to getting it.",
-        &base,
-        &l.wait_histogram,
-        1e-9,
-    )?;
-    histogram(
-        &mut enc,
-        "stormguard_execution_seconds",
-        "Time from admission to release of a slot.",
-        &base,
-        &l.execution_histogram,
-        1e-9,
-    )?;
+    signal_histograms(&mut enc, "stormguard", &[(base.clone(), l)])?;
     if let Some(state) = s.breaker {
         let series: Vec<_> = ["closed", "open", "half-open"]
             .iter()
@@ -258,6 +260,45 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     Ok(())
 }
 
+/// The three histograms of signals 2 to 4 (in flight, slot wait, execution) of one limiter per
+/// label set, under `{prefix}_in_flight`, `{prefix}_slot_wait_seconds` and
+/// `{prefix}_execution_seconds`.
+fn signal_histograms(
+    enc: &mut DescriptorEncoder,
+    prefix: &str,
+    series: &[(Labels<'_>, &LimiterSnapshot)],
+) -> std::fmt::Result {
+    type Pick = fn(&LimiterSnapshot) -> &HistogramSnapshot;
+    let kinds: [(&str, &str, Pick, f64); 3] = [
+        (
+            "in_flight",
+            "Attempts in flight as seen by each admitted attempt.",
+            |l| &l.in_flight_histogram,
+            1.0,
+        ),
+        (
+            "slot_wait_seconds",
+            "Time from asking for a slot to getting it.",
+            |l| &l.wait_histogram,
+            1e-9,
+        ),
+        (
+            "execution_seconds",
+            "Time from admission to release of a slot.",
+            |l| &l.execution_histogram,
+            1e-9,
+        ),
+    ];
+    for (name, help, pick, scale) in kinds {
+        let full = format!("{prefix}_{name}");
+        let mut m = enc.encode_descriptor(&full, help, None, MetricType::Histogram)?;
+        for (labels, l) in series {
+            histogram_series(&mut m, labels, pick(l), scale)?;
+        }
+    }
+    Ok(())
+}
+
 /// With several upstreams: each one's cap, in flight and state, labelled `upstream`. (The
 /// dependency-level series above describe the first upstream.)
 fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Result {
@@ -299,6 +340,21 @@ fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::R
         "The most attempts in flight at each upstream since the previous scrape.",
         &series(&|u| u.limiter.high_water as f64),
     )?;
+    counter(
+        enc,
+        "stormguard_upstream_slot_holds_expired",
+        "Held slots at each upstream given back because the hold passed before it answered.",
+        &all.iter()
+            .map(|u| {
+                (vec![("dependency", dep), ("upstream", u.name.as_str())], u.limiter.holds_expired)
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    let histograms: Vec<(Labels<'_>, &LimiterSnapshot)> = all
+        .iter()
+        .map(|u| (vec![("dependency", dep), ("upstream", u.name.as_str())], &u.limiter))
+        .collect();
+    signal_histograms(enc, "stormguard_upstream", &histograms)?;
     gauge(
         enc,
         "stormguard_upstream_breaker_open",
@@ -329,15 +385,16 @@ fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::R
             enc,
             "stormguard_total_in_flight_max",
             "The most attempts in flight across the upstreams since the previous scrape.",
-            &[(base, t.high_water as f64)],
+            &[(base.clone(), t.high_water as f64)],
         )?;
+        signal_histograms(enc, "stormguard_total", &[(base, t)])?;
     }
     Ok(())
 }
 
 impl Collector for DependencyCollector {
     fn encode(&self, encoder: DescriptorEncoder) -> std::fmt::Result {
-        encode_snapshot(&self.dependency.snapshot(), encoder)
+        encode_snapshot(&self.dependency.snapshot_for(Reader::Metrics), encoder)
     }
 }
 

@@ -521,9 +521,14 @@ fn finish_kept<RB>(
     kept: Result<Response<RetryBody<RB>>, BoxError>,
     reason: Denied,
 ) -> Result<Response<RetryBody<RB>>, BoxError> {
-    let mut resp = kept?;
+    let mut resp = kept.map_err(|e| not_retried(e, reason))?;
     resp.extensions_mut().insert(reason);
     Ok(resp)
+}
+
+/// The last attempt's error, with the reason its retry was refused.
+fn not_retried(source: BoxError, reason: Denied) -> BoxError {
+    StormguardError::NotRetried { reason, source }.into()
 }
 
 /// Sends a request whose body can't be copied, once, with no retry.
@@ -568,7 +573,11 @@ fn finish<RB>(
     result: Result<Response<RB>, BoxError>,
     reason: Option<Denied>,
 ) -> Result<Response<RetryBody<RB>>, BoxError> {
-    let mut resp = result?.map(RetryBody::live);
+    let mut resp = match (result, reason) {
+        (Ok(resp), _) => resp.map(RetryBody::live),
+        (Err(e), Some(r)) => return Err(not_retried(e, r)),
+        (Err(e), None) => return Err(e),
+    };
     if let Some(r) = reason {
         resp.extensions_mut().insert(r);
     }

@@ -311,13 +311,19 @@ async fn a_timed_out_attempt_holds_its_slot_while_the_dependency_works() {
         c.limiter.cap = 2;
         c.limiter.queue_len = 0;
         c.per_try_timeout = Some(Duration::from_millis(100));
+        c.timeout_slot_hold = Duration::from_millis(100);
         c.retry.retry_on = "5xx,timeout".parse().unwrap();
         c.retry.max_retries = 1;
     });
     let slow = Slow::new(Duration::from_millis(180));
     let stack = StormguardLayer::new(dep.clone()).layer(slow.clone());
     let err = stack.oneshot(request(Method::GET)).await.unwrap_err();
-    assert!(matches!(err.downcast_ref::<StormguardError>(), Some(StormguardError::Timeout)));
+    // The retry timed out too, and no third attempt is allowed: the caller is told why.
+    let Some(StormguardError::NotRetried { reason, source }) = err.downcast_ref() else {
+        panic!("{err:?}")
+    };
+    assert_eq!(*reason, stormguard_tower::Denied::Attempts);
+    assert!(matches!(source.downcast_ref::<StormguardError>(), Some(StormguardError::Timeout)));
     // Two attempts timed out; both are still held (100 ms past each timeout).
     assert!(dep.upstream().limiter.in_flight() >= 1);
     assert!(slow.max.load(Ordering::SeqCst) <= 2, "never more than the cap at the dependency");
@@ -360,7 +366,7 @@ async fn a_held_slot_comes_back_when_the_dependency_answers() {
             c.limiter.cap = 1;
             c.limiter.queue_len = 0;
             c.per_try_timeout = Some(Duration::from_millis(100));
-            c.timeout_slot_hold = Some(Duration::from_secs(1));
+            c.timeout_slot_hold = Duration::from_secs(1);
             c.retry.max_retries = 0;
             if background {
                 c.background = Some(stormguard_tower::Spawner::new(|f| {

@@ -294,7 +294,7 @@ async fn a_slow_dependency_stays_at_the_cap_with_held_slots_and_not_without() {
     let unheld = Upstream::new(0.0, rising);
     let (_, call) = budgeted(&unheld, |c| {
         c.per_try_timeout = Some(per_try);
-        c.timeout_slot_hold = Some(Duration::ZERO);
+        c.timeout_slot_hold = Duration::ZERO;
         c.retry.retry_on = "5xx,timeout".parse().unwrap();
         c.limiter.queue_timeout = Duration::from_millis(500);
     });

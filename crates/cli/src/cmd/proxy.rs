@@ -68,6 +68,14 @@ pub struct ProxyArgs {
     /// The longest a primary waits for a slot.
     #[arg(long, value_name = "DURATION", default_value = "1s")]
     pub queue_timeout: String,
+    /// How long an attempt the proxy timed out keeps its slot while the upstream may still be
+    /// working on it (it comes back when the upstream answers; 0: at the timeout) [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub timeout_slot_hold: Option<String>,
+    /// How long an attempt whose caller hung up keeps its slot while the upstream may still be
+    /// working on it (it comes back when the upstream answers; 0: at once) [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub abandon_hold: Option<String>,
     /// Shadow mode: count what would be denied, deny nothing.
     #[arg(long)]
     pub shadow: bool,
@@ -127,6 +135,12 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
         .map_err(|e| Failure::usage(format!("--backoff: {e}")))?;
     d.queue = args.queue;
     d.queue_timeout = duration("queue-timeout", &args.queue_timeout)?;
+    if let Some(t) = &args.timeout_slot_hold {
+        d.timeout_slot_hold = duration("timeout-slot-hold", t)?;
+    }
+    if let Some(t) = &args.abandon_hold {
+        d.abandon_hold = duration("abandon-hold", t)?;
+    }
     d.enforce = !args.shadow;
     let mut config = ProxyConfig::single(args.listen, d);
     config.record.clone_from(&args.record);

@@ -68,6 +68,15 @@ pub(crate) fn numbers(d: &Value) -> Vec<(&'static str, &'static str, String)> {
         ("in_flight_p99", "in flight p99", n(u("in_flight_p99"))),
         ("in_flight_max", "max since last read", n(u("in_flight_max"))),
         ("cap", "cap", cap),
+        ("held", "held for the upstream", n(u("held_slots"))),
+        (
+            "abandoned",
+            "abandoned (finished, cut)",
+            match (d["abandoned"]["finished"].as_u64(), d["abandoned"]["cut"].as_u64()) {
+                (Some(f), Some(c)) => format!("{f}, {c}"),
+                _ => "–".to_string(),
+            },
+        ),
         ("slot_wait_p99", "slot wait p99", ms(d["slot_wait"]["p99_seconds"].as_f64())),
         ("success", "success", ratio(u("succeeded"), attempts_ended)),
         ("denied", "denied", if denied.is_empty() { "0".to_string() } else { denied.join(", ") }),
@@ -95,8 +104,10 @@ pub(crate) fn page(deps: &[Value]) -> String {
         }
         sections.push_str(
             "</tr></table>\n<p class=\"muted\">Counts since the proxy started; \
-             “max since last read” is the high-water mark since the previous reading of any \
-             reader of the stats. The charts show each second.</p>\n\
+             “max since last read” is the high-water mark since the previous reading of \
+             <code>/stats.json</code> (a Prometheus scrape keeps its own); “held for the \
+             upstream” are slots of attempts timed out or abandoned by their caller that the \
+             upstream is still working on. The charts show each second.</p>\n\
              <div class=\"grid\"></div>\n</section>\n",
         );
     }
@@ -119,6 +130,7 @@ mod tests {
             "cap": 20, "effective_cap": 20, "in_flight": 4, "in_flight_max": 19, "in_flight_p99": 18,
             "budget": { "percent": 0.25 },
             "slot_wait": { "p99_seconds": 0.0025 },
+            "held_slots": 2, "abandoned": { "finished": 7, "cut": 1 },
         })
     }
 
@@ -136,6 +148,8 @@ mod tests {
             "<td data-f=\"slot_wait_p99\">≤ 2.5 ms</td>",
             "<td data-f=\"success\">80.0 %</td>",
             "<td data-f=\"denied\">budget 3, queue 10</td>",
+            "<td data-f=\"held\">2</td>",
+            "<td data-f=\"abandoned\">7, 1</td>",
         ] {
             assert!(html.contains(cell), "{cell}");
         }
