@@ -559,3 +559,67 @@ async fn count_in_equals_count_out_over_100k_requests() {
     assert!(upstream_max(&r) <= 32);
     p.shutdown().await;
 }
+
+/// The first sentence of the problem: callers give up after 500 ms, the upstream takes 700 ms
+/// and keeps working on every request after its caller has gone, callers arrive at 80/s in
+/// open loop, cap 20. Each abandoned attempt keeps its slot until the upstream has answered
+/// (the proxy reads the answer and discards it), so the upstream never has more than 20 in
+/// flight, and every abandoned attempt is counted. With the hold turned off
+/// (`abandon_hold = 0`: the slot comes back the moment the caller disconnects) the same load
+/// pushes the upstream far past the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_give_up_never_push_the_upstream_past_the_cap() {
+    let upstream = chaos(Phase { latency: Latency::Fixed(ms(700)), ..Phase::default() }).await;
+    for hold in [true, false] {
+        let mut d = dep(&upstream);
+        d.cap = 20;
+        d.budget = "ratio:percent=0.25,min_per_sec=3".parse().unwrap();
+        if !hold {
+            d.abandon_hold = Duration::ZERO;
+        }
+        let p = proxy(d).await;
+        let mut l = load_config(&url(&p, "/"), &upstream);
+        l.mode = Mode::Open { rate: "80/s".parse().unwrap(), max_outstanding: 2_000 };
+        l.duration = Some(ms(4_000));
+        l.timeout = ms(500);
+        let r = load::run(&l, &Live::default()).await.unwrap();
+        let max = upstream_max(&r);
+        assert_eq!(r.outcomes.total(), r.scheduled, "{:?}", r.outcomes);
+        assert!(r.outcomes.timeout > 200, "the callers gave up: {:?}", r.outcomes);
+        // Everything the upstream was sent ends within its 700 ms; then the holds are gone.
+        let dependency = p.dependency("upstream").unwrap();
+        let mut s = dependency.snapshot();
+        for _ in 0..100 {
+            if s.limiter.in_flight == 0 {
+                break;
+            }
+            tokio::time::sleep(ms(50)).await;
+            s = dependency.snapshot();
+        }
+        assert_eq!(s.limiter.in_flight, 0, "every slot came back");
+        let stats: serde_json::Value = {
+            let c = client();
+            let admin = format!("http://{}/stats.json", p.admin_addr().unwrap());
+            let (_, _, body) = send(&c, "GET", &admin, b"").await;
+            serde_json::from_slice(&body).unwrap()
+        };
+        let abandoned = &stats["dependencies"][0]["abandoned"];
+        if hold {
+            assert!(max <= 20, "cap 20, the upstream saw {max}");
+            assert_eq!(max, 20, "the load reached the cap");
+            // Every attempt the upstream received was abandoned by its caller (each one takes
+            // 700 ms, past the callers' 500 ms), and each was counted when it finished.
+            let (_, _, body) = send(&client(), "GET", &upstream.url("/stats"), b"").await;
+            let now: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let received = now["requests"].as_u64().unwrap();
+            assert!(received > 20, "{now}");
+            assert_eq!(abandoned["finished"].as_u64(), Some(received), "{stats}");
+            assert_eq!(abandoned["cut"].as_u64(), Some(0));
+        } else {
+            assert!(max > 30, "without the hold the upstream should pass the cap; saw {max}");
+            assert_eq!(abandoned["finished"].as_u64(), Some(0), "cut at once: {stats}");
+        }
+        p.shutdown().await;
+        tokio::time::sleep(ms(800)).await;
+    }
+}
