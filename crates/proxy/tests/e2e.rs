@@ -584,6 +584,10 @@ async fn callers_that_give_up_never_push_the_upstream_past_the_cap() {
         l.timeout = ms(500);
         let r = load::run(&l, &Live::default()).await.unwrap();
         let max = upstream_max(&r);
+        eprintln!(
+            "abandon_hold {}: the upstream had {max} in flight (cap 20)",
+            if hold { "30s" } else { "0" }
+        );
         assert_eq!(r.outcomes.total(), r.scheduled, "{:?}", r.outcomes);
         assert!(r.outcomes.timeout > 200, "the callers gave up: {:?}", r.outcomes);
         // Everything the upstream was sent ends within its 700 ms; then the holds are gone.

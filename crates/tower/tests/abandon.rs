@@ -146,6 +146,7 @@ async fn without_the_hold_callers_that_give_up_push_it_past_the_cap() {
         let upstream = Upstream::new(Duration::from_millis(700));
         let dep = dependency(off);
         open_loop(&dep, &upstream, 10, Duration::from_millis(500)).await;
+        eprintln!("without the hold: {} in flight at the dependency (cap 20)", upstream.max());
         assert!(upstream.max() > 30, "the dependency saw {} in flight", upstream.max());
     }
 }
