@@ -130,11 +130,14 @@ impl Spawner {
         Spawner(Arc::new(f))
     }
 
-    /// Spawns on the current tokio runtime (`tokio::spawn`): the attempt's call must then be
-    /// polled inside one, as every tower client's is.
+    /// Spawns on the current tokio runtime (`tokio::spawn`). Outside one (a future dropped
+    /// after its runtime has gone) the work is dropped instead of panicking: the held slot then
+    /// comes back when its hold passes.
     pub fn tokio() -> Spawner {
         Spawner::new(|f| {
-            tokio::spawn(f);
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(f);
+            }
         })
     }
 
