@@ -296,7 +296,8 @@ impl<B: RetryBudget> Replay<B> {
                 let key = self.request_key(&ev.id);
                 if let Some(req) = self.requests.get_mut(&key) {
                     if retried
-                        && let Some(last) = req.asks.iter_mut().rev().find_map(|a| a.permit.as_mut())
+                        && let Some(last) =
+                            req.asks.iter_mut().rev().find_map(|a| a.permit.as_mut())
                     {
                         last.succeeded();
                     }
@@ -324,7 +325,9 @@ impl<B: RetryBudget> Replay<B> {
                 match (ev.allowed_here, ev.denied) {
                     (Some(true), _) => s.recorded_allowed += 1,
                     (Some(false), reason) | (None, reason @ Some(_)) => {
-                        *s.recorded_denied.entry(reason.unwrap_or_else(|| "unknown".into())).or_default() += 1;
+                        *s.recorded_denied
+                            .entry(reason.unwrap_or_else(|| "unknown".into()))
+                            .or_default() += 1;
                     }
                     (None, None) => {}
                 }
