@@ -333,7 +333,8 @@ impl<B: RetryBudget> Replay<B> {
                 }
                 let open = ev.allowed_here.unwrap_or(allowed);
                 if allowed || open {
-                    if allowed {
+                    // Only a concurrency permit counts in flight; the next snapshot absorbs it.
+                    if permit.as_ref().is_some_and(RetryPermit::is_in_flight) {
                         self.since_active.push(key.clone());
                     }
                     let req = self.requests.entry(key).or_default();
