@@ -16,8 +16,14 @@
 //! response, a timeout, or a connect error. Latencies go into one HDR histogram.
 //!
 //! The assertions read the upstream's own count (`GET /stats`, reset at the start): the exact
-//! maximum in flight, and the retry fraction `(upstream requests − originals sent) / originals
-//! sent`, which needs no attempt header and so works behind any stack.
+//! maximum in flight, and the retry fraction — the retries the dependency saw (attempts marked
+//! as retries: `x-stormguard-attempt` or `x-envoy-attempt-count` above 1,
+//! `grpc-previous-rpc-attempts` above 0) over the first attempts it saw. It is never inferred
+//! from `upstream requests − originals sent`: a stack that sheds most first tries and retries
+//! the rest makes that difference negative, and a negative fraction passes any bound. A stack
+//! that retries without marking is caught when the unmarked attempts outnumber the originals
+//! sent. Every run must also be answered: when no request got a response (the target is down,
+//! or every request was reset or timed out), the run fails whatever was asserted.
 //!
 //! Targets must be loopback addresses (`127.0.0.0/8`, `::1` or `localhost`): this is a tool for
 //! proving a budget on one machine, not for loading someone else's service. Runs are bounded in
@@ -63,6 +69,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use stormguard_http::stacked::StackedHeaders;
+
 use crate::script::Rate;
 
 /// At most this many closed-loop workers.
@@ -104,8 +112,8 @@ pub enum Mode {
 pub struct Assertions {
     /// The upstream's exact maximum in flight must be at most this.
     pub max_in_flight: Option<u64>,
-    /// `(upstream requests − originals sent) / originals sent` must be at most this (a fraction,
-    /// 0.25 = 25 % of originals).
+    /// Retries the upstream saw (marked attempts) over the first attempts it saw must be at
+    /// most this (a fraction, 0.25 = 25 % of first tries: the ratio budget's `percent`).
     pub retry_fraction: Option<f64>,
     /// Complete 2xx responses over everything scheduled (dropped included) must be at least this.
     pub success_rate: Option<f64>,
@@ -232,6 +240,13 @@ impl LoadConfig {
         {
             return bad(format!("the retry fraction must be a number at least 0, got {f}"));
         }
+        if a.retry_fraction.is_some() && StackedHeaders::default().arrived_as_retry(&self.headers) {
+            return bad("the requests themselves carry a retry mark (x-stormguard-attempt, \
+                        x-envoy-attempt-count or grpc-previous-rpc-attempts): the upstream could \
+                        not tell the stack's retries from them; drop the header or the retry \
+                        fraction assertion"
+                .to_string());
+        }
         if let Some(s) = a.success_rate
             && !(0.0..=1.0).contains(&s)
         {
@@ -337,6 +352,12 @@ impl Outcomes {
         self.dropped += other.dropped;
     }
 
+    /// Requests that got a response from the target (complete or cut midway), whatever its
+    /// status.
+    pub fn answered(&self) -> u64 {
+        self.status_counts.values().sum::<u64>() + self.body_error
+    }
+
     /// Every outcome counted.
     pub fn total(&self) -> u64 {
         self.status_counts.values().sum::<u64>()
@@ -371,7 +392,8 @@ pub struct LatencySummary {
 /// One assertion's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AssertionResult {
-    /// `max_in_flight`, `retry_fraction` or `success_rate`.
+    /// `max_in_flight`, `retry_fraction`, `success_rate`, or `answered` (always checked: at
+    /// least one request got a response).
     pub name: &'static str,
     /// The bound given.
     pub limit: f64,
@@ -410,7 +432,8 @@ pub struct LoadReport {
     pub latency_ms: LatencySummary,
     /// The upstream's stats JSON at the end, when a stats URL was in use.
     pub upstream: Option<Value>,
-    /// `(upstream requests − sent) / sent`, when the upstream's stats were read.
+    /// Retries the upstream saw (marked attempts) over the first attempts it saw, when its
+    /// stats were read and it saw a first attempt.
     pub retry_fraction: Option<f64>,
     /// The assertions' verdicts, in flag order.
     pub assertions: Vec<AssertionResult>,
@@ -701,12 +724,7 @@ pub async fn run(config: &LoadConfig, live: &Live) -> Result<LoadReport, LoadErr
             Ok((s, _)) => tracing::warn!(status = %s, "upstream stats unavailable"),
             Err(e) => tracing::warn!(error = %e, "upstream stats unavailable"),
         }
-        let requests = report.upstream.as_ref().and_then(|v| v["requests"].as_u64());
-        if let Some(r) = requests
-            && report.sent > 0
-        {
-            report.retry_fraction = Some((r as f64 - report.sent as f64) / report.sent as f64);
-        }
+        report.retry_fraction = UpstreamAttempts::of(&report).and_then(|a| a.fraction());
     }
     report.assertions = evaluate(&config.assertions, &report);
     Ok(report)
@@ -764,17 +782,57 @@ fn summarize(config: &LoadConfig, scheduled: u64, elapsed: Duration, tally: Tall
     }
 }
 
-/// The verdicts, in the order max in flight, retry fraction, success rate.
+/// What the upstream's stats say about the attempts it saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UpstreamAttempts {
+    /// Every request that arrived.
+    requests: u64,
+    /// Those marked as retries.
+    retries: u64,
+}
+
+impl UpstreamAttempts {
+    fn of(report: &LoadReport) -> Option<UpstreamAttempts> {
+        let up = report.upstream.as_ref()?;
+        Some(UpstreamAttempts {
+            requests: up["requests"].as_u64()?,
+            retries: up["retries"].as_u64()?,
+        })
+    }
+
+    /// First attempts: the requests not marked as retries.
+    fn first(&self) -> u64 {
+        self.requests.saturating_sub(self.retries)
+    }
+
+    /// Retries over first attempts (`None` without a first attempt).
+    fn fraction(&self) -> Option<f64> {
+        let first = self.first();
+        (first > 0).then(|| self.retries as f64 / first as f64)
+    }
+}
+
+/// The verdicts, in the order max in flight, retry fraction, success rate, answered.
 pub fn evaluate(a: &Assertions, report: &LoadReport) -> Vec<AssertionResult> {
     let mut out = Vec::new();
+    let upstream_requests = report.upstream.as_ref().and_then(|v| v["requests"].as_u64());
     if let Some(limit) = a.max_in_flight {
         let actual = report.upstream.as_ref().and_then(|v| v["in_flight"]["max"].as_u64());
-        let (ok, message) = match actual {
-            Some(m) if m <= limit => {
+        let (ok, message) = match (actual, upstream_requests) {
+            // Nothing reached the dependency: the cap held vacuously, which proves nothing.
+            (_, Some(0)) => (
+                false,
+                "max in flight: the upstream saw no request (is the stack in front of it, and \
+                 --stats the upstream's?)"
+                    .into(),
+            ),
+            (Some(m), _) if m <= limit => {
                 (true, format!("max in flight at the upstream {m} <= {limit}"))
             }
-            Some(m) => (false, format!("max in flight at the upstream {m} > {limit}")),
-            None => (false, "max in flight: the upstream's stats have no in_flight.max".into()),
+            (Some(m), _) => (false, format!("max in flight at the upstream {m} > {limit}")),
+            (None, _) => {
+                (false, "max in flight: the upstream's stats have no in_flight.max".into())
+            }
         };
         out.push(AssertionResult {
             name: "max_in_flight",
@@ -785,20 +843,42 @@ pub fn evaluate(a: &Assertions, report: &LoadReport) -> Vec<AssertionResult> {
         });
     }
     if let Some(limit) = a.retry_fraction {
-        let requests = report.upstream.as_ref().and_then(|v| v["requests"].as_u64());
-        let (ok, message) = match (report.retry_fraction, requests) {
-            (Some(f), Some(r)) => {
-                let cmp = if f <= limit { "<=" } else { ">" };
+        let (ok, message) = match UpstreamAttempts::of(report) {
+            None => (
+                false,
+                "retry fraction: the upstream's stats have no requests and retries counts".into(),
+            ),
+            Some(u) if u.requests == 0 => (
+                false,
+                "retry fraction: the upstream saw no request (is the stack in front of it, and \
+                 --stats the upstream's?)"
+                    .into(),
+            ),
+            Some(u) if u.first() > report.sent => (
+                false,
+                format!(
+                    "retry fraction: the upstream saw {} unmarked attempts for {} originals \
+                     sent: the stack retries without marking its retries (x-stormguard-attempt, \
+                     or Envoy's x-envoy-attempt-count with include_attempt_count_in_request), \
+                     so they cannot be told from first tries",
+                    u.first(),
+                    report.sent
+                ),
+            ),
+            Some(u) => {
+                let f = u.fraction().unwrap_or(f64::INFINITY);
+                let ok = f <= limit;
+                let cmp = if ok { "<=" } else { ">" };
                 (
-                    f <= limit,
+                    ok,
                     format!(
-                        "retry fraction (upstream {r} - sent {}) / {} = {f:.4} {cmp} {limit}",
-                        report.sent, report.sent
+                        "retry fraction {} retries / {} first attempts at the upstream = {f:.4} \
+                         {cmp} {limit}",
+                        u.retries,
+                        u.first()
                     ),
                 )
             }
-            _ if report.sent == 0 => (false, "retry fraction: no request was sent".into()),
-            _ => (false, "retry fraction: the upstream's stats have no requests count".into()),
         };
         out.push(AssertionResult {
             name: "retry_fraction",
@@ -818,6 +898,26 @@ pub fn evaluate(a: &Assertions, report: &LoadReport) -> Vec<AssertionResult> {
         );
         out.push(AssertionResult { name: "success_rate", limit, actual: Some(s), ok, message });
     }
+    // Always: a run nobody answered (the target down, every request reset or timed out) proves
+    // nothing about a cap or a budget.
+    let o = &report.outcomes;
+    let answered = o.answered();
+    let message = if answered > 0 {
+        format!("answered {answered} of {} scheduled", report.scheduled)
+    } else {
+        format!(
+            "no request was answered ({} scheduled: {} connect errors, {} resets, {} timeouts, {} \
+             dropped): is the target up?",
+            report.scheduled, o.connect_error, o.reset, o.timeout, o.dropped
+        )
+    };
+    out.push(AssertionResult {
+        name: "answered",
+        limit: 1.0,
+        actual: Some(answered as f64),
+        ok: answered > 0,
+        message,
+    });
     out
 }
 
@@ -1122,7 +1222,11 @@ mod tests {
         assert_eq!(c.stats_url().unwrap().to_string(), "http://127.0.0.1:9001/stats");
     }
 
+    /// A finished run: `success` 200s and the rest 503s, with the upstream's stats.
     fn report(sent: u64, upstream: Option<Value>, success: u64, scheduled: u64) -> LoadReport {
+        let mut outcomes = Outcomes { success, ..Outcomes::default() };
+        outcomes.status_counts.insert(200, success);
+        outcomes.status_counts.insert(503, scheduled - success);
         let mut r = LoadReport {
             mode: "closed",
             target: String::new(),
@@ -1131,7 +1235,7 @@ mod tests {
             elapsed_s: 1.0,
             scheduled,
             sent,
-            outcomes: Outcomes { success, ..Outcomes::default() },
+            outcomes,
             success_rate: success as f64 / scheduled as f64,
             throughput_per_s: 0.0,
             latency_ms: LatencySummary::default(),
@@ -1139,17 +1243,21 @@ mod tests {
             upstream,
             assertions: vec![],
         };
-        if let Some(req) = r.upstream.as_ref().and_then(|v| v["requests"].as_u64()) {
-            r.retry_fraction = Some((req as f64 - sent as f64) / sent as f64);
-        }
+        r.retry_fraction = UpstreamAttempts::of(&r).and_then(|a| a.fraction());
         r
+    }
+
+    fn verdict(a: Assertions, r: &LoadReport, name: &str) -> AssertionResult {
+        evaluate(&a, r).into_iter().find(|x| x.name == name).unwrap()
     }
 
     #[test]
     fn each_assertion_passes_and_fails() {
-        let up = serde_json::json!({ "requests": 125, "in_flight": { "max": 20 } });
+        let up = serde_json::json!({ "requests": 125, "retries": 25, "in_flight": { "max": 20 } });
         let r = report(100, Some(up), 90, 100);
+        assert_eq!(r.retry_fraction, Some(0.25));
         let check = |a: Assertions| evaluate(&a, &r).iter().all(|x| x.ok);
+        assert!(check(Assertions::default()), "an answered run with nothing asserted passes");
         assert!(check(Assertions { max_in_flight: Some(20), ..Default::default() }));
         assert!(!check(Assertions { max_in_flight: Some(19), ..Default::default() }));
         assert!(check(Assertions { retry_fraction: Some(0.25), ..Default::default() }));
@@ -1163,12 +1271,110 @@ mod tests {
             retry_fraction: Some(10.0),
             ..Default::default()
         };
-        assert!(evaluate(&a, &r).iter().all(|x| !x.ok));
-        let msg = &evaluate(
-            &Assertions { retry_fraction: Some(0.2), ..Default::default() },
-            &report(100, Some(serde_json::json!({"requests": 125})), 0, 100),
-        )[0]
+        assert!(!verdict(a, &r, "max_in_flight").ok);
+        assert!(!verdict(a, &r, "retry_fraction").ok);
+        let up = serde_json::json!({"requests": 125, "retries": 25});
+        let msg = verdict(
+            Assertions { retry_fraction: Some(0.2), ..Default::default() },
+            &report(100, Some(up), 0, 100),
+            "retry_fraction",
+        )
         .message;
-        assert_eq!(msg, "retry fraction (upstream 125 - sent 100) / 100 = 0.2500 > 0.2");
+        assert_eq!(
+            msg,
+            "retry fraction 25 retries / 100 first attempts at the upstream = 0.2500 > 0.2"
+        );
+    }
+
+    #[test]
+    fn a_stack_that_sheds_first_tries_and_retries_the_rest_fails() {
+        // 100 originals sent; the stack shed 94 of them, and retried each of the other 6 once.
+        // Counting from `upstream − sent` gives (12 − 100) / 100 = −0.88, which "passed" any
+        // bound; the marked retries give 6 / 6 = 1.0.
+        let up = serde_json::json!({"requests": 12, "retries": 6, "in_flight": {"max": 2}});
+        let r = report(100, Some(up), 6, 100);
+        let old_way = (12.0 - r.sent as f64) / r.sent as f64;
+        assert!(old_way < 0.25);
+        assert_eq!(r.retry_fraction, Some(1.0));
+        let v = verdict(
+            Assertions { retry_fraction: Some(0.25), ..Default::default() },
+            &r,
+            "retry_fraction",
+        );
+        assert!(!v.ok, "{}", v.message);
+    }
+
+    #[test]
+    fn unmarked_retries_cannot_pass() {
+        // 130 attempts, none marked, for 100 originals: 30 are retries nobody marked.
+        let up = serde_json::json!({"requests": 130, "retries": 0, "in_flight": {"max": 5}});
+        let r = report(100, Some(up), 100, 100);
+        let v = verdict(
+            Assertions { retry_fraction: Some(0.5), ..Default::default() },
+            &r,
+            "retry_fraction",
+        );
+        assert!(!v.ok);
+        assert!(v.message.contains("130 unmarked attempts for 100 originals"), "{}", v.message);
+        // Only retries, no first attempt: no fraction, and the bound fails.
+        let up = serde_json::json!({"requests": 4, "retries": 4});
+        let r = report(4, Some(up), 4, 4);
+        assert_eq!(r.retry_fraction, None);
+        assert!(
+            !verdict(
+                Assertions { retry_fraction: Some(100.0), ..Default::default() },
+                &r,
+                "retry_fraction"
+            )
+            .ok
+        );
+    }
+
+    #[test]
+    fn a_run_nobody_answered_fails() {
+        let mut r = report(
+            0,
+            Some(serde_json::json!({"requests": 0, "retries": 0, "in_flight": {"max": 0}})),
+            0,
+            10,
+        );
+        r.outcomes = Outcomes { connect_error: 10, ..Outcomes::default() };
+        let a = Assertions {
+            max_in_flight: Some(20),
+            retry_fraction: Some(0.25),
+            ..Default::default()
+        };
+        let all = evaluate(&a, &r);
+        assert_eq!(all.len(), 3);
+        assert!(all.iter().all(|x| !x.ok), "{all:?}");
+        let answered = verdict(Assertions::default(), &r, "answered");
+        assert!(answered.message.contains("no request was answered"), "{}", answered.message);
+        assert!(all[0].message.contains("the upstream saw no request"), "{}", all[0].message);
+        // Answered, but the stack never reached the upstream: the cap held vacuously.
+        let r = report(
+            10,
+            Some(serde_json::json!({"requests": 0, "retries": 0, "in_flight": {"max": 0}})),
+            0,
+            10,
+        );
+        assert!(verdict(Assertions::default(), &r, "answered").ok);
+        assert!(
+            !verdict(
+                Assertions { max_in_flight: Some(20), ..Default::default() },
+                &r,
+                "max_in_flight"
+            )
+            .ok
+        );
+    }
+
+    #[test]
+    fn requests_marked_as_retries_cannot_assert_the_fraction() {
+        let mut c = LoadConfig::new("http://127.0.0.1:9000/").unwrap();
+        c.headers.insert("x-envoy-attempt-count", HeaderValue::from_static("3"));
+        assert!(c.validate().is_ok(), "without the assertion the header is only sent");
+        c.assertions.retry_fraction = Some(0.25);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("carry a retry mark"), "{e}");
     }
 }

@@ -63,6 +63,8 @@ async fn open_loop_keeps_its_arrival_rate_when_the_target_stalls() {
     assert_eq!(r.outcomes.timeout, 200);
     // Measured from the scheduled time, every latency includes the full stall.
     assert!(r.latency_ms.p50 >= 1000.0);
+    // A run in which every request timed out was not answered: it fails.
+    assert!(!r.passed(), "{:?}", r.assertions);
 
     // A closed loop against the same stall sends one request per worker and waits.
     let mut closed = c.clone();
@@ -151,8 +153,13 @@ async fn refuses_what_is_not_loopback_and_unreachable_stats() {
     c.requests = Some(1);
     c.assertions.max_in_flight = Some(1);
     assert!(matches!(load::run(&c, &Live::default()).await, Err(LoadError::Stats { .. })));
-    // Without assertions, a dead target is a run of connect errors, not a crash.
+    // Without assertions, a dead target is a run of connect errors, not a crash — and a failed
+    // run: nothing was answered.
     c.assertions = load::Assertions::default();
     let r = load::run(&c, &Live::default()).await.unwrap();
     assert_eq!((r.outcomes.connect_error, r.sent), (1, 0));
+    assert!(!r.passed());
+    assert_eq!(r.assertions.len(), 1);
+    assert_eq!(r.assertions[0].name, "answered");
+    assert!(r.assertions[0].message.contains("1 connect errors"), "{}", r.assertions[0].message);
 }

@@ -17,6 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, Phase, Sampler};
+use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
 use tokio::net::{TcpListener, TcpStream};
 
 fn stormguard() -> Command {
@@ -389,28 +390,147 @@ async fn the_chaos_binary_serves_counts_switches_phase_and_prints_stats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn method_headers_and_body_reach_the_upstream() {
     let s = chaos(Phase::default(), 0).await;
+    let flags = |extra: &[&str]| {
+        let mut a = args(&[
+            "load",
+            "--target",
+            &s.url("/pay?x=1"),
+            "--requests",
+            "12",
+            "--method",
+            "POST",
+            "-H",
+            "x-stormguard-attempt: 2",
+            "--body",
+            "{\"amount\": 1}",
+            "--stats",
+            &s.url("/stats"),
+            "--json",
+        ]);
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let out = run(flags(&["--assert-max-in-flight", "12"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = json(&out);
+    // Every request carried the attempt header: the upstream counts each as a retry.
+    assert_eq!(report["upstream"]["retries"], 12);
+    assert_eq!(report["upstream"]["requests"], 12);
+    assert_eq!(report["outcomes"]["success"], 12);
+    // So the upstream could not tell a stack's retries from them: asserting the retry fraction
+    // with such a header is refused up front, not measured wrong.
+    let out = run(flags(&["--assert-retry-fraction", "0.25"])).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("carry a retry mark"));
+}
+
+/// `stormguard proxy` in process: a cap of 20 and a 25 % budget with no reserve.
+async fn stormguard_proxy(upstream: &ChaosServer) -> stormguard_proxy::ProxyHandle {
+    let mut d = DependencyConfig::new("default", upstream.url("").parse().unwrap());
+    d.cap = 20;
+    d.budget = "ratio:percent=0.25,min_per_sec=0".parse().unwrap();
+    let mut config = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+    config.admin = None;
+    stormguard_proxy::start(config).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proof_fails_without_stormguard_and_holds_through_it() {
+    // The worked example at 40 % errors: 320 arrivals/s at 50 ms keep the planned 16 first
+    // tries in flight. A naive client that retries each failure once sends the dependency 1.4
+    // times that (22.4 on average, more at peaks) and retries 40 % of first tries; stormguard
+    // with a cap of 20 and a 25 % budget holds both.
+    let phase = Phase {
+        error_rate: 0.4,
+        latency: Latency::Fixed(Duration::from_millis(50)),
+        ..Phase::default()
+    };
+    let asserting = |target: &str, up: &ChaosServer| {
+        args(&[
+            "load",
+            "--target",
+            target,
+            "--rate",
+            "320/s",
+            "--requests",
+            "480",
+            "--stats",
+            &up.url("/stats"),
+            "--json",
+            "--assert-max-in-flight",
+            "20",
+            "--assert-retry-fraction",
+            "0.25",
+        ])
+    };
+
+    let naive_up = chaos(phase.clone(), 11).await;
+    let naive = retrying_proxy(naive_up.local_addr()).await;
+    let out = run(asserting(&format!("http://{naive}/"), &naive_up)).await;
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = json(&out);
+    let (max, fraction) = (
+        report["upstream"]["in_flight"]["max"].as_u64().unwrap(),
+        report["retry_fraction"].as_f64().unwrap(),
+    );
+    let verdicts = report["assertions"].as_array().unwrap();
+    assert!(verdicts.iter().filter(|a| a["ok"] == false).count() == 2, "{verdicts:?}");
+    assert!(max > 20 && fraction > 0.3, "naive: max {max}, retry fraction {fraction}");
+
+    let guarded_up = chaos(phase, 11).await;
+    let proxy = stormguard_proxy(&guarded_up).await;
+    let out = run(asserting(&format!("http://{}/", proxy.listen_addrs()[0]), &guarded_up)).await;
+    let report = json(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", report["assertions"]);
+    let (g_max, g_fraction) = (
+        report["upstream"]["in_flight"]["max"].as_u64().unwrap(),
+        report["retry_fraction"].as_f64().unwrap(),
+    );
+    // The budget was spent, not idle: retries reached the dependency.
+    assert!(report["upstream"]["retries"].as_u64().unwrap() > 0);
+    eprintln!(
+        "naive: max in flight {max}, retry fraction {fraction:.3}; stormguard: max {g_max}, \
+         retry fraction {g_fraction:.3}"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_nobody_answered_fails() {
+    // The target is down: every request is a connect error. No assertion was asked for, and
+    // still the run fails.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let out = run(args(&["load", "--target", &format!("http://{dead}/"), "--requests", "5"])).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no request was answered") && err.contains("5 connect errors"), "{err}");
+
+    // Every request is reset: sent, never answered.
+    let resets = chaos(Phase { reset_rate: 1.0, ..Phase::default() }, 0).await;
+    let out = run(args(&["load", "--target", &resets.url("/"), "--requests", "5"])).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("5 resets"));
+
+    // The stack answers (502: its dependency is down) but never reaches the upstream whose
+    // stats are read: a cap that held over nothing proves nothing.
+    let upstream = chaos(Phase::default(), 0).await;
+    let stack = retrying_proxy(dead).await;
     let out = run(args(&[
         "load",
         "--target",
-        &s.url("/pay?x=1"),
+        &format!("http://{stack}/"),
         "--requests",
-        "12",
-        "--method",
-        "POST",
-        "-H",
-        "x-stormguard-attempt: 2",
-        "--body",
-        "{\"amount\": 1}",
-        "--json",
-        "--assert-retry-fraction",
-        "0",
+        "5",
+        "--stats",
+        &upstream.url("/stats"),
+        "--assert-max-in-flight",
+        "20",
     ]))
     .await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = json(&out);
-    // Every request carried the attempt header: the upstream counts each as a retry, yet the
-    // retry fraction (computed from counts, not headers) is 0, since nothing was sent twice.
-    assert_eq!(report["upstream"]["retries"], 12);
-    assert_eq!(report["retry_fraction"].as_f64(), Some(0.0));
-    assert_eq!(report["outcomes"]["success"], 12);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("5 x 502"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the upstream saw no request"));
 }

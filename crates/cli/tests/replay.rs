@@ -53,6 +53,9 @@ fn hand_computed_traces() {
             trace.display(),
             String::from_utf8_lossy(&out.stderr)
         );
+        // Every retry_done of these traces closes a retry: none is reported as unmatched.
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("matched no retry"), "{}: {err}", trace.display());
         let got = parse_lines(&String::from_utf8(out.stdout).unwrap());
         let want = parse_lines(&expected);
         assert_eq!(got.len(), want.len(), "{}: number of output lines", trace.display());
@@ -170,4 +173,66 @@ fn ten_thousand_requests_grant_the_exact_floor() {
         .filter(|v| v["allowed"] == true)
         .count();
     assert_eq!(allowed, 2_900);
+}
+
+#[test]
+fn a_summary_goes_to_stderr_and_stdout_stays_json_lines() {
+    // As record mode writes it: the recorded run sent request 1's retry and refused request 2's
+    // (budget) and request 3's (cap). The policy replayed allows none of them, yet request 1's
+    // retry_done still closes the retry the recorded run sent: no false "unmatched" warning.
+    let trace = "\
+{\"t_ms\":0,\"id\":1,\"op\":\"request\"}
+{\"t_ms\":0,\"id\":2,\"op\":\"request\"}
+{\"t_ms\":0,\"id\":3,\"op\":\"request\"}
+{\"t_ms\":1,\"id\":1,\"op\":\"failure\",\"kind\":\"error\"}
+{\"t_ms\":1,\"id\":1,\"op\":\"active\",\"n\":3,\"retries\":0}
+{\"t_ms\":1,\"id\":1,\"op\":\"retry\",\"kind\":\"error\",\"allowed_here\":true}
+{\"t_ms\":2,\"id\":2,\"op\":\"failure\",\"kind\":\"error\"}
+{\"t_ms\":2,\"id\":2,\"op\":\"active\",\"n\":4,\"retries\":1}
+{\"t_ms\":2,\"id\":2,\"op\":\"retry\",\"kind\":\"error\",\"allowed_here\":false,\"denied\":\"budget\"}
+{\"t_ms\":3,\"id\":3,\"op\":\"failure\",\"kind\":\"error\"}
+{\"t_ms\":3,\"id\":3,\"op\":\"active\",\"n\":4,\"retries\":1}
+{\"t_ms\":3,\"id\":3,\"op\":\"retry\",\"kind\":\"error\",\"allowed_here\":false,\"denied\":\"cap\"}
+{\"t_ms\":9,\"id\":1,\"op\":\"success\",\"retry\":true}
+{\"t_ms\":9,\"id\":1,\"op\":\"retry_done\"}
+";
+    let out = stormguard()
+        .args(["replay", "--policy", "ratio:percent=0,min_per_sec=0"])
+        .write_stdin(trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines = parse_lines(&stdout);
+    assert_eq!(lines.len(), 3);
+    assert!(lines.iter().all(|v| v["op"] == "retry" && v["allowed"] == false), "{stdout}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains(
+            "3 retries asked: 0 allowed, 3 denied (budget 3); as recorded: 1 allowed, 2 denied \
+             (budget 1, cap 1)"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("matched no retry"), "{err}");
+
+    // A generous policy allows all three; the summary says so beside the recording.
+    stormguard()
+        .args(["replay", "--policy", "ratio:percent=1,min_per_sec=0"])
+        .write_stdin(trace)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("3 retries asked: 3 allowed, 0 denied (budget 0)"))
+        .stderr(predicate::str::contains("matched no retry").not());
+}
+
+#[test]
+fn an_active_snapshot_cannot_hold_more_retries_than_requests() {
+    stormguard()
+        .args(["replay", "--policy", "concurrency"])
+        .write_stdin("{\"t_ms\":0,\"op\":\"active\",\"n\":2,\"retries\":3}\n")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("line 1"))
+        .stderr(predicate::str::contains("retries (3) cannot exceed n (2)"));
 }

@@ -511,14 +511,19 @@ impl Dependency {
     /// Reports one event of request `id` to the recorder (nothing when `id` is `None`).
     pub(crate) fn record(&self, id: Option<u64>, at: Timestamp, op: TraceOp) {
         if let (Some(id), Some(r)) = (id, &self.inner.config.recorder) {
-            if matches!(op, TraceOp::Retry(..)) {
-                let (mut n, mut retries) = (0, 0);
+            if let TraceOp::Retry(_, refused) = op {
+                let (mut primaries, mut retries) = (0, 0);
                 for i in 0..self.upstream_count() {
                     let l = &self.upstream_at(i).limiter;
-                    n += l.primaries_active();
+                    primaries += l.primaries_active();
                     retries += l.retries_in_flight();
                 }
-                let active = TraceOp::Active { n, retries };
+                // A snapshot of the moment before the ask: a retry that was sent already holds
+                // its slot.
+                if refused.is_none() {
+                    retries = retries.saturating_sub(1);
+                }
+                let active = TraceOp::Active { n: primaries + retries, retries };
                 r.record(self.name(), TraceEvent { at, id, op: active });
             }
             r.record(self.name(), TraceEvent { at, id, op });

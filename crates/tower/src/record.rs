@@ -8,8 +8,10 @@
 //! `allowed` field says what this dependency decided; `replay` ignores it and asks its own
 //! policy). A retry refused before the budget (not idempotent, no replayable body, attempts
 //! used up, already retried upstream, breaker, pushback, deadline) is not an ask: no budget
-//! would have been consulted. Each `retry` is preceded by an `active` event with the primaries
-//! and retries in flight, for concurrency budgets.
+//! would have been consulted. Each `retry` is preceded by an `active` snapshot for concurrency
+//! budgets, taken as of just before the ask: `n`, the requests in flight (primaries holding or
+//! waiting for a slot, and retries), and `retries`, the retries in flight — both counted over
+//! every upstream's limiter, the asked retry not included.
 //!
 //! What a replay cannot show: the retries that a refused retry would have led to (the trace
 //! holds what happened here, not what a more generous budget would have caused).
@@ -35,11 +37,11 @@ pub enum TraceOp {
     Retry(FailureKind, Option<Denied>),
     /// A retried attempt finished (after its outcome).
     RetryDone,
-    /// In flight at the dependency now: primaries (incl. queued) and retries.
+    /// A snapshot of what is in flight at the dependency just before a retry is asked.
     Active {
-        /// Primaries in flight or queued.
+        /// Requests in flight: primaries holding or waiting for a slot, plus `retries`.
         n: u64,
-        /// Retries in flight.
+        /// Retries in flight (holding a slot).
         retries: u64,
     },
 }

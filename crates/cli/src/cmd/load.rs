@@ -3,7 +3,8 @@
 //!
 //! Closed loop (`--concurrency N`) or open loop (`--rate R/s`, arrivals that do not wait for
 //! responses), for `--duration` or `--requests`. Prints an outcome and latency summary (`--json`
-//! for one JSON object); each `--assert-*` flag that is violated makes the exit code 1.
+//! for one JSON object); each `--assert-*` flag that is violated makes the exit code 1, and so
+//! does a run in which no request was answered.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
@@ -22,20 +23,24 @@ use crate::Failure;
 /// Flags of `stormguard load`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Prove a budget against any stack (chaos upstream on :9000, the proxy under test on :8080 in
-front of it, planned for 16 primaries in flight under a cap of 20 with a 25 % budget):
+Prove a budget (chaos upstream on :9000, the stack under test on :8080 in front of it; open
+loop at about 16 first tries in flight, so retries without a cap push the upstream past 20):
   stormguard chaos --listen 127.0.0.1:9000 --error-rate 0.3 --latency 50ms --latency-p99 400ms
-  stormguard load --target http://127.0.0.1:8080/ --concurrency 16 --duration 30s \\
+  stormguard proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --cap 20 \\
+      --budget ratio:percent=0.25,min_per_sec=0 --admin off
+  stormguard load --target http://127.0.0.1:8080/ --rate 200/s --duration 30s \\
       --stats http://127.0.0.1:9000/stats \\
       --assert-max-in-flight 20 --assert-retry-fraction 0.25
 
-Open loop (arrivals keep coming when the target stalls, so its latency shows):
-  stormguard load --target http://127.0.0.1:8080/ --rate 200/s --duration 30s
-
-The retry fraction is (requests the upstream saw - originals sent) / originals sent: it needs
-no attempt header, so it works behind any proxy or client library. The upstream's stats are
-reset when the run starts. Exit codes: 0 every assertion held, 1 one was violated, 2 bad flags
-or an unreachable --stats. Targets must be on this machine (127.0.0.0/8, ::1, localhost).")]
+The retry fraction is the retries the upstream saw over the first attempts it saw. A retry is
+an attempt marked as one (x-stormguard-attempt or x-envoy-attempt-count above 1,
+grpc-previous-rpc-attempts above 0): Envoy marks its retries only with
+include_attempt_count_in_request. A stack whose unmarked attempts outnumber the originals sent
+fails the assertion. The upstream's stats are reset when the run starts. A run in which no
+request was answered (the target down, every request reset or timed out) fails whatever was
+asserted. Exit codes: 0 every assertion held, 1 one was violated or nothing was answered,
+2 bad flags or an unreachable --stats. Targets must be on this machine (127.0.0.0/8, ::1,
+localhost).")]
 pub struct LoadArgs {
     /// The URL to send requests to (http:// on a loopback address).
     #[arg(long, value_name = "URL")]
@@ -80,8 +85,8 @@ pub struct LoadArgs {
     /// Fail (exit 1) if the upstream ever had more than N requests in flight.
     #[arg(long, value_name = "N")]
     pub assert_max_in_flight: Option<u64>,
-    /// Fail (exit 1) if (upstream requests - originals sent) / originals sent exceeds F
-    /// (0.25 = 25 % of originals).
+    /// Fail (exit 1) if the retries the upstream saw (attempts marked as retries) over the first
+    /// attempts it saw exceed F (0.25 = 25 % of first tries).
     #[arg(long, value_name = "F")]
     pub assert_retry_fraction: Option<f64>,
     /// Fail (exit 1) if fewer than S (0 to 1) of the requests got a complete 2xx.
@@ -245,12 +250,12 @@ pub fn summary(r: &LoadReport) -> String {
         );
     }
     if let (Some(f), Some(up)) = (r.retry_fraction, &r.upstream) {
+        let (requests, retries) =
+            (up["requests"].as_u64().unwrap_or(0), up["retries"].as_u64().unwrap_or(0));
         let _ = writeln!(
             s,
-            "retry frac  {f:.4} = ({} - {}) / {}",
-            up["requests"].as_u64().unwrap_or(0),
-            r.sent,
-            r.sent
+            "retry frac  {f:.4} = {retries} retries / {} first attempts at the upstream",
+            requests.saturating_sub(retries)
         );
     }
     if !r.assertions.is_empty() {

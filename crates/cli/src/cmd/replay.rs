@@ -2,17 +2,28 @@
 //!
 //! The input is JSON lines, each with `t_ms` (virtual milliseconds, non-decreasing), `op`, and
 //! an optional `id` naming the original request the event belongs to (when absent, the most
-//! recent `request`). Output is one JSON line per `retry` and per `balance`. The proxy's record
-//! mode writes this format, so an incident can be replayed against candidate budgets.
+//! recent `request`, or one implicit request when none came yet). Output is one JSON line per
+//! `retry` and per `balance`; a summary (retries asked, allowed, denied by reason) goes to
+//! stderr, so stdout stays JSON lines. The proxy's record mode writes this format, so an
+//! incident can be replayed against candidate budgets.
 //!
 //! Choices the contract leaves open, made the way a budget behaves in production:
-//! - a `retry_done` ends the most recent unfinished retry of its request; one that matches no
-//!   retry in flight is counted and reported on stderr, never silently dropped;
+//! - events before any `request` belong to one implicit original request, which deposits
+//!   nothing (the trace did not see it start) but owns its retries, so a successful retry's
+//!   quota refund is kept;
+//! - `active` is a snapshot: its `n` and `retries` already count the retries in flight then,
+//!   so a retry granted before it stops counting on its own; one granted after it counts as one
+//!   more of each until its `retry_done` or the next `active`;
+//! - a `retry_done` ends the most recent open retry of its request: one the trace says was
+//!   sent (`"allowed_here": true`, written by record mode), or, without that field, one this
+//!   policy allowed. One that matches no open retry is counted and reported on stderr, never
+//!   silently dropped;
 //! - a `success` with `"retry": true` lets a quota refund the last retry granted for that
 //!   request; it does not end the retry's concurrency count (only `retry_done` does);
 //! - blank lines are skipped; unknown fields are ignored (newer recorders may add some).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -34,12 +45,17 @@ Input (JSON lines):
   {\"t_ms\":5,\"op\":\"retry\",\"kind\":\"timeout\"}     ask for a retry now; taken if allowed
   {\"t_ms\":9,\"op\":\"retry_done\"}                 a retry in flight finished
   {\"t_ms\":9,\"op\":\"success\",\"retry\":true}       the request succeeded (on a retry)
-  {\"t_ms\":9,\"op\":\"active\",\"n\":10,\"retries\":1} requests and retries in flight now
+  {\"t_ms\":9,\"op\":\"active\",\"n\":10,\"retries\":1} a snapshot: requests and retries in flight
+                                                now, granted retries included
   {\"t_ms\":9,\"op\":\"balance\"}                    print what the policy holds now
-Output: {\"t_ms\":5,\"op\":\"retry\",\"allowed\":true} and {\"t_ms\":9,\"op\":\"balance\",\"value\":3}
+Events without an id belong to the last request (before any: one implicit request).
+Output (stdout): {\"t_ms\":5,\"op\":\"retry\",\"allowed\":true} and
+  {\"t_ms\":9,\"op\":\"balance\",\"value\":3}
+Summary (stderr): retries asked, allowed and denied by reason, and what the recorded run
+  decided when the trace says it (record mode's allowed_here and denied).
 
 Example:
-  stormguard replay --policy ratio:percent=0.2,min_per_sec=10,ttl=10s trace.jsonl")]
+  stormguard replay --policy ratio:percent=0.2,min_per_sec=10,ttl=10s incident.jsonl")]
 pub struct ReplayArgs {
     /// The policy: KIND:key=value,... e.g. ratio:percent=0.2,min_per_sec=10,ttl=10s,
     /// concurrency:percent=0.2,min=3, token-bucket:max_tokens=10,token_ratio=0.1,
@@ -72,23 +88,113 @@ struct Event {
     n: Option<u64>,
     #[serde(default)]
     retries: Option<u64>,
+    /// What the recorded run decided for a `retry` (record mode writes it).
+    #[serde(default)]
+    allowed_here: Option<bool>,
+    /// Why the recorded run refused a `retry`.
+    #[serde(default)]
+    denied: Option<String>,
 }
 
-/// What one original request holds: its granted retries, unfinished ones counting in flight.
+/// The original request an event belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    /// Named by `id` (a number and its text are the same request).
+    Id(String),
+    /// A `request` without an id, named by its line.
+    Line(u64),
+    /// Events before any `request`.
+    Implicit,
+}
+
+/// One retry asked for a request.
+#[derive(Debug)]
+struct Ask {
+    /// The replayed policy's permit, when it allowed the retry.
+    permit: Option<RetryPermit>,
+    /// A `retry_done` is still expected for it: the trace sent it (`allowed_here`), or, in a
+    /// trace that does not say, this policy allowed it.
+    open: bool,
+}
+
+/// What one original request holds: its open retries, and the last one granted (for a quota
+/// refund).
 #[derive(Debug, Default)]
 struct Request {
-    permits: Vec<RetryPermit>,
+    asks: Vec<Ask>,
+    /// The request has succeeded: once no retry is open, it is forgotten.
+    ended: bool,
+}
+
+impl Request {
+    fn open(&self) -> bool {
+        self.asks.iter().any(|a| a.open)
+    }
+
+    /// Keeps the open retries and the last granted one; the rest can no longer matter.
+    fn prune(&mut self) {
+        let last = self.asks.iter().rposition(|a| a.permit.is_some());
+        let mut i = 0;
+        self.asks.retain(|a| {
+            let keep = a.open || Some(i) == last;
+            i += 1;
+            keep
+        });
+    }
+}
+
+/// Retries asked, and what the replayed policy and the recorded run decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// `retry` events replayed.
+    pub asked: u64,
+    /// Allowed by the replayed policy.
+    pub allowed: u64,
+    /// Denied by the replayed policy (its only reason is the budget).
+    pub denied_budget: u64,
+    /// Retries the trace says the recorded run sent (`"allowed_here": true`).
+    pub recorded_allowed: u64,
+    /// Retries the trace says the recorded run refused, by reason (`"denied"`; `unknown`
+    /// when a refusal names none).
+    pub recorded_denied: BTreeMap<String, u64>,
+    /// `retry_done` events that matched no open retry.
+    pub unmatched_done: u64,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} retries asked: {} allowed, {} denied (budget {})",
+            self.asked,
+            self.allowed,
+            self.asked - self.allowed,
+            self.denied_budget
+        )?;
+        let denied: u64 = self.recorded_denied.values().sum();
+        if self.recorded_allowed + denied > 0 {
+            let reasons: Vec<String> =
+                self.recorded_denied.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            write!(f, "; as recorded: {} allowed, {denied} denied", self.recorded_allowed)?;
+            if !reasons.is_empty() {
+                write!(f, " ({})", reasons.join(", "))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The replay state over one policy.
 #[derive(Debug)]
 pub struct Replay<B> {
     budget: B,
-    requests: HashMap<String, Request>,
-    current: Option<String>,
+    requests: HashMap<Key, Request>,
+    current: Key,
+    /// Requests granted a retry since the last `active` (whose permits that snapshot absorbs).
+    since_active: Vec<Key>,
     last_t_ms: u64,
-    /// `retry_done` events that matched no retry in flight.
-    pub unmatched_done: u64,
+    /// What was asked and decided so far.
+    pub summary: Summary,
     /// Only this dependency's events are replayed (`None`: the trace must hold one).
     only: Option<String>,
     /// The dependency the events replayed so far belong to.
@@ -115,9 +221,10 @@ impl<B: RetryBudget> Replay<B> {
         Replay {
             budget,
             requests: HashMap::new(),
-            current: None,
+            current: Key::Implicit,
+            since_active: Vec::new(),
             last_t_ms: 0,
-            unmatched_done: 0,
+            summary: Summary::default(),
             only: None,
             seen: None,
         }
@@ -130,11 +237,18 @@ impl<B: RetryBudget> Replay<B> {
     }
 
     /// The request an event belongs to: its `id`, or the most recent `request`.
-    fn request_key(&self, id: &Option<Value>) -> Option<String> {
+    fn request_key(&self, id: &Option<Value>) -> Key {
         match id {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(v) => Some(v.to_string()),
+            Some(Value::String(s)) => Key::Id(s.clone()),
+            Some(v) => Key::Id(v.to_string()),
             None => self.current.clone(),
+        }
+    }
+
+    /// Forgets a request that has ended and has no retry open.
+    fn forget_if_done(&mut self, key: &Key) {
+        if self.requests.get(key).is_some_and(|r| r.ended && !r.open()) {
+            self.requests.remove(key);
         }
     }
 
@@ -171,28 +285,25 @@ impl<B: RetryBudget> Replay<B> {
             "request" => {
                 self.budget.record_request(now);
                 // A request without an id is its own request, named by its line.
-                let key = self.request_key(&ev.id).filter(|_| ev.id.is_some());
-                self.current = Some(key.unwrap_or_else(|| format!("#line{line_no}")));
+                self.current = match &ev.id {
+                    Some(_) => self.request_key(&ev.id),
+                    None => Key::Line(line_no),
+                };
                 None
             }
             "success" => {
                 let retried = ev.retry.unwrap_or(false);
                 let key = self.request_key(&ev.id);
-                if let Some(key) = key {
-                    let finished = match self.requests.get_mut(&key) {
-                        Some(req) => {
-                            if retried && let Some(last) = req.permits.last_mut() {
-                                last.succeeded();
-                            }
-                            req.permits.iter().all(|p| !p.is_in_flight())
-                        }
-                        None => false,
-                    };
-                    // The request is over; keep only retries still in flight.
-                    if finished {
-                        self.requests.remove(&key);
+                if let Some(req) = self.requests.get_mut(&key) {
+                    if retried
+                        && let Some(last) =
+                            req.asks.iter_mut().rev().find_map(|a| a.permit.as_mut())
+                    {
+                        last.succeeded();
                     }
+                    req.ended = true;
                 }
+                self.forget_if_done(&key);
                 self.budget.record_outcome(now, Outcome::Success { retried });
                 None
             }
@@ -201,34 +312,77 @@ impl<B: RetryBudget> Replay<B> {
                 None
             }
             "retry" => {
-                let allowed = match self.budget.try_retry(now, kind) {
-                    Ok(permit) => {
-                        let key = self.request_key(&ev.id).unwrap_or_default();
-                        let req = self.requests.entry(key).or_default();
-                        // Finished retries are kept only as the last one, for a quota refund.
-                        req.permits.retain(RetryPermit::is_in_flight);
-                        req.permits.push(permit);
-                        true
+                let key = self.request_key(&ev.id);
+                let permit = self.budget.try_retry(now, kind).ok();
+                let allowed = permit.is_some();
+                let s = &mut self.summary;
+                s.asked += 1;
+                if allowed {
+                    s.allowed += 1;
+                } else {
+                    s.denied_budget += 1;
+                }
+                match (ev.allowed_here, ev.denied) {
+                    (Some(true), _) => s.recorded_allowed += 1,
+                    (Some(false), reason) | (None, reason @ Some(_)) => {
+                        *s.recorded_denied
+                            .entry(reason.unwrap_or_else(|| "unknown".into()))
+                            .or_default() += 1;
                     }
-                    Err(_) => false,
-                };
+                    (None, None) => {}
+                }
+                let open = ev.allowed_here.unwrap_or(allowed);
+                if allowed || open {
+                    // Only a concurrency permit counts in flight; the next snapshot absorbs it.
+                    if permit.as_ref().is_some_and(RetryPermit::is_in_flight) {
+                        self.since_active.push(key.clone());
+                    }
+                    let req = self.requests.entry(key).or_default();
+                    req.asks.push(Ask { permit, open });
+                    req.ended = false;
+                    req.prune();
+                }
                 Some(serde_json::json!({"t_ms": ev.t_ms, "op": "retry", "allowed": allowed}))
             }
             "retry_done" => {
-                let key = self.request_key(&ev.id).unwrap_or_default();
-                let done = self
+                let key = self.request_key(&ev.id);
+                let ask = self
                     .requests
                     .get_mut(&key)
-                    .and_then(|req| req.permits.iter_mut().rev().find(|p| p.is_in_flight()))
-                    .map(RetryPermit::finish);
-                if done.is_none() {
-                    self.unmatched_done += 1;
+                    .and_then(|req| req.asks.iter_mut().rev().find(|a| a.open));
+                match ask {
+                    Some(ask) => {
+                        ask.open = false;
+                        if let Some(p) = ask.permit.as_mut() {
+                            p.finish();
+                        }
+                        if let Some(req) = self.requests.get_mut(&key) {
+                            req.prune();
+                        }
+                        self.forget_if_done(&key);
+                    }
+                    None => self.summary.unmatched_done += 1,
                 }
                 None
             }
             "active" => {
                 let n = ev.n.ok_or("active needs \"n\" (requests in flight, pending included)")?;
-                self.budget.set_active(n, ev.retries.unwrap_or(0));
+                let retries = ev.retries.unwrap_or(0);
+                if retries > n {
+                    return Err(format!(
+                        "active: retries ({retries}) cannot exceed n ({n}), which includes them"
+                    ));
+                }
+                // The snapshot already counts the retries granted before it: they stop
+                // counting on their own (their `retry_done` still closes them).
+                for key in self.since_active.drain(..) {
+                    if let Some(req) = self.requests.get_mut(&key) {
+                        for p in req.asks.iter_mut().filter_map(|a| a.permit.as_mut()) {
+                            p.finish();
+                        }
+                    }
+                }
+                self.budget.set_active(n, retries);
                 None
             }
             "balance" => {
@@ -276,10 +430,11 @@ pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if let (Some(only), None) = (&replay.only, &replay.seen) {
         return Err(Failure::usage(format!("{name}: no event is tagged with dependency {only:?}")));
     }
-    if replay.unmatched_done > 0 {
+    eprintln!("stormguard replay: {name}: {}", replay.summary);
+    if replay.summary.unmatched_done > 0 {
         eprintln!(
             "stormguard: {name}: {} retry_done event(s) matched no retry in flight and were ignored",
-            replay.unmatched_done
+            replay.summary.unmatched_done
         );
     }
     Ok(())
