@@ -390,3 +390,21 @@ async fn a_held_slot_comes_back_when_the_dependency_answers() {
         assert_eq!(dep.snapshot().limiter.in_flight, 0, "the hold passed");
     }
 }
+
+/// A concurrency budget counts a retry until it finishes: a failed retry no longer counts
+/// when the next one is decided. With room for one retry in flight, a request may retry twice
+/// in a row (each retry alone in flight); counting the first until the second is admitted
+/// would refuse the second with `budget`.
+#[tokio::test(start_paused = true)]
+async fn a_failed_retry_stops_counting_before_the_next_is_decided() {
+    let dep = dependency(|c| {
+        c.budget = "concurrency:percent=0,min=1".parse().unwrap();
+        c.retry.max_retries = 2;
+    });
+    let svc = Scripted::new(vec![(503, vec![]), (503, vec![])]);
+    let resp =
+        StormguardLayer::new(dep.clone()).layer(svc.clone()).oneshot(request(Method::GET)).await;
+    assert_eq!(resp.unwrap().status(), 200, "the second retry was allowed and answered");
+    assert_eq!(svc.calls(), 3);
+    assert_eq!(dep.snapshot().counters.denied(Denied::Budget), 0);
+}
