@@ -412,7 +412,7 @@ where
         let kind = failed.failure.kind();
         // The failed retry has finished: its budget permit (a concurrency budget's count of
         // retries in flight) ends here, not when the next retry is admitted.
-        charges = None;
+        drop(charges.take());
         if id.is_some() {
             dep.record(id, now, TraceOp::Failure(kind));
             if attempt > 1 {
