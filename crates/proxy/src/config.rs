@@ -48,6 +48,8 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 pub const DEFAULT_SCOPE_MAX: usize = 65_536;
 /// How long a drain waits for requests in flight by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default `body_idle_timeout`: 10 s.
+pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Distinct `client` label values by default.
 pub const DEFAULT_CLIENT_MAX: usize = 32;
 
@@ -76,6 +78,11 @@ pub struct ProxyConfig {
     /// On SIGTERM (or [`ProxyHandle::drain`](crate::ProxyHandle::drain)): how long requests in
     /// flight may take to finish before their connections are closed. Default 10 s.
     pub drain_timeout: Duration,
+    /// The longest a caller may go without sending request body bytes: past it the request is
+    /// answered `408`, and an attempt already holding a slot is cut and its slot comes back.
+    /// A body up to the replay buffer is received whole before its attempt asks for a slot.
+    /// Default 10 s.
+    pub body_idle_timeout: Duration,
     /// The file this config was read from (set by [`ProxyConfig::load`]): `POST /reload` and
     /// SIGHUP read it again.
     pub source: Option<PathBuf>,
@@ -538,6 +545,7 @@ impl ProxyConfig {
             client_header: None,
             client_max: DEFAULT_CLIENT_MAX,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             source: None,
         }
     }
@@ -546,6 +554,9 @@ impl ProxyConfig {
     pub fn validate(&self) -> Result<(), (String, String)> {
         if self.dependencies.is_empty() {
             return Err(("dependency".into(), "a config needs at least one [[dependency]]".into()));
+        }
+        if self.body_idle_timeout.is_zero() {
+            return Err(("body_idle_timeout".into(), "must be more than 0".into()));
         }
         for (i, d) in self.dependencies.iter().enumerate() {
             d.validate().map_err(|(k, r)| (format!("dependency[{i}].{k}"), r))?;
@@ -710,6 +721,7 @@ impl ProxyConfig {
             "client_header": self.client_header.as_ref().map(HeaderName::as_str),
             "client_max": self.client_max,
             "drain_timeout": dur(Some(self.drain_timeout)),
+            "body_idle_timeout": dur(Some(self.body_idle_timeout)),
         })
     }
 }
@@ -797,6 +809,7 @@ struct RawConfig {
     client_header: Option<Spanned<String>>,
     client_max: Option<Spanned<u64>>,
     drain_timeout: Option<Spanned<String>>,
+    body_idle_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -998,6 +1011,13 @@ impl RawConfig {
             None => DEFAULT_DRAIN_TIMEOUT,
             Some(d) => duration(d, "drain_timeout")?,
         };
+        let body_idle_timeout = match &self.body_idle_timeout {
+            None => DEFAULT_BODY_IDLE_TIMEOUT,
+            Some(d) => {
+                spans.put("body_idle_timeout".into(), d.span());
+                duration(d, "body_idle_timeout")?
+            }
+        };
         Ok(ProxyConfig {
             listeners,
             dependencies,
@@ -1008,6 +1028,7 @@ impl RawConfig {
             client_header,
             client_max,
             drain_timeout,
+            body_idle_timeout,
             source: None,
         })
     }

@@ -31,6 +31,7 @@
 //! per-route series), [`reload`]. The narrative is in docs/proxy.md.
 
 pub mod admin;
+pub mod body;
 pub mod config;
 mod fleet;
 pub mod grpc;
@@ -418,6 +419,18 @@ impl Collector for ProxyCollector {
         )?;
         for (reason, n) in
             [("not_routable", &state.refused_not_routable), ("no_route", &state.refused_no_route)]
+        {
+            ConstCounter::new(n.load(Ordering::Relaxed))
+                .encode(m.encode_family(&[("reason", reason)])?)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "stormguard_proxy_client_errors",
+            "requests whose caller's body failed, answered by the proxy and counted by neither the breaker nor the budget: body-timeout (408), body-malformed (400)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in
+            [("body-timeout", &state.body_timeouts), ("body-malformed", &state.body_malformed)]
         {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("reason", reason)])?)?;

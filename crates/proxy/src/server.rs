@@ -63,6 +63,9 @@ pub(crate) struct State {
     /// Requests refused before any dependency: absolute-form for other hosts, no route.
     pub(crate) refused_not_routable: AtomicU64,
     pub(crate) refused_no_route: AtomicU64,
+    /// Callers whose request body stalled past `body_idle_timeout` (408), or broke (400).
+    pub(crate) body_timeouts: AtomicU64,
+    pub(crate) body_malformed: AtomicU64,
     /// The per-route series.
     pub(crate) traffic: crate::traffic::Traffic,
     /// The trace file, in record mode.
@@ -94,6 +97,8 @@ impl State {
             current: RwLock::new(Arc::new(shared)),
             refused_not_routable: AtomicU64::new(0),
             refused_no_route: AtomicU64::new(0),
+            body_timeouts: AtomicU64::new(0),
+            body_malformed: AtomicU64::new(0),
             trace,
             draining: AtomicBool::new(false),
             reloads: AtomicU64::new(0),
@@ -103,6 +108,24 @@ impl State {
             reload_lock: tokio::sync::Mutex::new(()),
             fleets,
         }
+    }
+
+    /// Counts a caller's body failure.
+    pub(crate) fn count_caller_body(&self, timed_out: bool) {
+        let c = if timed_out { &self.body_timeouts } else { &self.body_malformed };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The answer to a caller whose body failed before its request reached a dependency:
+    /// `408` when it stalled, `400` when it broke; counted, and logged at debug.
+    pub(crate) fn caller_body_failed(
+        &self,
+        e: &crate::body::CallerBodyError,
+    ) -> Response<ProxyBody> {
+        tracing::debug!(error = %e, "the caller's request body failed");
+        let resp = crate::stack::caller_body_answer(e);
+        self.count_caller_body(matches!(e, crate::body::CallerBodyError::Stalled(_)));
+        resp
     }
 
     /// The configuration requests are served by now.
@@ -272,6 +295,14 @@ pub(crate) async fn handle(
         }
     }
     let limit = dep.dependency.config().body_limit;
+    // The body first, before any slot: up to the replay buffer whole, a larger one its first
+    // bytes. A caller that stalls or sends a broken body is answered here, and the dependency,
+    // its breaker and its budget never see it.
+    let body = match crate::body::receive(body, limit, shared.config.body_idle_timeout).await {
+        Ok(b) => b,
+        Err(e) => return state.caller_body_failed(&e),
+    };
+    parts.extensions.insert(body.received());
     let req = Request::from_parts(parts, ReplayBody::new(body, limit));
     let resp = match dep.service.clone().oneshot(req).await {
         Ok(r) => r,
@@ -280,6 +311,11 @@ pub(crate) async fn handle(
             local(StatusCode::BAD_GATEWAY, None, "stormguard: the upstream client failed\n")
         }
     };
+    if let Some(reason) = resp.headers().get(&crate::stack::ERROR_HEADER)
+        && (reason == "body-timeout" || reason == "body-malformed")
+    {
+        state.count_caller_body(reason == "body-timeout");
+    }
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
     state.traffic.count(crate::traffic::Finished {
         dependency: &dep.name,

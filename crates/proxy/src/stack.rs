@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use crate::body::CallerBody;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use stormguard_core::Denied;
 use stormguard_http::stacked::ATTEMPT_HEADER;
 use stormguard_tower::{
@@ -29,7 +29,7 @@ pub use crate::upstream::UpstreamClient;
 /// The body the proxy answers with.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// A request on its way to the upstream: the caller's body, copied for retries while sent.
-pub type UpstreamRequest = Request<ReplayBody<Incoming>>;
+pub type UpstreamRequest = Request<ReplayBody<CallerBody>>;
 /// One dependency's stack. Refusals and upstream failures are responses; the error is only
 /// the client's readiness failing (hyper's client is always ready).
 pub type ProxyService = BoxCloneSyncService<UpstreamRequest, Response<ProxyBody>, BoxError>;
@@ -225,6 +225,18 @@ where
                     &format!("stormguard: refused ({reason})\n"),
                 )
             }
+            // The caller's own body failed during the attempt: the caller's failure.
+            Some(StormguardError::CallerBody { source }) => {
+                match crate::body::caller_body_error(&**source) {
+                    Some(e) => caller_body_answer(e),
+                    // The per-try timeout passed while the caller was still sending.
+                    None => local(
+                        StatusCode::REQUEST_TIMEOUT,
+                        Some((&ERROR_HEADER, "body-timeout")),
+                        "stormguard: the request body was still arriving when the per-try timeout passed\n",
+                    ),
+                }
+            }
             // The last attempt failed below HTTP and its retry was refused: the failure's own
             // answer (502/504), with the reason it was not retried, like any refused retry.
             Some(StormguardError::NotRetried { reason, source }) => {
@@ -236,6 +248,19 @@ where
             _ => failed(&*e),
         },
     })
+}
+
+/// The answer to a caller whose request body failed: `408` (`x-stormguard-error:
+/// body-timeout`) when it stalled, `400` (`body-malformed`) when it broke. The connection is
+/// closed after it: what is left of the body cannot be read as a request.
+pub fn caller_body_answer(e: &crate::body::CallerBodyError) -> Response<ProxyBody> {
+    let (status, kind) = match e {
+        crate::body::CallerBodyError::Stalled(_) => (StatusCode::REQUEST_TIMEOUT, "body-timeout"),
+        _ => (StatusCode::BAD_REQUEST, "body-malformed"),
+    };
+    let mut resp = local(status, Some((&ERROR_HEADER, kind)), &format!("stormguard: {e}\n"));
+    resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// The proxy's answer to an attempt that failed below HTTP: 504 after the per-try timeout,

@@ -61,7 +61,7 @@ type Connector = ReadSettings<HttpsConnector<HttpConnector>>;
 /// The client of one dependency's upstreams. Cheap to clone: clones share the pool.
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
-    client: Client<Connector, ReplayBody<Incoming>>,
+    client: Client<Connector, ReplayBody<crate::body::CallerBody>>,
     peer: PeerStreams,
 }
 
@@ -72,7 +72,7 @@ impl UpstreamClient {
     }
 }
 
-impl Service<Request<ReplayBody<Incoming>>> for UpstreamClient {
+impl Service<Request<ReplayBody<crate::body::CallerBody>>> for UpstreamClient {
     type Response = Response<Incoming>;
     type Error = hyper_util::client::legacy::Error;
     type Future = hyper_util::client::legacy::ResponseFuture;
@@ -82,7 +82,7 @@ impl Service<Request<ReplayBody<Incoming>>> for UpstreamClient {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<ReplayBody<Incoming>>) -> Self::Future {
+    fn call(&mut self, req: Request<ReplayBody<crate::body::CallerBody>>) -> Self::Future {
         self.client.request(req)
     }
 }

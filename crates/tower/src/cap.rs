@@ -77,6 +77,27 @@ pub(crate) struct AttemptDeadline(pub(crate) Timestamp);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimeLeft(pub std::time::Duration);
 
+/// A request extension: whether the caller's request body has been received whole (set by
+/// whoever reads it, e.g. the proxy). While it has not, a per-try timeout is the caller's
+/// slowness, not the dependency's: the attempt is cut with
+/// [`StormguardError::CallerBody`], its slot comes back at once (the dependency never had the
+/// whole request), and neither the breaker nor the budget counts it.
+#[derive(Clone, Debug, Default)]
+pub struct BodyReceived(Arc<std::sync::atomic::AtomicBool>);
+
+impl BodyReceived {
+    /// Marks the body received whole.
+    pub fn set(&self) {
+        // Release: pairs with the Acquire in `is_received`; nothing else is published.
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the body has been received whole.
+    pub fn is_received(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// Applies [`Cap`].
 #[derive(Clone, Debug)]
 pub struct CapLayer {
@@ -263,9 +284,10 @@ where
     // The per-try timer, apart: most attempts never need one polled.
     let timer = per_try.map(|limit| Box::pin(tokio::time::sleep(limit)));
     // `inner` was made ready by `poll_ready` before this request was accepted.
+    let body = timer.as_ref().and_then(|_| req.extensions().get::<BodyReceived>().cloned());
     let call = inner.call(req);
     let movable = dep.config().background.is_some();
-    let attempt = Attempt { dep, permit, total, probe, now, target };
+    let attempt = Attempt { dep, permit, total, probe, now, target, body };
     if movable {
         // A call that outlives its caller (a timeout, a dropped future) runs on in the
         // background until the dependency answers: box it so it can be moved there.
@@ -383,6 +405,16 @@ struct Attempt {
     now: Timestamp,
     /// Which upstream.
     target: usize,
+    /// Whether the caller's body has been received, when someone tracks it (and a per-try
+    /// timer runs).
+    body: Option<BodyReceived>,
+}
+
+impl Attempt {
+    /// Whether the caller is still sending the request body.
+    fn caller_still_sending(&self) -> bool {
+        self.body.as_ref().is_some_and(|b| !b.is_received())
+    }
 }
 
 pin_project! {
@@ -446,8 +478,11 @@ where
                 if sleep.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                // No spawner: the call is dropped, and its slots held for the whole hold.
                 let a = attempt.take().expect("a CapFuture polled after it finished");
+                if a.caller_still_sending() {
+                    return Poll::Ready(Err(caller_too_slow(a)));
+                }
+                // No spawner: the call is dropped, and its slots held for the whole hold.
                 let hold = a.dep.config().timeout_slot_hold;
                 drop(hold_slots(a, hold, Orphaned::TimedOut));
                 Poll::Ready(Err(StormguardError::Timeout.into()))
@@ -462,6 +497,11 @@ where
                 let Some(sleep) = timer else { return Poll::Pending };
                 if sleep.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
+                }
+                if flight.attempt.as_ref().is_some_and(Attempt::caller_still_sending) {
+                    flight.call = None;
+                    let a = flight.attempt.take().expect("checked above");
+                    return Poll::Ready(Err(caller_too_slow(a)));
                 }
                 // The dependency is still working on it: the call runs on to its answer, then
                 // gives the slot back (the hold gives it back first if it passes).
@@ -491,12 +531,23 @@ fn hold_slots(
     (a.permit.map(|p| p.hold(hold)), a.total.map(|p| p.hold(hold)))
 }
 
+/// The per-try timeout passed while the caller was still sending its body: the caller's
+/// failure. The call is cut (the dependency never had the whole request), the slots come back
+/// at once, and the breaker does not count it.
+fn caller_too_slow(a: Attempt) -> BoxError {
+    if let Some(p) = a.probe {
+        p.record(a.dep.now(), AttemptResult::NotCounted);
+    }
+    drop((a.permit, a.total));
+    StormguardError::CallerBody { source: Box::new(crate::error::CallerTooSlow) }.into()
+}
+
 /// Records the attempt's result and moves the slot into the response body.
 fn finish<RB, E: Into<BoxError>>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
-    let Attempt { dep, permit, total, probe, now, target } = attempt;
+    let Attempt { dep, permit, total, probe, now, target, .. } = attempt;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
     match result {
@@ -514,6 +565,14 @@ fn finish<RB, E: Into<BoxError>>(
         }
         Err(e) => {
             let e: BoxError = e.into();
+            if crate::error::is_caller_body_error(&*e) {
+                // The caller's body failed: not the dependency's failure, never retried.
+                if let Some(p) = probe {
+                    p.record(now, AttemptResult::NotCounted);
+                }
+                drop((permit, total));
+                return Err(StormguardError::CallerBody { source: e }.into());
+            }
             let kind = classify_error(&*e);
             if let Some(p) = probe {
                 let (failure, _) = stormguard_http::classify::classify_transport(kind);

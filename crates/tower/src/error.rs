@@ -28,6 +28,17 @@ pub enum StormguardError {
         #[source]
         source: BoxError,
     },
+    /// The caller's own request body failed — it ended early, was malformed, or the caller
+    /// was still sending it when the per-try timeout passed ([`BodyReceived`](crate::BodyReceived)).
+    /// The caller's failure, not the dependency's: the breaker and the budget do not count it,
+    /// and it is never retried.
+    #[error("the request body failed: {source}")]
+    CallerBody {
+        /// What failed: the body's error (a [`ReplayError::Body`](stormguard_http::body::ReplayError)
+        /// in its chain), or [`CallerTooSlow`].
+        #[source]
+        source: BoxError,
+    },
     /// The inner service failed below HTTP.
     #[error("{kind:?}: {source}")]
     Transport {
@@ -51,6 +62,31 @@ impl StormguardError {
     }
 }
 
+/// The per-try timeout passed while the caller was still sending its request body.
+#[derive(Debug, thiserror::Error)]
+#[error("the caller was still sending its request body when the per-try timeout passed")]
+pub struct CallerTooSlow;
+
+/// Whether an inner service's error is the caller's own request body failing: a
+/// [`ReplayError::Body`](stormguard_http::body::ReplayError::Body) in its source chain (the
+/// client reports the error of the body it was sending).
+pub fn is_caller_body_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if matches!(
+            e.downcast_ref::<stormguard_http::body::ReplayError>(),
+            Some(stormguard_http::body::ReplayError::Body(_))
+        ) || matches!(
+            e.downcast_ref::<StormguardError>(),
+            Some(StormguardError::CallerBody { .. })
+        ) {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// Reads an inner service's error: connect failures, resets and timeouts from the `std::io`
 /// errors in its source chain, and from what common clients say in their messages ("connect",
 /// "connection refused"); HTTP/2 REFUSED_STREAM and a graceful GOAWAY as `h2` words them
@@ -64,7 +100,9 @@ pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportErr
             match se {
                 StormguardError::Transport { kind, .. } => return *kind,
                 StormguardError::Timeout => return TransportError::Timeout,
-                StormguardError::Denied(_) | StormguardError::NotRetried { .. } => {}
+                StormguardError::Denied(_)
+                | StormguardError::NotRetried { .. }
+                | StormguardError::CallerBody { .. } => {}
             }
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {

@@ -30,7 +30,7 @@ pub mod metrics;
 pub mod record;
 pub mod retry;
 
-pub use cap::{Cap, CapLayer, PermitBody, TimeLeft};
+pub use cap::{BodyReceived, Cap, CapLayer, PermitBody, TimeLeft};
 pub use dependency::{
     Dependency, DependencyConfig, DependencySnapshot, Spawner, UpstreamSnapshot, UpstreamSpec,
     UpstreamTarget,

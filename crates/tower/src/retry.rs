@@ -401,8 +401,11 @@ where
                 }
             },
             Err(e) => {
-                if let Some(StormguardError::Denied(_)) = e.downcast_ref::<StormguardError>() {
-                    // A local refusal of this attempt (queue, breaker): final.
+                if let Some(StormguardError::Denied(_) | StormguardError::CallerBody { .. }) =
+                    e.downcast_ref::<StormguardError>()
+                {
+                    // A local refusal of this attempt (queue, breaker), or the caller's own body
+                    // failing: final, and nothing the budget or the breaker counts.
                     return Err(result.err().expect("an error"));
                 }
                 let (failure, unsent) = classify_transport(classify_error(&**e));
@@ -552,7 +555,10 @@ where
     let resp = match svc.oneshot(req).await {
         Ok(resp) => resp,
         Err(e) => {
-            let refused = matches!(e.downcast_ref(), Some(StormguardError::Denied(_)));
+            let refused = matches!(
+                e.downcast_ref(),
+                Some(StormguardError::Denied(_) | StormguardError::CallerBody { .. })
+            );
             if id.is_some() && !refused {
                 let (failure, _) = classify_transport(classify_error(&*e));
                 dep.record(id, dep.now(), TraceOp::Failure(failure.kind()));

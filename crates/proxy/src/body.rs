@@ -1,0 +1,217 @@
+//! The caller's request body, received before its attempt takes a slot.
+//!
+//! A slot under the cap is the dependency's capacity: a caller that dawdles over its request
+//! body must not hold one. So a body that fits the replay buffer (64 KiB) is received whole
+//! before the request goes to its dependency's stack, and a larger one only once its first
+//! 64 KiB have arrived; either way a caller that sends nothing for `body_idle_timeout` (10 s by
+//! default) is answered `408` and, once its attempt holds a slot, the slot comes back. A
+//! malformed body (a broken chunk, a connection closed before `Content-Length` bytes) is the
+//! caller's failure too: `400`, or nothing when the caller has gone; neither the breaker nor the
+//! budget counts it, and it is never retried (see `StormguardError::CallerBody` in the tower
+//! crate).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use stormguard_tower::BodyReceived;
+
+/// What went wrong with a caller's request body.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallerBodyError {
+    /// The body broke: a malformed chunk, or the connection closed before the body ended.
+    #[error("the request body is malformed or ended early: {0}")]
+    Malformed(#[source] hyper::Error),
+    /// The caller sent no body bytes for this long.
+    #[error("the caller sent no request body bytes for {0:?}")]
+    Stalled(Duration),
+}
+
+/// The caller's body: what was received before the attempt, then (for a body larger than the
+/// replay buffer) the rest as it arrives, cut when the caller stalls.
+pub struct CallerBody {
+    head: VecDeque<Bytes>,
+    head_len: u64,
+    trailers: Option<HeaderMap>,
+    rest: Option<Incoming>,
+    idle: Duration,
+    /// Armed while the rest is awaited; reset on each frame.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    received: BodyReceived,
+}
+
+impl std::fmt::Debug for CallerBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallerBody")
+            .field("head_len", &self.head_len)
+            .field("streaming", &self.rest.is_some())
+            .finish()
+    }
+}
+
+impl CallerBody {
+    /// Whether the whole body was received before the attempt.
+    pub fn is_whole(&self) -> bool {
+        self.rest.is_none()
+    }
+
+    /// The flag the cap reads: set once the whole body has been received.
+    pub fn received(&self) -> BodyReceived {
+        self.received.clone()
+    }
+
+    /// A body with nothing in it (for tests and local requests).
+    pub fn empty() -> CallerBody {
+        let received = BodyReceived::default();
+        received.set();
+        CallerBody {
+            head: VecDeque::new(),
+            head_len: 0,
+            trailers: None,
+            rest: None,
+            idle: Duration::ZERO,
+            timer: None,
+            received,
+        }
+    }
+}
+
+/// Receives `body` until it ends or more than `limit` bytes have arrived, waiting at most
+/// `idle` for each frame.
+pub async fn receive(
+    mut body: Incoming,
+    limit: usize,
+    idle: Duration,
+) -> Result<CallerBody, CallerBodyError> {
+    let mut head = VecDeque::new();
+    let mut head_len = 0u64;
+    let mut trailers = None;
+    let received = BodyReceived::default();
+    let rest = loop {
+        if body.is_end_stream() {
+            break None;
+        }
+        match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(CallerBodyError::Stalled(idle)),
+            Ok(None) => break None,
+            Ok(Some(Err(e))) => return Err(CallerBodyError::Malformed(e)),
+            Ok(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    head_len += data.len() as u64;
+                    if !data.is_empty() {
+                        head.push_back(data);
+                    }
+                    if head_len > limit as u64 {
+                        break Some(body);
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        trailers = Some(t);
+                    }
+                }
+            },
+        }
+    };
+    if rest.is_none() {
+        received.set();
+    }
+    Ok(CallerBody { head, head_len, trailers, rest, idle, timer: None, received })
+}
+
+impl Body for CallerBody {
+    type Data = Bytes;
+    type Error = CallerBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, CallerBodyError>>> {
+        let this = &mut *self;
+        if let Some(data) = this.head.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        let Some(rest) = this.rest.as_mut() else {
+            return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+        };
+        match Pin::new(rest).poll_frame(cx) {
+            Poll::Ready(r) => {
+                if let Some(t) = this.timer.as_mut() {
+                    t.as_mut().reset(tokio::time::Instant::now() + this.idle);
+                }
+                match r {
+                    None => {
+                        this.rest = None;
+                        this.timer = None;
+                        this.received.set();
+                        Poll::Ready(None)
+                    }
+                    Some(Err(e)) => {
+                        this.rest = None;
+                        Poll::Ready(Some(Err(CallerBodyError::Malformed(e))))
+                    }
+                    Some(Ok(frame)) => {
+                        if frame.is_trailers() {
+                            this.received.set();
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                }
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.rest = None;
+                        Poll::Ready(Some(Err(CallerBodyError::Stalled(idle))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_empty()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head: u64 = self.head.iter().map(|b| b.len() as u64).sum();
+        match &self.rest {
+            None => SizeHint::with_exact(head),
+            Some(r) => {
+                let h = r.size_hint();
+                let mut s = SizeHint::new();
+                s.set_lower(h.lower().saturating_add(head));
+                if let Some(u) = h.upper() {
+                    s.set_upper(u.saturating_add(head));
+                }
+                s
+            }
+        }
+    }
+}
+
+/// The caller's body failure in `error`'s source chain, if that is what it is.
+pub fn caller_body_error<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a CallerBodyError> {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(c) = e.downcast_ref::<CallerBodyError>() {
+            return Some(c);
+        }
+        cur = e.source();
+    }
+    None
+}
