@@ -191,6 +191,27 @@ fn envoy_config_is_read_by_the_audit() {
     assert_eq!(v["findings"].as_array().unwrap().len(), 0, "{v}");
 }
 
+/// Envoy itself accepts the example (the audit reads retry settings and ignores the rest, so
+/// it would not notice a misspelt field). Needs `envoy` on the PATH; without it the test says
+/// so and checks nothing (scripts/test does not install Envoy).
+#[test]
+fn envoy_accepts_the_example_when_installed() {
+    let Ok(out) = std::process::Command::new("envoy")
+        .args(["--mode", "validate", "-c", "deploy/examples/envoy.yaml"])
+        .current_dir(root())
+        .output()
+    else {
+        eprintln!("skipped: no envoy on the PATH to validate deploy/examples/envoy.yaml");
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "envoy refuses deploy/examples/envoy.yaml:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The command in the audit's help, on the examples: what graph.toml's comment says.
 #[test]
 fn the_graph_gives_the_amplification_it_states() {
