@@ -124,7 +124,7 @@ CLK_TCK=$(getconf CLK_TCK)
 #     (no wait limit but the route timeout); HAProxy `maxqueue` + `timeout queue`;
 #   2 retries with 25..250 ms backoff: Envoy `retry_back_off`; HAProxy retries at once;
 #   retry budget: stormguard 25 % of primaries (3/s floor); Envoy `retry_budget` 20 % of
-#     everything in flight (the same headroom, DESIGN.md) with `min_retry_concurrency` 3;
+#     everything in flight (the same headroom, README.md) with `min_retry_concurrency` 3;
 #     HAProxy has none;
 #   retry on: 5xx, reset, connect failure, per-try timeout (Envoy's `5xx` includes the per-try
 #     timeout; HAProxy `retry-on conn-failure 500 502 503 504`, no timeout);

@@ -142,6 +142,39 @@ fn stormguard_findings() {
     );
 }
 
+/// TOML that is not a stormguard config is skipped, even when it uses the same names: a
+/// simulator scenario has a single `[dependency]` table, not `[[dependency]]` entries.
+#[test]
+fn other_toml_is_skipped() {
+    let scenario = "[fleet]\nrate = 10\n\n[dependency]\ncapacity = 10\nservice_time = \"50ms\"\n\n\
+                    [[policy]]\nretries = 1\n";
+    let script = "[[phase]]\nerror_rate = 0.3\n";
+    let r = audit_sources(
+        &[("storm.toml".into(), scenario.into()), ("phases.toml".into(), script.into())],
+        None,
+        &AuditOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(r.skipped.get("toml"), Some(&2), "{:?}", r.skipped);
+    assert!(r.findings.is_empty() && r.layers.is_empty());
+    // A stormguard config beside them is still read, and broken TOML is still an input error.
+    let config = "[[dependency]]\nname = \"payments\"\nupstreams = [\"http://127.0.0.1:9000\"]\n";
+    let r = audit_sources(
+        &[("storm.toml".into(), scenario.into()), ("sg.toml".into(), config.into())],
+        None,
+        &AuditOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(r.layers.len(), 1);
+    let err = audit_sources(
+        &[("bad.toml".into(), "[[dependency]\n".into())],
+        None,
+        &AuditOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, AuditError::Syntax { line: 1, .. }), "{err:?}");
+}
+
 #[test]
 fn three_hops_multiply_exactly() {
     let g = fixture("graph");

@@ -859,7 +859,7 @@ pub fn evaluate(a: &Assertions, report: &LoadReport) -> Vec<AssertionResult> {
                 format!(
                     "retry fraction: the upstream saw {} unmarked attempts for {} originals \
                      sent: the stack retries without marking its retries (x-stormguard-attempt, \
-                     or Envoy's x-envoy-attempt-count with include_attempt_count_in_request), \
+                     or Envoy's x-envoy-attempt-count with include_request_attempt_count), \
                      so they cannot be told from first tries",
                     u.first(),
                     report.sent

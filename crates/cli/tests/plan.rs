@@ -1,4 +1,4 @@
-//! `stormguard plan` against the worked example of DESIGN.md.
+//! `stormguard plan` against the README's worked example.
 
 use assert_cmd::Command;
 use predicates::prelude::*;

@@ -1,4 +1,5 @@
-//! `stormguard replay` against traces written by hand from DESIGN.md's rules (tests/replay/):
+//! `stormguard replay` against traces worked out by hand from the rules in docs/budgets.md
+//! (tests/replay/):
 //! `NAME.jsonl` is the input, `NAME.spec` the policy, `NAME.expected.jsonl` the exact output;
 //! `bad_NAME.jsonl` must exit 2 with `bad_NAME.expected_error` in the message.
 

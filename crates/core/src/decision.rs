@@ -1,8 +1,8 @@
 //! The retry decision, in one place: every placement (tower, the proxy, the simulator) asks
 //! [`RetryPolicy::decide`] and gets the same answer for the same facts.
 //!
-//! On a failed attempt the checks run in DESIGN.md's order, and the first refusal wins and is
-//! the reason:
+//! On a failed attempt the checks run in this order (docs/rules.md), and the first refusal wins
+//! and is the reason:
 //!
 //! 1. the failure is not in `retry_on` → no retry ([`Decision::NotRetryable`], not a denial);
 //! 2. [`Denied::NonIdempotent`], [`Denied::Body`], [`Denied::Attempts`], [`Denied::Stacked`];

@@ -1,7 +1,7 @@
 //! Why an attempt was refused: one small enum everywhere — metrics labels, logs, and the
 //! proxy's `x-stormguard-denied` header.
 //!
-//! The order of the variants is the order of the retry decision (DESIGN.md): on a failed
+//! The order of the variants is the order of the retry decision (docs/rules.md): on a failed
 //! attempt the first refusal wins and is the reason. `Queue` refuses primaries only.
 //!
 //! ```

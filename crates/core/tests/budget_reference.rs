@@ -1,6 +1,6 @@
 //! The four budget policies against naive reference models.
 //!
-//! Each model below is written from DESIGN.md ("Budget policies") alone, as plainly as possible:
+//! Each model below is written from docs/budgets.md ("Exactly what each allows") alone, as plainly as possible:
 //! the ratio model keeps every deposit and withdrawal in a `Vec` and recounts the window on each
 //! query, in exact integer arithmetic. Property tests run random event sequences through a real
 //! policy and its model side by side and require the same decision for every `try_retry` and the
@@ -64,7 +64,7 @@ struct RatioModel {
     min_per_sec_m: u64,
     ttl_ns: u64,
     deposit_on_success: bool,
-    /// Slices in the window: 10 per DESIGN.md; other values only in the mutation tests.
+    /// Slices in the window: 10 per docs/budgets.md; other values only in the mutation tests.
     window_slices: u64,
     /// `(time, true)` for a deposit, `(time, false)` for a withdrawal.
     events: Vec<(u64, bool)>,
@@ -147,7 +147,7 @@ struct ConcurrencyModel {
     requests: u64,
     retries: u64,
     granted: u64,
-    /// `<` per DESIGN.md; `≤` only in the mutation tests.
+    /// `<` per docs/budgets.md; `≤` only in the mutation tests.
     inclusive: bool,
 }
 
@@ -223,7 +223,7 @@ struct TokenBucketModel {
     max_milli: u64,
     ratio_milli: u64,
     milli: u64,
-    /// `>` per DESIGN.md; `≥` only in the mutation tests.
+    /// `>` per docs/budgets.md; `≥` only in the mutation tests.
     inclusive: bool,
 }
 
@@ -285,7 +285,7 @@ struct QuotaModel {
     throttle_cost: u64,
     reward: u64,
     tokens: u64,
-    /// `true` per DESIGN.md; `false` only in the mutation tests.
+    /// `true` per docs/budgets.md; `false` only in the mutation tests.
     cap_reward: bool,
 }
 
@@ -812,11 +812,11 @@ proptest! {
         let slice_ns = params.ttl_ms * NANOS_PER_MS / 10;
         let percent = Some(params.percent_m as f64 / MILLION as f64);
         let result = run(&*real, &mut model, &ops, slice_ns, every_step, percent);
-        prop_assert!(result.is_ok(), "{} disagrees with DESIGN.md: {}", params.spec(), result.unwrap_err());
+        prop_assert!(result.is_ok(), "{} disagrees with docs/budgets.md: {}", params.spec(), result.unwrap_err());
     }
 
     /// The same, with the first event anywhere in the first half of the `Timestamp` range or at
-    /// a unix-epoch millisecond (what a recorded trace's `t_ms` may well be). DESIGN.md aligns the
+    /// a unix-epoch millisecond (what a recorded trace's `t_ms` may well be). docs/budgets.md aligns the
     /// window to the clock's zero and bounds neither.
     #[test]
     fn ratio_matches_reference_far_from_zero(
@@ -836,7 +836,7 @@ proptest! {
         prop_assert!(
             result.is_ok(),
             "far from zero: {} starting at {start} ns (slice {} of \
-             the clock) disagrees with DESIGN.md: {}",
+             the clock) disagrees with docs/budgets.md: {}",
             params.spec(),
             start / slice_ns,
             result.unwrap_err()
@@ -853,7 +853,7 @@ proptest! {
         let mut model = ConcurrencyModel::new(&params);
         let percent = params.slots.is_none().then_some(params.percent_m as f64 / MILLION as f64);
         let result = run(&*real, &mut model, &ops, 1, every_step, percent);
-        prop_assert!(result.is_ok(), "{} disagrees with DESIGN.md: {}", params.spec(), result.unwrap_err());
+        prop_assert!(result.is_ok(), "{} disagrees with docs/budgets.md: {}", params.spec(), result.unwrap_err());
     }
 
     #[test]
@@ -865,7 +865,7 @@ proptest! {
         let real = params.build();
         let mut model = TokenBucketModel::new(&params);
         let result = run(&*real, &mut model, &ops, 1, every_step, None);
-        prop_assert!(result.is_ok(), "{} disagrees with DESIGN.md: {}", params.spec(), result.unwrap_err());
+        prop_assert!(result.is_ok(), "{} disagrees with docs/budgets.md: {}", params.spec(), result.unwrap_err());
     }
 
     #[test]
@@ -877,17 +877,17 @@ proptest! {
         let real = params.build();
         let mut model = QuotaModel::new(&params);
         let result = run(&*real, &mut model, &ops, 1, every_step, None);
-        prop_assert!(result.is_ok(), "{} disagrees with DESIGN.md: {}", params.spec(), result.unwrap_err());
+        prop_assert!(result.is_ok(), "{} disagrees with docs/budgets.md: {}", params.spec(), result.unwrap_err());
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fixed cases from DESIGN.md's text
+// Fixed cases from the text of docs/budgets.md
 // ---------------------------------------------------------------------------------------------
 
 #[test]
 fn ratio_grants_exactly_floor_n_times_percent_without_reserve() {
-    // tower#857 truncates 1/percent; DESIGN.md requires exactly floor(n × percent).
+    // tower#857 truncates 1/percent; docs/budgets.md requires exactly floor(n × percent).
     for (percent, n) in [("0.3", 10u64), ("0.333333", 999), ("0.07", 100), ("2.5", 3)] {
         let budget = from_spec(&format!("ratio:percent={percent},min_per_sec=0,ttl=10s"));
         let t = Timestamp::from_millis(500);
@@ -948,7 +948,7 @@ fn ratio_holds_far_from_the_clock_zero() {
     assert_eq!(
         granted, 0,
         "far from zero: ratio:percent=0,min_per_sec=0,ttl=5s granted \
-         {granted} of 5 retries at t = 1 750 000 000 000 ms; DESIGN.md: percent 0 with min 0 never \
+         {granted} of 5 retries at t = 1 750 000 000 000 ms; docs/budgets.md: percent 0 with min 0 never \
          allows a retry"
     );
     let one = from_spec("ratio:percent=1,min_per_sec=0,ttl=5s");

@@ -540,7 +540,7 @@ impl ResetHeader {
     }
 }
 
-/// The reset headers read by default, after DESIGN.md: `x-ratelimit-reset` and `ratelimit-reset`
+/// The reset headers read by default (docs/headers.md): `x-ratelimit-reset` and `ratelimit-reset`
 /// as [`ResetFormat::UnixOrDelta`], `anthropic-ratelimit-*-reset` as RFC 3339, and
 /// `x-ratelimit-reset-*` as Go durations.
 pub fn default_reset_headers() -> Vec<ResetHeader> {

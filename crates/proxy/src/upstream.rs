@@ -1,7 +1,7 @@
 //! The upstream client: HTTP/1.1 and HTTP/2, plaintext and TLS, with no queue hidden under
 //! the limiter.
 //!
-//! The limiter is only honest if nothing below it queues (DESIGN.md: hidden queues). Over
+//! The limiter is only honest if nothing below it queues (docs/proxy.md, "HTTP/2 and gRPC upstreams"). Over
 //! HTTP/1.1 that means a pool of at least `cap` connections. Over HTTP/2 every request to an
 //! upstream shares one connection (hyper-util's pool keeps one per host), and the peer says in
 //! its SETTINGS how many streams it takes at once (`SETTINGS_MAX_CONCURRENT_STREAMS`). hyper's

@@ -264,7 +264,8 @@ async fn get(c: &Client<HttpConnector, Full<Bytes>>, uri: &str) -> (StatusCode, 
     (status, resp.into_body().collect().await.unwrap().to_bytes())
 }
 
-/// A proxy with two dependencies, each with a breaker, one behind a route and failing: after
+/// A proxy with two dependencies, each with a breaker (one with a ratio budget, one with a
+/// concurrency budget), one behind a route and failing: after
 /// a few requests (successes, and a failure that is retried) every family is in the scrape.
 async fn scrape_of_a_busy_proxy() -> Scrape {
     let healthy = chaos(Phase::default()).await;
@@ -276,7 +277,11 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
         d
     };
     let mut config = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), dep("payments", &healthy));
-    config.dependencies.push(dep("ledger", &failing));
+    // ledger's budget is a concurrency one: the rules and the dashboard read each policy's
+    // percent by the `policy` label, so both values must be in the scrape.
+    let mut ledger = dep("ledger", &failing);
+    ledger.budget = "concurrency:percent=0.2,min=3".parse().unwrap();
+    config.dependencies.push(ledger);
     config.routes.push(RouteConfig {
         host: None,
         path_prefix: "/ledger".into(),

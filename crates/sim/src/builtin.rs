@@ -3,7 +3,7 @@
 //!
 //! | name | shows |
 //! | --- | --- |
-//! | `worked-example` | DESIGN.md's table: 16 planned in flight, 5 / 20 / 40 % errors, retry once vs. a 25 % budget under a shared cap of 20 |
+//! | `worked-example` | the README's table: 16 planned in flight, 5 / 20 / 40 % errors, retry once vs. a 25 % budget under a shared cap of 20 |
 //! | `slow-dependency` | latency rises past the per-try timeout, no errors: timeouts alone make the storm |
 //! | `metastable` | a short trigger leaves naive retries stuck in overload after it is gone; budgets recover |
 //! | `fan-out` | 5 parallel calls per action: tails multiply; per-hop versus per-action budgets |

@@ -163,7 +163,8 @@ pub struct ClientConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeldSlotRelease {
     /// When the dependency answers (the late answer is seen) or the hold passes, whichever is
-    /// first (`HeldSlot::upstream_answered`): DESIGN.md's rule. `held_slot = "until-answer"`.
+    /// first (`HeldSlot::upstream_answered`): what the proxy, and the tower layer given a spawner,
+    /// do. `held_slot = "until-answer"`.
     OnAnswer,
     /// Only when the hold passes, answer or not: what a placement that stops reading the
     /// connection at the timeout does. `held_slot = "full-hold"`.

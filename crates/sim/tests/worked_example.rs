@@ -1,4 +1,4 @@
-//! DESIGN.md's worked example, reproduced by the model: 16 calls planned in flight behind a
+//! The README's worked example, reproduced by the model: 16 calls planned in flight behind a
 //! cap of 20, at 5, 20 and 40 % errors.
 
 use stormguard_sim::{PolicyReport, Report, builtin, simulate};

@@ -7,7 +7,7 @@
 //!
 //! | signal | metrics |
 //! | --- | --- |
-//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_budget_percent`, `stormguard_budget_utilization`, `stormguard_budget_balance` |
+//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
 //! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap`, `stormguard_queued`, `stormguard_held_slots` |
 //! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
 //! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
@@ -129,11 +129,14 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     )?;
     let b = &s.budget;
     if let Some(p) = b.percent {
+        // `policy` says what the fraction is a share of: original requests (ratio) or everything
+        // in flight (concurrency); the alert rules compare each with its own retry fraction.
         gauge(
             &mut enc,
             "stormguard_budget_percent",
-            "The budget's configured fraction.",
-            &[(base.clone(), p)],
+            "The budget's configured fraction: of original requests (policy ratio), or of \
+             everything in flight (policy concurrency).",
+            &[(vec![("dependency", dep), ("policy", b.policy)], p)],
         )?;
     }
     gauge(
@@ -414,7 +417,7 @@ mod tests {
         for name in [
             "stormguard_requests_total{dependency=\"payments\"}",
             "stormguard_denied_total{dependency=\"payments\",reason=\"budget\"} 0",
-            "stormguard_budget_percent{dependency=\"payments\"} 0.2",
+            "stormguard_budget_percent{dependency=\"payments\",policy=\"ratio\"} 0.2",
             "stormguard_in_flight_bucket{le=\"1.0\",dependency=\"payments\"} 1",
             "stormguard_slot_wait_seconds_bucket{le=\"0.001\",dependency=\"payments\"} 1",
             "stormguard_slot_wait_seconds_bucket{le=\"0.01\",dependency=\"payments\"} 1",
@@ -425,5 +428,35 @@ mod tests {
         }
         assert!(!text.contains("quantile"));
         assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("stormguard_")));
+    }
+
+    /// The percent's `policy` label says what it is a share of; the policies without a percent
+    /// (and the fixed `slots` form of concurrency) export none.
+    #[tokio::test]
+    async fn budget_percent_is_labelled_with_its_policy() {
+        let scrape = |spec: &str| {
+            let mut config = DependencyConfig::new("payments");
+            config.budget = spec.parse().unwrap();
+            let dep = Dependency::try_new(config).unwrap();
+            let mut registry = Registry::default();
+            register(&mut registry, &dep);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text.lines()
+                .filter(|l| l.starts_with("stormguard_budget_percent"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            scrape("ratio:percent=0.25,min_per_sec=3"),
+            ["stormguard_budget_percent{dependency=\"payments\",policy=\"ratio\"} 0.25"]
+        );
+        assert_eq!(
+            scrape("concurrency:percent=0.2,min=3"),
+            ["stormguard_budget_percent{dependency=\"payments\",policy=\"concurrency\"} 0.2"]
+        );
+        for spec in ["concurrency:slots=4", "token-bucket", "quota"] {
+            assert_eq!(scrape(spec), Vec::<String>::new(), "{spec}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The retry layer: DESIGN.md's decision order around every failed attempt, outside the cap.
+//! The retry layer, outside the cap: the retry decision (docs/rules.md) on each failed attempt.
 //!
 //! Retry sits *outside* [`Cap`](crate::Cap): every attempt passes through the cap and takes its
 //! own slot, and a retry takes its slot with `try_acquire` when its backoff ends, so it can never

@@ -193,7 +193,7 @@ fn every_alert_has_a_runbook_section() {
             urls.push(u.trim().trim_matches('"').to_string());
         }
     }
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
     assert_eq!(urls.len(), alerts.len(), "every alert needs one runbook_url: {urls:?}");
     assert_eq!(rules.matches("severity:").count(), alerts.len());
     for (alert, url) in alerts.iter().zip(&urls) {

@@ -58,6 +58,18 @@ impl Lines {
 /// Reads a TOML file: stormguard config when it has `[[dependency]]` or `[[listener]]` tables,
 /// otherwise skipped as `toml`.
 pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), AuditError> {
+    // Other TOML may use the same names differently (a simulator scenario's single
+    // `[dependency]` table, a chaos script): only arrays of tables make a stormguard config.
+    // Text that is not TOML at all falls through to the error below, with its position.
+    if let Ok(table) = toml::from_str::<toml::Table>(text)
+        && !["dependency", "listener"]
+            .iter()
+            .any(|k| table.get(*k).is_some_and(toml::Value::is_array))
+    {
+        c.documents += 1;
+        c.skip("toml");
+        return Ok(());
+    }
     let lines = Lines::new(text);
     let raw: RawFile = toml::from_str(text).map_err(|e| {
         let offset = e.span().map_or(0, |s| s.start);

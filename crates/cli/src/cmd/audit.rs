@@ -39,7 +39,7 @@ Graph (TOML), one table per call:
 Exit: 0 clean, 1 a finding at or above --fail-on, 2 unreadable input.
 
 Example:
-  stormguard audit deploy/ --graph graph.toml --max-amplification 3")]
+  stormguard audit deploy/examples --graph deploy/examples/graph.toml --max-amplification 3")]
 pub struct AuditArgs {
     /// Config files or directories to audit.
     #[arg(value_name = "PATH", required = true)]

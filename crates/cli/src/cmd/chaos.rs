@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args, ValueEnum};
 use stormguard_chaos::{ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, RateLimit, Script};
-use stormguard_core::decimal::parse_duration;
+use stormguard_core::decimal::{format_duration, parse_duration};
 
 use crate::Failure;
 
@@ -31,8 +31,10 @@ Examples:
   # A server with its own limits: 20 in flight, 100 requests per second:
   stormguard chaos --max-concurrency 20 --rate-limit 100/s
 
-  # Phases over time (healthy, storm, recovery) from a script:
-  stormguard chaos --script phases.toml
+  # Phases over time (healthy, storm, slow, recovery) from a script; --check reads and checks
+  # it (exit 2 naming file, line, column and key) and prints the phases without serving:
+  stormguard chaos --script deploy/examples/phases.toml
+  stormguard chaos --script deploy/examples/phases.toml --check
 
 While it runs:
   curl -s localhost:9000/stats              what it saw: requests, retries, in_flight, status_counts
@@ -104,6 +106,10 @@ pub struct ChaosArgs {
     /// Stop after this long (default: run until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<String>,
+    /// Check the script (or the flags) and print its phases, without serving: exit 0 when
+    /// it is valid, 2 naming the file, line, column and key when not.
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// A latency shape fitted to a p50 and a p99.
@@ -222,10 +228,16 @@ pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
     Ok(config)
 }
 
-/// Runs `stormguard chaos` until Ctrl-C, SIGTERM or `--duration`.
+/// Runs `stormguard chaos` until Ctrl-C, SIGTERM or `--duration` (or, with `--check`, only
+/// checks and summarizes what it would serve).
 pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let config = config_from_args(args)?;
     let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    if args.check {
+        // What the server would refuse at start (an empty script) is refused here too.
+        config.script.validate().map_err(Failure::usage)?;
+        return summarize(args, &config, out);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -253,6 +265,31 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
     serde_json::to_writer_pretty(&mut *out, &stats)
         .map_err(|e| Failure::runtime(format!("cannot write the stats: {e}")))?;
     writeln!(out)?;
+    Ok(())
+}
+
+/// `--check`: one line for the script, one per phase.
+fn summarize(args: &ChaosArgs, config: &ChaosConfig, out: &mut dyn Write) -> Result<(), Failure> {
+    let source = args.script.as_ref().map_or("the flags".to_string(), |p| p.display().to_string());
+    let s = &config.script;
+    let n = s.phases.len();
+    writeln!(
+        out,
+        "{source}: ok ({n} phase{}, seed {}, on_disconnect {}{})",
+        if n == 1 { "" } else { "s" },
+        config.seed,
+        config.on_disconnect,
+        if s.repeat { ", repeats" } else { "" },
+    )?;
+    for (i, p) in s.phases.iter().enumerate() {
+        let lasts = p.duration.map_or("until advanced".to_string(), format_duration);
+        let errors = if p.error_rate > 0.0 {
+            format!("error_rate {} ({})", p.error_rate, p.status)
+        } else {
+            "no injected errors".to_string()
+        };
+        writeln!(out, "  phase[{i}] {}: {lasts}, {errors}", p.name)?;
+    }
     Ok(())
 }
 

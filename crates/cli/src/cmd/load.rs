@@ -35,7 +35,7 @@ loop at about 16 first tries in flight, so retries without a cap push the upstre
 The retry fraction is the retries the upstream saw over the first attempts it saw. A retry is
 an attempt marked as one (x-stormguard-attempt or x-envoy-attempt-count above 1,
 grpc-previous-rpc-attempts above 0): Envoy marks its retries only with
-include_attempt_count_in_request. A stack whose unmarked attempts outnumber the originals sent
+include_request_attempt_count. A stack whose unmarked attempts outnumber the originals sent
 fails the assertion. The upstream's stats are reset when the run starts. A run in which no
 request was answered (the target down, every request reset or timed out) fails whatever was
 asserted. Exit codes: 0 every assertion held, 1 one was violated or nothing was answered,

@@ -21,8 +21,9 @@ Examples:
   stormguard proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --cap 20 \\
     --budget ratio:percent=0.25,min_per_sec=3 --admin 127.0.0.1:9901
 
-  # Everything from a file (listeners, dependencies, routes):
-  stormguard proxy --config stormguard.toml
+  # Everything from a file (listeners, dependencies, routes), checked first:
+  stormguard check-config deploy/examples/stormguard.toml
+  stormguard proxy --config deploy/examples/stormguard.toml
 
 Admin: GET /metrics /healthz /readyz /config /stats.json /dashboard;
   POST /dependencies/NAME/retries {\"enabled\": false}   the kill switch
@@ -99,6 +100,12 @@ pub struct ProxyArgs {
 
 /// Flags of `stormguard check-config`.
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Example:
+  stormguard check-config deploy/examples/stormguard.toml
+
+Exit: 0 with a summary when the file is valid; 2 naming file, line, column and key when not.
+The config format is in docs/proxy.md; more examples are in deploy/examples/.")]
 pub struct CheckConfigArgs {
     /// The config file.
     pub file: PathBuf,

@@ -54,7 +54,9 @@ Output (stdout): {\"t_ms\":5,\"op\":\"retry\",\"allowed\":true} and
 Summary (stderr): retries asked, allowed and denied by reason, and what the recorded run
   decided when the trace says it (record mode's allowed_here and denied).
 
-Example:
+Example (eight requests, three of which ask for a retry; this policy allows one of them):
+  stormguard replay --policy ratio:percent=0.2,min_per_sec=0,ttl=10s deploy/examples/trace.jsonl
+A trace the proxy recorded (stormguard proxy --record incident.jsonl):
   stormguard replay --policy ratio:percent=0.2,min_per_sec=10,ttl=10s incident.jsonl")]
 pub struct ReplayArgs {
     /// The policy: KIND:key=value,... e.g. ratio:percent=0.2,min_per_sec=10,ttl=10s,

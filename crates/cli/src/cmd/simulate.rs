@@ -19,7 +19,7 @@ use crate::Failure;
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to start from):
-  worked-example   DESIGN.md's table: 16 planned in flight, cap 20, 5/20/40 % errors
+  worked-example   the README's table: 16 planned in flight, cap 20, 5/20/40 % errors
   slow-dependency  latency rises past the per-try timeout, no errors
   metastable       a short trigger leaves naive retries stuck; budgets recover
   fan-out          5 parallel calls per action: per-hop versus per-action budgets
@@ -28,7 +28,7 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
 Examples:
   stormguard simulate --builtin metastable --html report.html
   stormguard simulate --builtin worked-example --json
-  stormguard simulate storm.toml --policy retry-once --policy ratio-budget")]
+  stormguard simulate deploy/examples/storm.toml --policy retry-once --policy ratio-budget")]
 pub struct SimulateArgs {
     /// The scenario file (TOML); see docs/simulator.md for every key.
     #[arg(value_name = "FILE", conflicts_with = "builtin")]

@@ -158,6 +158,7 @@ impl RetryBudget for ConcurrencyBudget {
             balance: limit.saturating_sub(in_flight) as f64,
             utilization: super::utilization(in_flight as f64, limit as f64),
             percent: self.config.slots.is_none().then(|| self.config.percent.as_f64()),
+            policy: "concurrency",
         }
     }
 }

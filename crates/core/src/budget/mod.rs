@@ -105,7 +105,11 @@ pub struct BudgetSnapshot {
     /// How much of the budget is in use, in `0.0..=1.0`; `1.0` means no retry would be allowed.
     pub utilization: f64,
     /// The configured fraction (ratio and concurrency), for the `stormguard_budget_percent` gauge.
+    /// What it is a share of depends on [`policy`](Self::policy): original requests for `ratio`,
+    /// everything in flight (first tries and retries) for `concurrency`.
     pub percent: Option<f64>,
+    /// The policy's kind as a SPEC names it: `ratio`, `concurrency`, `token-bucket` or `quota`.
+    pub policy: &'static str,
 }
 
 /// A retry budget policy. Shared by every caller of a dependency; every method is non-blocking.

@@ -156,6 +156,7 @@ impl RetryBudget for QuotaBudget {
             balance: t as f64,
             utilization: super::utilization(cap.saturating_sub(t) as f64, cap as f64),
             percent: None,
+            policy: "quota",
         }
     }
 }

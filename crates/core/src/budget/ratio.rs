@@ -267,6 +267,7 @@ impl RetryBudget for RatioBudget {
             balance: self.balance(now) as f64,
             utilization: super::utilization(spent as f64, credit as f64),
             percent: Some(self.config.percent.as_f64()),
+            policy: "ratio",
         }
     }
 }

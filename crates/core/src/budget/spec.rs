@@ -286,6 +286,26 @@ mod tests {
         }
     }
 
+    /// A snapshot says which policy it comes from (the metrics label what `percent` is a share
+    /// of by it), and only ratio and the percent form of concurrency have a percent.
+    #[test]
+    fn snapshots_name_their_policy() {
+        use crate::budget::RetryBudget;
+        use crate::clock::Timestamp;
+        for (text, percent) in [
+            ("ratio:percent=0.25", Some(0.25)),
+            ("concurrency:percent=0.2,min=3", Some(0.2)),
+            ("concurrency:slots=4", None),
+            ("token-bucket:max_tokens=10,token_ratio=0.1", None),
+            ("quota", None),
+        ] {
+            let spec = BudgetSpec::parse(text).unwrap();
+            let snap = spec.build().unwrap().snapshot(Timestamp::ZERO);
+            assert_eq!(snap.policy, spec.kind(), "{text}");
+            assert_eq!(snap.percent, percent, "{text}");
+        }
+    }
+
     #[test]
     fn defaults_and_derived_values() {
         let BudgetSpec::Quota(q) = BudgetSpec::parse("quota:retry_cost=7").unwrap() else {

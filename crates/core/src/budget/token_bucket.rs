@@ -114,6 +114,7 @@ impl RetryBudget for TokenBucket {
             balance: t as f64 / MILLI as f64,
             utilization: super::utilization(used, max as f64 / 2.0),
             percent: None,
+            policy: "token-bucket",
         }
     }
 }
