@@ -116,7 +116,7 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
             "queued": t.queued,
         })),
         "oldest_permit_seconds": s.limiter.oldest_permit_age.map(|d| d.as_secs_f64()),
-        "budget": { "balance": s.budget.balance, "utilization": s.budget.utilization, "percent": s.budget.percent },
+        "budget": { "policy": s.budget.policy, "balance": s.budget.balance, "utilization": s.budget.utilization, "percent": s.budget.percent },
         "breaker": s.breaker.map(|b| format!("{b:?}")),
         "pushback_hold": s.hold_until.is_some(),
         "enforce": s.enforce,

@@ -282,6 +282,18 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
     let mut ledger = dep("ledger", &failing);
     ledger.budget = "concurrency:percent=0.2,min=3".parse().unwrap();
     config.dependencies.push(ledger);
+    // models has two upstreams under a total cap: the per-upstream and total series.
+    let mut models = dep("models", &healthy);
+    models.upstreams.push(failing.url("").parse().unwrap());
+    models.total_cap = Some(30);
+    config.dependencies.push(models);
+    config.routes.push(RouteConfig {
+        host: None,
+        path_prefix: "/models".into(),
+        dependency: "models".into(),
+        budget: None,
+        idempotent: false,
+    });
     config.routes.push(RouteConfig {
         host: None,
         path_prefix: "/ledger".into(),
@@ -296,6 +308,7 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
     for _ in 0..3 {
         assert_eq!(get(&c, &format!("{proxy}/")).await.0, StatusCode::OK);
     }
+    assert_eq!(get(&c, &format!("{proxy}/models/x")).await.0, StatusCode::OK);
     for _ in 0..2 {
         assert_eq!(get(&c, &format!("{proxy}/ledger/x")).await.0, StatusCode::SERVICE_UNAVAILABLE);
     }

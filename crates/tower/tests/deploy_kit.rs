@@ -28,8 +28,16 @@ fn scraped_families() -> (BTreeMap<String, String>, String) {
     let mut config = DependencyConfig::new("payments");
     config.breaker = Some(BreakerConfig::default()); // stormguard_breaker_state needs one
     let dep = Dependency::try_new(config).unwrap();
+    // Several upstreams under a total cap: the per-upstream and total series.
+    let mut models = DependencyConfig::new("models");
+    models.upstreams = ["a.example:443", "b.example:443"]
+        .map(|name| stormguard_tower::UpstreamSpec { name: name.into(), cap: 4 })
+        .to_vec();
+    models.total_cap = Some(6);
+    let models = Dependency::try_new(models).unwrap();
     let mut registry = Registry::default();
     stormguard_tower::metrics::register(&mut registry, &dep);
+    stormguard_tower::metrics::register(&mut registry, &models);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     let families = text
@@ -193,7 +201,7 @@ fn every_alert_has_a_runbook_section() {
             urls.push(u.trim().trim_matches('"').to_string());
         }
     }
-    assert_eq!(alerts.len(), 8, "{alerts:?}");
+    assert_eq!(alerts.len(), 10, "{alerts:?}");
     assert_eq!(urls.len(), alerts.len(), "every alert needs one runbook_url: {urls:?}");
     assert_eq!(rules.matches("severity:").count(), alerts.len());
     for (alert, url) in alerts.iter().zip(&urls) {

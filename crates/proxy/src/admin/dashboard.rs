@@ -62,7 +62,17 @@ pub(crate) fn numbers(d: &Value) -> Vec<(&'static str, &'static str, String)> {
     vec![
         ("requests", "first tries", n(u("requests"))),
         ("retries", "retries", n(u("retries"))),
-        ("retry_fraction", "retry fraction", ratio(u("retries"), u("requests"))),
+        // A concurrency budget's percent is a share of everything in flight: its fraction is
+        // retries per attempt; every other policy's, retries per first try.
+        (
+            "retry_fraction",
+            "retry fraction",
+            if d["budget"]["policy"] == "concurrency" {
+                ratio(u("retries"), u("requests").zip(u("retries")).map(|(r, t)| r + t))
+            } else {
+                ratio(u("retries"), u("requests"))
+            },
+        ),
         ("budget", "budget", d["budget"]["percent"].as_f64().map_or("–".to_string(), pct)),
         ("in_flight", "in flight now", n(u("in_flight"))),
         ("in_flight_p99", "in flight p99", n(u("in_flight_p99"))),
@@ -132,6 +142,19 @@ mod tests {
             "slot_wait": { "p99_seconds": 0.0025 },
             "held_slots": 2, "abandoned": { "finished": 7, "cut": 1 },
         })
+    }
+
+    #[test]
+    fn a_concurrency_budgets_fraction_is_per_attempt() {
+        let mut d = dep("x");
+        d["budget"] = json!({ "policy": "concurrency", "percent": 0.2 });
+        let n = numbers(&d);
+        let fraction = n.iter().find(|(f, _, _)| *f == "retry_fraction").unwrap();
+        assert_eq!(fraction.2, "9.1 %", "9 retries of 99 attempts");
+        d["budget"] = json!({ "policy": "ratio", "percent": 0.2 });
+        let n = numbers(&d);
+        let fraction = n.iter().find(|(f, _, _)| *f == "retry_fraction").unwrap();
+        assert_eq!(fraction.2, "10.0 %", "9 retries per 90 first tries");
     }
 
     #[test]
