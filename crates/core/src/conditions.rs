@@ -37,6 +37,10 @@ pub enum AttemptFailure {
     Status(u16),
     /// A gRPC status code other than OK (from `grpc-status`).
     Grpc(u8),
+    /// The dependency's answer was not valid HTTP (a malformed status line or header, headers
+    /// past the client's limit, an unsolicited `101`). Deterministic: no `retry_on` condition
+    /// matches it, so it is never retried; the breaker counts it (the dependency is broken).
+    Protocol,
 }
 
 /// gRPC's status codes by name, in code order (0 is OK).
@@ -81,9 +85,10 @@ impl AttemptFailure {
     /// bad requests cannot open the breaker for everyone.
     pub fn counts_for_breaker(self) -> bool {
         match self {
-            AttemptFailure::ConnectFailure | AttemptFailure::Reset | AttemptFailure::Timeout => {
-                true
-            }
+            AttemptFailure::ConnectFailure
+            | AttemptFailure::Reset
+            | AttemptFailure::Timeout
+            | AttemptFailure::Protocol => true,
             AttemptFailure::Status(s) => (500..600).contains(&s),
             // UNKNOWN, INTERNAL, UNAVAILABLE, DATA_LOSS, DEADLINE_EXCEEDED.
             AttemptFailure::Grpc(c) => matches!(c, 2 | 4 | 13 | 14 | 15),
@@ -99,6 +104,7 @@ impl fmt::Display for AttemptFailure {
             AttemptFailure::RefusedStream => f.write_str("refused-stream"),
             AttemptFailure::Reset => f.write_str("reset"),
             AttemptFailure::Timeout => f.write_str("timeout"),
+            AttemptFailure::Protocol => f.write_str("protocol"),
             AttemptFailure::Status(s) => write!(f, "{s}"),
             AttemptFailure::Grpc(c) => {
                 f.write_str(GRPC_CODES.get(usize::from(*c)).copied().unwrap_or("grpc-unknown-code"))
@@ -157,6 +163,7 @@ impl RetryOn {
                     || self.statuses.contains(&s)
             }
             AttemptFailure::Grpc(c) => c < 32 && self.grpc & (1 << c) != 0,
+            AttemptFailure::Protocol => false,
         }
     }
 

@@ -107,6 +107,23 @@ pub enum TransportError {
     Reset,
     /// The per-try timeout expired (connect time included) before response headers.
     Timeout,
+    /// The dependency's answer was not valid HTTP: deterministic, never retried.
+    Protocol,
+}
+
+/// The dependency's answer was not valid HTTP, as a client reports it: wrap a client's parse
+/// error in this (or return it for a response no request asked for, such as an unsolicited
+/// `101`) so that it is classified [`TransportError::Protocol`] — sending it again would get the
+/// same answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The status line or headers could not be parsed, or were too large.
+    #[error("the upstream's answer is not valid HTTP: {0}")]
+    Malformed(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// `101 Switching Protocols` to a request that asked for no upgrade.
+    #[error("the upstream answered 101 Switching Protocols to a request that asked for no upgrade")]
+    UnsolicitedUpgrade,
 }
 
 /// The `retry_on` condition of a transport error, and whether it proves the request was never
@@ -122,6 +139,7 @@ pub fn classify_transport(error: TransportError) -> (AttemptFailure, bool) {
         TransportError::GoAwayUnprocessed => (AttemptFailure::Reset, true),
         TransportError::Reset => (AttemptFailure::Reset, false),
         TransportError::Timeout => (AttemptFailure::Timeout, false),
+        TransportError::Protocol => (AttemptFailure::Protocol, false),
     }
 }
 

@@ -13,6 +13,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use stormguard_core::Denied;
+use stormguard_http::classify::ProtocolError;
 use stormguard_http::stacked::ATTEMPT_HEADER;
 use stormguard_tower::{
     BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError, TimeLeft,
@@ -138,17 +139,18 @@ struct Attempts<S> {
     dependency: Dependency,
 }
 
-impl<S, B> Service<Request<B>> for Attempts<S>
+impl<S, B, RB> Service<Request<B>> for Attempts<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<RB>>,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
 {
     type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
@@ -190,7 +192,15 @@ where
                 let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 l.0.upstream_us.fetch_add(us, Ordering::Relaxed);
             }
-            r
+            match r {
+                // The proxy forwards no upgrade (`Upgrade` is hop-by-hop): a 101 answers a
+                // request nobody made, and relaying it would hand the caller a connection in
+                // an unknown protocol.
+                Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    Err(ProtocolError::UnsolicitedUpgrade.into())
+                }
+                r => r.map_err(Into::into),
+            }
         })
     }
 }
@@ -281,6 +291,7 @@ fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<Proxy
         }
         stormguard_http::classify::TransportError::Connect => "connect-failure",
         stormguard_http::classify::TransportError::Timeout => "timeout",
+        stormguard_http::classify::TransportError::Protocol => "protocol",
         _ => "reset",
     };
     tracing::debug!(error = %e, "upstream failed");

@@ -105,6 +105,12 @@ pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportErr
                 | StormguardError::CallerBody { .. } => {}
             }
         }
+        // The dependency's answer was not valid HTTP: the same request would get it again.
+        if e.downcast_ref::<stormguard_http::classify::ProtocolError>().is_some()
+            || e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_parse)
+        {
+            return TransportError::Protocol;
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             return stormguard_http::classify::classify_io(io, said_connect);
         }
