@@ -39,13 +39,15 @@ use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::conditions::RetryOn;
 use stormguard_core::decimal::parse_duration;
+use stormguard_core::decision::MAX_RETRIES_LIMIT;
+use stormguard_core::defaults;
 use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
 use toml::Spanned;
 
 /// The admin listener's default address: loopback only.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
-pub const DEFAULT_SCOPE_MAX: usize = 65_536;
+pub const DEFAULT_SCOPE_MAX: usize = defaults::SCOPE_MAX;
 /// How long a drain waits for requests in flight by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default `body_idle_timeout`: 10 s.
@@ -113,7 +115,9 @@ pub struct DependencyConfig {
     pub queue_timeout: Duration,
     /// The retry budget. Default `ratio:percent=0.2,min_per_sec=10,ttl=10s`.
     pub budget: BudgetSpec,
-    /// What may be retried. Default `5xx,reset,connect-failure,refused-stream`.
+    /// What may be retried. Default `5xx,reset,connect-failure,refused-stream,timeout`: a
+    /// timeout, a reset or a 5xx only for an idempotent request (a POST is refused as
+    /// `non-idempotent`), a connect failure or refused stream for any.
     pub retry_on: RetryOn,
     /// Retries per request, 0 to 10. Default 2.
     pub max_retries: u32,
@@ -316,22 +320,22 @@ impl DependencyConfig {
             total_cap: None,
             limit_headers: stormguard_http::headers::LimitHeadersConfig::default(),
             remaining_reserve: 0,
-            cap: 20,
-            queue: 100,
-            queue_timeout: Duration::from_secs(1),
+            cap: defaults::CAP,
+            queue: defaults::QUEUE_LEN,
+            queue_timeout: defaults::QUEUE_TIMEOUT,
             budget: BudgetSpec::default(),
             retry_on: RetryOn::default(),
-            max_retries: 2,
+            max_retries: defaults::MAX_RETRIES,
             per_try_timeout: None,
             deadline: None,
             backoff: BackoffConfig::default(),
-            enforce: true,
+            enforce: defaults::ENFORCE,
             breaker: None,
-            scope_retries: 1,
+            scope_retries: defaults::SCOPE_RETRIES,
             scope_header: HeaderName::from_static("traceparent"),
-            timeout_slot_hold: stormguard_core::defaults::TIMEOUT_SLOT_HOLD,
-            abandon_hold: stormguard_core::defaults::ABANDON_HOLD,
-            body_limit: stormguard_http::body::DEFAULT_LIMIT,
+            timeout_slot_hold: defaults::TIMEOUT_SLOT_HOLD,
+            abandon_hold: defaults::ABANDON_HOLD,
+            body_limit: defaults::BODY_LIMIT,
             planned_primary: None,
             fleet: None,
             tls: TlsConfig::default(),
@@ -457,8 +461,11 @@ impl DependencyConfig {
         }
         self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
-        if self.max_retries > 10 {
-            return Err(("max_retries", format!("must be at most 10, got {}", self.max_retries)));
+        if self.max_retries > MAX_RETRIES_LIMIT {
+            return Err((
+                "max_retries",
+                format!("must be at most {MAX_RETRIES_LIMIT}, got {}", self.max_retries),
+            ));
         }
         self.backoff.validate().map_err(|r| ("backoff", r))?;
         if let Some(b) = &self.breaker {
