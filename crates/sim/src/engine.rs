@@ -32,8 +32,8 @@ use stormguard_core::budget::{BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
 use stormguard_core::decision::{
-    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryPolicy, RetryState,
-    RetryTicket, Upstream,
+    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryPolicy, RetryState, RetryTicket,
+    Upstream,
 };
 use stormguard_core::denied::Denied;
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};

@@ -881,9 +881,7 @@ fn parse_policies(root: &Section<'_>) -> Res<Vec<PolicyConfig>> {
                 Some(CapConfig {
                     cap,
                     queue_len: s.u64("queue", 0..=MAX_CAP)?.unwrap_or(stormguard.queue_len),
-                    queue_timeout: s
-                        .duration("queue_timeout")?
-                        .unwrap_or(stormguard.queue_timeout),
+                    queue_timeout: s.duration("queue_timeout")?.unwrap_or(stormguard.queue_timeout),
                     retry_pool: s.u64("retry_pool", 1..=MAX_CAP)?,
                 })
             }
@@ -930,7 +928,11 @@ fn parse_policies(root: &Section<'_>) -> Res<Vec<PolicyConfig>> {
 impl CapConfig {
     /// The limiter this cap runs (the shared cap; a `retry_pool` is a limiter of its own).
     pub fn limiter_config(&self) -> LimiterConfig {
-        LimiterConfig { cap: self.cap, queue_len: self.queue_len, queue_timeout: self.queue_timeout }
+        LimiterConfig {
+            cap: self.cap,
+            queue_len: self.queue_len,
+            queue_timeout: self.queue_timeout,
+        }
     }
 }
 
@@ -1074,8 +1076,9 @@ mod tests {
         assert_eq!(p.cap.unwrap().limiter_config(), LimiterConfig::default());
         assert_eq!(p.retry_config(&s.client), Some(RetryConfig::default()));
         // A naive policy retries at once unless given a backoff; `none` keeps a budget's at once.
-        let s = parse("[[policy]]\nretries = 2\n[[policy]]\nbudget = \"ratio\"\nbackoff = \"none\"\n")
-            .unwrap();
+        let s =
+            parse("[[policy]]\nretries = 2\n[[policy]]\nbudget = \"ratio\"\nbackoff = \"none\"\n")
+                .unwrap();
         assert_eq!(s.policies[0].retry, RetryRule::Naive { max_retries: 2, backoff: None });
         assert_eq!(s.policies[1].retry_config(&s.client).unwrap().backoff, immediate_backoff());
     }
