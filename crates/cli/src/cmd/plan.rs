@@ -18,7 +18,8 @@ Example (the worked example: a cap of 20, 16 planned in flight):
 
 The ratio budget's percent is a share of primaries: (cap - primary) / primary. Envoy's form is a
 share of everything in flight: (cap - primary) / cap. Paste a printed SPEC into
-`stormguard proxy --budget SPEC` or `stormguard replay --policy SPEC`.")]
+`stormguard proxy --budget SPEC` or `stormguard replay --policy SPEC`. The SPECs hold the
+concurrency floor to cap - primary and the percent to 50 %, so `stormguard audit` accepts them.")]
 pub struct PlanArgs {
     /// The dependency's concurrency cap: attempts (first tries and retries) in flight.
     #[arg(long, value_name = "N")]
