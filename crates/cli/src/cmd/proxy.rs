@@ -195,6 +195,7 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     }
     .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     runtime.block_on(async {
+        let signals = Signals::register();
         let proxy = stormguard_proxy::start(config).await.map_err(|e| match e {
             e @ stormguard_proxy::StartError::Invalid(..) => Failure::usage(e.to_string()),
             e => Failure::runtime(e.to_string()),
@@ -205,7 +206,7 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
         if let Some(a) = proxy.admin_addr() {
             let _ = writeln!(std::io::stderr(), "stormguard proxy: admin on http://{a}");
         }
-        match wait_for_stop(&proxy, stop_after).await {
+        match wait_for_stop(&proxy, stop_after, signals).await {
             Ending::Elapsed => proxy.shutdown().await,
             Ending::Signal => {
                 let _ = writeln!(
@@ -236,9 +237,34 @@ enum Ending {
     Signal,
 }
 
+/// SIGTERM and SIGHUP, registered before the proxy says where it listens: until tokio registers
+/// a handler both keep their default action, ending the process, so a reload sent as soon as the
+/// addresses appear would kill it.
+struct Signals {
+    #[cfg(unix)]
+    term_hup: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn register() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let term_hup = match (signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+                (Ok(term), Ok(hup)) => Some((term, hup)),
+                _ => None,
+            };
+            Signals { term_hup }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+}
+
 async fn wait_for_stop(
     proxy: &stormguard_proxy::ProxyHandle,
     stop_after: Option<Duration>,
+    signals: Signals,
 ) -> Ending {
     let deadline = async {
         match stop_after {
@@ -249,10 +275,7 @@ async fn wait_for_stop(
     tokio::pin!(deadline);
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut hup)) =
-            (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
-        {
+        if let Some((mut term, mut hup)) = signals.term_hup {
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ending::Signal,
@@ -270,7 +293,7 @@ async fn wait_for_stop(
             }
         }
     }
-    let _ = proxy;
+    let _ = (proxy, signals);
     tokio::select! {
         _ = tokio::signal::ctrl_c() => Ending::Signal,
         () = deadline => Ending::Elapsed,
