@@ -54,9 +54,11 @@ fn the_simulators_defaults_are_the_proxys() {
         panic!("a budget policy: {:?}", policy.retry)
     };
     assert_eq!(spec, &dep.budget);
-    // No per-try timeout on either side; a timed-out attempt's hold is core's.
+    // No per-try timeout on either side, and the same hold for a timed-out attempt.
     assert_eq!((sim.client.per_try_timeout, tower.per_try_timeout), (None, None));
-    assert_eq!(sim.client.timeout_slot_hold, defaults::TIMEOUT_SLOT_HOLD);
+    assert_eq!(sim.client.timeout_slot_hold, tower.timeout_slot_hold);
+    assert_eq!(tower.timeout_slot_hold, defaults::TIMEOUT_SLOT_HOLD);
+    assert_eq!(tower.abandon_hold, defaults::ABANDON_HOLD);
 
     // And they are core's defaults, with timeouts retried.
     assert_eq!(tower.retry.retry_on, RetryOn::default());

@@ -32,14 +32,14 @@ async fn proxy(upstream: &ChaosServer, change: impl FnOnce(&mut DependencyConfig
     start(c).await.unwrap()
 }
 
-/// Sends one request through the proxy; returns its status and the attempts and retries the
-/// upstream saw.
+/// Sends one request through the proxy; returns its status, its `x-stormguard-denied` (why the
+/// timeout was not retried, if it was a refusal) and the attempts and retries the upstream saw.
 async fn attempts(
     p: &ProxyHandle,
     upstream: &ChaosServer,
     method: &str,
     key: bool,
-) -> (StatusCode, u64, u64) {
+) -> (StatusCode, Option<String>, u64, u64) {
     let mut req =
         Request::builder().method(method).uri(format!("http://{}/pay", p.listen_addrs()[0]));
     if key {
@@ -50,8 +50,9 @@ async fn attempts(
         .await
         .expect("the proxy answers within 10 s")
         .unwrap();
+    let denied = resp.headers().get("x-stormguard-denied").map(|v| v.to_str().unwrap().to_string());
     let seen = upstream.reset();
-    (resp.status(), seen.total.requests, seen.total.retries)
+    (resp.status(), denied, seen.total.requests, seen.total.retries)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,12 +60,16 @@ async fn a_get_that_times_out_is_retried_by_default_a_post_is_not() {
     let upstream = slow_upstream().await;
     let p = proxy(&upstream, |_| {}).await;
     let timeout = StatusCode::GATEWAY_TIMEOUT;
+    let why = |r: &str| Some(r.to_string());
     // GET: the first try and max_retries (2) retries, each timed out at the upstream.
-    assert_eq!(attempts(&p, &upstream, "GET", false).await, (timeout, 3, 2));
+    let get = attempts(&p, &upstream, "GET", false).await;
+    assert_eq!(get, (timeout, why("attempts"), 3, 2));
     // POST: it may have run; nothing is resent.
-    assert_eq!(attempts(&p, &upstream, "POST", false).await, (timeout, 1, 0));
+    let post = attempts(&p, &upstream, "POST", false).await;
+    assert_eq!(post, (timeout, why("non-idempotent"), 1, 0));
     // A POST with an idempotency key is safe to resend.
-    assert_eq!(attempts(&p, &upstream, "POST", true).await, (timeout, 3, 2));
+    let keyed = attempts(&p, &upstream, "POST", true).await;
+    assert_eq!(keyed, (timeout, why("attempts"), 3, 2));
     p.shutdown().await;
 }
 
@@ -76,9 +81,11 @@ async fn without_timeout_in_retry_on_or_budget_the_get_is_sent_once() {
     let upstream = slow_upstream().await;
     let old = "5xx,reset,connect-failure,refused-stream";
     let p = proxy(&upstream, |d| d.retry_on = old.parse().unwrap()).await;
-    assert_eq!(attempts(&p, &upstream, "GET", false).await, (StatusCode::GATEWAY_TIMEOUT, 1, 0));
+    let get = attempts(&p, &upstream, "GET", false).await;
+    assert_eq!(get, (StatusCode::GATEWAY_TIMEOUT, None, 1, 0));
     p.shutdown().await;
     let p = proxy(&upstream, |d| d.budget = "ratio:percent=0,min_per_sec=0".parse().unwrap()).await;
-    assert_eq!(attempts(&p, &upstream, "GET", false).await, (StatusCode::GATEWAY_TIMEOUT, 1, 0));
+    let get = attempts(&p, &upstream, "GET", false).await;
+    assert_eq!(get, (StatusCode::GATEWAY_TIMEOUT, Some("budget".to_string()), 1, 0));
     p.shutdown().await;
 }

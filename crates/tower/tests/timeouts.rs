@@ -36,14 +36,15 @@ fn config(change: impl FnOnce(&mut DependencyConfig)) -> Dependency {
     Dependency::try_new(c).unwrap()
 }
 
-/// Sends one request through the stack; returns the attempts the upstream saw and the retries
-/// among them (marked `x-stormguard-attempt` > 1).
+/// Sends one request through the stack; returns the attempts the upstream saw, the retries
+/// among them (marked `x-stormguard-attempt` > 1), and why the last timeout was not retried
+/// (`None`: the timeout is not in `retry_on`).
 async fn attempts(
     dep: &Dependency,
     upstream: &ChaosServer,
     method: Method,
     key: bool,
-) -> (u64, u64) {
+) -> (u64, u64, Option<Denied>) {
     let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
     let stack = StormguardLayer::new(dep.clone()).layer(client);
     let mut req = Request::builder().method(method).uri(upstream.url("/"));
@@ -55,12 +56,17 @@ async fn attempts(
         .await
         .expect("the stack answers within 10 s")
         .expect_err("every attempt times out");
-    assert!(
-        matches!(err.downcast_ref::<StormguardError>(), Some(StormguardError::Timeout)),
-        "{err}"
-    );
+    let reason = match err.downcast_ref::<StormguardError>() {
+        Some(StormguardError::Timeout) => None,
+        Some(StormguardError::NotRetried { reason, source }) => {
+            let last = source.downcast_ref::<StormguardError>();
+            assert!(matches!(last, Some(StormguardError::Timeout)), "{err}");
+            Some(*reason)
+        }
+        _ => panic!("every attempt times out: {err}"),
+    };
     let seen = upstream.reset();
-    (seen.total.requests, seen.total.retries)
+    (seen.total.requests, seen.total.retries, reason)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,12 +74,15 @@ async fn a_get_that_times_out_is_retried_by_default_a_post_is_not() {
     let upstream = slow_upstream().await;
     let dep = config(|_| {});
     // GET: the first try and max_retries (2) retries, every one timed out at the upstream.
-    assert_eq!(attempts(&dep, &upstream, Method::GET, false).await, (3, 2));
+    let get = attempts(&dep, &upstream, Method::GET, false).await;
+    assert_eq!(get, (3, 2, Some(Denied::Attempts)));
     // POST: it may have run; the timeout is refused as non-idempotent, nothing is resent.
-    assert_eq!(attempts(&dep, &upstream, Method::POST, false).await, (1, 0));
+    let post = attempts(&dep, &upstream, Method::POST, false).await;
+    assert_eq!(post, (1, 0, Some(Denied::NonIdempotent)));
     assert_eq!(dep.snapshot().counters.denied(Denied::NonIdempotent), 1);
     // A POST with an idempotency key is safe to resend.
-    assert_eq!(attempts(&dep, &upstream, Method::POST, true).await, (3, 2));
+    let keyed = attempts(&dep, &upstream, Method::POST, true).await;
+    assert_eq!(keyed, (3, 2, Some(Denied::Attempts)));
     assert_eq!(dep.snapshot().counters.retries, 4);
 }
 
@@ -84,7 +93,7 @@ async fn without_timeout_in_retry_on_the_get_is_sent_once() {
     let upstream = slow_upstream().await;
     let dep =
         config(|c| c.retry.retry_on = "5xx,reset,connect-failure,refused-stream".parse().unwrap());
-    assert_eq!(attempts(&dep, &upstream, Method::GET, false).await, (1, 0));
+    assert_eq!(attempts(&dep, &upstream, Method::GET, false).await, (1, 0, None));
     assert_eq!(dep.snapshot().counters.not_retryable, 1);
 }
 
@@ -93,6 +102,7 @@ async fn without_timeout_in_retry_on_the_get_is_sent_once() {
 async fn the_budget_bounds_timeout_retries() {
     let upstream = slow_upstream().await;
     let dep = config(|c| c.budget = "ratio:percent=0,min_per_sec=0".parse().unwrap());
-    assert_eq!(attempts(&dep, &upstream, Method::GET, false).await, (1, 0));
+    let get = attempts(&dep, &upstream, Method::GET, false).await;
+    assert_eq!(get, (1, 0, Some(Denied::Budget)));
     assert_eq!(dep.snapshot().counters.denied(Denied::Budget), 1);
 }
