@@ -117,6 +117,12 @@ impl Budget {
     }
 }
 
+/// Whether a budget's share is above what `stormguard plan` would suggest
+/// ([`stormguard_core::defaults::MAX_SUGGESTED_PERCENT`], 50 %): a `budget-too-high` finding.
+pub fn budget_too_high(percent: f64) -> bool {
+    percent > stormguard_core::defaults::MAX_SUGGESTED_PERCENT.as_f64()
+}
+
 /// A fraction as a percentage with no trailing zeros (`0.2` → `20%`).
 pub fn pct(f: f64) -> String {
     format!("{}%", trim_float(f * 100.0))

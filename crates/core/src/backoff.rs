@@ -138,10 +138,10 @@ pub struct BackoffConfig {
 impl Default for BackoffConfig {
     fn default() -> Self {
         BackoffConfig {
-            base: Duration::from_millis(25),
-            max: Duration::from_millis(250),
-            multiplier: Fraction::from_millionths(2 * Fraction::ONE_MILLIONTHS),
-            jitter: Jitter::Full,
+            base: crate::defaults::BACKOFF_BASE,
+            max: crate::defaults::BACKOFF_MAX,
+            multiplier: crate::defaults::BACKOFF_MULTIPLIER,
+            jitter: crate::defaults::BACKOFF_JITTER,
         }
     }
 }
@@ -347,7 +347,7 @@ pub struct PushbackPolicy {
 
 impl Default for PushbackPolicy {
     fn default() -> Self {
-        PushbackPolicy { max_pushback: Duration::from_secs(300) }
+        PushbackPolicy { max_pushback: crate::defaults::MAX_PUSHBACK }
     }
 }
 

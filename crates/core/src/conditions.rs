@@ -4,7 +4,10 @@
 //! config, docs): `connect-failure`, `refused-stream`, `reset`, `timeout` (the per-try timeout),
 //! `5xx`, `gateway-error` (502, 503, 504), `429`, any listed status code (`409`), and gRPC codes
 //! by name (`unavailable`, `resource-exhausted`, `deadline-exceeded`, …). The default is
-//! `5xx,reset,connect-failure,refused-stream`.
+//! [`defaults::RETRY_ON`](crate::defaults::RETRY_ON),
+//! `5xx,reset,connect-failure,refused-stream,timeout`: a timeout, a reset or a 5xx is retried
+//! only for an idempotent request, since the request may have run (the retry decision refuses
+//! the rest as `non-idempotent`).
 //!
 //! ```
 //! use stormguard_core::conditions::{AttemptFailure, RetryOn};
@@ -12,7 +15,8 @@
 //! let retry_on: RetryOn = "gateway-error,reset".parse()?;
 //! assert!(retry_on.matches(AttemptFailure::Status(503)));
 //! assert!(!retry_on.matches(AttemptFailure::Status(500)));
-//! assert!(!RetryOn::default().matches(AttemptFailure::Timeout));
+//! assert!(RetryOn::default().matches(AttemptFailure::Timeout));
+//! assert!(!RetryOn::default().matches(AttemptFailure::Status(429)));
 //! # Ok::<(), stormguard_core::conditions::UnknownCondition>(())
 //! ```
 
@@ -130,9 +134,10 @@ pub struct RetryOn {
 }
 
 impl Default for RetryOn {
-    /// `5xx,reset,connect-failure,refused-stream`.
+    /// [`defaults::RETRY_ON`](crate::defaults::RETRY_ON):
+    /// `5xx,reset,connect-failure,refused-stream,timeout`.
     fn default() -> Self {
-        RetryOn { flags: ANY_5XX | RESET | CONNECT | REFUSED, statuses: Vec::new(), grpc: 0 }
+        crate::defaults::RETRY_ON.parse().expect("defaults::RETRY_ON is a valid retry_on")
     }
 }
 
@@ -249,7 +254,8 @@ mod tests {
         let d = RetryOn::default();
         assert!(d.matches(AttemptFailure::Status(500)) && d.matches(AttemptFailure::Status(599)));
         assert!(!d.matches(AttemptFailure::Status(429)));
-        assert_eq!(d.to_string(), "5xx,reset,connect-failure,refused-stream");
+        assert!(d.matches(AttemptFailure::Timeout));
+        assert_eq!(d.to_string(), "5xx,reset,connect-failure,refused-stream,timeout");
         assert_eq!(d.to_string().parse::<RetryOn>().unwrap(), d);
         assert!("".parse::<RetryOn>().unwrap() == RetryOn::none());
     }

@@ -81,7 +81,8 @@ pub const MAX_RETRIES_LIMIT: u32 = 10;
 /// Parameters of a [`RetryPolicy`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryConfig {
-    /// The failures that may be retried. Default `5xx,reset,connect-failure,refused-stream`.
+    /// The failures that may be retried. Default `5xx,reset,connect-failure,refused-stream,timeout`
+    /// (a timeout only for an idempotent request, like any failure after the request was written).
     pub retry_on: RetryOn,
     /// Retries per request, `0..=10`. Default 2.
     pub max_retries: u32,
@@ -102,14 +103,15 @@ pub struct RetryConfig {
 
 impl Default for RetryConfig {
     fn default() -> Self {
+        use crate::defaults;
         RetryConfig {
             retry_on: RetryOn::default(),
-            max_retries: 2,
-            deny_stacked: true,
-            min_attempt_time: Duration::from_millis(5),
+            max_retries: defaults::MAX_RETRIES,
+            deny_stacked: defaults::DENY_STACKED,
+            min_attempt_time: defaults::MIN_ATTEMPT_TIME,
             backoff: BackoffConfig::default(),
             pushback: PushbackPolicy::default(),
-            enforce: true,
+            enforce: defaults::ENFORCE,
         }
     }
 }

@@ -1,9 +1,99 @@
 //! Every default of a dependency's rules, in one place.
 //!
 //! The library, the proxy, the simulator, `plan` and `audit` read their defaults from here, so
-//! what `simulate` models with no settings is what the proxy does with none.
+//! what `simulate` models with no settings is what the proxy does with none. The config types'
+//! `Default` impls ([`LimiterConfig`](crate::limiter::LimiterConfig),
+//! [`RetryConfig`](crate::decision::RetryConfig), [`RetryOn`](crate::conditions::RetryOn),
+//! [`BudgetSpec`](crate::budget::BudgetSpec), [`BackoffConfig`](crate::backoff::BackoffConfig))
+//! are built from these constants; use those where a whole config is wanted.
+//!
+//! ```
+//! use stormguard_core::conditions::{AttemptFailure, RetryOn};
+//! use stormguard_core::{defaults, BudgetSpec};
+//!
+//! // A per-try timeout is retried by default (an idempotent request only, like every failure
+//! // after the request was written).
+//! assert!(RetryOn::default().matches(AttemptFailure::Timeout));
+//! assert_eq!(RetryOn::default().to_string(), defaults::RETRY_ON);
+//! assert_eq!(BudgetSpec::default().to_string(), "ratio:percent=0.2,min_per_sec=10,ttl=10s");
+//! ```
 
 use std::time::Duration;
+
+use crate::backoff::Jitter;
+use crate::decimal::Fraction;
+
+/// Attempts in flight at once, first tries and retries, per upstream.
+pub const CAP: u64 = 20;
+
+/// Primaries that may wait for a slot (0 fails fast).
+pub const QUEUE_LEN: u64 = 100;
+
+/// The longest a primary waits for a slot.
+pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Retries per request (the first try not counted).
+pub const MAX_RETRIES: u32 = 2;
+
+/// The conditions retried, as `retry_on` tokens. `timeout` (the per-try timeout) is in it: a
+/// slow dependency is the case stormguard exists for, and Envoy's `5xx` covers timeouts too. A
+/// timeout, like a reset or a 5xx, is retried only for an idempotent request (a POST that timed
+/// out may have run, so it is refused as `non-idempotent`); `connect-failure` and
+/// `refused-stream` prove the request was never processed and are retried for any method.
+pub const RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream,timeout";
+
+/// The default budget is the ratio policy: retries are at most this share of original requests
+/// (a fraction; `0.2` is 20 %).
+pub const RATIO_PERCENT: Fraction = Fraction::from_millionths(200_000);
+
+/// The ratio budget's reserve rate, in retries per second (a reserve of `× RATIO_TTL` per window).
+pub const RATIO_MIN_PER_SEC: Fraction = Fraction::from_millionths(10 * Fraction::ONE_MILLIONTHS);
+
+/// How long the ratio budget remembers a deposit or a withdrawal.
+pub const RATIO_TTL: Duration = Duration::from_secs(10);
+
+/// The concurrency budget's share of everything in flight (Envoy's `budget_percent`).
+pub const CONCURRENCY_PERCENT: Fraction = Fraction::from_millionths(200_000);
+
+/// The concurrency budget's floor, in concurrent retries (Envoy's `min_retry_concurrency`); also
+/// `stormguard plan`'s default `--floor`.
+pub const CONCURRENCY_MIN: u64 = 3;
+
+/// The backoff before the first retry, before jitter.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(25);
+
+/// The cap on any backoff, after jitter.
+pub const BACKOFF_MAX: Duration = Duration::from_millis(250);
+
+/// The backoff's growth per retry.
+pub const BACKOFF_MULTIPLIER: Fraction = Fraction::from_millionths(2 * Fraction::ONE_MILLIONTHS);
+
+/// How the backoff is spread.
+pub const BACKOFF_JITTER: Jitter = Jitter::Full;
+
+/// A server's pushback longer than this means no retry (never a shortened wait).
+pub const MAX_PUSHBACK: Duration = Duration::from_secs(300);
+
+/// The least time an attempt needs: a retry whose wait plus this passes the deadline is refused.
+pub const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(5);
+
+/// Refuse to retry a request that arrived already marked as a retry by another layer.
+pub const DENY_STACKED: bool = true;
+
+/// Budgets are enforced (`false` is shadow mode).
+pub const ENFORCE: bool = true;
+
+/// Request bodies are copied while sent, up to this many bytes, so a retry can resend them.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// How long a dependency's stated concurrency limit (`X-Concurrency-Limit-Limit`) holds.
+pub const LIMIT_TTL: Duration = Duration::from_secs(10);
+
+/// Whole retries one fan-out scope (one user action) may spend across its calls.
+pub const SCOPE_RETRIES: u64 = 1;
+
+/// Fan-out scopes remembered at once (LRU, 10 s idle).
+pub const SCOPE_MAX: usize = 65_536;
 
 /// How long an attempt stormguard timed out (its per-try timeout, or the request's deadline)
 /// keeps its slot while the dependency may still be working on it: the slot comes back when the
@@ -17,3 +107,60 @@ pub const TIMEOUT_SLOT_HOLD: Duration = Duration::from_secs(30);
 /// [`TIMEOUT_SLOT_HOLD`], the slot comes back when the upstream answers, or at this bound,
 /// when the attempt is cut and counted.
 pub const ABANDON_HOLD: Duration = Duration::from_secs(30);
+
+/// The largest budget share `stormguard plan` suggests and `stormguard audit` accepts without a
+/// `budget-too-high` warning (a fraction; `0.5` is 50 %): past it, a failing dependency sees
+/// half again its normal load in retries whatever headroom the cap leaves.
+pub const MAX_SUGGESTED_PERCENT: Fraction = Fraction::from_millionths(500_000);
+
+#[cfg(all(test, not(stormguard_loom)))]
+mod tests {
+    use super::*;
+    use crate::backoff::BackoffConfig;
+    use crate::budget::BudgetSpec;
+    use crate::conditions::{AttemptFailure, RetryOn};
+    use crate::decision::RetryConfig;
+    use crate::limiter::LimiterConfig;
+
+    #[test]
+    fn the_config_types_default_to_these() {
+        let l = LimiterConfig::default();
+        assert_eq!((l.cap, l.queue_len, l.queue_timeout), (CAP, QUEUE_LEN, QUEUE_TIMEOUT));
+        let r = RetryConfig::default();
+        assert_eq!(r.retry_on.to_string(), RETRY_ON);
+        assert_eq!(r.max_retries, MAX_RETRIES);
+        assert_eq!((r.deny_stacked, r.enforce), (DENY_STACKED, ENFORCE));
+        assert_eq!(r.min_attempt_time, MIN_ATTEMPT_TIME);
+        assert_eq!(r.pushback.max_pushback, MAX_PUSHBACK);
+        assert_eq!(r.backoff, BackoffConfig::default());
+        let b = BackoffConfig::default();
+        assert_eq!(
+            (b.base, b.max, b.multiplier, b.jitter),
+            (BACKOFF_BASE, BACKOFF_MAX, BACKOFF_MULTIPLIER, BACKOFF_JITTER)
+        );
+        assert_eq!(BudgetSpec::default().to_string(), "ratio:percent=0.2,min_per_sec=10,ttl=10s");
+        assert_eq!(BudgetSpec::parse("ratio").unwrap(), BudgetSpec::default());
+        assert_eq!(
+            BudgetSpec::parse("concurrency").unwrap().to_string(),
+            "concurrency:percent=0.2,min=3"
+        );
+    }
+
+    #[test]
+    fn timeouts_are_retried_by_default() {
+        let r: RetryOn = RETRY_ON.parse().unwrap();
+        assert_eq!(r, RetryOn::default());
+        for f in [
+            AttemptFailure::Timeout,
+            AttemptFailure::Reset,
+            AttemptFailure::ConnectFailure,
+            AttemptFailure::RefusedStream,
+            AttemptFailure::Status(500),
+            AttemptFailure::Status(503),
+        ] {
+            assert!(r.matches(f), "{f}");
+        }
+        assert!(!r.matches(AttemptFailure::Status(429)));
+        assert!(!r.matches(AttemptFailure::Status(404)));
+    }
+}

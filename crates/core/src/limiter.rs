@@ -106,7 +106,8 @@ pub struct LimiterConfig {
 
 impl Default for LimiterConfig {
     fn default() -> Self {
-        LimiterConfig { cap: 20, queue_len: 100, queue_timeout: Duration::from_secs(1) }
+        use crate::defaults::{CAP, QUEUE_LEN, QUEUE_TIMEOUT};
+        LimiterConfig { cap: CAP, queue_len: QUEUE_LEN, queue_timeout: QUEUE_TIMEOUT }
     }
 }
 

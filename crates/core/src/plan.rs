@@ -22,6 +22,7 @@
 
 use crate::budget::{BudgetSpec, ConcurrencyConfig, RatioConfig};
 use crate::decimal::Fraction;
+use crate::defaults;
 
 /// Why a plan cannot be made.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -66,7 +67,8 @@ pub struct PlanInput {
     pub primary: u64,
     /// Error rates to tabulate, each in `[0, 1]`.
     pub error_rates: Vec<f64>,
-    /// The budget's floor in concurrent retries. Default 3. It never overrides the cap.
+    /// The budget's floor in concurrent retries. Default 3 ([`defaults::CONCURRENCY_MIN`]). It
+    /// never overrides the cap: the SPECs hold it to the headroom `cap − primary`.
     pub floor: u64,
     /// Parallel calls per user action and the per-call quantile that counts as fast.
     pub fan_out: Option<(u32, f64)>,
@@ -85,7 +87,7 @@ impl PlanInput {
             cap,
             primary,
             error_rates: Self::DEFAULT_ERROR_RATES.to_vec(),
-            floor: 3,
+            floor: defaults::CONCURRENCY_MIN,
             fan_out: None,
             pool: None,
         }
@@ -292,11 +294,26 @@ impl Plan {
         Fraction::from_millionths(self.retry_slots * Fraction::ONE_MILLIONTHS / self.cap)
     }
 
-    /// The ratio-form budget that keeps primaries plus retries under the cap, with the floor as
-    /// its reserve rate.
+    /// Whether the headroom allows more than [`defaults::MAX_SUGGESTED_PERCENT`] in either form,
+    /// so the SPECs suggest that instead (a budget past it is a `budget-too-high` finding of
+    /// `stormguard audit`: the cap would hold, but a failing dependency would see more than half
+    /// again its load in retries).
+    pub fn percent_held(&self) -> bool {
+        self.ratio_fraction() > defaults::MAX_SUGGESTED_PERCENT
+            || self.concurrency_fraction() > defaults::MAX_SUGGESTED_PERCENT
+    }
+
+    /// The floor the SPECs use: the floor, at most the headroom `cap − primary` (a floor above
+    /// it would let retries push primaries past the cap; `stormguard audit` flags it).
+    pub fn spec_floor(&self) -> u64 {
+        self.floor.min(self.retry_slots)
+    }
+
+    /// The ratio-form budget that keeps primaries plus retries under the cap (its percent at
+    /// most [`defaults::MAX_SUGGESTED_PERCENT`]), with the floor as its reserve rate.
     pub fn ratio_spec(&self) -> BudgetSpec {
         BudgetSpec::Ratio(RatioConfig {
-            percent: self.ratio_fraction(),
+            percent: self.ratio_fraction().min(defaults::MAX_SUGGESTED_PERCENT),
             min_per_sec: Fraction::from_millionths(
                 self.floor.saturating_mul(Fraction::ONE_MILLIONTHS),
             ),
@@ -304,11 +321,13 @@ impl Plan {
         })
     }
 
-    /// Envoy's form of the same headroom, with the floor as its minimum concurrency.
+    /// Envoy's form of the same headroom (its percent at most
+    /// [`defaults::MAX_SUGGESTED_PERCENT`]), with the floor as its minimum concurrency, held to
+    /// the headroom ([`Plan::spec_floor`]).
     pub fn concurrency_spec(&self) -> BudgetSpec {
         BudgetSpec::Concurrency(ConcurrencyConfig {
-            percent: self.concurrency_fraction(),
-            min: self.floor,
+            percent: self.concurrency_fraction().min(defaults::MAX_SUGGESTED_PERCENT),
+            min: self.spec_floor(),
             slots: None,
         })
     }
@@ -354,6 +373,25 @@ mod tests {
         let p = input.plan().unwrap();
         assert_eq!(p.rows[0].in_flight_budgeted, 20.0);
         assert_eq!(p.rows[0].retries_shed, 8.5);
+    }
+
+    #[test]
+    fn specs_fit_the_headroom() {
+        // Headroom of 1: the floor of 3 would let 3 retries beside 19 primaries.
+        let p = PlanInput::new(20, 19).plan().unwrap();
+        assert_eq!(p.spec_floor(), 1);
+        assert_eq!(p.concurrency_spec().to_string(), "concurrency:percent=0.05,min=1");
+        assert!(!p.percent_held());
+        // No headroom: no concurrent retries at all.
+        let p = PlanInput::new(20, 20).plan().unwrap();
+        assert_eq!(p.concurrency_spec().to_string(), "concurrency:percent=0,min=0");
+        assert_eq!(p.slots_spec().to_string(), "concurrency:slots=0");
+        // Ample headroom: 300 % of primaries fits the cap, 50 % is suggested.
+        let p = PlanInput::new(40, 10).plan().unwrap();
+        assert_eq!(p.max_retry_fraction, 3.0);
+        assert!(p.percent_held());
+        assert_eq!(p.ratio_spec().to_string(), "ratio:percent=0.5,min_per_sec=3,ttl=10s");
+        assert_eq!(p.concurrency_spec().to_string(), "concurrency:percent=0.5,min=3");
     }
 
     #[test]

@@ -33,8 +33,8 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-/// The default copy limit: 64 KiB.
-pub const DEFAULT_LIMIT: usize = 64 * 1024;
+/// The default copy limit: 64 KiB ([`stormguard_core::defaults::BODY_LIMIT`]).
+pub const DEFAULT_LIMIT: usize = stormguard_core::defaults::BODY_LIMIT;
 
 /// The error a [`ReplayBody`] yields.
 #[derive(Debug, thiserror::Error)]

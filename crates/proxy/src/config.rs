@@ -39,13 +39,15 @@ use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::conditions::RetryOn;
 use stormguard_core::decimal::parse_duration;
+use stormguard_core::decision::MAX_RETRIES_LIMIT;
+use stormguard_core::defaults;
 use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
 use toml::Spanned;
 
 /// The admin listener's default address: loopback only.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
-pub const DEFAULT_SCOPE_MAX: usize = 65_536;
+pub const DEFAULT_SCOPE_MAX: usize = defaults::SCOPE_MAX;
 /// How long a drain waits for requests in flight by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default `body_idle_timeout`: 10 s.
@@ -113,7 +115,9 @@ pub struct DependencyConfig {
     pub queue_timeout: Duration,
     /// The retry budget. Default `ratio:percent=0.2,min_per_sec=10,ttl=10s`.
     pub budget: BudgetSpec,
-    /// What may be retried. Default `5xx,reset,connect-failure,refused-stream`.
+    /// What may be retried. Default `5xx,reset,connect-failure,refused-stream,timeout`: a
+    /// timeout, a reset or a 5xx only for an idempotent request (a POST is refused as
+    /// `non-idempotent`), a connect failure or refused stream for any.
     pub retry_on: RetryOn,
     /// Retries per request, 0 to 10. Default 2.
     pub max_retries: u32,
@@ -199,8 +203,11 @@ pub struct FleetPlacement {
     /// `interval`: how often the lease is renewed, at most `lease_ttl / 3`. Default 200 ms.
     pub interval: Duration,
     /// `fallback_min`: slots an instance uses without Redis when the share rounds below it.
-    /// Default 0 (the cap wins).
-    pub fallback_min: u64,
+    /// Default none: 0, and a share `floor(fleet_cap / max_instances)` of 0 is refused (without
+    /// Redis no instance would admit anything). `Some(0)` accepts that on purpose (the cap wins);
+    /// `Some(n)` keeps n slots per instance, overcommitting the fleet cap by up to
+    /// `n × max_instances − fleet_cap` (exported).
+    pub fallback_min: Option<u64>,
     /// `instance`: this instance's id in the fleet. Default: `$HOSTNAME`, the pid, a nonce.
     pub instance: Option<String>,
 }
@@ -214,7 +221,7 @@ impl FleetPlacement {
             max_instances,
             lease_ttl: Duration::from_secs(2),
             interval: Duration::from_millis(200),
-            fallback_min: 0,
+            fallback_min: None,
             instance: None,
         }
     }
@@ -233,7 +240,7 @@ impl FleetPlacement {
             self.max_instances,
         )
         .with_timing(self.lease_ttl, self.interval);
-        c.fallback_min = self.fallback_min;
+        c.fallback_min = self.fallback_min.unwrap_or(0);
         c
     }
 
@@ -264,6 +271,21 @@ impl FleetPlacement {
             }
         };
         c.validate().map_err(|r| (key(&r), r))?;
+        if self.fallback_min.is_none() && c.fallback_slots() == 0 {
+            let (cap, n) = (c.fleet_cap, c.max_instances);
+            let fleet_cap =
+                if self.fleet_cap.is_some() { "fleet_cap" } else { "fleet_cap (default: cap)" };
+            return Err((
+                "max_instances",
+                format!(
+                    "the fallback share floor({fleet_cap} / max_instances) = floor({cap} / {n}) is 0: \
+                     without Redis no instance would admit anything. Set fleet_cap to the whole \
+                     fleet's cap (at least {n}), lower max_instances to at most {cap}, or set \
+                     fallback_min (the slots each instance keeps without Redis, overcommitting the \
+                     fleet cap; fallback_min = 0 admits nothing without Redis on purpose)"
+                ),
+            ));
+        }
         let fleet = stormguard_redis::Fleet::try_new(c).map_err(|r| ("placement", r))?;
         fleet.budget(&d.budget).map_err(|r| ("lease_ttl", r))?;
         Ok(())
@@ -316,22 +338,22 @@ impl DependencyConfig {
             total_cap: None,
             limit_headers: stormguard_http::headers::LimitHeadersConfig::default(),
             remaining_reserve: 0,
-            cap: 20,
-            queue: 100,
-            queue_timeout: Duration::from_secs(1),
+            cap: defaults::CAP,
+            queue: defaults::QUEUE_LEN,
+            queue_timeout: defaults::QUEUE_TIMEOUT,
             budget: BudgetSpec::default(),
             retry_on: RetryOn::default(),
-            max_retries: 2,
+            max_retries: defaults::MAX_RETRIES,
             per_try_timeout: None,
             deadline: None,
             backoff: BackoffConfig::default(),
-            enforce: true,
+            enforce: defaults::ENFORCE,
             breaker: None,
-            scope_retries: 1,
+            scope_retries: defaults::SCOPE_RETRIES,
             scope_header: HeaderName::from_static("traceparent"),
-            timeout_slot_hold: stormguard_core::defaults::TIMEOUT_SLOT_HOLD,
-            abandon_hold: stormguard_core::defaults::ABANDON_HOLD,
-            body_limit: stormguard_http::body::DEFAULT_LIMIT,
+            timeout_slot_hold: defaults::TIMEOUT_SLOT_HOLD,
+            abandon_hold: defaults::ABANDON_HOLD,
+            body_limit: defaults::BODY_LIMIT,
             planned_primary: None,
             fleet: None,
             tls: TlsConfig::default(),
@@ -457,8 +479,11 @@ impl DependencyConfig {
         }
         self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
-        if self.max_retries > 10 {
-            return Err(("max_retries", format!("must be at most 10, got {}", self.max_retries)));
+        if self.max_retries > MAX_RETRIES_LIMIT {
+            return Err((
+                "max_retries",
+                format!("must be at most {MAX_RETRIES_LIMIT}, got {}", self.max_retries),
+            ));
         }
         self.backoff.validate().map_err(|r| ("backoff", r))?;
         if let Some(b) = &self.breaker {
@@ -700,7 +725,7 @@ impl ProxyConfig {
                     "max_instances": f.max_instances,
                     "lease_ttl": dur(Some(f.lease_ttl)),
                     "interval": dur(Some(f.interval)),
-                    "fallback_min": f.fallback_min,
+                    "fallback_min": f.fallback_min.unwrap_or(0),
                     "instance": f.instance,
                 })),
                 "http2": d.http2.prior_knowledge,
@@ -1121,7 +1146,7 @@ impl RawFleet {
         if let Some(v) = &self.interval {
             f.interval = duration(v, &k("interval"))?;
         }
-        f.fallback_min = self.fallback_min.map_or(0, Spanned::into_inner);
+        f.fallback_min = self.fallback_min.map(Spanned::into_inner);
         f.instance = self.instance.map(Spanned::into_inner);
         Ok(Some(f))
     }
@@ -1428,7 +1453,7 @@ mod tests {
         let c = ProxyConfig::parse(&text, "f.toml").unwrap();
         let f = c.dependencies[0].fleet.as_ref().unwrap();
         assert_eq!(f.redis, RedisSource::Env("REDIS_FOR_PAYMENTS".into()));
-        assert_eq!((f.max_instances, f.fleet_cap, f.fallback_min), (50, Some(100), 1));
+        assert_eq!((f.max_instances, f.fleet_cap, f.fallback_min), (50, Some(100), Some(1)));
         assert_eq!((f.lease_ttl, f.interval), (Duration::from_secs(3), Duration::from_millis(250)));
         let json = c.to_json().to_string();
         assert!(json.contains("\"redis\":\"env:REDIS_FOR_PAYMENTS\""), "{json}");
@@ -1482,6 +1507,54 @@ mod tests {
                 "{BASE}budget = \"ratio:ttl=1s\"\nplacement = \"fleet\"\nmax_instances = 3\n"
             ))
         );
+    }
+
+    #[test]
+    fn a_fallback_share_of_zero_is_refused_with_the_fix() {
+        // 20 slots over 50 instances: each would fall back to 0 and admit nothing.
+        let text = format!("{BASE}cap = 20\nplacement = \"fleet\"\nmax_instances = 50\n");
+        assert_eq!(
+            err(&text),
+            "f.toml:10:17: dependency[0].max_instances: the fallback share floor(fleet_cap \
+             (default: cap) / max_instances) = floor(20 / 50) is 0: without Redis no instance \
+             would admit anything. Set fleet_cap to the whole fleet's cap (at least 50), lower \
+             max_instances to at most 20, or set fallback_min (the slots each instance keeps \
+             without Redis, overcommitting the fleet cap; fallback_min = 0 admits nothing \
+             without Redis on purpose)"
+        );
+        assert!(
+            err(&format!("{BASE}placement = \"fleet\"\nfleet_cap = 10\nmax_instances = 11\n"))
+                .starts_with("f.toml:10:17: dependency[0].max_instances: the fallback share floor(fleet_cap / max_instances) = floor(10 / 11) is 0")
+        );
+        // Each fix is accepted.
+        for fix in ["fleet_cap = 250", "max_instances = 20", "fallback_min = 1", "fallback_min = 0"]
+        {
+            let (key, _) = fix.split_once(" = ").unwrap();
+            let rest = if key == "max_instances" {
+                fix.to_string()
+            } else {
+                format!("max_instances = 50\n{fix}")
+            };
+            let text = format!("{BASE}cap = 20\nplacement = \"fleet\"\n{rest}\n");
+            let c = ProxyConfig::parse(&text, "f.toml").unwrap_or_else(|e| panic!("{fix}: {e}"));
+            let f = c.dependencies[0].fleet.as_ref().unwrap();
+            let fleet = f.to_fleet(
+                &c.dependencies[0],
+                stormguard_redis::RedisTarget {
+                    host: "h".into(),
+                    port: 6379,
+                    user: None,
+                    password: None,
+                    db: 0,
+                },
+            );
+            let expected = match fix {
+                "fleet_cap = 250" => 5,
+                "max_instances = 20" | "fallback_min = 1" => 1,
+                _ => 0,
+            };
+            assert_eq!(fleet.fallback_slots(), expected, "{fix}");
+        }
     }
 
     #[test]

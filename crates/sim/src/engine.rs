@@ -26,15 +26,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use stormguard_core::backoff::{Backoff, BackoffConfig, Jitter, PushbackHold};
+use stormguard_core::backoff::{Backoff, PushbackHold};
 use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerState};
 use stormguard_core::budget::{BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
-use stormguard_core::decimal::Fraction;
 use stormguard_core::decision::{
-    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryConfig, RetryPolicy, RetryState,
-    RetryTicket, Upstream,
+    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryPolicy, RetryState, RetryTicket,
+    Upstream,
 };
 use stormguard_core::denied::Denied;
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
@@ -811,7 +810,8 @@ impl<'s> Run<'s> {
         }
         if let Some(p) = permit {
             // The dependency is still working on it: the slot is held, as the tower layer
-            // holds it, for `timeout_slot_hold` (never shortened to the per-try timeout).
+            // holds it, for `timeout_slot_hold` (default 30 s, the proxy's), never shortened to
+            // the attempt's own limit.
             let hold = self.hold.max(1);
             let held = p.hold(Duration::from_nanos(hold));
             if self.release_held_on_answer
@@ -1083,17 +1083,6 @@ impl BelowThreshold for SplitMix64 {
     }
 }
 
-/// A backoff that is no wait at all, for budget policies configured to retry at once
-/// (`BackoffConfig` refuses a zero base; waits under [`IMMEDIATE`] are taken at once).
-fn immediate_backoff() -> BackoffConfig {
-    BackoffConfig {
-        base: Duration::from_nanos(1),
-        max: Duration::from_nanos(1),
-        multiplier: Fraction::ONE,
-        jitter: Jitter::None,
-    }
-}
-
 fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<Vec<Unit>, String> {
     let count = match p.share {
         Share::Fleet => 1,
@@ -1107,14 +1096,7 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
             let upstream = match p.cap {
                 None => None,
                 Some(c) => Some(Upstream {
-                    limiter: Limiter::try_new(
-                        LimiterConfig {
-                            cap: c.cap,
-                            queue_len: c.queue_len,
-                            queue_timeout: c.queue_timeout,
-                        },
-                        clock.clone(),
-                    )?,
+                    limiter: Limiter::try_new(c.limiter_config(), clock.clone())?,
                     breaker: breaker.clone(),
                     hold: hold.clone(),
                 }),
@@ -1130,14 +1112,8 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
                     hold: hold.clone(),
                 }),
             };
-            let (policy, counts_active) = match &p.retry {
-                RetryRule::Budget { spec, max_retries, backoff } => {
-                    let config = RetryConfig {
-                        retry_on: sc.client.retry_on.clone(),
-                        max_retries: *max_retries,
-                        backoff: backoff.unwrap_or_else(immediate_backoff),
-                        ..RetryConfig::default()
-                    };
+            let (policy, counts_active) = match (&p.retry, p.retry_config(&sc.client)) {
+                (RetryRule::Budget { spec, .. }, Some(config)) => {
                     let budget = spec.build().map_err(|e| e.to_string())?;
                     (
                         Some(RetryPolicy::with_budget(config, budget)?),

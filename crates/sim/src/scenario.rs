@@ -37,8 +37,9 @@ use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::conditions::RetryOn;
 use stormguard_core::decimal::{Fraction, format_duration, parse_duration};
-use stormguard_core::decision::MAX_RETRIES_LIMIT;
-use stormguard_core::limiter::MAX_CAP;
+use stormguard_core::decision::{MAX_RETRIES_LIMIT, RetryConfig};
+use stormguard_core::defaults;
+use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
 use toml_edit::{ImDocument, Item, Key, TableLike};
 
 use crate::dist::ServiceTime;
@@ -146,11 +147,12 @@ pub struct ClientConfig {
     pub per_try_timeout: Option<Duration>,
     /// The user action's deadline, from its start. Default 10 s.
     pub deadline: Duration,
-    /// How long a timed-out attempt keeps its slot under the cap while the dependency works
-    /// on (released at its answer with `held_slot = "until-answer"`). Default 30 s, as the
-    /// library and the proxy ([`stormguard_core::defaults::TIMEOUT_SLOT_HOLD`]).
+    /// How long a timed-out attempt keeps its slot under the cap, at most (it comes back
+    /// earlier when the dependency answers, unless `held_slot = "full-hold"`). Default 30 s,
+    /// the proxy's ([`defaults::TIMEOUT_SLOT_HOLD`]).
     pub timeout_slot_hold: Duration,
-    /// The failures that are retried, by every policy. Default `5xx,timeout,reset,connect-failure`.
+    /// The failures that are retried, by every policy. Default the proxy's
+    /// ([`defaults::RETRY_ON`]): `5xx,reset,connect-failure,refused-stream,timeout`.
     pub retry_on: RetryOn,
     /// An action counts as fast when it succeeds within this. Default: none (not reported).
     pub fast_within: Option<Duration>,
@@ -240,13 +242,15 @@ pub enum RetryRule {
         /// `None`: immediately.
         backoff: Option<BackoffConfig>,
     },
-    /// stormguard: `RetryPolicy::decide` over a budget, then `admit` under the cap.
+    /// stormguard: `RetryPolicy::decide` over a budget, then `admit` under the cap. Every key
+    /// left out takes the proxy's default ([`defaults`]).
     Budget {
         /// The budget.
         spec: BudgetSpec,
-        /// Retries per request (`RetryConfig::max_retries`).
+        /// Retries per request (`RetryConfig::max_retries`). Default 2.
         max_retries: u32,
-        /// `None`: immediately.
+        /// `None` (`backoff = "none"`): immediately. Default the proxy's: 25 ms..250 ms, full
+        /// jitter.
         backoff: Option<BackoffConfig>,
     },
 }
@@ -254,11 +258,11 @@ pub enum RetryRule {
 /// stormguard's cap for one policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CapConfig {
-    /// Attempts in flight, 1..=2^24.
+    /// Attempts in flight, 1..=2^24. A budget policy without one has the proxy's, 20.
     pub cap: u64,
-    /// Primaries that may wait for a slot. Default 100.
+    /// Primaries that may wait for a slot. Default 100, the proxy's.
     pub queue_len: u64,
-    /// The longest a primary waits. Default 1 s.
+    /// The longest a primary waits. Default 1 s, the proxy's.
     pub queue_timeout: Duration,
     /// `Some(n)`: retries take slots from a separate pool of `n` instead of the shared cap
     /// (the arrangement the worked example warns against: the pools add up).
@@ -636,15 +640,17 @@ fn parse_client(s: &Section<'_>) -> Res<ClientConfig> {
         return Err(s.fail("deadline", "must be above 0 and at most 1h"));
     }
     let retry_on = match s.string("retry_on")? {
-        None => "5xx,timeout,reset,connect-failure".parse().expect("valid default"),
+        None => RetryOn::default(),
         Some(t) => t.parse::<RetryOn>().map_err(|e| s.fail("retry_on", e.to_string()))?,
     };
+    let timeout_slot_hold = s.duration("timeout_slot_hold")?.unwrap_or(defaults::TIMEOUT_SLOT_HOLD);
+    if timeout_slot_hold.is_zero() {
+        return Err(s.fail("timeout_slot_hold", "must be above 0"));
+    }
     Ok(ClientConfig {
         per_try_timeout,
         deadline,
-        timeout_slot_hold: s
-            .duration("timeout_slot_hold")?
-            .unwrap_or(stormguard_core::defaults::TIMEOUT_SLOT_HOLD),
+        timeout_slot_hold,
         retry_on,
         fast_within: s.duration("fast_within")?,
         held_slot: match s.string("held_slot")?.as_deref() {
@@ -742,12 +748,22 @@ fn parse_phases(root: &Section<'_>, base: &Conditions, duration: Duration) -> Re
     Ok(phases)
 }
 
-fn parse_backoff(s: &Section<'_>) -> Res<Option<BackoffConfig>> {
+/// A policy's backoff: `None` retries at once. `default` is what an absent `backoff` means:
+/// none for a naive policy, the proxy's for a budget policy (and then `jitter` alone applies to
+/// it).
+fn parse_backoff(s: &Section<'_>, default: Option<BackoffConfig>) -> Res<Option<BackoffConfig>> {
     let jitter = match s.string("jitter")? {
         None => None,
         Some(j) => Some(j.parse::<Jitter>().map_err(|e| s.fail("jitter", e.to_string()))?),
     };
     match s.string("backoff")?.as_deref() {
+        None if default.is_some() => {
+            let mut b = default.expect("checked");
+            if let Some(j) = jitter {
+                b.jitter = j;
+            }
+            Ok(Some(b))
+        }
         None | Some("none") => {
             if jitter.is_some() && s.item("backoff").is_none() {
                 return Err(
@@ -828,23 +844,30 @@ fn parse_policies(root: &Section<'_>) -> Res<Vec<PolicyConfig>> {
             "scope_retries",
         ])?;
         let retries = s.u32("retries", 0..=MAX_RETRIES_LIMIT)?;
-        let backoff = parse_backoff(&s)?;
         let retry = match s.string("budget")? {
             Some(text) => {
                 let spec = BudgetSpec::parse(&text).map_err(|e| s.fail("budget", e.to_string()))?;
-                RetryRule::Budget { spec, max_retries: retries.unwrap_or(2), backoff }
+                let stormguard = RetryConfig::default();
+                RetryRule::Budget {
+                    spec,
+                    max_retries: retries.unwrap_or(stormguard.max_retries),
+                    backoff: parse_backoff(&s, Some(stormguard.backoff))?,
+                }
             }
             None => match retries.unwrap_or(0) {
                 0 => {
+                    parse_backoff(&s, None)?;
                     if s.item("backoff").is_some() {
                         return Err(s.fail("backoff", "a policy without retries has no backoff"));
                     }
                     RetryRule::None
                 }
-                n => RetryRule::Naive { max_retries: n, backoff },
+                n => RetryRule::Naive { max_retries: n, backoff: parse_backoff(&s, None)? },
             },
         };
-        let cap = match s.u64("cap", 1..=MAX_CAP)? {
+        let budgeted = matches!(retry, RetryRule::Budget { .. });
+        // A budget runs under stormguard's cap: without `cap`, the proxy's.
+        let cap = match s.u64("cap", 1..=MAX_CAP)?.or(budgeted.then_some(defaults::CAP)) {
             None => {
                 for k in ["queue", "queue_timeout", "retry_pool"] {
                     if s.item(k).is_some() {
@@ -853,19 +876,16 @@ fn parse_policies(root: &Section<'_>) -> Res<Vec<PolicyConfig>> {
                 }
                 None
             }
-            Some(cap) => Some(CapConfig {
-                cap,
-                queue_len: s.u64("queue", 0..=MAX_CAP)?.unwrap_or(100),
-                queue_timeout: s.duration("queue_timeout")?.unwrap_or(Duration::from_secs(1)),
-                retry_pool: s.u64("retry_pool", 1..=MAX_CAP)?,
-            }),
+            Some(cap) => {
+                let stormguard = LimiterConfig::default();
+                Some(CapConfig {
+                    cap,
+                    queue_len: s.u64("queue", 0..=MAX_CAP)?.unwrap_or(stormguard.queue_len),
+                    queue_timeout: s.duration("queue_timeout")?.unwrap_or(stormguard.queue_timeout),
+                    retry_pool: s.u64("retry_pool", 1..=MAX_CAP)?,
+                })
+            }
         };
-        if matches!(retry, RetryRule::Budget { .. }) && cap.is_none() {
-            return Err(s.fail(
-                "budget",
-                "a budget runs under stormguard's cap: give the policy a cap (e.g. cap = 20)",
-            ));
-        }
         let share = match s.string("share")?.as_deref() {
             None | Some("instance") => Share::Instance,
             Some("fleet") => Share::Fleet,
@@ -905,7 +925,45 @@ fn parse_policies(root: &Section<'_>) -> Res<Vec<PolicyConfig>> {
     Ok(out)
 }
 
+impl CapConfig {
+    /// The limiter this cap runs (the shared cap; a `retry_pool` is a limiter of its own).
+    pub fn limiter_config(&self) -> LimiterConfig {
+        LimiterConfig {
+            cap: self.cap,
+            queue_len: self.queue_len,
+            queue_timeout: self.queue_timeout,
+        }
+    }
+}
+
+/// A backoff that is no wait at all, for budget policies configured to retry at once
+/// (`BackoffConfig` refuses a zero base; the engine takes waits under 1 µs at once).
+fn immediate_backoff() -> BackoffConfig {
+    BackoffConfig {
+        base: Duration::from_nanos(1),
+        max: Duration::from_nanos(1),
+        multiplier: Fraction::ONE,
+        jitter: Jitter::None,
+    }
+}
+
 impl PolicyConfig {
+    /// The retry rules a budget policy runs (`None` for a naive policy or none): the client's
+    /// `retry_on`, the policy's retries and backoff, and the proxy's default for everything
+    /// else, so a scenario that sets nothing models what `stormguard proxy` does with nothing
+    /// set.
+    pub fn retry_config(&self, client: &ClientConfig) -> Option<RetryConfig> {
+        match &self.retry {
+            RetryRule::Budget { max_retries, backoff, .. } => Some(RetryConfig {
+                retry_on: client.retry_on.clone(),
+                max_retries: *max_retries,
+                backoff: backoff.unwrap_or_else(immediate_backoff),
+                ..RetryConfig::default()
+            }),
+            _ => None,
+        }
+    }
+
     /// A name that says what the policy is: `no-retries`, `retry-once`, `retry-3-backoff`,
     /// `ratio-budget`, with `+cap20`, `+breaker`, `+retry-pool4`, `+scope1` and `/fleet`
     /// added for what it has.
@@ -1009,6 +1067,20 @@ mod tests {
         assert_eq!(s.policies[0].name, "no-retries");
         assert_eq!(s.dependency.queue, None);
         assert_eq!(s.segments().len(), 1);
+        // What stormguard itself does comes from core's defaults, as in the proxy.
+        assert_eq!(s.client.retry_on, RetryOn::default());
+        assert_eq!(s.client.timeout_slot_hold, defaults::TIMEOUT_SLOT_HOLD);
+        let s = parse("[[policy]]\nbudget = \"ratio\"\n").unwrap();
+        let p = &s.policies[0];
+        assert_eq!(p.name, "ratio-budget");
+        assert_eq!(p.cap.unwrap().limiter_config(), LimiterConfig::default());
+        assert_eq!(p.retry_config(&s.client), Some(RetryConfig::default()));
+        // A naive policy retries at once unless given a backoff; `none` keeps a budget's at once.
+        let s =
+            parse("[[policy]]\nretries = 2\n[[policy]]\nbudget = \"ratio\"\nbackoff = \"none\"\n")
+                .unwrap();
+        assert_eq!(s.policies[0].retry, RetryRule::Naive { max_retries: 2, backoff: None });
+        assert_eq!(s.policies[1].retry_config(&s.client).unwrap().backoff, immediate_backoff());
     }
 
     #[test]
@@ -1021,10 +1093,6 @@ mod tests {
         assert_eq!(
             e("[[policy]]\nbudget = \"ratio:percent=2000\"\ncap = 20\n"),
             "t.toml:7: policy[1].budget: percent must be a fraction in [0, 1000], got 2000"
-        );
-        assert!(
-            e("[[policy]]\nbudget = \"ratio\"\n")
-                .starts_with("t.toml:7: policy[1].budget: a budget runs under")
         );
         assert!(e("[[policy]]\nbogus = 1\n").starts_with("t.toml:7: policy[1].bogus: unknown key"));
         assert!(e("[[policy]]\n[[policy]]\n").contains("already listed"));

@@ -171,7 +171,7 @@ impl DependencyConfig {
             stacked: StackedHeaders::default(),
             pushback_headers: PushbackHeaders::default(),
             limit_headers: LimitHeaders::default(),
-            limit_ttl: Duration::from_secs(10),
+            limit_ttl: stormguard_core::defaults::LIMIT_TTL,
             remaining_reserve: 0,
             seed: 0x5eed_5707_3a6d,
             background: None,

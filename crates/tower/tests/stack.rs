@@ -380,7 +380,13 @@ async fn a_held_slot_comes_back_when_the_dependency_answers() {
             .oneshot(request(Method::GET))
             .await
             .unwrap_err();
-        assert!(matches!(err.downcast_ref::<StormguardError>(), Some(StormguardError::Timeout)));
+        // The timeout is retryable by default; with max_retries 0 it is not retried.
+        let Some(StormguardError::NotRetried { reason: Denied::Attempts, source }) =
+            err.downcast_ref::<StormguardError>()
+        else {
+            panic!("{err}")
+        };
+        assert!(matches!(source.downcast_ref::<StormguardError>(), Some(StormguardError::Timeout)));
         tokio::time::sleep_until(start + Duration::from_millis(150)).await;
         assert_eq!(dep.snapshot().limiter.in_flight, 1, "held while the dependency works");
         tokio::time::sleep_until(start + Duration::from_millis(200)).await;

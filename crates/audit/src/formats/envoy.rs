@@ -193,7 +193,7 @@ fn cluster(c: &mut Collector, file: &str, cl: &Node) {
                 b.at(&["budget_percent", "value"]).and_then(Node::as_f64).unwrap_or(20.0) / 100.0;
             let floor = b.get("min_retry_concurrency").and_then(Node::as_u64).unwrap_or(3);
             let loc = Location { file: file.to_string(), line: b.line };
-            if percent > 0.5 {
+            if crate::model::budget_too_high(percent) {
                 c.finding(
                     Severity::Warning,
                     Rule::BudgetTooHigh,

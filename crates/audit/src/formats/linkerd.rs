@@ -25,7 +25,7 @@ pub(crate) fn service_profile(c: &mut Collector, file: &str, doc: &Node) {
         .and_then(|b| b.get("retryRatio"))
         .and_then(Node::as_f64)
         .unwrap_or(DEFAULT_RETRY_RATIO);
-    if ratio > 0.5 {
+    if crate::model::budget_too_high(ratio) {
         let line = budget_node.map_or(doc.line, |b| b.line);
         c.finding(
             Severity::Warning,

@@ -4,11 +4,14 @@
 //! `max_retries + 1` tries. Every dependency has a budget — `budget` (a SPEC string or a table
 //! with `kind`), default `ratio` at 20 % — so it caps the factor; `per_try_timeout` is the
 //! per-try timeout and `deadline` the overall one. Keys this reader does not know are ignored,
-//! so it keeps working as the proxy grows. The floor check needs a planned primary
-//! concurrency, read from `planned_primary` when present.
+//! so it keeps working as the proxy grows. The floor check compares the floor with `cap −
+//! planned_primary` (`planned_primary` 0 when absent). Absent keys take the proxy's own
+//! defaults, read from `stormguard_core::defaults` (cap 20, `max_retries` 2, `retry_on`
+//! `5xx,reset,connect-failure,refused-stream,timeout`, the ratio budget at 20 %).
 
 use serde::Deserialize;
 use stormguard_core::budget::BudgetSpec;
+use stormguard_core::defaults;
 use toml::Spanned;
 
 use crate::formats::conditions;
@@ -106,9 +109,8 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
         let mut layer = Layer::new(Format::Stormguard, loc(d.name.span().start), resource.clone());
         layer.refs.push(format!("stormguard/{name}"));
         layer.refs.push(format!("dependency/{name}"));
-        layer.attempts = Some(d.max_retries.unwrap_or(2).saturating_add(1));
-        layer.retry_on =
-            conditions(d.retry_on.as_deref().unwrap_or("5xx,reset,connect-failure,refused-stream"));
+        layer.attempts = Some(d.max_retries.unwrap_or(defaults::MAX_RETRIES).saturating_add(1));
+        layer.retry_on = conditions(d.retry_on.as_deref().unwrap_or(defaults::RETRY_ON));
         layer.per_try_timeout = d
             .per_try_timeout
             .as_deref()
@@ -118,7 +120,7 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
         let (budget, percent, floor) = model_budget(&spec);
         layer.budget = Some(budget);
         if let Some(p) = percent
-            && p > 0.5
+            && crate::model::budget_too_high(p)
         {
             c.finding(
                 Severity::Warning,
@@ -129,7 +131,8 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
                 "keep percent at or below 0.5 (0.2 is the default; 0.25 is the worked example's headroom)",
             );
         }
-        if let (Some(floor), Some(cap)) = (floor, d.cap) {
+        if let Some(floor) = floor {
+            let cap = d.cap.unwrap_or(defaults::CAP);
             let primary = d.planned_primary.unwrap_or(0);
             let headroom = cap.saturating_sub(primary);
             if floor > headroom {
@@ -154,7 +157,7 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
             reason: format!("route budget: {reason}"),
         })?;
         if let (_, Some(p), _) = model_budget(&spec)
-            && p > 0.5
+            && crate::model::budget_too_high(p)
         {
             c.finding(
                 Severity::Warning,

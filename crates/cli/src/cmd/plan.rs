@@ -5,6 +5,7 @@ use std::io::Write;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
+use stormguard_core::defaults;
 use stormguard_core::plan::{Plan, PlanInput};
 
 use crate::Failure;
@@ -17,7 +18,8 @@ Example (the worked example: a cap of 20, 16 planned in flight):
 
 The ratio budget's percent is a share of primaries: (cap - primary) / primary. Envoy's form is a
 share of everything in flight: (cap - primary) / cap. Paste a printed SPEC into
-`stormguard proxy --budget SPEC` or `stormguard replay --policy SPEC`.")]
+`stormguard proxy --budget SPEC` or `stormguard replay --policy SPEC`. The SPECs hold the
+concurrency floor to cap - primary and the percent to 50 %, so `stormguard audit` accepts them.")]
 pub struct PlanArgs {
     /// The dependency's concurrency cap: attempts (first tries and retries) in flight.
     #[arg(long, value_name = "N")]
@@ -28,8 +30,9 @@ pub struct PlanArgs {
     /// An error rate to tabulate, in [0, 1]; repeat for several. Default: 0.05, 0.2, 0.4.
     #[arg(long = "error-rate", value_name = "E")]
     pub error_rates: Vec<f64>,
-    /// The budget's floor, in concurrent retries; it never overrides the cap.
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    /// The budget's floor, in concurrent retries; it never overrides the cap (the SPECs hold it
+    /// to cap - primary).
+    #[arg(long, value_name = "N", default_value_t = defaults::CONCURRENCY_MIN)]
     pub floor: u64,
     /// Parallel calls per user action (prints the chance that all are fast).
     #[arg(long = "fan-out", value_name = "CALLS")]
@@ -215,6 +218,22 @@ fn table(plan: &Plan) -> String {
     for (spec, what) in &specs {
         let _ = writeln!(s, "  {spec:<w$}   # {what}");
     }
+    if plan.percent_held() {
+        let _ = writeln!(
+            s,
+            "  (percent held at {}: the cap leaves room for more, but past it a failing dependency\n   \
+             sees more than half again its load in retries; `stormguard audit` flags it)",
+            pct(defaults::MAX_SUGGESTED_PERCENT.as_f64())
+        );
+    }
+    if plan.spec_floor() < plan.floor {
+        let _ = writeln!(
+            s,
+            "  (floor held at {}: the headroom cap - primary; a larger floor would let retries push\n   \
+             the primaries past the cap)",
+            plan.spec_floor()
+        );
+    }
     s
 }
 
@@ -235,12 +254,22 @@ fn toml(plan: &Plan, args: &PlanArgs) -> String {
     let _ = writeln!(s, "cap = {}", plan.cap);
     let _ = writeln!(s, "# what the cap was planned for (read by `stormguard audit`)");
     let _ = writeln!(s, "planned_primary = {}", plan.primary);
-    let _ = writeln!(
-        s,
-        "# {} retries per original request keep {} primaries plus retries under the cap",
-        pct(plan.max_retry_fraction),
-        plan.primary
-    );
+    if plan.percent_held() {
+        let _ = writeln!(
+            s,
+            "# {} retries per original request would fit under the cap; held at {}, past which a\n\
+             # failing dependency sees more than half again its load in retries",
+            pct(plan.max_retry_fraction),
+            pct(defaults::MAX_SUGGESTED_PERCENT.as_f64())
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "# {} retries per original request keep {} primaries plus retries under the cap",
+            pct(plan.max_retry_fraction),
+            plan.primary
+        );
+    }
     let _ = writeln!(s, "budget = \"{}\"", plan.ratio_spec());
     let _ = writeln!(
         s,

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use clap::Args;
 use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::decimal::parse_duration;
+use stormguard_core::budget::BudgetSpec;
+use stormguard_core::decimal::{format_duration, parse_duration};
+use stormguard_core::defaults;
 use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
 
 use crate::Failure;
@@ -40,19 +42,19 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "URL", required_unless_present = "config")]
     pub upstream: Option<String>,
     /// Attempts in flight at once, first tries and retries.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = defaults::CAP)]
     pub cap: u64,
     /// The retry budget SPEC.
-    #[arg(long, value_name = "SPEC", default_value = "ratio:percent=0.2,min_per_sec=10,ttl=10s")]
+    #[arg(long, value_name = "SPEC", default_value_t = BudgetSpec::default().to_string())]
     pub budget: String,
     /// The admin listener, or "off".
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
     pub admin: String,
-    /// What may be retried.
-    #[arg(long, value_name = "LIST", default_value = "5xx,reset,connect-failure,refused-stream")]
+    /// What may be retried (a timeout, a reset or a 5xx only for an idempotent request).
+    #[arg(long, value_name = "LIST", default_value = defaults::RETRY_ON)]
     pub retry_on: String,
     /// Retries per request, 0 to 10.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    #[arg(long, value_name = "N", default_value_t = defaults::MAX_RETRIES)]
     pub max_retries: u32,
     /// Each attempt's limit up to response headers, connect time included.
     #[arg(long, value_name = "DURATION")]
@@ -61,13 +63,13 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "DURATION")]
     pub deadline: Option<String>,
     /// Backoff range, e.g. 25ms..250ms.
-    #[arg(long, value_name = "RANGE", default_value = "25ms..250ms")]
+    #[arg(long, value_name = "RANGE", default_value_t = backoff_range(&BackoffConfig::default()))]
     pub backoff: String,
     /// Primaries that may wait for a slot (0: fail fast).
-    #[arg(long, value_name = "N", default_value_t = 100)]
+    #[arg(long, value_name = "N", default_value_t = defaults::QUEUE_LEN)]
     pub queue: u64,
     /// The longest a primary waits for a slot.
-    #[arg(long, value_name = "DURATION", default_value = "1s")]
+    #[arg(long, value_name = "DURATION", default_value_t = format_duration(defaults::QUEUE_TIMEOUT))]
     pub queue_timeout: String,
     /// How long an attempt the proxy timed out keeps its slot while the upstream may still be
     /// working on it (it comes back when the upstream answers; 0: at the timeout) [default: 30s].
@@ -109,6 +111,11 @@ The config format is in docs/proxy.md; more examples are in deploy/examples/.")]
 pub struct CheckConfigArgs {
     /// The config file.
     pub file: PathBuf,
+}
+
+/// A backoff's `base..max`, as `--backoff` reads it.
+fn backoff_range(b: &BackoffConfig) -> String {
+    format!("{}..{}", format_duration(b.base), format_duration(b.max))
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
@@ -188,6 +195,7 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     }
     .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     runtime.block_on(async {
+        let signals = Signals::register();
         let proxy = stormguard_proxy::start(config).await.map_err(|e| match e {
             e @ stormguard_proxy::StartError::Invalid(..) => Failure::usage(e.to_string()),
             e => Failure::runtime(e.to_string()),
@@ -198,7 +206,7 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
         if let Some(a) = proxy.admin_addr() {
             let _ = writeln!(std::io::stderr(), "stormguard proxy: admin on http://{a}");
         }
-        match wait_for_stop(&proxy, stop_after).await {
+        match wait_for_stop(&proxy, stop_after, signals).await {
             Ending::Elapsed => proxy.shutdown().await,
             Ending::Signal => {
                 let _ = writeln!(
@@ -229,9 +237,34 @@ enum Ending {
     Signal,
 }
 
+/// SIGTERM and SIGHUP, registered before the proxy says where it listens: until tokio registers
+/// a handler both keep their default action, ending the process, so a reload sent as soon as the
+/// addresses appear would kill it.
+struct Signals {
+    #[cfg(unix)]
+    term_hup: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn register() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let term_hup = match (signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+                (Ok(term), Ok(hup)) => Some((term, hup)),
+                _ => None,
+            };
+            Signals { term_hup }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+}
+
 async fn wait_for_stop(
     proxy: &stormguard_proxy::ProxyHandle,
     stop_after: Option<Duration>,
+    signals: Signals,
 ) -> Ending {
     let deadline = async {
         match stop_after {
@@ -242,10 +275,7 @@ async fn wait_for_stop(
     tokio::pin!(deadline);
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut hup)) =
-            (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
-        {
+        if let Some((mut term, mut hup)) = signals.term_hup {
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ending::Signal,
@@ -263,7 +293,7 @@ async fn wait_for_stop(
             }
         }
     }
-    let _ = proxy;
+    let _ = (proxy, signals);
     tokio::select! {
         _ = tokio::signal::ctrl_c() => Ending::Signal,
         () = deadline => Ending::Elapsed,

@@ -36,7 +36,11 @@ pub struct ConcurrencyConfig {
 
 impl Default for ConcurrencyConfig {
     fn default() -> Self {
-        ConcurrencyConfig { percent: Fraction::from_millionths(200_000), min: 3, slots: None }
+        ConcurrencyConfig {
+            percent: crate::defaults::CONCURRENCY_PERCENT,
+            min: crate::defaults::CONCURRENCY_MIN,
+            slots: None,
+        }
     }
 }
 

@@ -61,9 +61,9 @@ pub struct RatioConfig {
 impl Default for RatioConfig {
     fn default() -> Self {
         RatioConfig {
-            percent: Fraction::from_millionths(200_000),
-            min_per_sec: Fraction::from_millionths(10_000_000),
-            ttl: Duration::from_secs(10),
+            percent: crate::defaults::RATIO_PERCENT,
+            min_per_sec: crate::defaults::RATIO_MIN_PER_SEC,
+            ttl: crate::defaults::RATIO_TTL,
             deposit_on: DepositOn::Admission,
         }
     }

@@ -185,8 +185,8 @@ fn proxy_config(upstream: &str, admin: SocketAddr) -> Result<ProxyConfig, Failur
     d.cap = CAP;
     d.planned_primary = Some(PLANNED_PRIMARY);
     d.budget = BUDGET.parse().map_err(|e| bad(format!("{e}")))?;
-    // Like the naive path: a timed-out attempt is a failure worth one retry.
-    d.retry_on = "5xx,reset,connect-failure,timeout".parse().map_err(|e| bad(format!("{e}")))?;
+    // Like the naive path, a timed-out attempt is a failure worth one retry: the default
+    // `retry_on` already says so.
     d.max_retries = 1;
     d.per_try_timeout = Some(PER_TRY_TIMEOUT);
     // Retries go out (almost) at once, as in the worked example and on the naive path.
