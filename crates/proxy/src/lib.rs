@@ -425,13 +425,15 @@ impl Collector for ProxyCollector {
         }
         let mut m = enc.encode_descriptor(
             "stormguard_proxy_client_errors",
-            "requests whose caller's body failed, answered by the proxy and counted by neither the breaker nor the budget: body-timeout (408), body-malformed (400)",
+            "requests the caller got wrong, answered by the proxy and counted by neither the breaker nor the budget: body-timeout (408), body-malformed (400), bad-request (400: more than one Host)",
             None,
             MetricType::Counter,
         )?;
-        for (reason, n) in
-            [("body-timeout", &state.body_timeouts), ("body-malformed", &state.body_malformed)]
-        {
+        for (reason, n) in [
+            ("body-timeout", &state.body_timeouts),
+            ("body-malformed", &state.body_malformed),
+            ("bad-request", &state.bad_requests),
+        ] {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("reason", reason)])?)?;
         }

@@ -63,6 +63,8 @@ pub(crate) struct State {
     /// Requests refused before any dependency: absolute-form for other hosts, no route.
     pub(crate) refused_not_routable: AtomicU64,
     pub(crate) refused_no_route: AtomicU64,
+    /// Requests refused as malformed HTTP (400): more than one Host header.
+    pub(crate) bad_requests: AtomicU64,
     /// Callers whose request body stalled past `body_idle_timeout` (408), or broke (400).
     pub(crate) body_timeouts: AtomicU64,
     pub(crate) body_malformed: AtomicU64,
@@ -97,6 +99,7 @@ impl State {
             current: RwLock::new(Arc::new(shared)),
             refused_not_routable: AtomicU64::new(0),
             refused_no_route: AtomicU64::new(0),
+            bad_requests: AtomicU64::new(0),
             body_timeouts: AtomicU64::new(0),
             body_malformed: AtomicU64::new(0),
             trace,
@@ -227,6 +230,16 @@ pub(crate) async fn handle(
             "stormguard: this proxy only reaches its configured upstreams\n",
         );
     }
+    // One Host (RFC 9112 §3.2): with two, the route and the host the upstream acts on could
+    // differ.
+    if req.headers().get_all(HOST).iter().nth(1).is_some() {
+        state.bad_requests.fetch_add(1, Ordering::Relaxed);
+        let mut resp =
+            local(StatusCode::BAD_REQUEST, None, "stormguard: more than one Host header\n");
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        return resp;
+    }
     let host = request_host(&req);
     let route_index = route(&shared, host.as_deref(), &path);
     let (dep_index, route) = match route_index.map(|i| &shared.routes[i]) {
@@ -250,6 +263,18 @@ pub(crate) async fn handle(
     }
     .unwrap_or_else(|| peer.ip().to_string());
     let (mut parts, body) = req.into_parts();
+    // The host the route was chosen by is the host the upstream acts on: an absolute-form
+    // target's authority replaces any Host (RFC 9112 §3.2.2), and an HTTP/2 caller's
+    // `:authority` becomes the Host.
+    if let Some(authority) = parts.uri.authority()
+        && (parts.uri.scheme().is_some() || parts.version >= Version::HTTP_2)
+        && let Ok(v) = http::HeaderValue::from_str(authority.as_str())
+    {
+        let absolute = parts.version < Version::HTTP_2;
+        if absolute || !parts.headers.contains_key(HOST) {
+            parts.headers.insert(HOST, v);
+        }
+    }
     // The upstream's address, the caller's path and query, HTTP/1.1 to the upstream.
     let mut uri = dep.upstreams[0].clone().into_parts();
     uri.path_and_query =
@@ -303,6 +328,16 @@ pub(crate) async fn handle(
         Err(e) => return state.caller_body_failed(&e),
     };
     parts.extensions.insert(body.received());
+    // hyper's client sends no body on a GET or HEAD whose length it does not know unless told
+    // to frame it: a body past the replay buffer, with no Content-Length, goes chunked.
+    if !body.is_whole()
+        && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
+        && (parts.method == Method::GET || parts.method == Method::HEAD)
+    {
+        parts
+            .headers
+            .insert(http::header::TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
+    }
     let req = Request::from_parts(parts, ReplayBody::new(body, limit));
     let resp = match dep.service.clone().oneshot(req).await {
         Ok(r) => r,
