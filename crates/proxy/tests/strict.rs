@@ -2,10 +2,6 @@
 //! by (one Host, the absolute-form's authority, an h2 caller's `:authority`), a caller's body is
 //! never lost, and an upstream's invalid answer is a 502 that is not retried.
 
-mod common;
-
-use common::*;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
