@@ -4,19 +4,21 @@
 //! sent, whoever still waits for it. Each guarantee is shown beside the unprotected path
 //! (the hold turned off), which breaks it.
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Request};
 use http_body_util::Full;
 use stormguard_core::signals::Abandoned;
 use stormguard_tower::{
     Deadline, Dependency, DependencyConfig, ReplayBody, Spawner, StormguardError, StormguardLayer,
 };
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
+
+mod support;
+
+use support::Upstream;
 
 type Req = Request<ReplayBody<Full<Bytes>>>;
 
@@ -26,62 +28,6 @@ fn request() -> Req {
         .uri("http://dep/x")
         .body(ReplayBody::new(Full::new(Bytes::new()), 1024))
         .unwrap()
-}
-
-/// A dependency that takes `latency` for every request it is sent and keeps working on it
-/// after its client has gone, as a real server does: the work runs in its own task, and the
-/// count in flight is taken there, exactly.
-#[derive(Clone)]
-struct Upstream {
-    latency: Duration,
-    in_flight: Arc<AtomicU64>,
-    max: Arc<AtomicU64>,
-    received: Arc<AtomicU64>,
-}
-
-impl Upstream {
-    fn new(latency: Duration) -> Upstream {
-        Upstream {
-            latency,
-            in_flight: Arc::default(),
-            max: Arc::default(),
-            received: Arc::default(),
-        }
-    }
-
-    fn max(&self) -> u64 {
-        self.max.load(Ordering::SeqCst)
-    }
-}
-
-impl Service<Req> for Upstream {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Req) -> Self::Future {
-        self.received.fetch_add(1, Ordering::SeqCst);
-        let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(n, Ordering::SeqCst);
-        let (latency, in_flight) = (self.latency, self.in_flight.clone());
-        let work = tokio::spawn(async move {
-            tokio::time::sleep(latency).await;
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-        });
-        Box::pin(async move {
-            let _ = work.await;
-            Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
-        })
-    }
 }
 
 fn dependency(f: impl FnOnce(&mut DependencyConfig)) -> Dependency {

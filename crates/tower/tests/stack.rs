@@ -3,12 +3,14 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
+mod support;
+
 use stormguard_core::Denied;
 use stormguard_tower::{
     Deadline, Dependency, DependencyConfig, FanOutScope, ReplayBody, StormguardError,
@@ -221,48 +223,7 @@ async fn shadow_mode_counts_but_retries() {
 
 /// A service that answers after a delay, keeping count of what it is working on, and keeps
 /// working when the caller gives up (like a real server).
-#[derive(Clone)]
-struct Slow {
-    delay: Duration,
-    in_flight: Arc<AtomicU64>,
-    max: Arc<AtomicU64>,
-    body: &'static [u8],
-}
-
-impl Slow {
-    fn new(delay: Duration) -> Slow {
-        Slow { delay, in_flight: Arc::default(), max: Arc::default(), body: b"ok" }
-    }
-}
-
-impl Service<Req> for Slow {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Req) -> Self::Future {
-        let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(n, Ordering::SeqCst);
-        let (delay, in_flight, body) = (self.delay, self.in_flight.clone(), self.body);
-        let work = tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-        });
-        Box::pin(async move {
-            let _ = work.await;
-            Ok(Response::new(Full::new(Bytes::from_static(body))))
-        })
-    }
-}
+use support::Upstream as Slow;
 
 #[tokio::test(start_paused = true)]
 async fn the_slot_lasts_until_the_body_ends_or_is_dropped() {
