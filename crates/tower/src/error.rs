@@ -87,14 +87,26 @@ pub fn is_caller_body_error(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Reads an inner service's error: connect failures, resets and timeouts from the `std::io`
-/// errors in its source chain, and from what common clients say in their messages ("connect",
-/// "connection refused"); HTTP/2 REFUSED_STREAM and a graceful GOAWAY as `h2` words them
-/// (hyper's HTTP/2 errors carry the `h2` error). Anything else counts as a reset: it may have
-/// reached the dependency, so a non-idempotent request is not retried after it.
+/// Reads an inner service's error by the types in its source chain — never by its message, so a
+/// client's new wording cannot change what is retried:
+/// - stormguard's own errors, and [`ProtocolError`](stormguard_http::classify::ProtocolError);
+/// - hyper: a parse error is [`Protocol`](TransportError::Protocol) (the dependency's answer was
+///   not valid HTTP); hyper-util's client error that [`is_connect`] is a connect failure (TLS
+///   handshakes included: the connector failed, nothing was sent);
+/// - `h2`: `REFUSED_STREAM` from the peer is [`RefusedStream`](TransportError::RefusedStream); a
+///   GOAWAY received with `NO_ERROR` is [`GoAwayUnprocessed`](TransportError::GoAwayUnprocessed)
+///   (h2 reports a graceful GOAWAY only to streams above its last-stream-id and to requests
+///   started after it, never to a stream the server may have processed);
+/// - `std::io::Error` by its kind ([`classify_io`](stormguard_http::classify::classify_io)).
+///
+/// Anything else counts as a reset: it may have reached the dependency, so a non-idempotent
+/// request is not retried after it. A client of another kind can wrap its errors in
+/// [`StormguardError::Transport`] to say what they are.
+///
+/// [`is_connect`]: hyper_util::client::legacy::Error::is_connect
 pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportError {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    let mut said_connect = false;
+    let mut connecting = false;
     while let Some(e) = cur {
         if let Some(se) = e.downcast_ref::<StormguardError>() {
             match se {
@@ -111,32 +123,29 @@ pub fn classify_error(error: &(dyn std::error::Error + 'static)) -> TransportErr
         {
             return TransportError::Protocol;
         }
+        if e.downcast_ref::<hyper_util::client::legacy::Error>().is_some_and(|e| e.is_connect()) {
+            connecting = true;
+        }
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            if let Some(io) = h2.get_io() {
+                return stormguard_http::classify::classify_io(io, connecting);
+            }
+            return match h2.reason() {
+                Some(h2::Reason::REFUSED_STREAM) if !h2.is_library() => {
+                    TransportError::RefusedStream
+                }
+                Some(h2::Reason::NO_ERROR) if h2.is_go_away() && h2.is_remote() => {
+                    TransportError::GoAwayUnprocessed
+                }
+                _ => TransportError::Reset,
+            };
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return stormguard_http::classify::classify_io(io, said_connect);
-        }
-        let text = e.to_string().to_ascii_lowercase();
-        // "connect" as a step ("client error (Connect)", "tcp connect error", "connection
-        // refused"), not as in "connection error", which hyper reports for a reset.
-        if text.contains("(connect)")
-            || text.contains("connect error")
-            || text.contains("tcp connect")
-            || text.contains("connection refused")
-            || (text.starts_with("connect") && !text.starts_with("connection"))
-        {
-            said_connect = true;
-        }
-        if text.contains("refused_stream") || text.contains("refused stream") {
-            return TransportError::RefusedStream;
-        }
-        // `h2`'s words for a GOAWAY received with NO_ERROR: it reports one only to streams above
-        // the last-stream-id (and to requests started after it), never to a stream the server
-        // may have processed — those run on, or end as a reset when the connection closes.
-        if text.contains("connection error received: not a result of an error") {
-            return TransportError::GoAwayUnprocessed;
+            return stormguard_http::classify::classify_io(io, connecting);
         }
         cur = e.source();
     }
-    if said_connect { TransportError::Connect } else { TransportError::Reset }
+    if connecting { TransportError::Connect } else { TransportError::Reset }
 }
 
 #[cfg(test)]
@@ -144,52 +153,55 @@ mod tests {
     use super::*;
 
     #[derive(Debug, thiserror::Error)]
-    #[error("client error (Connect)")]
-    struct ConnectErr(#[source] std::io::Error);
-
-    #[derive(Debug, thiserror::Error)]
     #[error("{0}")]
-    struct Wrapped(&'static str, #[source] std::io::Error);
+    struct Wrapped(&'static str, #[source] Box<dyn std::error::Error + Send + Sync>);
 
     #[test]
-    fn reads_the_source_chain() {
-        let refused = ConnectErr(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert_eq!(classify_error(&refused), TransportError::Connect);
+    fn reads_io_errors_through_the_chain() {
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert_eq!(classify_error(&reset), TransportError::Reset);
-        // hyper's "connection error" around a reset is a reset, not a connect failure.
-        let hyper_reset =
-            Wrapped("connection error", std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert_eq!(classify_error(&hyper_reset), TransportError::Reset);
-        let other = std::fmt::Error;
-        assert_eq!(classify_error(&other), TransportError::Reset);
+        let wrapped = Wrapped("connection error", Box::new(reset));
+        assert_eq!(classify_error(&wrapped), TransportError::Reset);
+        let timed_out = Wrapped("x", Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+        assert_eq!(classify_error(&timed_out), TransportError::Timeout);
+        // A refusal is a connect failure only when the client says it was connecting: without
+        // that, nothing proves the request was not written.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(classify_error(&refused), TransportError::Reset);
+        assert_eq!(classify_error(&std::fmt::Error), TransportError::Reset);
     }
 
-    #[derive(Debug, thiserror::Error)]
-    #[error("{0}")]
-    struct Said(&'static str);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("client error (SendRequest)")]
-    struct Outer(#[source] Said);
-
-    /// What hyper's HTTP/2 client reports, as `h2` words it (`h2::Error`'s Display).
+    /// The words of an error decide nothing: a message that says "connect" or "refused stream"
+    /// is still a reset unless its type says otherwise.
     #[test]
-    fn reads_h2_refusals() {
-        let refused = Outer(Said(
-            "stream error received: refused stream before processing any application logic",
-        ));
+    fn messages_are_not_read() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect): stream error received: refused stream")]
+        struct Says;
+        assert_eq!(classify_error(&Says), TransportError::Reset);
+    }
+
+    #[test]
+    fn reads_h2_reasons() {
+        let refused = Wrapped("x", Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM)));
         assert_eq!(classify_error(&refused), TransportError::RefusedStream);
-        let graceful = Outer(Said("connection error received: not a result of an error"));
-        assert_eq!(classify_error(&graceful), TransportError::GoAwayUnprocessed);
-        // A GOAWAY with an error code also reaches streams the server may have processed.
-        let failed = Outer(Said("connection error received: unspecific protocol error detected"));
-        assert_eq!(classify_error(&failed), TransportError::Reset);
-        // Our own GOAWAY (sent, not received) says nothing about the server.
-        let ours = Outer(Said("connection error detected: not a result of an error"));
-        assert_eq!(classify_error(&ours), TransportError::Reset);
-        // Another stream error is a reset.
-        let cancel = Outer(Said("stream error received: stream no longer needed"));
+        let cancel = Wrapped("x", Box::new(h2::Error::from(h2::Reason::CANCEL)));
         assert_eq!(classify_error(&cancel), TransportError::Reset);
+        // NO_ERROR outside a GOAWAY received from the peer says nothing about the stream.
+        let no_error = Wrapped("x", Box::new(h2::Error::from(h2::Reason::NO_ERROR)));
+        assert_eq!(classify_error(&no_error), TransportError::Reset);
+    }
+
+    #[test]
+    fn reads_stormguards_own() {
+        let protocol = stormguard_http::classify::ProtocolError::UnsolicitedUpgrade;
+        assert_eq!(classify_error(&protocol), TransportError::Protocol);
+        let timeout = StormguardError::Timeout;
+        assert_eq!(classify_error(&timeout), TransportError::Timeout);
+        let said = StormguardError::Transport {
+            kind: TransportError::Connect,
+            source: Box::new(std::fmt::Error),
+        };
+        assert_eq!(classify_error(&said), TransportError::Connect);
     }
 }
