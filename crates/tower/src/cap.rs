@@ -28,7 +28,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -468,50 +468,72 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx),
-            CapProj::Sent { call, timer, attempt } => {
-                // The call first, as tokio's timeout does: an answer at the deadline counts.
-                if let Poll::Ready(result) = call.poll(cx) {
-                    let a = attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(a, result));
+            CapProj::Sent { call, timer, attempt } => match ready!(poll_attempt(cx, call, timer)) {
+                Step::Answered(result) => Poll::Ready(finish(take(attempt), result)),
+                Step::TimedOut => {
+                    let a = take(attempt);
+                    if a.caller_still_sending() {
+                        return Poll::Ready(Err(caller_too_slow(a)));
+                    }
+                    // No spawner: the call is dropped, and its slots held for the whole hold.
+                    let hold = a.dep.config().timeout_slot_hold;
+                    drop(hold_slots(a, hold, Orphaned::TimedOut));
+                    Poll::Ready(Err(StormguardError::Timeout.into()))
                 }
-                let Some(sleep) = timer else { return Poll::Pending };
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                let a = attempt.take().expect("a CapFuture polled after it finished");
-                if a.caller_still_sending() {
-                    return Poll::Ready(Err(caller_too_slow(a)));
-                }
-                // No spawner: the call is dropped, and its slots held for the whole hold.
-                let hold = a.dep.config().timeout_slot_hold;
-                drop(hold_slots(a, hold, Orphaned::TimedOut));
-                Poll::Ready(Err(StormguardError::Timeout.into()))
-            }
+            },
             CapProj::Movable { flight, timer } => {
-                let fut = flight.call.as_mut().expect("a CapFuture polled after it finished");
-                if let Poll::Ready(result) = fut.as_mut().poll(cx) {
-                    flight.call = None;
-                    let a = flight.attempt.take().expect("a CapFuture polled after it finished");
-                    return Poll::Ready(finish(a, result));
+                let call = flight.call.as_mut().expect("a CapFuture polled after it finished");
+                let step = ready!(poll_attempt(cx, call.as_mut(), timer));
+                let (call, a) = (flight.call.take(), take(&mut flight.attempt));
+                match step {
+                    Step::Answered(result) => Poll::Ready(finish(a, result)),
+                    // The caller still sends: the call is cut (dropped here).
+                    Step::TimedOut if a.caller_still_sending() => {
+                        Poll::Ready(Err(caller_too_slow(a)))
+                    }
+                    Step::TimedOut => {
+                        // The dependency is still working on it: the call runs on to its
+                        // answer, then gives the slot back (the hold gives it back first if it
+                        // passes).
+                        if let Some(call) = call {
+                            (flight.run_on)(call, a, Orphaned::TimedOut);
+                        }
+                        Poll::Ready(Err(StormguardError::Timeout.into()))
+                    }
                 }
-                let Some(sleep) = timer else { return Poll::Pending };
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                if flight.attempt.as_ref().is_some_and(Attempt::caller_still_sending) {
-                    flight.call = None;
-                    let a = flight.attempt.take().expect("checked above");
-                    return Poll::Ready(Err(caller_too_slow(a)));
-                }
-                // The dependency is still working on it: the call runs on to its answer, then
-                // gives the slot back (the hold gives it back first if it passes).
-                if let (Some(call), Some(a)) = (flight.call.take(), flight.attempt.take()) {
-                    (flight.run_on)(call, a, Orphaned::TimedOut);
-                }
-                Poll::Ready(Err(StormguardError::Timeout.into()))
             }
         }
     }
+}
+
+/// What a sent attempt's poll came to.
+enum Step<T> {
+    /// The inner service answered (or failed).
+    Answered(T),
+    /// The per-try timer fired first.
+    TimedOut,
+}
+
+/// Polls a sent attempt: the call first, as tokio's timeout does (an answer at the deadline
+/// counts), then its per-try timer. Shared by both states of a sent attempt, whose calls differ
+/// only in where they live (in place, or boxed so that they can move to the background).
+fn poll_attempt<F: Future>(
+    cx: &mut Context<'_>,
+    call: Pin<&mut F>,
+    timer: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+) -> Poll<Step<F::Output>> {
+    if let Poll::Ready(result) = call.poll(cx) {
+        return Poll::Ready(Step::Answered(result));
+    }
+    match timer {
+        Some(sleep) => sleep.as_mut().poll(cx).map(|()| Step::TimedOut),
+        None => Poll::Pending,
+    }
+}
+
+/// The attempt of a sent future, taken once it ends.
+fn take(attempt: &mut Option<Attempt>) -> Attempt {
+    attempt.take().expect("a CapFuture polled after it finished")
 }
 
 /// An attempt that ends without its answer (a per-try timeout, an abandoned caller): a timeout
