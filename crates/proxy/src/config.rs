@@ -646,7 +646,8 @@ impl ProxyConfig {
 
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
+        // A regular file of at most 16 MiB: `/dev/zero`, a FIFO or a directory is refused.
+        let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         let mut config = ProxyConfig::parse(&text, &path.display().to_string())?;
         config.source = Some(path.to_path_buf());

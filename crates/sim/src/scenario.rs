@@ -351,12 +351,15 @@ impl Scenario {
     /// Reads a scenario file.
     pub fn from_file(path: &std::path::Path) -> Result<Scenario, ScenarioError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-            origin: origin.clone(),
-            line: 0,
-            key: String::new(),
-            message: format!("cannot read the scenario: {e}"),
-        })?;
+        let text =
+            stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(|e| {
+                ScenarioError {
+                    origin: origin.clone(),
+                    line: 0,
+                    key: String::new(),
+                    message: format!("cannot read the scenario: {e}"),
+                }
+            })?;
         Scenario::parse(&origin, &text)
     }
 

@@ -82,9 +82,9 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             (scenario, builtin::text(name).unwrap_or_default().to_string())
         }
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::usage(format!("{}: cannot read the scenario: {e}", path.display()))
-            })?;
+            let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(
+                |e| Failure::usage(format!("{}: cannot read the scenario: {e}", path.display())),
+            )?;
             let scenario = Scenario::parse(&path.display().to_string(), &text)
                 .map_err(|e| Failure::usage(e.to_string()))?;
             (scenario, text)
