@@ -409,7 +409,8 @@ impl Collector for ProxyCollector {
         )?;
         for d in &shared.deps {
             let on = i64::from(d.dependency.policy().retries_enabled());
-            ConstGauge::new(on).encode(m.encode_family(&[("dependency", d.dependency.name())])?)?;
+            let name = stormguard_tower::metrics::LabelValue(d.dependency.name());
+            ConstGauge::new(on).encode(m.encode_family(&[("dependency", name)])?)?;
         }
         let mut m = enc.encode_descriptor(
             "stormguard_proxy_refused",
