@@ -88,6 +88,72 @@ pub struct ProxyConfig {
     /// The file this config was read from (set by [`ProxyConfig::load`]): `POST /reload` and
     /// SIGHUP read it again.
     pub source: Option<PathBuf>,
+    /// What the command line set over the file (see [`Overrides`]); a reload from the file
+    /// applies them again.
+    pub overrides: Overrides,
+}
+
+/// Settings given as flags beside a config file (`stormguard proxy --config FILE --record
+/// incident.jsonl`), applied over what the file says when the proxy starts **and again at every
+/// reload from the file**, so SIGHUP or `POST /reload` reads the file and keeps them. They are
+/// the process's own settings, as an Envoy or HAProxy command line sets them; a dependency's
+/// settings (cap, budget, retries) live only in the file. `/config` shows them under
+/// `overrides`. ([`ProxyHandle::reload`](crate::ProxyHandle::reload) takes the config it is
+/// given as it is.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--admin`: the admin listener's address (`Some(None)`: `--admin off`).
+    pub admin: Option<Option<SocketAddr>>,
+    /// `--record`: the trace file.
+    pub record: Option<PathBuf>,
+    /// `--drain-timeout`.
+    pub drain_timeout: Option<Duration>,
+    /// `--shadow`: every dependency in shadow mode (`enforce = false`), whatever the file says.
+    pub shadow: bool,
+}
+
+impl Overrides {
+    /// Whether no flag set anything.
+    pub fn is_empty(&self) -> bool {
+        *self == Overrides::default()
+    }
+
+    /// Puts these settings over `config`'s, and remembers them in it (for the next reload).
+    pub fn apply(&self, config: &mut ProxyConfig) {
+        if let Some(a) = self.admin {
+            config.admin = a;
+        }
+        if let Some(r) = &self.record {
+            config.record = Some(r.clone());
+        }
+        if let Some(d) = self.drain_timeout {
+            config.drain_timeout = d;
+        }
+        if self.shadow {
+            for d in &mut config.dependencies {
+                d.enforce = false;
+            }
+        }
+        config.overrides = self.clone();
+    }
+
+    /// As `/config` shows them: only what was set, in the flags' terms.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        if let Some(a) = self.admin {
+            m.insert("admin".into(), a.map_or_else(|| "off".into(), |a| a.to_string()).into());
+        }
+        if let Some(r) = &self.record {
+            m.insert("record".into(), r.display().to_string().into());
+        }
+        if let Some(d) = self.drain_timeout {
+            m.insert("drain_timeout".into(), format!("{}ms", d.as_millis()).into());
+        }
+        if self.shadow {
+            m.insert("shadow".into(), true.into());
+        }
+        serde_json::Value::Object(m)
+    }
 }
 
 /// One listening socket.
@@ -572,6 +638,7 @@ impl ProxyConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             source: None,
+            overrides: Overrides::default(),
         }
     }
 
@@ -748,6 +815,8 @@ impl ProxyConfig {
             "client_max": self.client_max,
             "drain_timeout": dur(Some(self.drain_timeout)),
             "body_idle_timeout": dur(Some(self.body_idle_timeout)),
+            // Set by flags beside --config, over the file (and again at each reload).
+            "overrides": self.overrides.to_json(),
         })
     }
 }
@@ -1056,6 +1125,7 @@ impl RawConfig {
             drain_timeout,
             body_idle_timeout,
             source: None,
+            overrides: Overrides::default(),
         })
     }
 }
