@@ -254,6 +254,43 @@ pub enum RedisSource {
     Target(stormguard_redis::RedisTarget),
 }
 
+impl RedisSource {
+    /// The Redis target, as the proxy reads it when it starts: the environment variable's URL
+    /// parsed (the error never repeats the URL: it may hold the password).
+    pub fn target(&self) -> Result<stormguard_redis::RedisTarget, RedisSourceError> {
+        match self {
+            RedisSource::Target(t) => Ok(t.clone()),
+            RedisSource::Env(name) => {
+                let url = std::env::var(name)
+                    .map_err(|_| RedisSourceError::NotSet { name: name.clone() })?;
+                url.parse()
+                    .map_err(|reason| RedisSourceError::Invalid { name: name.clone(), reason })
+            }
+        }
+    }
+}
+
+/// Why a fleet dependency's Redis URL cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedisSourceError {
+    /// The environment variable is not set (or not Unicode).
+    #[error(
+        "the environment variable {name} is not set: it holds the Redis URL, redis://[[user]:password@]host[:port][/db]"
+    )]
+    NotSet {
+        /// The variable.
+        name: String,
+    },
+    /// Its value is not a Redis URL.
+    #[error("${name}: {reason}")]
+    Invalid {
+        /// The variable.
+        name: String,
+        /// Why (never the URL itself).
+        reason: String,
+    },
+}
+
 /// The fleet placement of a dependency: `placement = "fleet"` and these keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetPlacement {
@@ -314,6 +351,11 @@ impl FleetPlacement {
     fn validate(&self, d: &DependencyConfig) -> Result<(), (&'static str, String)> {
         if self.max_instances == 0 {
             return Err(("max_instances", "placement = \"fleet\" needs max_instances (the most instances at the fleet's peak), at least 1".into()));
+        }
+        // The URL, when it is set here, is parsed as the proxy will parse it at start; one that
+        // is not set is the proxy's to refuse (check-config notes it).
+        if let Err(e @ RedisSourceError::Invalid { .. }) = self.redis.target() {
+            return Err(("redis", e.to_string()));
         }
         let target = stormguard_redis::RedisTarget {
             host: "check".into(),
@@ -543,6 +585,16 @@ impl DependencyConfig {
                 ),
             ));
         }
+        // Before the limiter's own check: the stream limit bounds each upstream's cap, and a 0
+        // here would be reported as a cap of 0.
+        if let Some(m) = self.http2.max_concurrent_streams
+            && !(1..=i32::MAX as u32).contains(&m)
+        {
+            return Err((
+                "max_concurrent_streams",
+                format!("must be between 1 and 2147483647, got {m}"),
+            ));
+        }
         self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
         if self.max_retries > MAX_RETRIES_LIMIT {
@@ -565,14 +617,6 @@ impl DependencyConfig {
         }
         if let Some(f) = &self.fleet {
             f.validate(self)?;
-        }
-        if let Some(m) = self.http2.max_concurrent_streams
-            && !(1..=i32::MAX as u32).contains(&m)
-        {
-            return Err((
-                "max_concurrent_streams",
-                format!("must be between 1 and 2147483647, got {m}"),
-            ));
         }
         let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
         if self.tls.is_set() && !https {
@@ -603,6 +647,15 @@ fn check_upstream(u: &Uri) -> Result<(), String> {
     }
     if !matches!(u.path(), "" | "/") || u.query().is_some() {
         return Err(format!("{u}: an upstream has no path"));
+    }
+    // `http::Uri` accepts a port it cannot use (`:99999`, `:0`) and then reports none, so the
+    // upstream would be dialled on the scheme's default port, or not at all.
+    let authority = u.authority().map_or("", |a| a.as_str());
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some((_, port)) = host_port.rsplit_once(':').filter(|_| !host_port.ends_with(']'))
+        && !port.parse::<u16>().is_ok_and(|p| p != 0)
+    {
+        return Err(format!("{}: the port must be between 1 and 65535, got {port:?}", redact(u)));
     }
     Ok(())
 }
@@ -1424,7 +1477,14 @@ impl RawDependency {
         }
         if let Some(v) = self.max_concurrent_streams {
             spans.put(k("max_concurrent_streams"), v.span());
-            d.http2.max_concurrent_streams = Some(u32::try_from(v.into_inner()).unwrap_or(0));
+            let n = u32::try_from(*v.get_ref()).map_err(|_| {
+                bad(
+                    &v,
+                    &k("max_concurrent_streams"),
+                    format!("must be between 1 and 2147483647, got {}", v.get_ref()),
+                )
+            })?;
+            d.http2.max_concurrent_streams = Some(n);
         }
         if let Some(t) = self.tls {
             spans.put(k("tls"), t.span());

@@ -11,7 +11,9 @@ use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::decimal::{format_duration, parse_duration};
 use stormguard_core::defaults;
-use stormguard_proxy::config::{DEFAULT_ADMIN, DependencyConfig, Overrides, ProxyConfig};
+use stormguard_proxy::config::{
+    DEFAULT_ADMIN, DependencyConfig, Overrides, ProxyConfig, RedisSourceError,
+};
 
 use crate::Failure;
 
@@ -199,7 +201,10 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     }
     config.admin = admin(args.admin.as_deref().unwrap_or(DEFAULT_ADMIN))?;
     config.validate().map_err(|(key, reason)| {
-        let flag = key.rsplit('.').next().unwrap_or(&key).replace('_', "-");
+        let flag = match key.rsplit('.').next().unwrap_or(&key) {
+            "upstreams" => "upstream".to_string(),
+            k => k.replace('_', "-"),
+        };
         Failure::usage(format!("--{flag}: {reason}"))
     })?;
     Ok(config)
@@ -332,9 +337,22 @@ async fn wait_for_stop(
     }
 }
 
-/// Runs `stormguard check-config FILE`: exit 0 with a summary, or 2 naming the location.
+/// Runs `stormguard check-config FILE`: exit 0 with a summary, or 2 naming the location. A
+/// fleet dependency's Redis URL is checked when its environment variable is set here (as the
+/// proxy will read it); when it is not, a note says the proxy needs it where it runs.
 pub fn check(args: &CheckConfigArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let c = ProxyConfig::load(&args.file).map_err(|e| Failure::usage(e.to_string()))?;
+    for (i, d) in c.dependencies.iter().enumerate() {
+        if let Some(Err(RedisSourceError::NotSet { name })) =
+            d.fleet.as_ref().map(|f| f.redis.target())
+        {
+            eprintln!(
+                "stormguard: note: {}: dependency[{i}].redis: ${name} is not set here, so the \
+                 Redis URL was not checked; the proxy refuses to start where it is not set",
+                args.file.display()
+            );
+        }
+    }
     writeln!(
         out,
         "{}: ok ({} listener(s), {} dependenc{}, {} route(s))",

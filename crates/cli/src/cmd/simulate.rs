@@ -127,8 +127,11 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             bar.update(fraction);
         }
     };
-    let options =
-        Options { jobs, progress: bar.as_ref().map(|_| &progress as &(dyn Fn(f64) + Sync)) };
+    let options = Options {
+        jobs,
+        progress: bar.as_ref().map(|_| &progress as &(dyn Fn(f64) + Sync)),
+        ..Options::default()
+    };
     let report = stormguard_sim::simulate_with(&scenario, &options)
         .map_err(|e| Failure::usage(format!("{}: {e}", scenario.name)))?;
     if let Some(bar) = &bar {
