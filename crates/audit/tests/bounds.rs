@@ -96,7 +96,8 @@ fn special_files_are_refused_without_being_read() {
     // A directory given as the graph file.
     let graph = dir.path().to_path_buf();
     std::fs::remove_file(&fifo).unwrap();
-    let err = audit_paths(&[graph.clone()], Some(&graph), &AuditOptions::default()).unwrap_err();
+    let err = audit_paths(std::slice::from_ref(&graph), Some(&graph), &AuditOptions::default())
+        .unwrap_err();
     assert!(err.to_string().ends_with("is a directory, not a file"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }

@@ -31,17 +31,12 @@ fn promtool() -> PathBuf {
     if Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success()) {
         return "promtool".into();
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"),
-        PathBuf::from,
-    );
-    let p = target.join("tools/promtool");
-    assert!(
-        p.exists(),
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    let targets = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).into_iter();
+    targets.chain([workspace]).map(|t| t.join("tools/promtool")).find(|p| p.exists()).expect(
         "promtool is needed: set PROMTOOL, put it on the PATH, or run scripts/test once (it \
-         fetches it into target/tools/)"
-    );
-    p
+         fetches it into target/tools/)",
+    )
 }
 
 /// `promtool check metrics` on `text`: its exit status and what it printed.
