@@ -113,11 +113,6 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// Whether no flag set anything.
-    pub fn is_empty(&self) -> bool {
-        *self == Overrides::default()
-    }
-
     /// Puts these settings over `config`'s, and remembers them in it (for the next reload).
     pub fn apply(&self, config: &mut ProxyConfig) {
         if let Some(a) = self.admin {
