@@ -164,8 +164,22 @@ pub fn audit_paths(
         collect_files(p, true, &mut files)?;
     }
     let mut sources = Vec::with_capacity(files.len());
+    let mut total = 0u64;
     for f in files {
         let text = read(&f)?;
+        total += text.len() as u64;
+        if total > MAX_TOTAL {
+            return Err(AuditError::Read {
+                path: f.display().to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::FileTooLarge,
+                    format!(
+                        "the inputs together pass {}, the most one audit reads: audit fewer files at once",
+                        stormguard_input::size(MAX_TOTAL)
+                    ),
+                ),
+            });
+        }
         sources.push((f.display().to_string(), text));
     }
     let graph = match graph {
@@ -175,14 +189,27 @@ pub fn audit_paths(
     audit_sources(&sources, graph.as_ref().map(|(n, t)| (n.as_str(), t.as_str())), options)
 }
 
+/// The most all the inputs of one audit may hold together: 256 MiB.
+pub const MAX_TOTAL: u64 = 256 * 1024 * 1024;
+
+/// A regular file of at most 16 MiB ([`stormguard_input::MAX_FILE`]): a device such as
+/// `/dev/zero`, a FIFO or a directory given where a file is expected is refused, never read
+/// forever.
 fn read(path: &Path) -> Result<String, AuditError> {
-    std::fs::read_to_string(path)
+    stormguard_input::read_to_string(path, stormguard_input::MAX_FILE)
         .map_err(|source| AuditError::Read { path: path.display().to_string(), source })
 }
 
 fn collect_files(path: &Path, named: bool, out: &mut Vec<PathBuf>) -> Result<(), AuditError> {
     let meta = std::fs::metadata(path)
         .map_err(|source| AuditError::Read { path: path.display().to_string(), source })?;
+    // A symlink to a directory found while walking is not followed (as `find` does not), so a
+    // link back up the tree cannot make the walk endless; a directory named on the command line
+    // is read whatever it is.
+    let linked = || std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if meta.is_dir() && !named && linked() {
+        return Ok(());
+    }
     if meta.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(|source| AuditError::Read { path: path.display().to_string(), source })?

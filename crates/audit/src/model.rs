@@ -291,11 +291,13 @@ pub enum Rule {
     FloorAboveHeadroom,
     /// A value the runtime silently changes (gRPC caps `maxAttempts` at 5).
     ValueCapped,
+    /// A retry setting whose value cannot be read (`attempts: "five"`).
+    UnreadableValue,
 }
 
 impl Rule {
     /// Every rule, for SARIF's rule table.
-    pub const ALL: [Rule; 11] = [
+    pub const ALL: [Rule; 12] = [
         Rule::UnbudgetedRetries,
         Rule::ClusterWithoutRetryBudget,
         Rule::StackedRetries,
@@ -307,6 +309,7 @@ impl Rule {
         Rule::BudgetTooHigh,
         Rule::FloorAboveHeadroom,
         Rule::ValueCapped,
+        Rule::UnreadableValue,
     ];
 
     /// The stable id.
@@ -323,6 +326,7 @@ impl Rule {
             Rule::BudgetTooHigh => "budget-too-high",
             Rule::FloorAboveHeadroom => "floor-above-headroom",
             Rule::ValueCapped => "value-capped",
+            Rule::UnreadableValue => "unreadable-value",
         }
     }
 
@@ -346,6 +350,9 @@ impl Rule {
             Rule::BudgetTooHigh => "a retry budget above 50 %",
             Rule::FloorAboveHeadroom => "a budget floor larger than cap minus planned primary",
             Rule::ValueCapped => "a value the runtime silently caps",
+            Rule::UnreadableValue => {
+                "a retry setting whose value cannot be read (not a number, duration or boolean)"
+            }
         }
     }
 }

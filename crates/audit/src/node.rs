@@ -8,6 +8,12 @@
 //!
 //! Scalars keep their text; typing happens on demand (`as_u64`, `as_f64`, `as_bool`), because
 //! configs write `"2"`, `2` and `2.0` for the same thing.
+//!
+//! **Aliases are bounded.** An alias (`*name`) is read as a copy of its anchor, so nine
+//! aliases to nine aliases to ... ("billion laughs": 600 bytes that expand to gigabytes) would
+//! build an enormous tree. What aliases copy is counted — one per value plus the bytes of its
+//! text — and a stream whose aliases copy more than [`MAX_ALIAS_COPY`] in all, or nest values
+//! deeper than [`MAX_DEPTH`], is refused as a syntax error at the alias that passed the bound.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -50,6 +56,14 @@ pub struct SyntaxError {
     /// The parser's reason.
     pub reason: String,
 }
+
+/// What the aliases of one YAML stream may copy in all, counting one per value plus the bytes of
+/// its text: 1 000 000 (an anchored block of 50 settings reused a hundred times copies about
+/// 15 000).
+pub const MAX_ALIAS_COPY: u64 = 1_000_000;
+
+/// The deepest a value may be nested, aliases expanded: 512.
+pub const MAX_DEPTH: usize = 512;
 
 static NULL: Node = Node { line: 0, value: Value::Seq(Vec::new()) };
 
@@ -162,22 +176,41 @@ fn strip_position(msg: &str) -> String {
     }
 }
 
+/// What a value weighs for the alias bound (one, plus its text's bytes, plus its children's
+/// weights) and how deep it nests (1 for a scalar).
+#[derive(Debug, Clone, Copy, Default)]
+struct Size {
+    weight: u64,
+    depth: usize,
+}
+
+impl Size {
+    fn add_child(&mut self, child: Size) {
+        self.weight = self.weight.saturating_add(child.weight);
+        self.depth = self.depth.max(child.depth + 1);
+    }
+}
+
 enum Frame {
-    Seq { line: u32, anchor: usize, items: Vec<Node> },
-    Map { line: u32, anchor: usize, entries: Vec<(String, Node)>, key: Option<String> },
+    Seq { line: u32, anchor: usize, items: Vec<Node>, size: Size },
+    Map { line: u32, anchor: usize, entries: Vec<(String, Node)>, key: Option<String>, size: Size },
 }
 
 #[derive(Default)]
 struct Builder {
     stack: Vec<Frame>,
-    anchors: HashMap<usize, Node>,
+    anchors: HashMap<usize, (Node, Size)>,
     docs: Vec<Node>,
+    /// What aliases have copied so far.
+    copied: u64,
 }
 
 impl Builder {
     fn event(&mut self, event: Event<'_>, line: u32) -> Result<(), SyntaxError> {
+        let container = Size { weight: 1, depth: 1 };
         match event {
             Event::Scalar(text, style, anchor, _tag) => {
+                let size = Size { weight: 1 + text.len() as u64, depth: 1 };
                 let node = Node {
                     line,
                     value: Value::Scalar {
@@ -185,30 +218,51 @@ impl Builder {
                         quoted: !matches!(style, ScalarStyle::Plain),
                     },
                 };
-                self.finish(node, anchor);
+                self.finish(node, size, anchor);
             }
             Event::Alias(id) => {
+                let refuse = |reason: String| SyntaxError { line, column: 1, reason };
                 // An alias to an unknown anchor is refused by the parser; be safe anyway.
-                let node = self.anchors.get(&id).cloned().ok_or_else(|| SyntaxError {
-                    line,
-                    column: 1,
-                    reason: "alias to an unknown anchor".into(),
-                })?;
-                self.finish(node, 0);
+                let (node, size) = self
+                    .anchors
+                    .get(&id)
+                    .ok_or_else(|| refuse("alias to an unknown anchor".into()))?;
+                self.copied = self.copied.saturating_add(size.weight);
+                if self.copied > MAX_ALIAS_COPY {
+                    return Err(refuse(format!(
+                        "YAML aliases expand to more than {MAX_ALIAS_COPY} values and text bytes \
+                         (an alias bomb?): refused"
+                    )));
+                }
+                if self.stack.len() + size.depth > MAX_DEPTH {
+                    return Err(refuse(format!(
+                        "values nest deeper than {MAX_DEPTH} levels once aliases are expanded: refused"
+                    )));
+                }
+                let (node, size) = (node.clone(), *size);
+                self.finish(node, size, 0);
             }
             Event::SequenceStart(anchor, _) => {
-                self.stack.push(Frame::Seq { line, anchor, items: Vec::new() });
+                self.stack.push(Frame::Seq { line, anchor, items: Vec::new(), size: container });
             }
             Event::MappingStart(anchor, _) => {
-                self.stack.push(Frame::Map { line, anchor, entries: Vec::new(), key: None });
+                self.stack.push(Frame::Map {
+                    line,
+                    anchor,
+                    entries: Vec::new(),
+                    key: None,
+                    size: container,
+                });
             }
             Event::SequenceEnd | Event::MappingEnd => match self.stack.pop() {
-                Some(Frame::Seq { line, anchor, items }) => {
-                    self.finish(Node { line, value: Value::Seq(items) }, anchor);
+                Some(Frame::Seq { line, anchor, items, size }) => {
+                    self.finish(Node { line, value: Value::Seq(items) }, size, anchor);
                 }
-                Some(Frame::Map { line, anchor, mut entries, .. }) => {
+                Some(Frame::Map { line, anchor, mut entries, size, .. }) => {
+                    // Merged entries are copies of an alias already counted; they replace the
+                    // `<<` entry, so the weight stays about the same.
                     merge_keys(&mut entries);
-                    self.finish(Node { line, value: Value::Map(entries) }, anchor);
+                    self.finish(Node { line, value: Value::Map(entries) }, size, anchor);
                 }
                 None => {}
             },
@@ -217,17 +271,23 @@ impl Builder {
         Ok(())
     }
 
-    fn finish(&mut self, node: Node, anchor: usize) {
+    fn finish(&mut self, node: Node, size: Size, anchor: usize) {
         if anchor != 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         match self.stack.last_mut() {
             None => self.docs.push(node),
-            Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, key, .. }) => match key.take() {
-                None => *key = Some(key_text(&node)),
-                Some(k) => entries.push((k, node)),
-            },
+            Some(Frame::Seq { items, size: parent, .. }) => {
+                parent.add_child(size);
+                items.push(node);
+            }
+            Some(Frame::Map { entries, key, size: parent, .. }) => {
+                parent.add_child(size);
+                match key.take() {
+                    None => *key = Some(key_text(&node)),
+                    Some(k) => entries.push((k, node)),
+                }
+            }
         }
     }
 }

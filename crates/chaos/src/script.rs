@@ -339,7 +339,7 @@ impl Script {
 
     /// Reads and checks a script file.
     pub fn load(path: &Path) -> Result<Script, ScriptError> {
-        let text = std::fs::read_to_string(path)
+        let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE)
             .map_err(|source| ScriptError::Read { path: path.display().to_string(), source })?;
         Script::parse(&text, &path.display().to_string())
     }

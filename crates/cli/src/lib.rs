@@ -102,6 +102,16 @@ where
 {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
+        Err(e)
+            if e.kind() == clap::error::ErrorKind::ArgumentConflict
+                && e.to_string().contains("'--config <FILE>'") =>
+        {
+            // `stormguard proxy --config FILE` beside a flag the file decides: clap names the
+            // flags; say where their settings go instead.
+            let _ = e.print();
+            eprintln!("{}", cmd::proxy::CONFIG_CONFLICT);
+            return ExitCode::from(2);
+        }
         // clap prints help and version to stdout (exit 0) and errors to stderr (exit 2).
         Err(e) => e.exit(),
     };

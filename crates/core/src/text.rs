@@ -65,6 +65,31 @@ pub fn toml_key_at(text: &str, offset: usize, message: &str) -> String {
     if table.is_empty() { key } else { format!("{table}.{key}") }
 }
 
+/// A Prometheus / OpenMetrics label value as the text exposition writes it: `\`, `"` and
+/// newline escaped (`\\`, `\"`, `\n`), everything else as it is. A value that needs no
+/// escape is returned as it is, without a copy.
+///
+/// ```
+/// use stormguard_core::text::label_value;
+/// assert_eq!(label_value("web-1"), "web-1");
+/// assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+/// ```
+pub fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(all(test, not(stormguard_loom)))]
 mod tests {
     use super::*;

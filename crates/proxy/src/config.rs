@@ -88,6 +88,67 @@ pub struct ProxyConfig {
     /// The file this config was read from (set by [`ProxyConfig::load`]): `POST /reload` and
     /// SIGHUP read it again.
     pub source: Option<PathBuf>,
+    /// What the command line set over the file (see [`Overrides`]); a reload from the file
+    /// applies them again.
+    pub overrides: Overrides,
+}
+
+/// Settings given as flags beside a config file (`stormguard proxy --config FILE --record
+/// incident.jsonl`), applied over what the file says when the proxy starts **and again at every
+/// reload from the file**, so SIGHUP or `POST /reload` reads the file and keeps them. They are
+/// the process's own settings, as an Envoy or HAProxy command line sets them; a dependency's
+/// settings (cap, budget, retries) live only in the file. `/config` shows them under
+/// `overrides`. ([`ProxyHandle::reload`](crate::ProxyHandle::reload) takes the config it is
+/// given as it is.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--admin`: the admin listener's address (`Some(None)`: `--admin off`).
+    pub admin: Option<Option<SocketAddr>>,
+    /// `--record`: the trace file.
+    pub record: Option<PathBuf>,
+    /// `--drain-timeout`.
+    pub drain_timeout: Option<Duration>,
+    /// `--shadow`: every dependency in shadow mode (`enforce = false`), whatever the file says.
+    pub shadow: bool,
+}
+
+impl Overrides {
+    /// Puts these settings over `config`'s, and remembers them in it (for the next reload).
+    pub fn apply(&self, config: &mut ProxyConfig) {
+        if let Some(a) = self.admin {
+            config.admin = a;
+        }
+        if let Some(r) = &self.record {
+            config.record = Some(r.clone());
+        }
+        if let Some(d) = self.drain_timeout {
+            config.drain_timeout = d;
+        }
+        if self.shadow {
+            for d in &mut config.dependencies {
+                d.enforce = false;
+            }
+        }
+        config.overrides = self.clone();
+    }
+
+    /// As `/config` shows them: only what was set, in the flags' terms.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        if let Some(a) = self.admin {
+            m.insert("admin".into(), a.map_or_else(|| "off".into(), |a| a.to_string()).into());
+        }
+        if let Some(r) = &self.record {
+            m.insert("record".into(), r.display().to_string().into());
+        }
+        if let Some(d) = self.drain_timeout {
+            m.insert("drain_timeout".into(), format!("{}ms", d.as_millis()).into());
+        }
+        if self.shadow {
+            m.insert("shadow".into(), true.into());
+        }
+        serde_json::Value::Object(m)
+    }
 }
 
 /// One listening socket.
@@ -188,6 +249,43 @@ pub enum RedisSource {
     Target(stormguard_redis::RedisTarget),
 }
 
+impl RedisSource {
+    /// The Redis target, as the proxy reads it when it starts: the environment variable's URL
+    /// parsed (the error never repeats the URL: it may hold the password).
+    pub fn target(&self) -> Result<stormguard_redis::RedisTarget, RedisSourceError> {
+        match self {
+            RedisSource::Target(t) => Ok(t.clone()),
+            RedisSource::Env(name) => {
+                let url = std::env::var(name)
+                    .map_err(|_| RedisSourceError::NotSet { name: name.clone() })?;
+                url.parse()
+                    .map_err(|reason| RedisSourceError::Invalid { name: name.clone(), reason })
+            }
+        }
+    }
+}
+
+/// Why a fleet dependency's Redis URL cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedisSourceError {
+    /// The environment variable is not set (or not Unicode).
+    #[error(
+        "the environment variable {name} is not set: it holds the Redis URL, redis://[[user]:password@]host[:port][/db]"
+    )]
+    NotSet {
+        /// The variable.
+        name: String,
+    },
+    /// Its value is not a Redis URL.
+    #[error("${name}: {reason}")]
+    Invalid {
+        /// The variable.
+        name: String,
+        /// Why (never the URL itself).
+        reason: String,
+    },
+}
+
 /// The fleet placement of a dependency: `placement = "fleet"` and these keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetPlacement {
@@ -248,6 +346,11 @@ impl FleetPlacement {
     fn validate(&self, d: &DependencyConfig) -> Result<(), (&'static str, String)> {
         if self.max_instances == 0 {
             return Err(("max_instances", "placement = \"fleet\" needs max_instances (the most instances at the fleet's peak), at least 1".into()));
+        }
+        // The URL, when it is set here, is parsed as the proxy will parse it at start; one that
+        // is not set is the proxy's to refuse (check-config notes it).
+        if let Err(e @ RedisSourceError::Invalid { .. }) = self.redis.target() {
+            return Err(("redis", e.to_string()));
         }
         let target = stormguard_redis::RedisTarget {
             host: "check".into(),
@@ -477,6 +580,16 @@ impl DependencyConfig {
                 ),
             ));
         }
+        // Before the limiter's own check: the stream limit bounds each upstream's cap, and a 0
+        // here would be reported as a cap of 0.
+        if let Some(m) = self.http2.max_concurrent_streams
+            && !(1..=i32::MAX as u32).contains(&m)
+        {
+            return Err((
+                "max_concurrent_streams",
+                format!("must be between 1 and 2147483647, got {m}"),
+            ));
+        }
         self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
         if self.max_retries > MAX_RETRIES_LIMIT {
@@ -499,14 +612,6 @@ impl DependencyConfig {
         }
         if let Some(f) = &self.fleet {
             f.validate(self)?;
-        }
-        if let Some(m) = self.http2.max_concurrent_streams
-            && !(1..=i32::MAX as u32).contains(&m)
-        {
-            return Err((
-                "max_concurrent_streams",
-                format!("must be between 1 and 2147483647, got {m}"),
-            ));
         }
         let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
         if self.tls.is_set() && !https {
@@ -537,6 +642,15 @@ fn check_upstream(u: &Uri) -> Result<(), String> {
     }
     if !matches!(u.path(), "" | "/") || u.query().is_some() {
         return Err(format!("{u}: an upstream has no path"));
+    }
+    // `http::Uri` accepts a port it cannot use (`:99999`, `:0`) and then reports none, so the
+    // upstream would be dialled on the scheme's default port, or not at all.
+    let authority = u.authority().map_or("", |a| a.as_str());
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some((_, port)) = host_port.rsplit_once(':').filter(|_| !host_port.ends_with(']'))
+        && !port.parse::<u16>().is_ok_and(|p| p != 0)
+    {
+        return Err(format!("{}: the port must be between 1 and 65535, got {port:?}", redact(u)));
     }
     Ok(())
 }
@@ -572,6 +686,7 @@ impl ProxyConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             source: None,
+            overrides: Overrides::default(),
         }
     }
 
@@ -646,7 +761,8 @@ impl ProxyConfig {
 
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
+        // A regular file of at most 16 MiB: `/dev/zero`, a FIFO or a directory is refused.
+        let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         let mut config = ProxyConfig::parse(&text, &path.display().to_string())?;
         config.source = Some(path.to_path_buf());
@@ -747,6 +863,8 @@ impl ProxyConfig {
             "client_max": self.client_max,
             "drain_timeout": dur(Some(self.drain_timeout)),
             "body_idle_timeout": dur(Some(self.body_idle_timeout)),
+            // Set by flags beside --config, over the file (and again at each reload).
+            "overrides": self.overrides.to_json(),
         })
     }
 }
@@ -1055,6 +1173,7 @@ impl RawConfig {
             drain_timeout,
             body_idle_timeout,
             source: None,
+            overrides: Overrides::default(),
         })
     }
 }
@@ -1353,7 +1472,14 @@ impl RawDependency {
         }
         if let Some(v) = self.max_concurrent_streams {
             spans.put(k("max_concurrent_streams"), v.span());
-            d.http2.max_concurrent_streams = Some(u32::try_from(v.into_inner()).unwrap_or(0));
+            let n = u32::try_from(*v.get_ref()).map_err(|_| {
+                bad(
+                    &v,
+                    &k("max_concurrent_streams"),
+                    format!("must be between 1 and 2147483647, got {}", v.get_ref()),
+                )
+            })?;
+            d.http2.max_concurrent_streams = Some(n);
         }
         if let Some(t) = self.tls {
             spans.put(k("tls"), t.span());

@@ -8,7 +8,7 @@ use stormguard_redis::{Fleet, FleetWorker, RedisTarget};
 use stormguard_tower::Dependency;
 
 use crate::StartError;
-use crate::config::{DependencyConfig, RedisSource};
+use crate::config::DependencyConfig;
 
 /// The dependency, with its fleet and the worker to run when the placement is `fleet`.
 pub(crate) fn build(
@@ -21,21 +21,9 @@ pub(crate) fn build(
         let dependency = Dependency::try_new(tower).map_err(|r| invalid("config", r))?;
         return Ok((dependency, None));
     };
-    let target: RedisTarget = match &placement.redis {
-        RedisSource::Target(t) => t.clone(),
-        RedisSource::Env(name) => {
-            let url = std::env::var(name).map_err(|_| {
-                invalid(
-                    "redis",
-                    format!(
-                        "the environment variable {name} is not set: it holds the Redis URL, redis://[[user]:password@]host[:port][/db]"
-                    ),
-                )
-            })?;
-            // The parse error never repeats the URL: it may hold the password.
-            url.parse().map_err(|r| invalid("redis", format!("${name}: {r}")))?
-        }
-    };
+    // The parse error never repeats the URL: it may hold the password.
+    let target: RedisTarget =
+        placement.redis.target().map_err(|e| invalid("redis", e.to_string()))?;
     let config = placement.to_fleet(d, target);
     tracing::info!(
         dependency = %d.name,

@@ -144,6 +144,11 @@ impl ProxyHandle {
             .map(|d| d.dependency.clone())
     }
 
+    /// The config in force: the one the proxy started with, or the last a reload put in force.
+    pub fn config(&self) -> ProxyConfig {
+        self.state.current().config.clone()
+    }
+
     /// The fleet layer of the dependency named `name`, when its placement is `fleet`.
     pub fn fleet(&self, name: &str) -> Option<&stormguard_redis::Fleet> {
         self.state.fleets.iter().find(|f| f.config().dependency == name)
@@ -409,7 +414,8 @@ impl Collector for ProxyCollector {
         )?;
         for d in &shared.deps {
             let on = i64::from(d.dependency.policy().retries_enabled());
-            ConstGauge::new(on).encode(m.encode_family(&[("dependency", d.dependency.name())])?)?;
+            let name = stormguard_tower::metrics::LabelValue(d.dependency.name());
+            ConstGauge::new(on).encode(m.encode_family(&[("dependency", name)])?)?;
         }
         let mut m = enc.encode_descriptor(
             "stormguard_proxy_refused",

@@ -17,7 +17,9 @@
 //!   flight finish on it.
 //!
 //! What cannot change while running: the listeners' addresses, the admin address and the
-//! record file (they need a restart; a config changing them is refused).
+//! record file (they need a restart; a config changing them is refused). A reload from the
+//! file applies the command line's [`Overrides`](crate::config::Overrides) again first, so
+//! `--record` or `--admin` given beside `--config` stay what they were.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -275,7 +277,12 @@ pub(crate) async fn reload_from_source(state: &Arc<State>) -> Result<ReloadRepor
         return Err(ReloadError::NoSource);
     };
     match ProxyConfig::load(&path) {
-        Ok(config) => reload(state, config).await,
+        Ok(mut config) => {
+            // What the command line set over the file when the proxy started holds over the
+            // file as it is now, too.
+            state.current().config.overrides.apply(&mut config);
+            reload(state, config).await
+        }
         Err(e) => {
             state.reloads_refused.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, "reload refused; the running config stays");

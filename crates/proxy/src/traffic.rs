@@ -6,7 +6,9 @@
 //! refused, which caller is driving the retries. Label values are bounded: routes come from the
 //! config; callers (the `client_header` value, or the peer's IP address) are admitted in
 //! arrival order up to `client_max`, and every later caller is counted as `other`, so a scan
-//! of random client ids cannot grow the series without end.
+//! of random client ids cannot grow the series without end. A client id longer than
+//! [`MAX_CLIENT_LABEL`] bytes is `other` too, and every label value is written escaped (a
+//! quote or a backslash in a client id cannot break the exposition).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,9 +17,15 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use stormguard_core::Denied;
+use stormguard_tower::metrics::LabelValue;
 
 /// The caller label of everyone past the bound.
 pub const OTHER: &str = "other";
+
+/// The longest client id that gets a label of its own, in bytes: 128. Longer ones are `other`,
+/// so `client_max` labels cannot hold more than 32 × 128 bytes of caller-chosen text by
+/// default.
+pub const MAX_CLIENT_LABEL: usize = 128;
 
 /// Status classes counted: 1xx..5xx.
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -77,6 +85,7 @@ impl Traffic {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let client = match inner.clients.get(f.client) {
             Some(&i) => i,
+            None if f.client.len() > MAX_CLIENT_LABEL => usize::MAX,
             None if inner.names.len() < self.max_clients => {
                 let i = inner.names.len();
                 inner.names.push(f.client.to_string());
@@ -158,11 +167,15 @@ fn labels<'a>(
     names: &'a [String],
     k: &'a Key,
     more: Option<(&'static str, &'static str)>,
-) -> Vec<(&'static str, &'a str)> {
+) -> Vec<(&'static str, LabelValue<'a>)> {
     let client = names.get(k.3).map_or(OTHER, String::as_str);
-    let mut l = vec![("dependency", &*k.0), ("upstream", &*k.1), ("route", &*k.2)];
-    l.push(("client", client));
-    l.extend(more);
+    let mut l = vec![
+        ("dependency", LabelValue(&k.0)),
+        ("upstream", LabelValue(&k.1)),
+        ("route", LabelValue(&k.2)),
+        ("client", LabelValue(client)),
+    ];
+    l.extend(more.map(|(k, v)| (k, LabelValue(v))));
     l
 }
 

@@ -155,7 +155,8 @@ pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, (&'static str
         (None, Some(_)) => Err(("tls.client_key", "client_key needs client_cert".into())),
         (Some(cert), Some(key)) => {
             let chain = read_certs(cert).map_err(|r| ("tls.client_cert", r))?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            let pem_text = read_pem(key).map_err(|r| ("tls.client_key", r))?;
+            let key = PrivateKeyDer::from_pem_slice(&pem_text).map_err(|e| {
                 ("tls.client_key", format!("{}: no private key read: {}", key.display(), pem(e)))
             })?;
             builder
@@ -167,13 +168,22 @@ pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, (&'static str
 
 /// Every certificate in a PEM file; at least one.
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+    let text = read_pem(path)?;
+    let certs = CertificateDer::pem_slice_iter(&text)
+        .map(|c| c.map(|c| c.into_owned()))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: {}", path.display(), pem(e)))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate in it (PEM expected)", path.display()));
     }
     Ok(certs)
+}
+
+/// A PEM file's bytes: a regular file of at most 16 MiB (`/dev/zero` or a FIFO is refused, not
+/// read forever).
+fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
+    stormguard_input::read(path, stormguard_input::MAX_FILE)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn pem(e: rustls::pki_types::pem::Error) -> String {

@@ -33,7 +33,9 @@ struct FleetCollector {
 impl Collector for FleetCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let s = self.fleet.snapshot();
-        let dep = self.fleet.config().dependency.as_str();
+        // Written escaped: a quote in a dependency's name must not break the exposition.
+        let dep = stormguard_core::text::label_value(&self.fleet.config().dependency);
+        let dep: &str = &dep;
         let mut m = enc.encode_descriptor(
             "stormguard_fleet_mode",
             "1 for the fleet layer's current mode: joining, fleet, quiet (Redis lost its data), fallback (Redis does not answer)",

@@ -80,7 +80,9 @@ impl std::str::FromStr for RedisTarget {
             Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
                 h,
                 p.parse::<u16>()
-                    .map_err(|_| "the port must be a number up to 65535".to_string())?,
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| "the port must be a number from 1 to 65535".to_string())?,
             ),
             _ => (authority, 6379),
         };

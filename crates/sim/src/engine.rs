@@ -346,7 +346,15 @@ pub(crate) struct Run<'s> {
     release_held_on_answer: bool,
     fan_out: u32,
     stats: RunStats,
+    /// Attempts sent so far, and the most this run may send.
+    sent: u64,
+    max_attempts: u64,
 }
+
+/// Events handled at one instant of the virtual clock before a run is called stuck: closed-loop
+/// workers whose actions end at once (a full queue answering 503 with `think = 0`) would
+/// restart at the same nanosecond forever.
+const STUCK_EVENTS: u64 = 1_000_000;
 
 impl<'s> Run<'s> {
     pub(crate) fn new(sc: &'s Scenario, policy: &'s PolicyConfig) -> Result<Run<'s>, String> {
@@ -412,14 +420,25 @@ impl<'s> Run<'s> {
             release_held_on_answer: sc.client.held_slot == HeldSlotRelease::OnAnswer,
             fan_out: sc.fleet.fan_out,
             stats,
+            sent: 0,
+            max_attempts: crate::scenario::MAX_ATTEMPTS,
         })
     }
 
+    /// Stops the run with an error once it has sent more than `n` attempts (default
+    /// [`MAX_ATTEMPTS`](crate::scenario::MAX_ATTEMPTS)).
+    pub(crate) fn with_max_attempts(mut self, n: u64) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
     /// Runs to the end: arrivals stop at the scenario's duration, and every action that
-    /// started is followed to its end.
-    pub(crate) fn run(mut self, progress: &AtomicU64) -> (RunStats, Footprint) {
+    /// started is followed to its end. A run that sends more than its bound of attempts, or
+    /// handles [`STUCK_EVENTS`] events without the clock moving, stops with an error.
+    pub(crate) fn run(mut self, progress: &AtomicU64) -> Result<(RunStats, Footprint), String> {
         self.schedule_start();
         let mut events: u32 = 0;
+        let mut at_this_instant: u64 = 0;
         loop {
             // Open-loop arrivals wait in their own small queue (one entry per instance), so
             // the main heap holds only what is in flight. At equal times the main heap goes
@@ -437,6 +456,7 @@ impl<'s> Run<'s> {
                 }
             };
             if at > self.now {
+                at_this_instant = 0;
                 self.stats.advance(at);
                 self.now = at;
                 // Only the limiter reads the clock (everything else is passed the time).
@@ -451,6 +471,24 @@ impl<'s> Run<'s> {
             if self.now >= self.horizon && self.outstanding == 0 {
                 break;
             }
+            if self.sent > self.max_attempts {
+                return Err(format!(
+                    "sent more than {} attempts by {:.3} s of virtual time: the simulator stops a \
+                     run there (shorten duration, lower the load, or retry less)",
+                    self.max_attempts,
+                    self.now as f64 / 1e9
+                ));
+            }
+            at_this_instant += 1;
+            if at_this_instant > STUCK_EVENTS {
+                return Err(format!(
+                    "{STUCK_EVENTS} events at {:.3} s without the virtual clock moving: \
+                     closed-loop workers whose actions end at once (a full queue answering 503, \
+                     with think = 0) restart forever; give the fleet a think time or the \
+                     dependency a queue",
+                    self.now as f64 / 1e9
+                ));
+            }
             events = events.wrapping_add(1);
             if events & 0xFFF == 0 {
                 progress.store(self.now.min(self.horizon), AtomicOrdering::Relaxed);
@@ -464,7 +502,7 @@ impl<'s> Run<'s> {
             attempts: self.attempts.capacity(),
             events: self.max_events,
         };
-        (self.stats, footprint)
+        Ok((self.stats, footprint))
     }
 
     #[inline]
@@ -779,6 +817,7 @@ impl<'s> Run<'s> {
             held: None,
         });
         self.stats.sent(retry);
+        self.sent += 1;
         let now = self.now;
         if self.dep.busy < capacity {
             let done = self.start_service(att);

@@ -48,8 +48,9 @@ pub use engine::Footprint;
 pub use report::{InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, Report, Series};
 pub use scenario::{Scenario, ScenarioError};
 
-/// A scenario that could not be run (its policies could not be built). Scenarios read with
-/// [`Scenario::parse`] are already validated; this is for ones built in code.
+/// A scenario that could not be run: its policies could not be built (scenarios read with
+/// [`Scenario::parse`] are already validated; this is for ones built in code), or a run passed
+/// its bound of work ([`Options::max_attempts`], or a closed loop stuck at one instant).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("policy `{policy}`: {reason}")]
 pub struct SimError {
@@ -60,13 +61,21 @@ pub struct SimError {
 }
 
 /// How to run a scenario.
-#[derive(Default)]
 pub struct Options<'a> {
     /// Policies simulated at once on separate threads; 0 or 1 runs them one after another on
     /// the calling thread. The results do not depend on it.
     pub jobs: usize,
     /// Called about ten times a second with the fraction done (0..=1).
     pub progress: Option<&'a (dyn Fn(f64) + Sync)>,
+    /// The most attempts one policy's run may send before it stops with an error. Default
+    /// [`scenario::MAX_ATTEMPTS`].
+    pub max_attempts: u64,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Options { jobs: 0, progress: None, max_attempts: scenario::MAX_ATTEMPTS }
+    }
 }
 
 impl std::fmt::Debug for Options<'_> {
@@ -86,9 +95,10 @@ pub fn simulate_with(scenario: &Scenario, options: &Options<'_>) -> Result<Repor
     let progress: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let run_one = |i: usize| -> Result<PolicyReport, SimError> {
         let p = &scenario.policies[i];
-        let run = engine::Run::new(scenario, p)
-            .map_err(|reason| SimError { policy: p.name.clone(), reason })?;
-        let (stats, footprint) = run.run(&progress[i]);
+        let error = |reason| SimError { policy: p.name.clone(), reason };
+        let run = engine::Run::new(scenario, p).map_err(error)?;
+        let (stats, footprint) =
+            run.with_max_attempts(options.max_attempts).run(&progress[i]).map_err(error)?;
         Ok(PolicyReport::build(scenario, p, &stats, footprint))
     };
     let jobs = options.jobs.clamp(1, n.max(1));

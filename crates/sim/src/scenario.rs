@@ -67,6 +67,13 @@ impl fmt::Display for ScenarioError {
     }
 }
 
+/// The most attempts (first tries and retries) one policy's run may send: 50 000 000. An
+/// open-loop scenario whose first tries alone pass it is refused when it is read (the key
+/// `fleet.rate`); a run that passes it later (retries, a closed loop) stops with an error. It
+/// bounds how long `simulate` can work on any file: well under a minute per policy on one core
+/// of a release build.
+pub const MAX_ATTEMPTS: u64 = 50_000_000;
+
 /// A validated scenario.
 #[derive(Debug, Clone)]
 pub struct Scenario {
@@ -107,6 +114,20 @@ pub struct Fleet {
     pub load: Load,
     /// Parallel calls to the dependency per user action, 1..=100. Default 1.
     pub fan_out: u32,
+}
+
+impl Fleet {
+    /// The calls (first tries) an open-loop fleet starts over `duration`:
+    /// `instances × rate × duration × fan_out`. `None` for a closed loop, whose rate depends on
+    /// how fast the dependency answers.
+    pub fn expected_calls(&self, duration: Duration) -> Option<f64> {
+        match self.load {
+            Load::Open { rate, .. } => Some(
+                f64::from(self.instances) * rate * duration.as_secs_f64() * f64::from(self.fan_out),
+            ),
+            Load::Closed { .. } => None,
+        }
+    }
 }
 
 /// How an instance generates user actions.
@@ -327,12 +348,26 @@ impl Scenario {
         }
         let recovered_at = root.fraction("recovered_at")?.unwrap_or(0.95);
 
-        let fleet = parse_fleet(&root.sub("fleet")?)?;
+        let fleet_section = root.sub("fleet")?;
+        let fleet = parse_fleet(&fleet_section)?;
         let client = parse_client(&root.sub("client")?)?;
         let dep = root.sub("dependency")?;
         let dependency = parse_dependency(&dep)?;
         let phases = parse_phases(&root, &dependency.base, duration)?;
         let policies = parse_policies(&root)?;
+        if let Some(calls) = fleet.expected_calls(duration)
+            && calls > MAX_ATTEMPTS as f64
+        {
+            let key = if fleet_section.item("rate").is_some() { "rate" } else { "instances" };
+            return Err(fleet_section.fail(
+                key,
+                format!(
+                    "the fleet starts about {calls:.0} calls per policy (instances × rate × \
+                     duration × fan_out), more than the {MAX_ATTEMPTS} attempts the simulator \
+                     runs per policy: shorten duration, or lower rate, instances or fan_out"
+                ),
+            ));
+        }
         Ok(Scenario {
             name,
             description,
@@ -351,12 +386,15 @@ impl Scenario {
     /// Reads a scenario file.
     pub fn from_file(path: &std::path::Path) -> Result<Scenario, ScenarioError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-            origin: origin.clone(),
-            line: 0,
-            key: String::new(),
-            message: format!("cannot read the scenario: {e}"),
-        })?;
+        let text =
+            stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(|e| {
+                ScenarioError {
+                    origin: origin.clone(),
+                    line: 0,
+                    key: String::new(),
+                    message: format!("cannot read the scenario: {e}"),
+                }
+            })?;
         Scenario::parse(&origin, &text)
     }
 

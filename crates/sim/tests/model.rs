@@ -9,7 +9,7 @@ use stormguard_sim::{Options, Scenario, builtin, simulate, simulate_with};
 fn same_seed_same_bytes() {
     let s = builtin::scenario("metastable").unwrap();
     let a = simulate(&s).unwrap().to_json(true);
-    let b = simulate_with(&s, &Options { jobs: 3, progress: None }).unwrap().to_json(true);
+    let b = simulate_with(&s, &Options { jobs: 3, ..Options::default() }).unwrap().to_json(true);
     assert_eq!(a, b, "threads do not change the results");
     let mut other = s.clone();
     other.seed += 1;

@@ -23,7 +23,9 @@
 //! reader's own high-water mark ([`Reader::Metrics`]): `/stats.json` reading does not reset it.
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -47,7 +49,20 @@ struct DependencyCollector {
     dependency: Dependency,
 }
 
-type Labels<'a> = Vec<(&'static str, &'a str)>;
+/// A label value written escaped (`\\`, `"`, newline): a dependency or upstream name with a
+/// quote in it must not break the exposition for every later scrape. Every label set here is
+/// made of these, so no value can be written raw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LabelValue<'a>(pub &'a str);
+
+impl EncodeLabelValue for LabelValue<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        encoder.write_str(&stormguard_core::text::label_value(self.0))
+    }
+}
+
+type Labels<'a> = Vec<(&'static str, LabelValue<'a>)>;
 
 fn counter(
     enc: &mut DescriptorEncoder,
@@ -98,7 +113,7 @@ fn histogram_series(
 
 /// Writes one dependency's snapshot.
 pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> std::fmt::Result {
-    let dep: &str = &s.name;
+    let dep = LabelValue(&s.name);
     let base: Labels<'_> = vec![("dependency", dep)];
     let c = &s.counters;
     counter(
@@ -117,7 +132,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     let by_reason = |v: &[u64; 11]| -> Vec<(Labels<'_>, u64)> {
         Denied::ALL
             .iter()
-            .map(|d| (vec![("dependency", dep), ("reason", d.as_str())], v[d.index()]))
+            .map(|d| (vec![("dependency", dep), ("reason", LabelValue(d.as_str()))], v[d.index()]))
             .collect()
     };
     counter(&mut enc, "stormguard_denied", "Attempts refused, by reason.", &by_reason(&c.denied))?;
@@ -136,7 +151,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
             "stormguard_budget_percent",
             "The budget's configured fraction: of original requests (policy ratio), or of \
              everything in flight (policy concurrency).",
-            &[(vec![("dependency", dep), ("policy", b.policy)], p)],
+            &[(vec![("dependency", dep), ("policy", LabelValue(b.policy))], p)],
         )?;
     }
     gauge(
@@ -196,7 +211,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     )?;
     let abandoned: Vec<_> = Abandoned::ALL
         .iter()
-        .map(|o| (vec![("dependency", dep), ("outcome", o.as_str())], c.abandoned(*o)))
+        .map(|o| (vec![("dependency", dep), ("outcome", LabelValue(o.as_str()))], c.abandoned(*o)))
         .collect();
     counter(
         &mut enc,
@@ -222,7 +237,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
             .iter()
             .map(|n| {
                 (
-                    vec![("dependency", dep), ("state", *n)],
+                    vec![("dependency", dep), ("state", LabelValue(n))],
                     f64::from(u8::from(state.as_str() == *n)),
                 )
             })
@@ -249,7 +264,12 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     )?;
     let kinds: Vec<_> = HeaderKind::ALL
         .iter()
-        .map(|k| (vec![("dependency", dep), ("header", k.as_str())], s.malformed_headers.get(*k)))
+        .map(|k| {
+            (
+                vec![("dependency", dep), ("header", LabelValue(k.as_str()))],
+                s.malformed_headers.get(*k),
+            )
+        })
         .collect();
     counter(
         &mut enc,
@@ -305,7 +325,7 @@ fn signal_histograms(
 /// With several upstreams: each one's cap, in flight and state, labelled `upstream`. (The
 /// dependency-level series above describe the first upstream.)
 fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-    let dep: &str = &s.name;
+    let dep = LabelValue(&s.name);
     let first = crate::dependency::UpstreamSnapshot {
         name: s.upstream_name.clone().unwrap_or_default(),
         limiter: s.limiter.clone(),
@@ -316,7 +336,7 @@ fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::R
     let series =
         |f: &dyn Fn(&crate::dependency::UpstreamSnapshot) -> f64| -> Vec<(Labels<'_>, f64)> {
             all.iter()
-                .map(|u| (vec![("dependency", dep), ("upstream", u.name.as_str())], f(u)))
+                .map(|u| (vec![("dependency", dep), ("upstream", LabelValue(&u.name))], f(u)))
                 .collect()
         };
     gauge(
@@ -349,13 +369,16 @@ fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::R
         "Held slots at each upstream given back because the hold passed before it answered.",
         &all.iter()
             .map(|u| {
-                (vec![("dependency", dep), ("upstream", u.name.as_str())], u.limiter.holds_expired)
+                (
+                    vec![("dependency", dep), ("upstream", LabelValue(&u.name))],
+                    u.limiter.holds_expired,
+                )
             })
             .collect::<Vec<_>>(),
     )?;
     let histograms: Vec<(Labels<'_>, &LimiterSnapshot)> = all
         .iter()
-        .map(|u| (vec![("dependency", dep), ("upstream", u.name.as_str())], &u.limiter))
+        .map(|u| (vec![("dependency", dep), ("upstream", LabelValue(&u.name))], &u.limiter))
         .collect();
     signal_histograms(enc, "stormguard_upstream", &histograms)?;
     gauge(

@@ -15,7 +15,7 @@
 //! breaker (default 3 in flight), which bounds no ratio.
 
 use crate::Collector;
-use crate::formats::{conditions, duration};
+use crate::formats::{Settings, conditions};
 use crate::model::{Budget, Format, Layer, Location, Methods, Rule, Severity, pct};
 use crate::node::{Node, Value};
 
@@ -117,16 +117,17 @@ fn route_config(c: &mut Collector, file: &str, rc: &Node) {
             for cl in &clusters {
                 layer.refs.push(format!("cluster/{cl}"));
             }
+            let settings = Settings { file, resource: &resource };
             // Envoy's route timeout defaults to 15 s; `0s` disables it.
-            layer.timeout = match action.get("timeout").and_then(duration) {
+            layer.timeout = match settings.duration(c, "timeout", action.get("timeout")) {
                 Some(d) if d.is_zero() => None,
                 Some(d) => Some(d),
                 None => Some(std::time::Duration::from_secs(15)),
             };
             layer.methods = methods(route.get("match").unwrap_or(Node::empty()));
             if let Some(p) = policy {
-                let n = p.get("num_retries").and_then(Node::as_u64);
-                if n.is_none() {
+                let n = settings.u64(c, "num_retries", p.get("num_retries"));
+                if crate::formats::absent(p.get("num_retries")) {
                     c.finding(
                         Severity::Info,
                         Rule::DefaultRetries,
@@ -138,14 +139,15 @@ fn route_config(c: &mut Collector, file: &str, rc: &Node) {
                 }
                 let n = n.unwrap_or(1);
                 layer.attempts = Some(u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1));
-                layer.per_try_timeout = p.get("per_try_timeout").and_then(duration);
+                layer.per_try_timeout =
+                    settings.duration(c, "per_try_timeout", p.get("per_try_timeout"));
                 layer.retry_on =
                     p.get("retry_on").and_then(Node::as_str).map(conditions).unwrap_or_default();
                 layer.defaulted = false;
             }
             let hedge = action.get("hedge_policy").or(vh_hedge);
-            if hedge.and_then(|h| h.get("hedge_on_per_try_timeout")).and_then(Node::as_bool)
-                == Some(true)
+            let hedge_on_timeout = hedge.and_then(|h| h.get("hedge_on_per_try_timeout"));
+            if settings.bool(c, "hedge_on_per_try_timeout", hedge_on_timeout) == Some(true)
                 && layer.retries()
             {
                 layer.hedging = true;
@@ -185,13 +187,18 @@ fn cluster(c: &mut Collector, file: &str, cl: &Node) {
         t.get("priority").and_then(Node::as_str).is_none_or(|p| p.eq_ignore_ascii_case("default"))
     });
     let budget_node = default.and_then(|t| t.get("retry_budget"));
-    let max_retries = default.and_then(|t| t.get("max_retries")).and_then(Node::as_u64);
-    let max_requests = default.and_then(|t| t.get("max_requests")).and_then(Node::as_u64);
+    let settings = Settings { file, resource: &resource };
+    let max_retries = settings.u64(c, "max_retries", default.and_then(|t| t.get("max_retries")));
+    let max_requests = settings.u64(c, "max_requests", default.and_then(|t| t.get("max_requests")));
     let budget = match budget_node {
         Some(b) => {
-            let percent =
-                b.at(&["budget_percent", "value"]).and_then(Node::as_f64).unwrap_or(20.0) / 100.0;
-            let floor = b.get("min_retry_concurrency").and_then(Node::as_u64).unwrap_or(3);
+            let percent = settings
+                .f64(c, "budget_percent.value", b.at(&["budget_percent", "value"]))
+                .unwrap_or(20.0)
+                / 100.0;
+            let floor = settings
+                .u64(c, "min_retry_concurrency", b.get("min_retry_concurrency"))
+                .unwrap_or(3);
             let loc = Location { file: file.to_string(), line: b.line };
             if crate::model::budget_too_high(percent) {
                 c.finding(

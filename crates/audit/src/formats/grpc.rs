@@ -10,7 +10,7 @@
 //! bounds the factor at about `1 + tokenRatio`.
 
 use crate::Collector;
-use crate::formats::duration;
+use crate::formats::Settings;
 use crate::model::{Budget, Format, Layer, Location, Rule, Severity};
 use crate::node::Node;
 
@@ -19,7 +19,9 @@ pub const MAX_ATTEMPTS_CAP: u64 = 5;
 
 pub(crate) fn service_config(c: &mut Collector, file: &str, doc: &Node) {
     let throttle = doc.get("retryThrottling").map(|t| Budget::TokenBucket {
-        token_ratio: t.get("tokenRatio").and_then(Node::as_f64).unwrap_or(0.0),
+        token_ratio: Settings { file, resource: "retryThrottling" }
+            .f64(c, "tokenRatio", t.get("tokenRatio"))
+            .unwrap_or(0.0),
     });
     for mc in doc.get("methodConfig").map(Node::items).unwrap_or(&[]) {
         let names: Vec<(String, String)> = mc
@@ -58,10 +60,11 @@ pub(crate) fn service_config(c: &mut Collector, file: &str, doc: &Node) {
                 layer.refs.push(format!("grpc/{s}/{m}"));
             }
         }
-        layer.timeout = mc.get("timeout").and_then(duration);
+        let settings = Settings { file, resource: &resource };
+        layer.timeout = settings.duration(c, "timeout", mc.get("timeout"));
         // Every gRPC call is a POST; whether it is idempotent is not in the config.
         if let Some(p) = policy {
-            let max = p.get("maxAttempts").and_then(Node::as_u64).unwrap_or(0);
+            let max = settings.u64(c, "maxAttempts", p.get("maxAttempts")).unwrap_or(0);
             let attempts = if max < 2 { 1 } else { max.min(MAX_ATTEMPTS_CAP) };
             if max > MAX_ATTEMPTS_CAP {
                 c.finding(

@@ -14,7 +14,7 @@
 use std::fmt;
 
 use crate::Collector;
-use crate::formats::{conditions, duration};
+use crate::formats::{Settings, conditions};
 use crate::model::{Format, Layer, Location, Methods, Rule, Severity};
 use crate::node::Node;
 
@@ -125,13 +125,15 @@ pub(crate) fn virtual_service(c: &mut Collector, file: &str, doc: &Node) {
         if let Some(r) = route_name {
             layer.refs.push(format!("virtualservice/{name}/{r}"));
         }
-        layer.timeout = route.get("timeout").and_then(duration);
+        let settings = Settings { file, resource: &resource };
+        layer.timeout = settings.duration(c, "timeout", route.get("timeout"));
         layer.methods = methods(route);
         match retries {
             Some(r) => {
-                let n = r.get("attempts").and_then(Node::as_u64).unwrap_or(0);
+                let n = settings.u64(c, "attempts", r.get("attempts")).unwrap_or(0);
                 layer.attempts = Some(u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1));
-                layer.per_try_timeout = r.get("perTryTimeout").and_then(duration);
+                layer.per_try_timeout =
+                    settings.duration(c, "perTryTimeout", r.get("perTryTimeout"));
                 let on = r.get("retryOn").and_then(Node::as_str);
                 let (_, default_on) = default_retries(c.istio_version);
                 layer.retry_on = conditions(on.unwrap_or(default_on));
@@ -184,11 +186,16 @@ fn methods(route: &Node) -> Methods {
 }
 
 /// Reads one DestinationRule's retry throttle.
-pub(crate) fn destination_rule(c: &mut Collector, _file: &str, doc: &Node) {
+pub(crate) fn destination_rule(c: &mut Collector, file: &str, doc: &Node) {
     let spec = doc.get("spec").unwrap_or(Node::empty());
     let Some(host) = spec.get("host").and_then(Node::as_str) else { return };
-    let max =
-        spec.at(&["trafficPolicy", "connectionPool", "http", "maxRetries"]).and_then(Node::as_u64);
+    let (name, _) = name_of(doc);
+    let resource = format!("DestinationRule {name}");
+    let max = Settings { file, resource: &resource }.u64(
+        c,
+        "maxRetries",
+        spec.at(&["trafficPolicy", "connectionPool", "http", "maxRetries"]),
+    );
     c.istio_rules.push((host.to_string(), max));
 }
 

@@ -8,7 +8,7 @@
 //! **1**), each try bounded by `retry.linkerd.io/timeout`, and have **no budget**.
 
 use crate::Collector;
-use crate::formats::{conditions, duration};
+use crate::formats::{Settings, conditions};
 use crate::model::{Budget, Format, Layer, Location, Methods, Rule, Severity, pct};
 use crate::node::Node;
 
@@ -21,9 +21,9 @@ pub(crate) fn service_profile(c: &mut Collector, file: &str, doc: &Node) {
     let short = name.split('.').next().unwrap_or(&name).to_string();
     let spec = doc.get("spec").unwrap_or(Node::empty());
     let budget_node = spec.get("retryBudget");
-    let ratio = budget_node
-        .and_then(|b| b.get("retryRatio"))
-        .and_then(Node::as_f64)
+    let profile = format!("ServiceProfile {name}");
+    let ratio = Settings { file, resource: &profile }
+        .f64(c, "retryRatio", budget_node.and_then(|b| b.get("retryRatio")))
         .unwrap_or(DEFAULT_RETRY_RATIO);
     if crate::model::budget_too_high(ratio) {
         let line = budget_node.map_or(doc.line, |b| b.line);
@@ -48,18 +48,19 @@ pub(crate) fn service_profile(c: &mut Collector, file: &str, doc: &Node) {
         let resource = format!("ServiceProfile {name} route {route_name}");
         let retryable = route.get("isRetryable");
         let line = retryable.map_or(route.line, |r| r.line);
+        let settings = Settings { file, resource: &resource };
+        let timeout = settings.duration(c, "timeout", route.get("timeout"));
+        let retryable = settings.bool(c, "isRetryable", retryable);
         let mut layer =
             Layer::new(Format::Linkerd, Location { file: file.to_string(), line }, resource);
         layer.refs.push(format!("serviceprofile/{name}"));
         layer.refs.push(format!("serviceprofile/{short}"));
         layer.refs.push(format!("serviceprofile/{short}/{route_name}"));
-        layer.timeout = Some(
-            route.get("timeout").and_then(duration).unwrap_or(std::time::Duration::from_secs(10)),
-        );
+        layer.timeout = Some(timeout.unwrap_or(std::time::Duration::from_secs(10)));
         if let Some(m) = route.at(&["condition", "method"]).and_then(Node::as_str) {
             layer.methods = Methods::Only(vec![m.to_ascii_uppercase()]);
         }
-        if retryable.and_then(Node::as_bool) == Some(true) {
+        if retryable == Some(true) {
             layer.attempts = None;
             layer.budget = Some(Budget::Ratio { percent: ratio });
             layer.retry_on = vec!["5xx".into()];
@@ -80,17 +81,20 @@ pub(crate) fn annotations(c: &mut Collector, file: &str, doc: &Node) -> bool {
     let kind = doc.get("kind").and_then(Node::as_str).unwrap_or("object");
     let name = doc.at(&["metadata", "name"]).and_then(Node::as_str).unwrap_or("(unnamed)");
     let line = http.or(grpc).or(limit).map_or(ann.line, |n| n.line);
-    let mut layer = Layer::new(
-        Format::Linkerd,
-        Location { file: file.to_string(), line },
-        format!("{kind} {name} (retry.linkerd.io)"),
-    );
+    let resource = format!("{kind} {name} (retry.linkerd.io)");
+    let settings = Settings { file, resource: &resource };
+    let n = settings.u64(c, "retry.linkerd.io/limit", limit).unwrap_or(1);
+    let per_try_timeout =
+        settings.duration(c, "retry.linkerd.io/timeout", ann.get("retry.linkerd.io/timeout"));
+    let timeout =
+        settings.duration(c, "timeout.linkerd.io/request", ann.get("timeout.linkerd.io/request"));
+    let mut layer =
+        Layer::new(Format::Linkerd, Location { file: file.to_string(), line }, resource);
     layer.refs.push(format!("linkerd/{name}"));
     layer.refs.push(format!("{}/{name}", kind.to_ascii_lowercase()));
-    let n = limit.and_then(Node::as_u64).unwrap_or(1);
     layer.attempts = Some(u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1));
-    layer.per_try_timeout = ann.get("retry.linkerd.io/timeout").and_then(duration);
-    layer.timeout = ann.get("timeout.linkerd.io/request").and_then(duration);
+    layer.per_try_timeout = per_try_timeout;
+    layer.timeout = timeout;
     for cond in [http, grpc].into_iter().flatten() {
         layer.retry_on.extend(cond.as_str().map(conditions).unwrap_or_default());
     }

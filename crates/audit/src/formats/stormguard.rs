@@ -36,8 +36,8 @@ struct RawDependency {
     budget: Option<Spanned<toml::Value>>,
     max_retries: Option<u32>,
     retry_on: Option<String>,
-    per_try_timeout: Option<String>,
-    deadline: Option<String>,
+    per_try_timeout: Option<Spanned<String>>,
+    deadline: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -111,12 +111,28 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
         layer.refs.push(format!("dependency/{name}"));
         layer.attempts = Some(d.max_retries.unwrap_or(defaults::MAX_RETRIES).saturating_add(1));
         layer.retry_on = conditions(d.retry_on.as_deref().unwrap_or(defaults::RETRY_ON));
-        layer.per_try_timeout = d
-            .per_try_timeout
-            .as_deref()
-            .and_then(|t| stormguard_core::decimal::parse_duration(t).ok());
-        layer.timeout =
-            d.deadline.as_deref().and_then(|t| stormguard_core::decimal::parse_duration(t).ok());
+        // A duration that does not parse is a finding (the proxy refuses the file), not None.
+        let mut duration = |key: &str, v: &Option<Spanned<String>>| {
+            let v = v.as_ref()?;
+            let parsed = stormguard_core::decimal::parse_duration(v.get_ref());
+            if let Err(e) = &parsed {
+                c.finding(
+                    Severity::Error,
+                    Rule::UnreadableValue,
+                    loc(v.span().start),
+                    resource.clone(),
+                    format!(
+                        "`{key} = {:?}` is not a duration ({e}): the proxy refuses this file, and \
+                         this audit reads the setting as if it were absent",
+                        v.get_ref()
+                    ),
+                    format!("write a duration, e.g. `{key} = \"300ms\"`"),
+                );
+            }
+            parsed.ok()
+        };
+        layer.per_try_timeout = duration("per_try_timeout", &d.per_try_timeout);
+        layer.timeout = duration("deadline", &d.deadline);
         let (budget, percent, floor) = model_budget(&spec);
         layer.budget = Some(budget);
         if let Some(p) = percent

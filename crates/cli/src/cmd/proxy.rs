@@ -11,7 +11,9 @@ use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::decimal::{format_duration, parse_duration};
 use stormguard_core::defaults;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{
+    DEFAULT_ADMIN, DependencyConfig, Overrides, ProxyConfig, RedisSourceError,
+};
 
 use crate::Failure;
 
@@ -32,8 +34,14 @@ Admin: GET /metrics /healthz /readyz /config /stats.json /dashboard;
   POST /dependencies/NAME/shadow {\"enabled\": true}     shadow mode
 The config format is in docs/proxy.md.")]
 pub struct ProxyArgs {
-    /// A TOML config; cannot be combined with the quick flags.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["upstream", "listen"])]
+    /// A TOML config. Beside it, --admin, --record, --shadow and --drain-timeout apply over the
+    /// file (shown in /config, kept at every reload), and --threads and --duration apply as
+    /// always; the per-dependency flags (--cap, --budget, --retry-on, --max-retries, ...) cannot
+    /// be combined with it: set them in the file's [[dependency]].
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "upstream", "listen", "cap", "budget", "retry_on", "max_retries", "per_try_timeout",
+        "deadline", "backoff", "queue", "queue_timeout", "timeout_slot_hold", "abandon_hold",
+    ])]
     pub config: Option<PathBuf>,
     /// Where callers connect.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
@@ -47,9 +55,9 @@ pub struct ProxyArgs {
     /// The retry budget SPEC.
     #[arg(long, value_name = "SPEC", default_value_t = BudgetSpec::default().to_string())]
     pub budget: String,
-    /// The admin listener, or "off".
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9901")]
-    pub admin: String,
+    /// The admin listener, or "off" [default: 127.0.0.1:9901, or the config's `admin`].
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
     /// What may be retried (a timeout, a reset or a 5xx only for an idempotent request).
     #[arg(long, value_name = "LIST", default_value = defaults::RETRY_ON)]
     pub retry_on: String,
@@ -79,7 +87,8 @@ pub struct ProxyArgs {
     /// working on it (it comes back when the upstream answers; 0: at once) [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub abandon_hold: Option<String>,
-    /// Shadow mode: count what would be denied, deny nothing.
+    /// Shadow mode: count what would be denied, deny nothing (with --config: for every
+    /// dependency).
     #[arg(long)]
     pub shadow: bool,
     /// Record mode: write every dependency's traffic to FILE as `replay` JSON lines (replay
@@ -122,16 +131,45 @@ fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
     parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
 }
 
-/// The proxy's config from the flags, or the file they name.
+/// What to do instead, printed under clap's refusal of a per-dependency flag beside `--config`.
+pub const CONFIG_CONFLICT: &str = "\
+note: with --config, the listeners and every dependency's settings (cap, budget, retry_on,
+  max_retries, timeouts, backoff, queue, holds) come from the file: set them in its [[listener]]
+  and [[dependency]] tables, then reload (SIGHUP). Beside --config only --admin, --record,
+  --shadow and --drain-timeout (applied over the file, and kept at each reload), --threads and
+  --duration apply.";
+
+/// `--admin`: an address, or `None` for "off".
+fn admin(text: &str) -> Result<Option<SocketAddr>, Failure> {
+    match text {
+        "off" => Ok(None),
+        a => a
+            .parse()
+            .map(Some)
+            .map_err(|_| Failure::usage(format!("--admin: expected host:port or off, got {a:?}"))),
+    }
+}
+
+/// The flags that apply over a config file: the process's own settings. (clap refuses the
+/// per-dependency flags beside `--config`, naming them.)
+fn overrides(args: &ProxyArgs) -> Result<Overrides, Failure> {
+    Ok(Overrides {
+        admin: args.admin.as_deref().map(admin).transpose()?,
+        record: args.record.clone(),
+        drain_timeout: args
+            .drain_timeout
+            .as_deref()
+            .map(|d| duration("drain-timeout", d))
+            .transpose()?,
+        shadow: args.shadow,
+    })
+}
+
+/// The proxy's config from the flags, or the file they name with the flags that apply over it.
 pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     if let Some(path) = &args.config {
         let mut config = ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()))?;
-        if let Some(r) = &args.record {
-            config.record = Some(r.clone());
-        }
-        if let Some(d) = &args.drain_timeout {
-            config.drain_timeout = duration("drain-timeout", d)?;
-        }
+        overrides(args)?.apply(&mut config);
         return Ok(config);
     }
     let upstream = args.upstream.as_deref().unwrap_or_default();
@@ -161,14 +199,12 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     if let Some(d) = &args.drain_timeout {
         config.drain_timeout = duration("drain-timeout", d)?;
     }
-    config.admin = match args.admin.as_str() {
-        "off" => None,
-        a => Some(a.parse().map_err(|_| {
-            Failure::usage(format!("--admin: expected host:port or off, got {a:?}"))
-        })?),
-    };
+    config.admin = admin(args.admin.as_deref().unwrap_or(DEFAULT_ADMIN))?;
     config.validate().map_err(|(key, reason)| {
-        let flag = key.rsplit('.').next().unwrap_or(&key).replace('_', "-");
+        let flag = match key.rsplit('.').next().unwrap_or(&key) {
+            "upstreams" => "upstream".to_string(),
+            k => k.replace('_', "-"),
+        };
         Failure::usage(format!("--{flag}: {reason}"))
     })?;
     Ok(config)
@@ -181,7 +217,6 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
 pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     let config = config_from_args(args)?;
     let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
-    let drain_timeout = config.drain_timeout;
     let runtime = match args.threads {
         Some(0) => return Err(Failure::usage("--threads: must be at least 1")),
         Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
@@ -209,6 +244,8 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
         match wait_for_stop(&proxy, stop_after, signals).await {
             Ending::Elapsed => proxy.shutdown().await,
             Ending::Signal => {
+                // The config in force now: a reload may have changed drain_timeout.
+                let drain_timeout = proxy.config().drain_timeout;
                 let _ = writeln!(
                     std::io::stderr(),
                     "stormguard proxy: draining (up to {} ms)",
@@ -300,9 +337,22 @@ async fn wait_for_stop(
     }
 }
 
-/// Runs `stormguard check-config FILE`: exit 0 with a summary, or 2 naming the location.
+/// Runs `stormguard check-config FILE`: exit 0 with a summary, or 2 naming the location. A
+/// fleet dependency's Redis URL is checked when its environment variable is set here (as the
+/// proxy will read it); when it is not, a note says the proxy needs it where it runs.
 pub fn check(args: &CheckConfigArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let c = ProxyConfig::load(&args.file).map_err(|e| Failure::usage(e.to_string()))?;
+    for (i, d) in c.dependencies.iter().enumerate() {
+        if let Some(Err(RedisSourceError::NotSet { name })) =
+            d.fleet.as_ref().map(|f| f.redis.target())
+        {
+            eprintln!(
+                "stormguard: note: {}: dependency[{i}].redis: ${name} is not set here, so the \
+                 Redis URL was not checked; the proxy refuses to start where it is not set",
+                args.file.display()
+            );
+        }
+    }
     writeln!(
         out,
         "{}: ok ({} listener(s), {} dependenc{}, {} route(s))",

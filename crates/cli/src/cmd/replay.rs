@@ -24,7 +24,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 
@@ -407,23 +406,32 @@ pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let spec = BudgetSpec::parse(&args.policy)
         .map_err(|e| Failure::usage(format!("--policy `{}`: {e}", args.policy)))?;
     let budget = spec.build().map_err(|e| Failure::usage(format!("--policy: {e}")))?;
-    let (input, name): (Box<dyn BufRead>, String) = match &args.file {
+    // A trace is a stream: a regular file or a pipe, read a line at a time, each line at most
+    // 1 MiB (a directory or a device such as /dev/zero is refused).
+    let (mut input, name): (Box<dyn BufRead>, String) = match &args.file {
         None => (Box::new(std::io::stdin().lock()), "<stdin>".into()),
         Some(p) if p.as_os_str() == "-" => (Box::new(std::io::stdin().lock()), "<stdin>".into()),
         Some(p) => {
-            let f = File::open(p)
+            let f = stormguard_input::open_stream(p)
                 .map_err(|e| Failure::usage(format!("cannot read {}: {e}", p.display())))?;
             (Box::new(BufReader::new(f)), p.display().to_string())
         }
     };
     let mut replay = Replay::new(budget).only(args.dependency.clone());
-    for (i, line) in input.lines().enumerate() {
-        let line_no = i as u64 + 1;
-        let line = line.map_err(|e| Failure::usage(format!("{name}: line {line_no}: {e}")))?;
+    let mut bytes = Vec::new();
+    for line_no in 1.. {
+        let read = stormguard_input::read_line(&mut input, &mut bytes, stormguard_input::MAX_LINE)
+            .map_err(|e| Failure::usage(format!("{name}: line {line_no}: {e}")))?;
+        if read == 0 {
+            break;
+        }
+        let line = std::str::from_utf8(&bytes)
+            .map_err(|e| Failure::usage(format!("{name}: line {line_no}: not UTF-8 text ({e})")))?
+            .trim_end_matches(['\n', '\r']);
         if line.trim().is_empty() {
             continue;
         }
-        match replay.apply(&line, line_no) {
+        match replay.apply(line, line_no) {
             Ok(Some(text)) => writeln!(out, "{text}")?,
             Ok(None) => {}
             Err(reason) => return Err(Failure::usage(format!("{name}: line {line_no}: {reason}"))),

@@ -82,9 +82,9 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             (scenario, builtin::text(name).unwrap_or_default().to_string())
         }
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::usage(format!("{}: cannot read the scenario: {e}", path.display()))
-            })?;
+            let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(
+                |e| Failure::usage(format!("{}: cannot read the scenario: {e}", path.display())),
+            )?;
             let scenario = Scenario::parse(&path.display().to_string(), &text)
                 .map_err(|e| Failure::usage(e.to_string()))?;
             (scenario, text)
@@ -127,8 +127,11 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             bar.update(fraction);
         }
     };
-    let options =
-        Options { jobs, progress: bar.as_ref().map(|_| &progress as &(dyn Fn(f64) + Sync)) };
+    let options = Options {
+        jobs,
+        progress: bar.as_ref().map(|_| &progress as &(dyn Fn(f64) + Sync)),
+        ..Options::default()
+    };
     let report = stormguard_sim::simulate_with(&scenario, &options)
         .map_err(|e| Failure::usage(format!("{}: {e}", scenario.name)))?;
     if let Some(bar) = &bar {
