@@ -4,8 +4,19 @@
 //! the run-time switches `POST /dependencies/<name>/retries` and `POST /dependencies/<name>/shadow`
 //! with a body `{"enabled": true|false}`, and `POST /reload` (read the config file again).
 //! `/readyz` answers 503 from the moment a drain starts.
+//!
+//! A state change is a request a web page in a browser on the host must not be able to make
+//! (CSRF, DNS rebinding): it needs `Content-Type: application/json` (a cross-origin page cannot
+//! send one without a CORS preflight, which this listener never grants), and either
+//! `Authorization: Bearer <admin_token>` when a token is configured, or else a `Host` that is
+//! the admin address (an IP address or `localhost` with the admin port — a rebinding page's Host
+//! is its own name) and no `Origin` but the admin's own. Refusals are answered 415, 401 or 403,
+//! counted in `stormguard_admin_refused_total{reason}` and logged at warn. Reads are open to
+//! whoever reaches the listener.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -22,7 +33,64 @@ mod dashboard;
 
 /// What the admin endpoints read.
 pub(crate) struct Admin {
-    pub(crate) state: Arc<State>,
+    state: Arc<State>,
+    /// The address the admin listener is bound to.
+    addr: SocketAddr,
+    /// `admin_token`, resolved.
+    token: Option<String>,
+}
+
+/// Why a state change was refused: the `reason` label of `stormguard_admin_refused_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Not `Content-Type: application/json`.
+    ContentType,
+    /// A `Host` that is not the admin address.
+    Host,
+    /// An `Origin` other than the admin's own.
+    Origin,
+    /// `admin_token` is configured and the bearer token is missing or wrong.
+    Token,
+}
+
+impl Refused {
+    pub(crate) const ALL: [Refused; 4] =
+        [Refused::ContentType, Refused::Host, Refused::Origin, Refused::Token];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Refused::ContentType => "content-type",
+            Refused::Host => "host",
+            Refused::Origin => "origin",
+            Refused::Token => "token",
+        }
+    }
+}
+
+/// Whether `host` (a `Host` header or an HTTP/2 `:authority`) names the admin listener at
+/// `admin`: its port, and its IP address (any, when it listens on all of them), or `localhost`
+/// when it listens on loopback. Never a DNS name: a DNS-rebinding page's Host is its own.
+fn is_admin_host(host: &str, admin: SocketAddr) -> bool {
+    let Ok(authority) = host.parse::<http::uri::Authority>() else { return false };
+    if authority.as_str().contains('@') || authority.port_u16().unwrap_or(80) != admin.port() {
+        return false;
+    }
+    let name = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let ip = admin.ip();
+    if name.eq_ignore_ascii_case("localhost") {
+        return ip.is_loopback() || ip.is_unspecified();
+    }
+    name.parse::<IpAddr>()
+        .is_ok_and(|h| h == ip || ip.is_unspecified() || (ip.is_loopback() && h.is_loopback()))
+}
+
+/// Whether the request's media type is `application/json` (parameters allowed).
+fn is_json(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
 type AdminBody = Full<Bytes>;
@@ -125,8 +193,91 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
 }
 
 impl Admin {
+    pub(crate) fn new(state: Arc<State>, addr: SocketAddr, token: Option<String>) -> Admin {
+        Admin { state, addr, token }
+    }
+
+    /// Whether `req` may change state; the refusal to answer when not.
+    fn may_change(&self, req: &Request<Incoming>) -> Result<(), Response<AdminBody>> {
+        let refuse = |why: Refused, status: StatusCode, text: &str| {
+            self.state.listening.admin_refused[why as usize].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                path = req.uri().path(),
+                reason = why.as_str(),
+                host = ?req.headers().get(http::header::HOST),
+                origin = ?req.headers().get(http::header::ORIGIN),
+                "admin state change refused"
+            );
+            let mut r = reply(status, "text/plain", format!("{text}\n"));
+            if why == Refused::Token {
+                r.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer realm=\"stormguard admin\""),
+                );
+            }
+            Err(r)
+        };
+        if !is_json(req) {
+            return refuse(
+                Refused::ContentType,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "a state change takes Content-Type: application/json",
+            );
+        }
+        if let Some(token) = &self.token {
+            use subtle::ConstantTimeEq;
+            let given = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            // Constant time over the bytes: only the length can be told apart.
+            let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
+            if !ok {
+                return refuse(
+                    Refused::Token,
+                    StatusCode::UNAUTHORIZED,
+                    "a state change takes Authorization: Bearer <admin_token>",
+                );
+            }
+            // A caller that holds the token is not a page tricked into the request.
+            return Ok(());
+        }
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers().get(http::header::HOST).and_then(|v| v.to_str().ok()));
+        let Some(host) = host.filter(|h| is_admin_host(h, self.addr)) else {
+            return refuse(
+                Refused::Host,
+                StatusCode::FORBIDDEN,
+                &format!("a state change takes a Host that is the admin address ({})", self.addr),
+            );
+        };
+        if let Some(origin) = req.headers().get(http::header::ORIGIN) {
+            let same = origin.to_str().is_ok_and(|o| {
+                o.strip_prefix("http://").is_some_and(|o| o.eq_ignore_ascii_case(host))
+            });
+            if !same {
+                return refuse(
+                    Refused::Origin,
+                    StatusCode::FORBIDDEN,
+                    "a state change from another origin is refused",
+                );
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<AdminBody> {
         let path = req.uri().path().to_string();
+        let changes_state = req.method() == Method::POST
+            && (path == "/reload" || path.starts_with("/dependencies/"));
+        if changes_state && let Err(refused) = self.may_change(&req) {
+            return refused;
+        }
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n"),
             (&Method::GET, "/readyz") => {

@@ -54,6 +54,18 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Distinct `client` label values by default.
 pub const DEFAULT_CLIENT_MAX: usize = 32;
+/// The default `header_read_timeout`: 10 s.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default `idle_timeout`: 60 s.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default `admin_max_connections`: 64.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// The default `max_header_bytes`: 64 KiB.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The default `http2_max_concurrent_streams`: 200 (hyper's).
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 200;
+/// The default `http2_keepalive_interval`: 30 s.
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Everything the proxy runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +97,13 @@ pub struct ProxyConfig {
     /// A body up to the replay buffer is received whole before its attempt asks for a slot.
     /// Default 10 s.
     pub body_idle_timeout: Duration,
+    /// How every listener, the admin listener included, treats its connections: header read
+    /// and idle timeouts, connection limits, header size, HTTP/2 streams. Fixed for the
+    /// proxy's life (a reload that changes it is refused).
+    pub connections: ConnectionConfig,
+    /// Who may change state through the admin listener (`admin_allow_remote`,
+    /// `admin_token`). Fixed for the proxy's life.
+    pub admin_access: AdminAccessConfig,
     /// The file this config was read from (set by [`ProxyConfig::load`]): `POST /reload` and
     /// SIGHUP read it again.
     pub source: Option<PathBuf>,
@@ -158,6 +177,162 @@ pub struct ListenerConfig {
     pub listen: SocketAddr,
     /// Requests no route matches go to this dependency; without it they get 404.
     pub dependency: Option<String>,
+}
+
+/// How the listeners treat connections (see docs/proxy.md, "Limits and timeouts"). Every
+/// caller listener and the admin listener apply it; what a connection costs the proxy is a
+/// descriptor and memory whatever it sends, so nothing here waits on a caller without end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionConfig {
+    /// `header_read_timeout`: a new connection must send a whole request head within it, and
+    /// on a kept-alive HTTP/1.1 connection it runs from the first byte of the next request;
+    /// a request trickled a byte at a time does not extend it. Past it the connection is
+    /// closed. More than 0. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// `idle_timeout`: an HTTP/1.1 connection between requests, or an HTTP/2 connection with
+    /// no stream open (the preface alone included), is closed after this long (HTTP/2 gets a
+    /// GOAWAY first). More than 0. Default 60 s.
+    pub idle_timeout: Duration,
+    /// `max_connections`: connections each caller listener holds at once; past it a new one
+    /// is closed at once and counted. `None` (the default): sized at start from the
+    /// open-files limit, keeping a reserve for the admin listener, the upstream connections
+    /// and files. At least 1.
+    pub max_connections: Option<usize>,
+    /// `admin_max_connections`: connections the admin listener holds at once, `1..=65536`.
+    /// Default 64.
+    pub admin_max_connections: usize,
+    /// `max_header_bytes`: a request head (HTTP/1.1: request line and headers, answered 431
+    /// past it) or header list (HTTP/2: `SETTINGS_MAX_HEADER_LIST_SIZE`), at most,
+    /// `8192..=1048576`. Default 64 KiB.
+    pub max_header_bytes: usize,
+    /// `http2_max_concurrent_streams`: streams one HTTP/2 caller connection may have open,
+    /// `1..=2147483647`. Default 200.
+    pub http2_max_concurrent_streams: u32,
+    /// `http2_keepalive_interval`: an HTTP/2 caller connection is sent a PING this often; one
+    /// not answered within another interval means the peer is gone, and the connection is
+    /// closed with its streams. More than 0. Default 30 s.
+    pub http2_keepalive_interval: Duration,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> ConnectionConfig {
+        ConnectionConfig {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: None,
+            admin_max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            http2_keepalive_interval: DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
+        }
+    }
+}
+
+impl ConnectionConfig {
+    /// Checks every rule; the error names the key.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (key, d) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("http2_keepalive_interval", self.http2_keepalive_interval),
+        ] {
+            if d.is_zero() {
+                return Err((key, "must be more than 0".into()));
+            }
+        }
+        if let Some(m) = self.max_connections
+            && !(1..=16 * 1024 * 1024).contains(&m)
+        {
+            return Err(("max_connections", format!("must be between 1 and 16777216, got {m}")));
+        }
+        if !(1..=65_536).contains(&self.admin_max_connections) {
+            return Err((
+                "admin_max_connections",
+                format!("must be between 1 and 65536, got {}", self.admin_max_connections),
+            ));
+        }
+        // hyper's HTTP/1.1 read buffer (which bounds the head) is at least 8 KiB.
+        if !(8192..=1024 * 1024).contains(&self.max_header_bytes) {
+            return Err((
+                "max_header_bytes",
+                format!("must be between 8192 and 1048576, got {}", self.max_header_bytes),
+            ));
+        }
+        if !(1..=i32::MAX as u32).contains(&self.http2_max_concurrent_streams) {
+            return Err((
+                "http2_max_concurrent_streams",
+                format!(
+                    "must be between 1 and 2147483647, got {}",
+                    self.http2_max_concurrent_streams
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Who may change state (the kill switch, shadow mode, reload) through the admin listener.
+/// Reading (`/metrics`, `/stats.json`, `/config`, the dashboard) is open to whoever reaches
+/// it. See docs/proxy.md, "Security".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdminAccessConfig {
+    /// `admin_allow_remote`: the admin address may be other than loopback (it is then
+    /// reachable from other hosts, and logged at warn). Without it such an address is a
+    /// config error. Default false.
+    pub allow_remote: bool,
+    /// `admin_token`: state changes need `Authorization: Bearer <token>` (compared in constant
+    /// time), and then any `Host` and `Origin` will do. Without it they need a `Host` that is
+    /// the admin address and no foreign `Origin`. Default none.
+    pub token: Option<AdminToken>,
+}
+
+/// Where the admin token is. A config file can only name an environment variable, so the token
+/// is never in the file, in `/config` or in the logs.
+#[derive(Clone, PartialEq, Eq)]
+pub enum AdminToken {
+    /// `admin_token = "env:NAME"`: read from the environment variable `NAME` at start.
+    Env(String),
+    /// A token given in code (tests, embedding).
+    Value(String),
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminToken::Env(name) => write!(f, "Env({name:?})"),
+            AdminToken::Value(_) => f.write_str("Value([redacted])"),
+        }
+    }
+}
+
+impl AdminToken {
+    /// The shortest token accepted, in bytes.
+    pub const MIN_LEN: usize = 16;
+
+    /// The token itself; an unset variable or a token shorter than 16 bytes is refused.
+    pub fn resolve(&self) -> Result<String, String> {
+        let token = match self {
+            AdminToken::Value(t) => t.clone(),
+            AdminToken::Env(name) => std::env::var(name).map_err(|_| {
+                format!("the environment variable {name} is not set: it holds the admin token")
+            })?,
+        };
+        if token.len() < AdminToken::MIN_LEN {
+            return Err(format!(
+                "the admin token must be at least {} bytes (e.g. `openssl rand -hex 16`)",
+                AdminToken::MIN_LEN
+            ));
+        }
+        Ok(token)
+    }
+
+    /// How `/config` shows it: the variable's name, never the token.
+    fn shown(&self) -> String {
+        match self {
+            AdminToken::Env(name) => format!("env:{name}"),
+            AdminToken::Value(_) => "[redacted]".into(),
+        }
+    }
 }
 
 /// One dependency: its upstream, cap, queue, budget and retry rules.
@@ -685,6 +860,8 @@ impl ProxyConfig {
             client_max: DEFAULT_CLIENT_MAX,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
+            connections: ConnectionConfig::default(),
+            admin_access: AdminAccessConfig::default(),
             source: None,
             overrides: Overrides::default(),
         }
@@ -697,6 +874,18 @@ impl ProxyConfig {
         }
         if self.body_idle_timeout.is_zero() {
             return Err(("body_idle_timeout".into(), "must be more than 0".into()));
+        }
+        self.connections.validate().map_err(|(k, r)| (k.to_string(), r))?;
+        if let Some(a) = self.admin
+            && !a.ip().is_loopback()
+            && !self.admin_access.allow_remote
+        {
+            return Err((
+                "admin".into(),
+                format!(
+                    "{a} is not a loopback address: the admin listener turns retries off and reloads the config, so serving it beyond this host needs admin_allow_remote = true (--admin-allow-remote), and an admin_token"
+                ),
+            ));
         }
         for (i, d) in self.dependencies.iter().enumerate() {
             d.validate().map_err(|(k, r)| (format!("dependency[{i}].{k}"), r))?;
@@ -863,6 +1052,16 @@ impl ProxyConfig {
             "client_max": self.client_max,
             "drain_timeout": dur(Some(self.drain_timeout)),
             "body_idle_timeout": dur(Some(self.body_idle_timeout)),
+            "header_read_timeout": dur(Some(self.connections.header_read_timeout)),
+            "idle_timeout": dur(Some(self.connections.idle_timeout)),
+            "max_connections": self.connections.max_connections,
+            "admin_max_connections": self.connections.admin_max_connections,
+            "max_header_bytes": self.connections.max_header_bytes,
+            "http2_max_concurrent_streams": self.connections.http2_max_concurrent_streams,
+            "http2_keepalive_interval": dur(Some(self.connections.http2_keepalive_interval)),
+            "admin_allow_remote": self.admin_access.allow_remote,
+            // Where the token comes from, never the token.
+            "admin_token": self.admin_access.token.as_ref().map(AdminToken::shown),
             // Set by flags beside --config, over the file (and again at each reload).
             "overrides": self.overrides.to_json(),
         })
@@ -953,6 +1152,15 @@ struct RawConfig {
     client_max: Option<Spanned<u64>>,
     drain_timeout: Option<Spanned<String>>,
     body_idle_timeout: Option<Spanned<String>>,
+    header_read_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<u64>>,
+    admin_max_connections: Option<Spanned<u64>>,
+    max_header_bytes: Option<Spanned<u64>>,
+    http2_max_concurrent_streams: Option<Spanned<u64>>,
+    http2_keepalive_interval: Option<Spanned<String>>,
+    admin_allow_remote: Option<Spanned<bool>>,
+    admin_token: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1080,7 +1288,66 @@ fn budget(v: &Spanned<toml::Value>, key: &str) -> Result<BudgetSpec, Bad> {
 }
 
 impl RawConfig {
-    fn build(self, spans: &mut Spans) -> Result<ProxyConfig, Bad> {
+    /// The listeners' connection settings and the admin access keys.
+    fn connections(
+        &mut self,
+        spans: &mut Spans,
+    ) -> Result<(ConnectionConfig, AdminAccessConfig), Bad> {
+        let mut c = ConnectionConfig::default();
+        for (key, src, dst) in [
+            ("header_read_timeout", self.header_read_timeout.take(), &mut c.header_read_timeout),
+            ("idle_timeout", self.idle_timeout.take(), &mut c.idle_timeout),
+            (
+                "http2_keepalive_interval",
+                self.http2_keepalive_interval.take(),
+                &mut c.http2_keepalive_interval,
+            ),
+        ] {
+            if let Some(v) = src {
+                spans.put(key.into(), v.span());
+                *dst = duration(&v, key)?;
+            }
+        }
+        let count = |v: Spanned<u64>, key: &str, spans: &mut Spans| {
+            spans.put(key.into(), v.span());
+            usize::try_from(v.into_inner()).unwrap_or(usize::MAX)
+        };
+        if let Some(v) = self.max_connections.take() {
+            c.max_connections = Some(count(v, "max_connections", spans));
+        }
+        if let Some(v) = self.admin_max_connections.take() {
+            c.admin_max_connections = count(v, "admin_max_connections", spans);
+        }
+        if let Some(v) = self.max_header_bytes.take() {
+            c.max_header_bytes = count(v, "max_header_bytes", spans);
+        }
+        if let Some(v) = self.http2_max_concurrent_streams.take() {
+            spans.put("http2_max_concurrent_streams".into(), v.span());
+            c.http2_max_concurrent_streams = u32::try_from(v.into_inner()).unwrap_or(u32::MAX);
+        }
+        let mut a = AdminAccessConfig::default();
+        if let Some(v) = self.admin_allow_remote.take() {
+            spans.put("admin_allow_remote".into(), v.span());
+            a.allow_remote = v.into_inner();
+        }
+        if let Some(v) = self.admin_token.take() {
+            spans.put("admin_token".into(), v.span());
+            match v.get_ref().strip_prefix("env:") {
+                Some(name) if !name.is_empty() => a.token = Some(AdminToken::Env(name.into())),
+                _ => {
+                    return Err(bad(
+                        &v,
+                        "admin_token",
+                        "the admin token comes from an environment variable: admin_token = \"env:STORMGUARD_ADMIN_TOKEN\"",
+                    ));
+                }
+            }
+        }
+        Ok((c, a))
+    }
+
+    fn build(mut self, spans: &mut Spans) -> Result<ProxyConfig, Bad> {
+        let (connections, admin_access) = self.connections(spans)?;
         let mut listeners = Vec::new();
         for (i, l) in self.listener.into_iter().enumerate() {
             let p = format!("listener[{i}]");
@@ -1122,6 +1389,9 @@ impl RawConfig {
                 budget: r.budget.as_ref().map(|b| budget(b, &format!("{p}.budget"))).transpose()?,
                 idempotent: r.idempotent.is_some_and(Spanned::into_inner),
             });
+        }
+        if let Some(a) = &self.admin {
+            spans.put("admin".into(), a.span());
         }
         let admin = match self.admin {
             None => Some(DEFAULT_ADMIN.parse().expect("a valid address")),
@@ -1172,6 +1442,8 @@ impl RawConfig {
             client_max,
             drain_timeout,
             body_idle_timeout,
+            connections,
+            admin_access,
             source: None,
             overrides: Overrides::default(),
         })
@@ -1681,6 +1953,97 @@ mod tests {
             };
             assert_eq!(fleet.fallback_slots(), expected, "{fix}");
         }
+    }
+
+    #[test]
+    fn connection_keys() {
+        let text = format!(
+            "header_read_timeout = \"2s\"\nidle_timeout = \"30s\"\nmax_connections = 500\n\
+             admin_max_connections = 8\nmax_header_bytes = 16384\nhttp2_max_concurrent_streams = 50\n\
+             http2_keepalive_interval = \"10s\"\nadmin_token = \"env:SG_TOKEN\"\n{BASE}"
+        );
+        let c = ProxyConfig::parse(&text, "f.toml").unwrap();
+        let n = &c.connections;
+        assert_eq!(
+            (n.header_read_timeout, n.idle_timeout, n.http2_keepalive_interval),
+            (Duration::from_secs(2), Duration::from_secs(30), Duration::from_secs(10))
+        );
+        assert_eq!(
+            (
+                n.max_connections,
+                n.admin_max_connections,
+                n.max_header_bytes,
+                n.http2_max_concurrent_streams
+            ),
+            (Some(500), 8, 16384, 50)
+        );
+        assert_eq!(c.admin_access.token, Some(AdminToken::Env("SG_TOKEN".into())));
+        let json = c.to_json();
+        assert_eq!(json["admin_token"], "env:SG_TOKEN");
+        assert_eq!(json["header_read_timeout"], "2000ms");
+        // Defaults.
+        let c = ProxyConfig::parse(BASE, "f.toml").unwrap();
+        assert_eq!(c.connections, ConnectionConfig::default());
+        assert_eq!(c.connections.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.connections.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.connections.max_connections, None);
+        assert!(!c.admin_access.allow_remote);
+        // A token in code is never shown.
+        let mut c = c;
+        c.admin_access.token = Some(AdminToken::Value("s3cret-s3cret-s3cret".into()));
+        assert!(!c.to_json().to_string().contains("s3cret"));
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn connection_key_errors_name_the_key() {
+        assert_eq!(
+            err(&format!("header_read_timeout = \"0s\"\n{BASE}")),
+            "f.toml:1:23: header_read_timeout: must be more than 0"
+        );
+        assert_eq!(
+            err(&format!("max_connections = 0\n{BASE}")),
+            "f.toml:1:19: max_connections: must be between 1 and 16777216, got 0"
+        );
+        assert_eq!(
+            err(&format!("max_header_bytes = 100\n{BASE}")),
+            "f.toml:1:20: max_header_bytes: must be between 8192 and 1048576, got 100"
+        );
+        assert_eq!(
+            err(&format!("admin_token = \"hunter2hunter2hunter2\"\n{BASE}")),
+            "f.toml:1:15: admin_token: the admin token comes from an environment variable: admin_token = \"env:STORMGUARD_ADMIN_TOKEN\""
+        );
+    }
+
+    #[test]
+    fn a_remote_admin_address_needs_admin_allow_remote() {
+        let e = err(&format!("admin = \"0.0.0.0:9901\"\n{BASE}"));
+        assert!(
+            e.starts_with("f.toml:1:9: admin: 0.0.0.0:9901 is not a loopback address: "),
+            "{e}"
+        );
+        assert!(e.contains("admin_allow_remote = true"), "{e}");
+        let c = ProxyConfig::parse(
+            &format!("admin = \"0.0.0.0:9901\"\nadmin_allow_remote = true\n{BASE}"),
+            "f.toml",
+        )
+        .unwrap();
+        assert!(c.admin_access.allow_remote);
+        for ok in ["127.0.0.1:9901", "[::1]:9901", "off"] {
+            ProxyConfig::parse(&format!("admin = \"{ok}\"\n{BASE}"), "f.toml").unwrap();
+        }
+        assert!(err(&format!("admin = \"[::]:9901\"\n{BASE}")).contains("admin_allow_remote"));
+    }
+
+    #[test]
+    fn admin_tokens_are_long_enough() {
+        assert!(AdminToken::Value("short".into()).resolve().unwrap_err().contains("16 bytes"));
+        assert_eq!(
+            AdminToken::Value("0123456789abcdef".into()).resolve().unwrap(),
+            "0123456789abcdef"
+        );
+        let e = AdminToken::Env("STORMGUARD_TEST_UNSET_TOKEN_VARIABLE".into()).resolve();
+        assert!(e.unwrap_err().contains("STORMGUARD_TEST_UNSET_TOKEN_VARIABLE is not set"));
     }
 
     #[test]

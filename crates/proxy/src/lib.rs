@@ -36,6 +36,7 @@ pub mod config;
 mod fleet;
 pub mod grpc;
 pub mod hop;
+mod listener;
 pub mod record;
 pub mod reload;
 pub mod scopes;
@@ -49,9 +50,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -61,9 +59,10 @@ use prometheus_client::registry::Registry;
 use stormguard_tower::Dependency;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use crate::config::ProxyConfig;
+use crate::listener::{ListenerStats, Stop, serve};
 use crate::server::State;
 
 pub use crate::reload::{ReloadError, ReloadReport};
@@ -90,14 +89,6 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
-}
-
-/// How the listeners stop: a drain lets the connections finish what they are serving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    Run,
-    Drain,
-    Now,
 }
 
 /// A running proxy. Dropping it stops it too (without waiting).
@@ -231,6 +222,12 @@ impl Drop for ProxyHandle {
 /// listener), then serves until [`ProxyHandle::shutdown`] or [`ProxyHandle::drain`].
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate().map_err(|(k, r)| StartError::Invalid(k, r))?;
+    let admin_token = match &config.admin_access.token {
+        Some(t) if config.admin.is_some() => {
+            Some(t.resolve().map_err(|r| StartError::Invalid("admin_token".into(), r))?)
+        }
+        _ => None,
+    };
     let trace = match &config.record {
         Some(path) => Some(
             record::TraceFile::create(path)
@@ -248,6 +245,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         bound.push((listener, addr));
     }
     let addrs: Vec<SocketAddr> = bound.iter().map(|(_, a)| *a).collect();
+    let max_connections = max_connections(&config);
     let built = reload::build(&config, None, &addrs, trace.as_ref())?;
     let source = config.source.clone();
     let admin_at = config.admin;
@@ -265,14 +263,21 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             let _ = stop.wait_for(|s| *s).await;
         })));
     }
+    let mut listening = Vec::new();
     for (i, (listener, addr)) in bound.into_iter().enumerate() {
-        let state = state.clone();
+        let st = state.clone();
         let svc = move |peer, req| {
-            let state = state.clone();
+            let state = st.clone();
             async move { Ok::<_, std::convert::Infallible>(server::handle(state, i, peer, req).await) }
         };
-        listener_tasks.push(tokio::spawn(serve(listener, svc, listeners_stop.subscribe())));
-        tracing::info!(addr = %addr, "stormguard proxy listening");
+        let stats = Arc::new(ListenerStats::new(addr.to_string(), max_connections));
+        listening.push(stats.clone());
+        let connections = config.connections.clone();
+        let stop = listeners_stop.subscribe();
+        listener_tasks.push(tokio::spawn(async move {
+            serve(listener, stats, &connections, svc, stop).await
+        }));
+        tracing::info!(addr = %addr, max_connections, "stormguard proxy listening");
     }
     if let Some(trace) = trace {
         let mut stop = shutdown.subscribe();
@@ -291,23 +296,36 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     if let Some(a) = admin_at {
         let listener =
             TcpListener::bind(a).await.map_err(|source| StartError::Bind { addr: a, source })?;
-        admin_addr =
-            Some(listener.local_addr().map_err(|source| StartError::Bind { addr: a, source })?);
-        let admin = Arc::new(admin::Admin { state: state.clone() });
+        let bound_at =
+            listener.local_addr().map_err(|source| StartError::Bind { addr: a, source })?;
+        admin_addr = Some(bound_at);
+        if !a.ip().is_loopback() {
+            tracing::warn!(
+                admin = %bound_at,
+                admin_token = admin_token.is_some(),
+                "the admin listener is reachable from other hosts (admin_allow_remote): whoever reaches it reads the config and the signals, and without admin_token may change state from an address that is the admin's"
+            );
+        }
+        let admin = Arc::new(admin::Admin::new(state.clone(), bound_at, admin_token));
         let svc = move |_peer, req| {
             let admin = admin.clone();
             async move { Ok::<_, std::convert::Infallible>(admin.handle(req).await) }
         };
+        let stats = Arc::new(ListenerStats::new("admin", config.connections.admin_max_connections));
+        listening.push(stats.clone());
+        let connections = config.connections.clone();
         // The admin listener answers through a drain (`/readyz` says 503) and stops last.
         let (admin_stop, rx) = watch::channel(Stop::Run);
         let mut stop = shutdown.subscribe();
         tasks.push(tokio::spawn(async move {
-            let serving = tokio::spawn(serve(listener, svc, rx));
+            let serving =
+                tokio::spawn(async move { serve(listener, stats, &connections, svc, rx).await });
             let _ = stop.wait_for(|s| *s).await;
             let _ = admin_stop.send(Stop::Now);
             let _ = serving.await;
         }));
     }
+    state.listening.set(listening);
     Ok(ProxyHandle {
         listen: addrs,
         admin: admin_addr,
@@ -332,59 +350,35 @@ pub(crate) fn rebuild_registry(state: &Arc<State>) {
     *state.registry.write().unwrap_or_else(PoisonError::into_inner) = registry;
 }
 
-/// Accepts connections until told to stop; each is served by hyper-util's auto builder
-/// (HTTP/1.1, or h2c when the client opens with the HTTP/2 preface). On [`Stop::Drain`] the
-/// listener closes and each connection finishes what it serves (HTTP/1.1 closes after its
-/// response, HTTP/2 sends GOAWAY); on [`Stop::Now`] every connection is aborted. Returns the
-/// connections aborted.
-async fn serve<F, Fut, B>(listener: TcpListener, svc: F, mut stop: watch::Receiver<Stop>) -> usize
-where
-    F: Fn(SocketAddr, http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<http::Response<B>, std::convert::Infallible>> + Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let mut conns = JoinSet::new();
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stop.changed() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-        };
-        let _ = stream.set_nodelay(true);
-        let svc = svc.clone();
-        let builder = auto::Builder::new(TokioExecutor::new());
-        let conn = builder
-            .serve_connection(
-                TokioIo::new(stream),
-                hyper::service::service_fn(move |req| svc(peer, req)),
-            )
-            .into_owned();
-        let conn = graceful.watch(conn);
-        conns.spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
+/// Each caller listener's connection limit: `max_connections`, or a share of the open-files
+/// limit (raised to the hard limit first) that keeps a reserve for the admin listener, the
+/// upstream connections and files.
+fn max_connections(config: &ProxyConfig) -> usize {
+    let open_files = listener::open_files_limit();
+    if let Some(m) = config.connections.max_connections {
+        return m;
     }
-    drop(listener);
-    if *stop.borrow() == Stop::Drain {
-        tokio::select! {
-            () = graceful.shutdown() => return 0,
-            _ = stop.wait_for(|s| *s == Stop::Now) => {}
-        }
+    let Some(open_files) = open_files else { return usize::MAX };
+    let upstream_slots: u64 = config
+        .dependencies
+        .iter()
+        .map(|d| (0..d.upstreams.len()).map(|i| d.upstream_cap(i)).sum::<u64>())
+        .sum();
+    let admin = if config.admin.is_some() { config.connections.admin_max_connections } else { 0 };
+    let max = listener::default_max_connections(
+        open_files,
+        config.listeners.len(),
+        admin,
+        upstream_slots,
+    );
+    if max < 256 {
+        tracing::warn!(
+            open_files,
+            max_connections = max,
+            "the open-files limit leaves few connections per listener: raise the hard limit (ulimit -Hn, LimitNOFILE=) or set max_connections"
+        );
     }
-    let cut = conns.len();
-    conns.shutdown().await;
-    cut
+    max
 }
 
 /// The proxy's own series: the switches, what it refused before any dependency, the
@@ -460,6 +454,7 @@ impl Collector for ProxyCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(i64::from(state.draining.load(Ordering::Relaxed))).encode(m)?;
+        state.listening.encode(&mut enc)?;
         state.traffic.encode(&mut enc)?;
         if let Some(trace) = &state.trace {
             let m = enc.encode_descriptor(

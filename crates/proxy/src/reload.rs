@@ -16,8 +16,9 @@
 //! - **changed upstream, added, removed**: fresh state; a removed dependency's requests in
 //!   flight finish on it.
 //!
-//! What cannot change while running: the listeners' addresses, the admin address and the
-//! record file (they need a restart; a config changing them is refused). A reload from the
+//! What cannot change while running: the listeners' addresses, timeouts and connection
+//! limits, the admin address and its access keys (`admin_allow_remote`, `admin_token`), and
+//! the record file (they need a restart; a config changing them is refused). A reload from the
 //! file applies the command line's [`Overrides`](crate::config::Overrides) again first, so
 //! `--record` or `--admin` given beside `--config` stay what they were.
 
@@ -251,6 +252,12 @@ fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, Reload
     }
     if old.config.record != config.record {
         return Err(ReloadError::Fixed("the record file"));
+    }
+    if old.config.connections != config.connections {
+        return Err(ReloadError::Fixed("the listeners' timeouts and connection limits"));
+    }
+    if old.config.admin_access != config.admin_access {
+        return Err(ReloadError::Fixed("admin_allow_remote and admin_token"));
     }
     // A fleet dependency's lease worker runs for the proxy's life: it cannot be swapped.
     let fleet_deps = |c: &ProxyConfig| {

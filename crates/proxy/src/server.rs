@@ -85,6 +85,8 @@ pub(crate) struct State {
     pub(crate) reload_lock: tokio::sync::Mutex<()>,
     /// The fleet layers of `placement = "fleet"` dependencies (fixed for the proxy's life).
     pub(crate) fleets: Vec<stormguard_redis::Fleet>,
+    /// The listeners' connections and the admin listener's refusals, for the metrics.
+    pub(crate) listening: crate::listener::Listening,
 }
 
 impl State {
@@ -110,6 +112,7 @@ impl State {
             source,
             reload_lock: tokio::sync::Mutex::new(()),
             fleets,
+            listening: crate::listener::Listening::default(),
         }
     }
 

@@ -55,6 +55,19 @@ async fn send(
     (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
 }
 
+/// A state change on the admin listener: `POST` with a JSON body, as a script sends it.
+async fn admin_post(c: &TestClient, uri: &str, body: &'static [u8]) -> StatusCode {
+    let req = Request::post(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .unwrap_or_else(|_| panic!("POST {uri}: no answer in 10 s"))
+        .unwrap();
+    resp.status()
+}
+
 /// Writes raw bytes on a new connection and returns what came back until the server closed or
 /// 2 s passed.
 async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
@@ -336,19 +349,17 @@ async fn kill_switch_and_shadow_mode_take_effect_on_the_next_request() {
     let count = || failing.stats().total.requests;
     send(&c, "GET", &url(&p, "/"), b"").await;
     assert_eq!(count(), 3, "a first try and two retries");
-    let (status, _, _) = send(
-        &c,
-        "POST",
-        &format!("{admin}/dependencies/upstream/retries"),
-        br#"{"enabled": false}"#,
-    )
-    .await;
+    let status =
+        admin_post(&c, &format!("{admin}/dependencies/upstream/retries"), br#"{"enabled": false}"#)
+            .await;
     assert_eq!(status, StatusCode::OK);
     let (_, headers, _) = send(&c, "GET", &url(&p, "/"), b"").await;
     assert_eq!(count(), 4, "no retry with the switch off");
     assert!(!headers.contains_key("x-stormguard-denied"), "not a denial");
-    send(&c, "POST", &format!("{admin}/dependencies/upstream/retries"), br#"{"enabled": true}"#)
-        .await;
+    let status =
+        admin_post(&c, &format!("{admin}/dependencies/upstream/retries"), br#"{"enabled": true}"#)
+            .await;
+    assert_eq!(status, StatusCode::OK);
     // The reserve is spent (10 retries per 10 s): retries are denied by the budget...
     for _ in 0..5 {
         send(&c, "GET", &url(&p, "/"), b"").await;
@@ -358,8 +369,10 @@ async fn kill_switch_and_shadow_mode_take_effect_on_the_next_request() {
     assert_eq!(headers["x-stormguard-denied"], "budget");
     assert_eq!(count(), before + 1);
     // ... until shadow mode lets them through, counting what it would have denied.
-    send(&c, "POST", &format!("{admin}/dependencies/upstream/shadow"), br#"{"enabled": true}"#)
-        .await;
+    let status =
+        admin_post(&c, &format!("{admin}/dependencies/upstream/shadow"), br#"{"enabled": true}"#)
+            .await;
+    assert_eq!(status, StatusCode::OK);
     let (_, headers, _) = send(&c, "GET", &url(&p, "/"), b"").await;
     assert_eq!(count(), before + 4);
     // The request's own rules still hold in shadow mode: two retries, then `attempts`.
