@@ -70,6 +70,51 @@ fn bad_flags_exit_2_naming_the_flag() {
         .stderr(predicate::str::contains("--cap"));
 }
 
+/// A non-loopback admin address is refused by check-config and by the proxy (exit 2, naming
+/// the key and the flag), unless `admin_allow_remote` says so.
+#[test]
+fn a_remote_admin_address_needs_admin_allow_remote() {
+    let base = "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"d\"\n\n[[dependency]]\nname = \"d\"\nupstreams = [\"http://127.0.0.1:9000\"]\n";
+    let path = write("remote-admin.toml", &format!("admin = \"0.0.0.0:9901\"\n{base}"));
+    let file = path.display().to_string();
+    for args in [vec!["check-config", &file], vec!["proxy", "--config", &file]] {
+        stormguard()
+            .args(&args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(format!(
+                "{file}:1:9: admin: 0.0.0.0:9901 is not a loopback address"
+            )))
+            .stderr(predicate::str::contains("admin_allow_remote = true"));
+    }
+    let path = write(
+        "remote-admin-allowed.toml",
+        &format!("admin = \"0.0.0.0:9901\"\nadmin_allow_remote = true\n{base}"),
+    );
+    stormguard().args(["check-config", path.to_str().unwrap()]).assert().success();
+    stormguard()
+        .args(["proxy", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"])
+        .args(["--admin", "0.0.0.0:0", "--duration", "200ms"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--admin: 0.0.0.0:0 is not a loopback address"))
+        .stderr(predicate::str::contains("--admin-allow-remote"));
+    stormguard()
+        .args(["proxy", "--upstream", "http://127.0.0.1:9", "--admin", "off"])
+        .args(["--admin-token", "hunter2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--admin-token: the token comes from an environment variable",
+        ));
+    stormguard()
+        .args(["proxy", "--upstream", "http://127.0.0.1:9", "--admin", "off"])
+        .args(["--header-read-timeout", "0s"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--header-read-timeout: must be more than 0"));
+}
+
 #[test]
 fn the_proxy_starts_and_stops_by_itself() {
     stormguard()

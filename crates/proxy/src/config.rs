@@ -129,6 +129,16 @@ pub struct Overrides {
     pub drain_timeout: Option<Duration>,
     /// `--shadow`: every dependency in shadow mode (`enforce = false`), whatever the file says.
     pub shadow: bool,
+    /// `--header-read-timeout`: [`ConnectionConfig::header_read_timeout`].
+    pub header_read_timeout: Option<Duration>,
+    /// `--idle-timeout`: [`ConnectionConfig::idle_timeout`].
+    pub idle_timeout: Option<Duration>,
+    /// `--max-connections`: [`ConnectionConfig::max_connections`].
+    pub max_connections: Option<usize>,
+    /// `--admin-allow-remote`: [`AdminAccessConfig::allow_remote`].
+    pub admin_allow_remote: bool,
+    /// `--admin-token env:NAME`: [`AdminAccessConfig::token`].
+    pub admin_token: Option<AdminToken>,
 }
 
 impl Overrides {
@@ -148,6 +158,21 @@ impl Overrides {
                 d.enforce = false;
             }
         }
+        if let Some(t) = self.header_read_timeout {
+            config.connections.header_read_timeout = t;
+        }
+        if let Some(t) = self.idle_timeout {
+            config.connections.idle_timeout = t;
+        }
+        if let Some(n) = self.max_connections {
+            config.connections.max_connections = Some(n);
+        }
+        if self.admin_allow_remote {
+            config.admin_access.allow_remote = true;
+        }
+        if let Some(t) = &self.admin_token {
+            config.admin_access.token = Some(t.clone());
+        }
         config.overrides = self.clone();
     }
 
@@ -165,6 +190,22 @@ impl Overrides {
         }
         if self.shadow {
             m.insert("shadow".into(), true.into());
+        }
+        for (key, t) in
+            [("header_read_timeout", self.header_read_timeout), ("idle_timeout", self.idle_timeout)]
+        {
+            if let Some(t) = t {
+                m.insert(key.into(), format!("{}ms", t.as_millis()).into());
+            }
+        }
+        if let Some(n) = self.max_connections {
+            m.insert("max_connections".into(), n.into());
+        }
+        if self.admin_allow_remote {
+            m.insert("admin_allow_remote".into(), true.into());
+        }
+        if let Some(t) = &self.admin_token {
+            m.insert("admin_token".into(), t.shown().into());
         }
         serde_json::Value::Object(m)
     }

@@ -12,7 +12,7 @@ use stormguard_core::budget::BudgetSpec;
 use stormguard_core::decimal::{format_duration, parse_duration};
 use stormguard_core::defaults;
 use stormguard_proxy::config::{
-    DEFAULT_ADMIN, DependencyConfig, Overrides, ProxyConfig, RedisSourceError,
+    AdminToken, DEFAULT_ADMIN, DependencyConfig, Overrides, ProxyConfig, RedisSourceError,
 };
 
 use crate::Failure;
@@ -32,11 +32,16 @@ Examples:
 Admin: GET /metrics /healthz /readyz /config /stats.json /dashboard;
   POST /dependencies/NAME/retries {\"enabled\": false}   the kill switch
   POST /dependencies/NAME/shadow {\"enabled\": true}     shadow mode
-The config format is in docs/proxy.md.")]
+  A state change takes Content-Type: application/json and a Host that is the admin address
+  (or, with --admin-token, Authorization: Bearer TOKEN):
+  curl -X POST -H 'content-type: application/json' -d '{\"enabled\": false}' \\
+    127.0.0.1:9901/dependencies/NAME/retries
+The config format is in docs/proxy.md (limits, timeouts and security included).")]
 pub struct ProxyArgs {
-    /// A TOML config. Beside it, --admin, --record, --shadow and --drain-timeout apply over the
-    /// file (shown in /config, kept at every reload), and --threads and --duration apply as
-    /// always; the per-dependency flags (--cap, --budget, --retry-on, --max-retries, ...) cannot
+    /// A TOML config. Beside it, --admin, --record, --shadow, --drain-timeout and the listener
+    /// and admin access flags (--header-read-timeout, --idle-timeout, --max-connections,
+    /// --admin-allow-remote, --admin-token) apply over the file (shown in /config, kept at
+    /// every reload), and --threads and --duration apply as always; the per-dependency flags (--cap, --budget, --retry-on, --max-retries, ...) cannot
     /// be combined with it: set them in the file's [[dependency]].
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "upstream", "listen", "cap", "budget", "retry_on", "max_retries", "per_try_timeout",
@@ -99,6 +104,28 @@ pub struct ProxyArgs {
     /// the config's `drain_timeout`).
     #[arg(long, value_name = "DURATION")]
     pub drain_timeout: Option<String>,
+    /// How long a connection may take to send a whole request head (from its start, or on a
+    /// kept-alive connection from the request's first byte) before it is closed [default: 10s].
+    /// Every listener, the admin listener included.
+    #[arg(long, value_name = "DURATION")]
+    pub header_read_timeout: Option<String>,
+    /// How long a connection with no request in flight (HTTP/2: no stream open) is kept
+    /// [default: 60s]. Every listener, the admin listener included.
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+    /// Connections each caller listener holds at once; past it new ones are closed at once
+    /// [default: sized from the open-files limit, keeping a reserve for the admin listener and
+    /// the upstreams].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Let --admin be an address other than loopback (reachable from other hosts; logged at
+    /// warn). Set --admin-token too.
+    #[arg(long)]
+    pub admin_allow_remote: bool,
+    /// Admin state changes need `Authorization: Bearer TOKEN`, the token read from the
+    /// environment variable NAME (env:NAME; never on the command line).
+    #[arg(long, value_name = "env:NAME")]
+    pub admin_token: Option<String>,
     /// Worker threads (default: the CPUs this process may run on, by affinity and cgroup
     /// quota). With 1, tokio's current-thread scheduler runs everything on one thread: 13 % less
     /// CPU per request than the multi-thread scheduler with one worker (BENCHMARKS.md).
@@ -136,8 +163,9 @@ pub const CONFIG_CONFLICT: &str = "\
 note: with --config, the listeners and every dependency's settings (cap, budget, retry_on,
   max_retries, timeouts, backoff, queue, holds) come from the file: set them in its [[listener]]
   and [[dependency]] tables, then reload (SIGHUP). Beside --config only --admin, --record,
-  --shadow and --drain-timeout (applied over the file, and kept at each reload), --threads and
-  --duration apply.";
+  --shadow, --drain-timeout, --header-read-timeout, --idle-timeout, --max-connections,
+  --admin-allow-remote and --admin-token (applied over the file, and kept at each reload),
+  --threads and --duration apply.";
 
 /// `--admin`: an address, or `None` for "off".
 fn admin(text: &str) -> Result<Option<SocketAddr>, Failure> {
@@ -153,6 +181,17 @@ fn admin(text: &str) -> Result<Option<SocketAddr>, Failure> {
 /// The flags that apply over a config file: the process's own settings. (clap refuses the
 /// per-dependency flags beside `--config`, naming them.)
 fn overrides(args: &ProxyArgs) -> Result<Overrides, Failure> {
+    let admin_token = match args.admin_token.as_deref() {
+        None => None,
+        Some(t) => match t.strip_prefix("env:") {
+            Some(name) if !name.is_empty() => Some(AdminToken::Env(name.to_string())),
+            _ => {
+                return Err(Failure::usage(format!(
+                    "--admin-token: the token comes from an environment variable: --admin-token env:NAME, got {t:?}"
+                )));
+            }
+        },
+    };
     Ok(Overrides {
         admin: args.admin.as_deref().map(admin).transpose()?,
         record: args.record.clone(),
@@ -162,7 +201,29 @@ fn overrides(args: &ProxyArgs) -> Result<Overrides, Failure> {
             .map(|d| duration("drain-timeout", d))
             .transpose()?,
         shadow: args.shadow,
+        header_read_timeout: args
+            .header_read_timeout
+            .as_deref()
+            .map(|t| duration("header-read-timeout", t))
+            .transpose()?,
+        idle_timeout: args
+            .idle_timeout
+            .as_deref()
+            .map(|t| duration("idle-timeout", t))
+            .transpose()?,
+        max_connections: args.max_connections,
+        admin_allow_remote: args.admin_allow_remote,
+        admin_token,
     })
+}
+
+/// A config error after the flags were applied, naming the flag.
+fn flag_error((key, reason): (String, String)) -> Failure {
+    let flag = match key.rsplit('.').next().unwrap_or(&key) {
+        "upstreams" => "upstream".to_string(),
+        k => k.replace('_', "-"),
+    };
+    Failure::usage(format!("--{flag}: {reason}"))
 }
 
 /// The proxy's config from the flags, or the file they name with the flags that apply over it.
@@ -170,6 +231,8 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     if let Some(path) = &args.config {
         let mut config = ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()))?;
         overrides(args)?.apply(&mut config);
+        // The file was checked as read: what fails now, a flag set.
+        config.validate().map_err(flag_error)?;
         return Ok(config);
     }
     let upstream = args.upstream.as_deref().unwrap_or_default();
@@ -200,13 +263,11 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
         config.drain_timeout = duration("drain-timeout", d)?;
     }
     config.admin = admin(args.admin.as_deref().unwrap_or(DEFAULT_ADMIN))?;
-    config.validate().map_err(|(key, reason)| {
-        let flag = match key.rsplit('.').next().unwrap_or(&key) {
-            "upstreams" => "upstream".to_string(),
-            k => k.replace('_', "-"),
-        };
-        Failure::usage(format!("--{flag}: {reason}"))
-    })?;
+    // The listener and admin access flags; here the flags are the config itself, not
+    // overrides of a file.
+    overrides(args)?.apply(&mut config);
+    config.overrides = Overrides::default();
+    config.validate().map_err(flag_error)?;
     Ok(config)
 }
 
