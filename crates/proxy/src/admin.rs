@@ -400,3 +400,42 @@ impl Admin {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_host_is_an_address_never_a_name() {
+        let lo: SocketAddr = "127.0.0.1:9901".parse().unwrap();
+        for ok in ["127.0.0.1:9901", "localhost:9901", "LocalHost:9901", "[::1]:9901"] {
+            assert!(is_admin_host(ok, lo), "{ok}");
+        }
+        for bad in [
+            "evil.example:9901",
+            "127.0.0.1.nip.io:9901",
+            "127.0.0.1:9902",
+            "127.0.0.1",
+            "localhost",
+            "10.0.0.1:9901",
+            "user@127.0.0.1:9901",
+            "",
+        ] {
+            assert!(!is_admin_host(bad, lo), "{bad}");
+        }
+        // Listening on every address: any IP address, never a name.
+        let any: SocketAddr = "0.0.0.0:9901".parse().unwrap();
+        for ok in ["10.0.0.1:9901", "127.0.0.1:9901", "localhost:9901"] {
+            assert!(is_admin_host(ok, any), "{ok}");
+        }
+        assert!(!is_admin_host("sidecar.internal:9901", any));
+        // A specific remote address: that address only.
+        let one: SocketAddr = "10.0.0.1:9901".parse().unwrap();
+        assert!(is_admin_host("10.0.0.1:9901", one));
+        assert!(!is_admin_host("10.0.0.2:9901", one));
+        assert!(!is_admin_host("localhost:9901", one));
+        // Port 80 may be left out.
+        let web: SocketAddr = "[::1]:80".parse().unwrap();
+        assert!(is_admin_host("[::1]", web) && is_admin_host("localhost", web));
+    }
+}

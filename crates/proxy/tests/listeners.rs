@@ -409,6 +409,21 @@ async fn an_http2_peer_that_answers_no_ping_is_closed() {
     p.shutdown().await;
 }
 
+/// A request head past `max_header_bytes` (64 KiB by default) is answered 431; one under it
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_past_max_header_bytes_is_refused() {
+    let upstream = chaos(Phase::default()).await;
+    let p = start(config(&upstream.url(""))).await.unwrap();
+    let addr = p.listen_addrs()[0];
+    let head = |n: usize| format!("GET /ok HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n", "y".repeat(n));
+    let big = exchange(addr, &head(80 * 1024), "").await;
+    assert!(big.starts_with("HTTP/1.1 431"), "{big}");
+    let fits = exchange(addr, &head(40 * 1024), "").await;
+    assert!(fits.starts_with("HTTP/1.1 200"), "{fits}");
+    p.shutdown().await;
+}
+
 /// What one admin request got: its status line.
 async fn admin_post(admin: SocketAddr, path: &str, headers: &str) -> String {
     let text =
