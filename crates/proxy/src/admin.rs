@@ -197,8 +197,8 @@ impl Admin {
         Admin { state, addr, token }
     }
 
-    /// Whether `req` may change state; the refusal to answer when not.
-    fn may_change(&self, req: &Request<Incoming>) -> Result<(), Response<AdminBody>> {
+    /// The answer refusing `req` when it may not change state; `None` when it may.
+    fn refusal(&self, req: &Request<Incoming>) -> Option<Response<AdminBody>> {
         let refuse = |why: Refused, status: StatusCode, text: &str| {
             self.state.listening.admin_refused[why as usize].fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -215,7 +215,7 @@ impl Admin {
                     http::HeaderValue::from_static("Bearer realm=\"stormguard admin\""),
                 );
             }
-            Err(r)
+            Some(r)
         };
         if !is_json(req) {
             return refuse(
@@ -242,7 +242,7 @@ impl Admin {
                 );
             }
             // A caller that holds the token is not a page tricked into the request.
-            return Ok(());
+            return None;
         }
         let host = req
             .uri()
@@ -268,14 +268,14 @@ impl Admin {
                 );
             }
         }
-        Ok(())
+        None
     }
 
     pub(crate) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<AdminBody> {
         let path = req.uri().path().to_string();
         let changes_state = req.method() == Method::POST
             && (path == "/reload" || path.starts_with("/dependencies/"));
-        if changes_state && let Err(refused) = self.may_change(&req) {
+        if changes_state && let Some(refused) = self.refusal(&req) {
             return refused;
         }
         match (req.method(), path.as_str()) {
