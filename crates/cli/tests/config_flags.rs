@@ -293,3 +293,56 @@ async fn process_flags_apply_over_the_file_and_survive_a_reload() {
     p.wait_for("stormguard proxy: draining (up to 3000 ms)");
     assert!(p.child.wait().unwrap().success());
 }
+
+/// The listener and admin access flags over a file that says otherwise: in force, shown in
+/// /config, and still in force after a reload of the edited file (which would otherwise be
+/// refused: they cannot change while the proxy runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_flags_apply_over_the_file_and_survive_a_reload() {
+    let up = upstream().await;
+    let text = |cap| {
+        format!(
+            "header_read_timeout = \"30s\"\nmax_connections = 9\n{}",
+            config("off", &up.url(""), cap)
+        )
+    };
+    let path = write("listener-overrides.toml", &text(20));
+    let mut p = Proxy::spawn(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--admin",
+        "127.0.0.1:0",
+        "--header-read-timeout",
+        "2s",
+        "--idle-timeout",
+        "5s",
+        "--max-connections",
+        "100",
+    ]);
+    let c = client();
+    let check = |json: &Value| {
+        assert_eq!(json["header_read_timeout"], "2000ms", "{json}");
+        assert_eq!(json["idle_timeout"], "5000ms", "{json}");
+        assert_eq!(json["max_connections"], 100, "{json}");
+        assert_eq!(
+            json["overrides"],
+            serde_json::json!({"admin": "127.0.0.1:0", "header_read_timeout": "2000ms",
+                "idle_timeout": "5000ms", "max_connections": 100}),
+        );
+    };
+    check(&config_json(&c, &p).await);
+    std::fs::write(&path, text(7)).unwrap();
+    p.signal("-HUP");
+    check(&wait_for_cap(&c, &p, 7).await);
+    assert_eq!(reloads(&c, &p).await, ("1".into(), "0".into()));
+    // An admin token that is not an environment variable is refused, naming the flag.
+    stormguard()
+        .args(["proxy", "--config", path.to_str().unwrap(), "--admin-token", "hunter2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--admin-token: the token comes from an environment variable",
+        ));
+    p.signal("-TERM");
+    assert!(p.child.wait().unwrap().success());
+}
