@@ -22,7 +22,10 @@
 //! Operating it: [`ProxyHandle::reload`] (SIGHUP, `POST /reload`) puts a new config in force
 //! without dropping a connection — unchanged dependencies keep their budget, limiter and
 //! breaker; [`ProxyHandle::drain`] (SIGTERM) fails `/readyz` at once, stops accepting, and
-//! lets requests in flight finish up to the drain timeout.
+//! lets requests in flight finish up to the drain timeout. Every listener, the admin listener
+//! included, times out request heads and idle connections and holds a bounded number of
+//! connections; the admin listener's state changes are guarded against web pages (docs/proxy.md,
+//! "Limits and timeouts" and "Security").
 //!
 //! Modules: [`config`] (the TOML schema and the quick flags, validated once), [`stack`] (the
 //! middleware, in one function), [`upstream`] (the upstream client: TLS, HTTP/2 with the cap
@@ -265,9 +268,9 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     }
     let mut listening = Vec::new();
     for (i, (listener, addr)) in bound.into_iter().enumerate() {
-        let st = state.clone();
+        let state = state.clone();
         let svc = move |peer, req| {
-            let state = st.clone();
+            let state = state.clone();
             async move { Ok::<_, std::convert::Infallible>(server::handle(state, i, peer, req).await) }
         };
         let stats = Arc::new(ListenerStats::new(addr.to_string(), max_connections));
@@ -354,6 +357,7 @@ pub(crate) fn rebuild_registry(state: &Arc<State>) {
 /// limit (raised to the hard limit first) that keeps a reserve for the admin listener, the
 /// upstream connections and files.
 fn max_connections(config: &ProxyConfig) -> usize {
+    // Raised whatever the limit: the admin listener and the upstreams need descriptors too.
     let open_files = listener::open_files_limit();
     if let Some(m) = config.connections.max_connections {
         return m;
