@@ -318,8 +318,7 @@ async fn the_connection_limit_refuses_past_it_and_admin_stays_reachable() {
     // Long enough that nothing here expires: the limit alone is tested.
     c.connections.header_read_timeout = Duration::from_secs(3600);
     c.connections.max_connections = Some(10);
-    c.connections.admin_max_connections = 3;
-    let p = start(c).await.unwrap();
+    let p = start(c.clone()).await.unwrap();
     let (addr, admin) = (p.listen_addrs()[0], p.admin_addr().unwrap());
     let l = format!("listener=\"{addr}\"");
     let mut held = Vec::new();
@@ -345,8 +344,13 @@ async fn the_connection_limit_refuses_past_it_and_admin_stays_reachable() {
     drop(held.pop());
     until_series(admin, "stormguard_proxy_connections", &l, 9).await;
     assert_eq!(normal_get(addr).await, StatusCode::OK);
+    p.shutdown().await;
 
-    // The admin listener's own limit: three idle connections fill it.
+    // The admin listener's own limit, on a proxy whose admin listener nothing else has used:
+    // three idle connections fill it (accepted in order, so the fourth finds it full).
+    c.connections.admin_max_connections = 3;
+    let p = start(c).await.unwrap();
+    let admin = p.admin_addr().unwrap();
     let mut admin_held = Vec::new();
     for _ in 0..3 {
         admin_held.push(TcpStream::connect(admin).await.unwrap());
