@@ -209,11 +209,36 @@ where
 /// retry's reason in `x-stormguard-denied`), or the proxy's own answer.
 async fn answer<B>(result: Result<Response<B>, BoxError>) -> Result<Response<ProxyBody>, BoxError>
 where
-    B: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Send + Unpin + 'static,
 {
     Ok(match result {
         Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
+            let (mut parts, mut body) = resp.into_parts();
+            // The body's first frame, if it is there already: an upstream whose answer breaks
+            // before the proxy has sent anything (a malformed first chunk) gets the caller a
+            // 502, not a closed connection.
+            let first = if body.is_end_stream() {
+                Peek::End
+            } else {
+                std::future::poll_fn(|cx| {
+                    Poll::Ready(match Pin::new(&mut body).poll_frame(cx) {
+                        Poll::Ready(Some(Ok(f))) => Peek::Frame(f),
+                        Poll::Ready(Some(Err(e))) => Peek::Failed(e),
+                        Poll::Ready(None) => Peek::End,
+                        Poll::Pending => Peek::Pending,
+                    })
+                })
+                .await
+            };
+            let body = match first {
+                Peek::Failed(e) => {
+                    tracing::debug!(error = %e, "the upstream's answer broke before it was relayed");
+                    return Ok(failed(&*e));
+                }
+                Peek::Frame(f) => Peeked { first: Some(f), yield_once: false, inner: body },
+                Peek::End => Peeked { first: None, yield_once: false, inner: body },
+                Peek::Pending => Peeked { first: None, yield_once: true, inner: body },
+            };
             strip_hop_by_hop(&mut parts.headers);
             if let Some(reason) = parts.extensions.get::<Denied>().copied() {
                 parts
@@ -300,6 +325,61 @@ fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<Proxy
         Some((&ERROR_HEADER, kind)),
         &format!("stormguard: upstream {kind}\n"),
     )
+}
+
+/// The first frame of an upstream body, looked at before its response is answered.
+enum Peek {
+    Frame(http_body::Frame<Bytes>),
+    Failed(BoxError),
+    End,
+    Pending,
+}
+
+/// An upstream body whose first frame was looked at. When it was not there yet, the first poll
+/// yields once, so the response head goes out before anything the body does later: a body that
+/// breaks after that cuts the answer short, and never leaves the caller with no answer at all.
+struct Peeked<B> {
+    first: Option<http_body::Frame<Bytes>>,
+    yield_once: bool,
+    inner: B,
+}
+
+impl<B> http_body::Body for Peeked<B>
+where
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        if let Some(f) = self.first.take() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        if self.yield_once {
+            self.yield_once = false;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let first = self.first.as_ref().and_then(|f| f.data_ref()).map_or(0, |d| d.len() as u64);
+        let h = self.inner.size_hint();
+        let mut s = http_body::SizeHint::new();
+        s.set_lower(h.lower() + first);
+        if let Some(u) = h.upper() {
+            s.set_upper(u + first);
+        }
+        s
+    }
 }
 
 /// A response the proxy makes itself.

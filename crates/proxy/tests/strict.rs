@@ -86,6 +86,32 @@ async fn raw_upstream(answer: &'static [u8]) -> (SocketAddr, Arc<AtomicU64>) {
     (addr, seen)
 }
 
+/// An upstream that answers every request with `head`, then after `pause` with `rest`, and
+/// closes.
+async fn split_upstream(head: &'static [u8], rest: &'static [u8], pause: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s.write_all(head).await;
+                tokio::time::sleep(pause).await;
+                let _ = s.write_all(rest).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
 /// Writes `bytes` on a new connection and returns what came back until the proxy closed it
 /// (or 5 s passed).
 async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
@@ -218,5 +244,48 @@ async fn an_invalid_upstream_answer_is_a_502_not_retried() {
     assert!(text.starts_with("HTTP/1.1 502"), "{text}");
     assert!(text.contains("x-stormguard-error: reset"), "{text}");
     assert_eq!(seen.load(Ordering::SeqCst), 3, "a reset is retried twice");
+    p.shutdown().await;
+}
+
+/// An upstream 200 whose body breaks (an invalid chunk size) before the proxy has relayed
+/// anything: the caller gets an answer — a 502 when the break is already there when the
+/// response is relayed, else the 200's head and a cut body — never a silently closed
+/// connection. Before, it got nothing at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_upstream_body_never_leaves_the_caller_with_nothing() {
+    for answer in [
+        &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n"[..],
+        &b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort"[..],
+    ] {
+        let (up, _) = raw_upstream(answer).await;
+        let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+        let text =
+            raw(p.listen_addrs()[0], b"GET /x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+                .await;
+        assert!(
+            text.starts_with("HTTP/1.1 502") || text.starts_with("HTTP/1.1 200"),
+            "the caller got no answer: {text:?}"
+        );
+        if text.starts_with("HTTP/1.1 200") {
+            assert!(!text.contains("hello") || !text.ends_with("0\r\n\r\n"), "cut short: {text:?}");
+        }
+        eprintln!("caller saw: {:?}", text.lines().next());
+        p.shutdown().await;
+    }
+    // The break comes after the head: the head reaches the caller, then the body is cut.
+    let up = split_upstream(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+        b"zz\r\nhello\r\n",
+        Duration::from_millis(200),
+    )
+    .await;
+    let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+    let text =
+        raw(p.listen_addrs()[0], b"GET /x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n").await;
+    assert!(
+        text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.1 502"),
+        "the caller got no answer: {text:?}"
+    );
+    eprintln!("caller saw: {:?}", text.lines().next());
     p.shutdown().await;
 }
