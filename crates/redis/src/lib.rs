@@ -54,6 +54,7 @@
 //! [`Limiter::set_lease`]: stormguard_core::limiter::Limiter::set_lease
 
 mod fleet;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod resp;
 pub mod server;

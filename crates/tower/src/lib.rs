@@ -20,12 +20,14 @@
 //! The stack is [`Retry`] outside [`Cap`]: every attempt takes its own slot; a retry takes its
 //! slot with `try_acquire` when its backoff ends, so it never queues. The [`Dependency`] owns the
 //! limiter, the budget, the breaker and the counters, and is shared by every clone of the stack;
-//! [`metrics::register`] exports its signals on a `prometheus-client` registry.
+//! `metrics::register` exports its signals on a `prometheus-client` registry (the default
+//! feature `metrics`; without it the snapshot still holds every count and histogram).
 
 pub mod cap;
 pub mod clock;
 pub mod dependency;
 pub mod error;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod record;
 pub mod retry;
