@@ -61,6 +61,16 @@ async fn echo() -> (SocketAddr, Arc<AtomicU64>) {
 
 /// An upstream that answers every request with `answer`, raw, and closes; counts requests.
 async fn raw_upstream(answer: &'static [u8]) -> (SocketAddr, Arc<AtomicU64>) {
+    split_upstream(answer, b"", Duration::ZERO).await
+}
+
+/// An upstream that answers every request with `head`, then after `pause` with `rest`, and
+/// closes; counts requests.
+async fn split_upstream(
+    head: &'static [u8],
+    rest: &'static [u8],
+    pause: Duration,
+) -> (SocketAddr, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(AtomicU64::new(0));
@@ -78,38 +88,16 @@ async fn raw_upstream(answer: &'static [u8]) -> (SocketAddr, Arc<AtomicU64>) {
                     }
                 }
                 count.fetch_add(1, Ordering::SeqCst);
-                let _ = s.write_all(answer).await;
+                let _ = s.write_all(head).await;
+                if !rest.is_empty() {
+                    tokio::time::sleep(pause).await;
+                    let _ = s.write_all(rest).await;
+                }
                 let _ = s.shutdown().await;
             });
         }
     });
     (addr, seen)
-}
-
-/// An upstream that answers every request with `head`, then after `pause` with `rest`, and
-/// closes.
-async fn split_upstream(head: &'static [u8], rest: &'static [u8], pause: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let _ = s.write_all(head).await;
-                tokio::time::sleep(pause).await;
-                let _ = s.write_all(rest).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    addr
 }
 
 /// Writes `bytes` on a new connection and returns what came back until the proxy closed it
@@ -273,7 +261,7 @@ async fn a_malformed_upstream_body_never_leaves_the_caller_with_nothing() {
         p.shutdown().await;
     }
     // The break comes after the head: the head reaches the caller, then the body is cut.
-    let up = split_upstream(
+    let (up, _) = split_upstream(
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
         b"zz\r\nhello\r\n",
         Duration::from_millis(200),
