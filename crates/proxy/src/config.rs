@@ -806,7 +806,7 @@ impl DependencyConfig {
                 format!("must be between 1 and 2147483647, got {m}"),
             ));
         }
-        self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
+        self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r.to_string()))?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
         if self.max_retries > MAX_RETRIES_LIMIT {
             return Err((
@@ -814,9 +814,9 @@ impl DependencyConfig {
                 format!("must be at most {MAX_RETRIES_LIMIT}, got {}", self.max_retries),
             ));
         }
-        self.backoff.validate().map_err(|r| ("backoff", r))?;
+        self.backoff.validate().map_err(|r| ("backoff", r.to_string()))?;
         if let Some(b) = &self.breaker {
-            b.validate().map_err(|r| ("breaker", r))?;
+            b.validate().map_err(|r| ("breaker", r.to_string()))?;
         }
         for (key, d) in [("per_try_timeout", self.per_try_timeout), ("deadline", self.deadline)] {
             if d == Some(Duration::ZERO) {
@@ -1738,8 +1738,8 @@ impl RawDependency {
         }
         if let Some(v) = &self.backoff {
             spans.put(k("backoff"), v.span());
-            d.backoff =
-                BackoffConfig::parse_range(v.get_ref()).map_err(|e| bad(v, &k("backoff"), e))?;
+            d.backoff = BackoffConfig::parse_range(v.get_ref())
+                .map_err(|e| bad(v, &k("backoff"), e.to_string()))?;
         }
         if let Some(v) = self.enforce {
             d.enforce = v.into_inner();

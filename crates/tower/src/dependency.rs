@@ -326,15 +326,19 @@ impl Dependency {
     ) -> Result<Dependency, String> {
         check_body_limit(&config)?;
         let policy = match budget {
-            Some(budget) => RetryPolicy::try_new(config.retry.clone(), budget)?,
+            Some(budget) => {
+                RetryPolicy::try_new(config.retry.clone(), budget).map_err(|e| e.to_string())?
+            }
             None => RetryPolicy::with_budget(
                 config.retry.clone(),
                 config.budget.build().map_err(|e| e.to_string())?,
-            )?,
+            )
+            .map_err(|e| e.to_string())?,
         };
         let upstreams = (0..config.upstreams.len().max(1))
             .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
         let total = total_limiter(&config, &clock)?;
         Ok(Dependency::assemble(config, (clock, tokio_clock), upstreams, total, policy, 0))
     }
@@ -382,7 +386,8 @@ impl Dependency {
             } else {
                 Arc::new(config.budget.build().map_err(|e| e.to_string())?)
             };
-        let policy = RetryPolicy::try_new(config.retry.clone(), budget)?;
+        let policy =
+            RetryPolicy::try_new(config.retry.clone(), budget).map_err(|e| e.to_string())?;
         policy.set_retries_enabled(old.policy.retries_enabled());
         if config.retry.enforce == old.config.retry.enforce {
             policy.set_enforce(old.policy.enforce());
@@ -401,11 +406,16 @@ impl Dependency {
                 Some((j, u)) if upstream_limiter(&old.config, j) == limiter_config => {
                     u.limiter.clone()
                 }
-                _ => stormguard_core::limiter::Limiter::try_new(limiter_config, old.clock.clone())?,
+                _ => stormguard_core::limiter::Limiter::try_new(limiter_config, old.clock.clone())
+                    .map_err(|e| e.to_string())?,
             };
             let breaker = match previous {
                 Some((_, u)) if config.breaker == old.config.breaker => u.breaker.clone(),
-                _ => config.breaker.map(stormguard_core::breaker::Breaker::try_new).transpose()?,
+                _ => config
+                    .breaker
+                    .map(stormguard_core::breaker::Breaker::try_new)
+                    .transpose()
+                    .map_err(|e| e.to_string())?,
             };
             let hold = previous.map_or_else(
                 || Arc::new(stormguard_core::backoff::PushbackHold::new()),
