@@ -576,20 +576,14 @@ impl FleetPlacement {
             db: 0,
         };
         let c = self.to_fleet(d, target);
-        let key = |r: &str| {
-            if r.starts_with("fleet_cap") {
-                "fleet_cap"
-            } else if r.starts_with("max_instances") {
-                "max_instances"
-            } else if r.starts_with("interval") {
-                "interval"
-            } else if r.starts_with("instance") {
-                "instance"
-            } else {
-                "lease_ttl"
-            }
+        // The dependency's key for the field the fleet names; the margin and the call timeout
+        // follow from lease_ttl.
+        let key = |e: &stormguard_redis::FleetError| match e.key() {
+            "dependency" => "name",
+            "margin" | "call_timeout" => "lease_ttl",
+            other => other,
         };
-        c.validate().map_err(|r| (key(&r), r))?;
+        c.validate().map_err(|e| (key(&e), e.to_string()))?;
         if self.fallback_min.is_none() && c.fallback_slots() == 0 {
             let (cap, n) = (c.fleet_cap, c.max_instances);
             let fleet_cap =
@@ -605,8 +599,9 @@ impl FleetPlacement {
                 ),
             ));
         }
-        let fleet = stormguard_redis::Fleet::try_new(c).map_err(|r| ("placement", r))?;
-        fleet.budget(&d.budget).map_err(|r| ("lease_ttl", r))?;
+        let fleet =
+            stormguard_redis::Fleet::try_new(c).map_err(|r| ("placement", r.to_string()))?;
+        fleet.budget(&d.budget).map_err(|e| (key(&e), e.to_string()))?;
         Ok(())
     }
 }
