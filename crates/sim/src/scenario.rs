@@ -604,7 +604,7 @@ impl<'a> Section<'a> {
     fn service_time(&self, key: &str) -> Res<Option<ServiceTime>> {
         match self.string(key)? {
             None => Ok(None),
-            Some(s) => ServiceTime::parse(&s).map(Some).map_err(|e| self.fail(key, e)),
+            Some(s) => ServiceTime::parse(&s).map(Some).map_err(|e| self.fail(key, e.to_string())),
         }
     }
 }
