@@ -774,12 +774,10 @@ impl DependencyConfig {
                 ));
             }
         }
-        if !(1..=MAX_CAP).contains(&self.cap) {
-            return Err(("cap", format!("cap must be between 1 and {MAX_CAP}, got {}", self.cap)));
-        }
-        if self.queue > MAX_CAP {
-            return Err(("queue", format!("queue must be at most {MAX_CAP}, got {}", self.queue)));
-        }
+        // The dependency's own cap and queue, by the limiter's rules, under their own keys.
+        LimiterConfig { cap: self.cap, queue_len: self.queue, queue_timeout: self.queue_timeout }
+            .validate()
+            .map_err(limiter_error)?;
         if let Some(p) = self.planned_primary
             && p > self.cap
         {
@@ -801,7 +799,7 @@ impl DependencyConfig {
                 format!("must be between 1 and 2147483647, got {m}"),
             ));
         }
-        self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r.to_string()))?;
+        self.to_tower().limiter.validate().map_err(limiter_error)?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
         if self.max_retries > MAX_RETRIES_LIMIT {
             return Err((
@@ -1168,6 +1166,15 @@ impl Spans {
             }
         }
     }
+}
+
+/// A limiter rule's error under the dependency's key for the field it names.
+fn limiter_error(e: stormguard_core::ConfigError) -> (&'static str, String) {
+    let key = match e.key() {
+        "queue_len" => "queue",
+        other => other,
+    };
+    (key, e.to_string())
 }
 
 type Bad = (Range<usize>, String, String);
@@ -1876,6 +1883,33 @@ mod tests {
             err(&format!("{BASE}upstreams = [\"ftp://x\"]\n")).contains("dependency[0].upstreams")
         );
         assert!(err("cap = [").starts_with("f.toml:1:"));
+    }
+
+    #[test]
+    fn a_bad_cap_and_a_bad_queue_are_named_by_their_own_keys() {
+        let invalid = |text: &str| match ProxyConfig::parse(text, "f.toml").unwrap_err() {
+            ConfigError::Invalid { line, column, key, reason, .. } => (line, column, key, reason),
+            other => panic!("{other}"),
+        };
+        assert_eq!(
+            invalid(&format!(
+                "{BASE}cap = 0
+"
+            )),
+            (8, 7, "dependency[0].cap".into(), "cap must be between 1 and 16777216, got 0".into())
+        );
+        assert_eq!(
+            invalid(&format!(
+                "{BASE}queue = 99999999
+"
+            )),
+            (
+                8,
+                9,
+                "dependency[0].queue".into(),
+                "queue length must be at most 16777216, got 99999999".into()
+            )
+        );
     }
 
     #[test]
