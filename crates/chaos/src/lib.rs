@@ -42,7 +42,9 @@ pub mod script;
 pub mod server;
 pub mod stats;
 
-pub use sampler::{Action, Draw, Latency, Sampler};
-pub use script::{InvalidPhase, OnDisconnect, Phase, Rate, RateLimit, Script, ScriptError};
+pub use sampler::{Action, Draw, Latency, LatencyError, Sampler};
+pub use script::{
+    InvalidPhase, InvalidScript, OnDisconnect, Phase, Rate, RateLimit, Script, ScriptError,
+};
 pub use server::{ChaosConfig, ChaosError, ChaosServer, spawn};
 pub use stats::{Counts, InFlightStats, PhaseStats, Stats};

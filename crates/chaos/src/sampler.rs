@@ -77,12 +77,31 @@ impl Default for Latency {
     }
 }
 
+/// Why latency parameters were refused. The message is one plain reason, lowercase without a
+/// trailing period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LatencyError {
+    /// `pareto_from_quantiles` without `p99 > p50 > 0`.
+    #[error("a Pareto tail needs p99 > p50 > 0")]
+    ParetoQuantiles,
+    /// A uniform latency with `max < min`.
+    #[error("a uniform latency needs max >= min")]
+    Uniform,
+    /// A log-normal latency without `p99 >= p50 > 0`.
+    #[error("a log-normal latency needs p99 >= p50 > 0")]
+    LogNormal,
+    /// A Pareto latency without `min > 0` and a finite `alpha > 0`.
+    #[error("a Pareto latency needs min > 0 and alpha > 0")]
+    Pareto,
+}
+
 impl Latency {
     /// The Pareto distribution whose median and 99th percentile are `p50` and `p99`
     /// (`p99 > p50 > 0`): `alpha = ln 50 / ln(p99 / p50)`, `min = p50 / 2^(1/alpha)`.
-    pub fn pareto_from_quantiles(p50: Duration, p99: Duration) -> Result<Latency, String> {
+    pub fn pareto_from_quantiles(p50: Duration, p99: Duration) -> Result<Latency, LatencyError> {
         if p50.is_zero() || p99 <= p50 {
-            return Err("a Pareto tail needs p99 > p50 > 0".to_string());
+            return Err(LatencyError::ParetoQuantiles);
         }
         let alpha = 50f64.ln() / (p99.as_secs_f64() / p50.as_secs_f64()).ln();
         let min = p50.as_secs_f64() / 2f64.powf(1.0 / alpha);
@@ -112,21 +131,19 @@ impl Latency {
     }
 
     /// Checks the parameters; the reason names what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LatencyError> {
         match *self {
             Latency::Fixed(_) => Ok(()),
-            Latency::Uniform { min, max } if max < min => {
-                Err("a uniform latency needs max >= min".to_string())
-            }
+            Latency::Uniform { min, max } if max < min => Err(LatencyError::Uniform),
             Latency::Uniform { .. } => Ok(()),
             Latency::LogNormal { p50, p99 } if p50.is_zero() || p99 < p50 => {
-                Err("a log-normal latency needs p99 >= p50 > 0".to_string())
+                Err(LatencyError::LogNormal)
             }
             Latency::LogNormal { .. } => Ok(()),
             Latency::Pareto { min, alpha }
                 if min.is_zero() || !(alpha > 0.0 && alpha.is_finite()) =>
             {
-                Err("a Pareto latency needs min > 0 and alpha > 0".to_string())
+                Err(LatencyError::Pareto)
             }
             Latency::Pareto { .. } => Ok(()),
         }
@@ -441,11 +458,26 @@ mod tests {
 
     #[test]
     fn validation_reasons() {
-        assert!(Latency::Uniform { min: ms(2), max: ms(1) }.validate().is_err());
-        assert!(Latency::LogNormal { p50: ms(0), p99: ms(1) }.validate().is_err());
-        assert!(Latency::LogNormal { p50: ms(5), p99: ms(1) }.validate().is_err());
-        assert!(Latency::Pareto { min: ms(5), alpha: 0.0 }.validate().is_err());
-        assert!(Latency::pareto_from_quantiles(ms(5), ms(5)).is_err());
+        assert_eq!(
+            Latency::Uniform { min: ms(2), max: ms(1) }.validate(),
+            Err(LatencyError::Uniform)
+        );
+        assert_eq!(
+            Latency::LogNormal { p50: ms(0), p99: ms(1) }.validate(),
+            Err(LatencyError::LogNormal)
+        );
+        assert_eq!(
+            Latency::LogNormal { p50: ms(5), p99: ms(1) }.validate(),
+            Err(LatencyError::LogNormal)
+        );
+        assert_eq!(
+            Latency::Pareto { min: ms(5), alpha: 0.0 }.validate(),
+            Err(LatencyError::Pareto)
+        );
+        assert_eq!(
+            Latency::pareto_from_quantiles(ms(5), ms(5)),
+            Err(LatencyError::ParetoQuantiles)
+        );
         assert!(Latency::LogNormal { p50: ms(5), p99: ms(5) }.validate().is_ok());
     }
 }

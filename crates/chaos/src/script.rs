@@ -240,6 +240,23 @@ pub struct InvalidPhase {
     pub reason: String,
 }
 
+/// Why a script was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidScript {
+    /// A script without phases.
+    #[error("a script needs at least one phase")]
+    NoPhases,
+    /// Phase `index` (from 0) is out of range.
+    #[error("phase[{index}].{source}")]
+    Phase {
+        /// The phase, from 0.
+        index: usize,
+        /// What is wrong with it.
+        source: InvalidPhase,
+    },
+}
+
 fn fraction(key: &'static str, v: f64) -> Result<(), InvalidPhase> {
     if (0.0..=1.0).contains(&v) {
         Ok(())
@@ -272,7 +289,9 @@ impl Phase {
         if self.duration.is_some_and(|d| d.is_zero()) {
             return Err(InvalidPhase { key: "duration", reason: "must be above zero".into() });
         }
-        self.latency.validate().map_err(|reason| InvalidPhase { key: "latency", reason })?;
+        self.latency
+            .validate()
+            .map_err(|e| InvalidPhase { key: "latency", reason: e.to_string() })?;
         if self.workers == Some(0) {
             return Err(InvalidPhase { key: "workers", reason: "must be at least 1".into() });
         }
@@ -327,12 +346,12 @@ impl Script {
     }
 
     /// Checks every phase.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidScript> {
         if self.phases.is_empty() {
-            return Err("a script needs at least one phase".into());
+            return Err(InvalidScript::NoPhases);
         }
         for (i, p) in self.phases.iter().enumerate() {
-            p.validate().map_err(|e| format!("phase[{i}].{e}"))?;
+            p.validate().map_err(|source| InvalidScript::Phase { index: i, source })?;
         }
         Ok(())
     }
@@ -545,9 +564,9 @@ fn latency_table(v: &Spanned<Value>, table: &toml::Table) -> Result<Latency, Bad
             Latency::Pareto { min: dur("min")?, alpha }
         }
         _ => Latency::pareto_from_quantiles(dur("p50")?, dur("p99")?)
-            .map_err(|r| bad(v, "latency.p99", r))?,
+            .map_err(|r| bad(v, "latency.p99", r.to_string()))?,
     };
-    latency.validate().map_err(|r| bad(v, "latency", r))?;
+    latency.validate().map_err(|r| bad(v, "latency", r.to_string()))?;
     Ok(latency)
 }
 
@@ -621,8 +640,9 @@ fn parse_phase(i: usize, table: &BTreeMap<Spanned<String>, Spanned<Value>>) -> R
             }
             phase.latency = match dist.unwrap_or("lognormal") {
                 "lognormal" => Latency::LogNormal { p50, p99 },
-                "pareto" => Latency::pareto_from_quantiles(p50, p99)
-                    .map_err(|r| (span_of("latency_p99"), "latency_p99".to_string(), r))?,
+                "pareto" => Latency::pareto_from_quantiles(p50, p99).map_err(|r| {
+                    (span_of("latency_p99"), "latency_p99".to_string(), r.to_string())
+                })?,
                 other => {
                     return Err((
                         span_of("latency_dist"),

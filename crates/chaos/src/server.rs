@@ -127,7 +127,7 @@ pub struct ChaosServer {
 impl ChaosServer {
     /// See [`spawn`].
     pub async fn spawn(config: ChaosConfig, addr: SocketAddr) -> Result<ChaosServer, ChaosError> {
-        config.script.validate().map_err(ChaosError::Invalid)?;
+        config.script.validate().map_err(|e| ChaosError::Invalid(e.to_string()))?;
         let listener =
             TcpListener::bind(addr).await.map_err(|source| ChaosError::Bind { addr, source })?;
         let local = listener.local_addr().map_err(|source| ChaosError::Bind { addr, source })?;

@@ -49,6 +49,7 @@
 //! assert_eq!(hold.is_held(Timestamp::from_millis(2_000)), None);
 //! ```
 
+use crate::error::ConfigError;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -148,40 +149,46 @@ impl Default for BackoffConfig {
 
 impl BackoffConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.base.is_zero() {
-            return Err("backoff base must be greater than zero".to_string());
+            return Err(ConfigError::Zero { key: "base" });
         }
         if self.max < self.base {
-            return Err(format!(
-                "backoff max ({:?}) must be at least base ({:?})",
-                self.max, self.base
-            ));
+            return Err(ConfigError::MaxBelowBase {
+                base: format!("{:?}", self.base),
+                max: format!("{:?}", self.max),
+            });
         }
         if self.max > LONGEST_BACKOFF {
-            return Err(format!(
-                "backoff max must be at most {LONGEST_BACKOFF:?}, got {:?}",
-                self.max
-            ));
+            return Err(ConfigError::TooLarge {
+                key: "max",
+                max: format!("{LONGEST_BACKOFF:?}"),
+                got: format!("{:?}", self.max),
+            });
         }
         if self.multiplier < Fraction::ONE || self.multiplier > LARGEST_MULTIPLIER {
-            return Err(format!(
-                "backoff multiplier must be in [1, {LARGEST_MULTIPLIER}], got {}",
-                self.multiplier
-            ));
+            return Err(ConfigError::NotInInterval {
+                key: "multiplier",
+                min: "1".into(),
+                max: LARGEST_MULTIPLIER.to_string(),
+                got: self.multiplier.to_string(),
+            });
         }
         Ok(())
     }
 
     /// The default config with `base` and `max` from text such as `25ms..250ms` (each side as
     /// [`parse_duration`] reads it), validated.
-    pub fn parse_range(text: &str) -> Result<BackoffConfig, String> {
-        let (base, max) = text
-            .split_once("..")
-            .ok_or_else(|| format!("`{text}` is not a backoff range (e.g. 25ms..250ms)"))?;
+    pub fn parse_range(text: &str) -> Result<BackoffConfig, ConfigError> {
+        let (base, max) =
+            text.split_once("..").ok_or_else(|| ConfigError::NotARange { text: text.into() })?;
+        let bad = |key, e: crate::decimal::ParseError| ConfigError::BadValue {
+            key,
+            reason: e.to_string(),
+        };
         let config = BackoffConfig {
-            base: parse_duration(base).map_err(|e| format!("backoff base: {e}"))?,
-            max: parse_duration(max).map_err(|e| format!("backoff max: {e}"))?,
+            base: parse_duration(base).map_err(|e| bad("base", e))?,
+            max: parse_duration(max).map_err(|e| bad("max", e))?,
             ..BackoffConfig::default()
         };
         config.validate()?;
@@ -199,7 +206,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Builds the backoff, refusing invalid parameters.
-    pub fn try_new(config: BackoffConfig) -> Result<Backoff, String> {
+    pub fn try_new(config: BackoffConfig) -> Result<Backoff, ConfigError> {
         config.validate()?;
         Ok(Backoff::unchecked(config))
     }
@@ -353,18 +360,19 @@ impl Default for PushbackPolicy {
 
 impl PushbackPolicy {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_pushback > LONGEST_PUSHBACK {
-            return Err(format!(
-                "max_pushback must be at most {LONGEST_PUSHBACK:?}, got {:?}",
-                self.max_pushback
-            ));
+            return Err(ConfigError::TooLarge {
+                key: "max_pushback",
+                max: format!("{LONGEST_PUSHBACK:?}"),
+                got: format!("{:?}", self.max_pushback),
+            });
         }
         Ok(())
     }
 
     /// Builds the policy, refusing invalid parameters.
-    pub fn try_new(max_pushback: Duration) -> Result<PushbackPolicy, String> {
+    pub fn try_new(max_pushback: Duration) -> Result<PushbackPolicy, ConfigError> {
         let policy = PushbackPolicy { max_pushback };
         policy.validate()?;
         Ok(policy)
@@ -573,16 +581,34 @@ mod tests {
         let ok = BackoffConfig::default();
         assert_eq!(ok.validate(), Ok(()));
         let cases = [
-            (BackoffConfig { base: Duration::ZERO, ..ok }, "base must be greater than zero"),
-            (BackoffConfig { base: ms(300), ..ok }, "at least base"),
-            (BackoffConfig { max: Duration::from_secs(3_601), ..ok }, "at most"),
+            (BackoffConfig { base: Duration::ZERO, ..ok }, "base"),
+            (BackoffConfig { base: ms(300), ..ok }, "max"),
+            (BackoffConfig { max: Duration::from_secs(3_601), ..ok }, "max"),
             (BackoffConfig { multiplier: "0.5".parse().unwrap(), ..ok }, "multiplier"),
             (BackoffConfig { multiplier: "10.000001".parse().unwrap(), ..ok }, "multiplier"),
         ];
-        for (config, reason) in cases {
+        for (config, key) in cases {
             let err = Backoff::try_new(config).unwrap_err();
-            assert!(err.contains(reason), "{err}");
+            assert_eq!(err.key(), key, "{err}");
         }
+        // The messages users read.
+        let err = |config| Backoff::try_new(config).unwrap_err().to_string();
+        assert_eq!(
+            err(BackoffConfig { base: Duration::ZERO, ..ok }),
+            "backoff base must be greater than zero"
+        );
+        assert_eq!(
+            err(BackoffConfig { base: ms(300), ..ok }),
+            "backoff max (250ms) must be at least base (300ms)"
+        );
+        assert_eq!(
+            err(BackoffConfig { max: Duration::from_secs(3_601), ..ok }),
+            "backoff max must be at most 3600s, got 3601s"
+        );
+        assert_eq!(
+            err(BackoffConfig { multiplier: "0.5".parse().unwrap(), ..ok }),
+            "backoff multiplier must be in [1, 10], got 0.5"
+        );
         // The edges are allowed.
         for config in [
             BackoffConfig { base: ms(250), ..ok },
@@ -600,19 +626,31 @@ mod tests {
         assert_eq!(c.jitter, Jitter::Full);
         let c = BackoffConfig::parse_range(" 1.5s .. 3s ").unwrap();
         assert_eq!((c.base, c.max), (ms(1_500), ms(3_000)));
-        for (bad, reason) in [
-            ("25ms", "not a backoff range"),
-            ("25ms-250ms", "not a backoff range"),
-            ("..250ms", "backoff base"),
-            ("25ms..", "backoff max"),
-            ("fast..slow", "backoff base"),
-            ("250ms..25ms", "at least base"),
-            ("0s..1s", "greater than zero"),
-            ("1s..2h", "at most"),
+        for (bad, key) in [
+            ("25ms", "backoff"),
+            ("25ms-250ms", "backoff"),
+            ("..250ms", "base"),
+            ("25ms..", "max"),
+            ("fast..slow", "base"),
+            ("250ms..25ms", "max"),
+            ("0s..1s", "base"),
+            ("1s..2h", "max"),
         ] {
             let err = BackoffConfig::parse_range(bad).unwrap_err();
-            assert!(err.contains(reason), "{bad}: {err}");
+            assert_eq!(err.key(), key, "{bad}: {err}");
         }
+        assert!(matches!(
+            BackoffConfig::parse_range("25ms"),
+            Err(ConfigError::NotARange { text }) if text == "25ms"
+        ));
+        assert!(matches!(
+            BackoffConfig::parse_range("fast..slow"),
+            Err(ConfigError::BadValue { key: "base", .. })
+        ));
+        let err = BackoffConfig::parse_range("25ms").unwrap_err().to_string();
+        assert_eq!(err, "`25ms` is not a backoff range (e.g. 25ms..250ms)");
+        let err = BackoffConfig::parse_range("fast..slow").unwrap_err().to_string();
+        assert!(err.starts_with("backoff base: "), "{err}");
     }
 
     #[test]
@@ -697,7 +735,7 @@ mod tests {
     fn refuses_bad_pushback_policy() {
         assert!(PushbackPolicy::try_new(LONGEST_PUSHBACK).is_ok());
         let err = PushbackPolicy::try_new(LONGEST_PUSHBACK + Duration::from_secs(1)).unwrap_err();
-        assert!(err.contains("max_pushback"), "{err}");
+        assert!(matches!(err, ConfigError::TooLarge { key: "max_pushback", .. }), "{err}");
     }
 
     #[test]

@@ -35,7 +35,7 @@
 //! assert!(breaker.try_acquire(later).is_err()); // the probe's place is taken
 //! probe.record(later, AttemptResult::Success);
 //! assert_eq!(breaker.state(later), BreakerState::Closed);
-//! # Ok::<(), String>(())
+//! # Ok::<(), stormguard_core::ConfigError>(())
 //! ```
 //!
 //! ## States
@@ -67,6 +67,7 @@
 //! statistics, not invariants: an attempt recorded at the very moment the breaker changes state
 //! may count in the period on either side of the change. Nothing racing can admit an extra probe.
 
+use crate::error::ConfigError;
 use std::fmt;
 use std::time::Duration;
 
@@ -131,35 +132,46 @@ impl Default for BreakerConfig {
 
 impl BreakerConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.failure_ratio > Fraction::ONE {
-            return Err(format!(
-                "failure_ratio must be a fraction in [0, 1], got {}",
-                self.failure_ratio
-            ));
+            return Err(ConfigError::NotAFraction {
+                key: "failure_ratio",
+                of: "",
+                max: "1".into(),
+                got: self.failure_ratio.to_string(),
+            });
         }
         if self.min_requests == 0 {
-            return Err("min_requests must be at least 1".to_string());
+            return Err(ConfigError::Zero { key: "min_requests" });
         }
         if self.window < Duration::from_secs(1) || self.window > Duration::from_secs(300) {
-            return Err(format!("window must be between 1s and 300s, got {:?}", self.window));
+            return Err(ConfigError::OutOfRange {
+                key: "window",
+                min: "1s".into(),
+                max: "300s".into(),
+                got: format!("{:?}", self.window),
+            });
         }
         if self.consecutive_failures == Some(0) {
-            return Err("consecutive_failures must be at least 1 (or none)".to_string());
+            return Err(ConfigError::Zero { key: "consecutive_failures" });
         }
         if self.break_duration < Duration::from_millis(1)
             || self.break_duration > Duration::from_secs(3_600)
         {
-            return Err(format!(
-                "break_duration must be between 1ms and 1h, got {:?}",
-                self.break_duration
-            ));
+            return Err(ConfigError::OutOfRange {
+                key: "break_duration",
+                min: "1ms".into(),
+                max: "1h".into(),
+                got: format!("{:?}", self.break_duration),
+            });
         }
         if self.half_open_probes == 0 || self.half_open_probes > MAX_PROBES {
-            return Err(format!(
-                "half_open_probes must be between 1 and {MAX_PROBES}, got {}",
-                self.half_open_probes
-            ));
+            return Err(ConfigError::OutOfRange {
+                key: "half_open_probes",
+                min: "1".into(),
+                max: MAX_PROBES.to_string(),
+                got: self.half_open_probes.to_string(),
+            });
         }
         Ok(())
     }
@@ -290,7 +302,7 @@ fn in_window(current: u32, tag: u32) -> bool {
 
 impl Breaker {
     /// Builds a closed breaker, refusing invalid parameters.
-    pub fn try_new(config: BreakerConfig) -> Result<Breaker, String> {
+    pub fn try_new(config: BreakerConfig) -> Result<Breaker, ConfigError> {
         config.validate()?;
         Ok(Breaker {
             shared: Arc::new(Shared {
@@ -802,7 +814,7 @@ mod tests {
             let mut c = BreakerConfig::default();
             f(&mut c);
             let err = Breaker::try_new(c).unwrap_err();
-            assert!(err.contains(word), "{err}");
+            assert_eq!(err.key(), word, "{err}");
         };
         bad(|c| c.failure_ratio = Fraction::from_millionths(1_000_001), "failure_ratio");
         bad(|c| c.min_requests = 0, "min_requests");
@@ -814,6 +826,20 @@ mod tests {
         bad(|c| c.half_open_probes = 0, "half_open_probes");
         bad(|c| c.half_open_probes = 1_001, "half_open_probes");
         assert!(BreakerConfig::default().validate().is_ok());
+        let message = |f: fn(&mut BreakerConfig)| {
+            let mut c = BreakerConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert_eq!(message(|c| c.min_requests = 0), "min_requests must be at least 1");
+        assert_eq!(
+            message(|c| c.consecutive_failures = Some(0)),
+            "consecutive_failures must be at least 1 (or none)"
+        );
+        assert_eq!(
+            message(|c| c.window = Duration::from_secs(301)),
+            "window must be between 1s and 300s, got 301s"
+        );
     }
 
     #[test]

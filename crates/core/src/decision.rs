@@ -59,6 +59,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use crate::error::ConfigError;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,12 +119,13 @@ impl Default for RetryConfig {
 
 impl RetryConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_retries > MAX_RETRIES_LIMIT {
-            return Err(format!(
-                "max_retries must be at most {MAX_RETRIES_LIMIT}, got {}",
-                self.max_retries
-            ));
+            return Err(ConfigError::TooLarge {
+                key: "max_retries",
+                max: MAX_RETRIES_LIMIT.to_string(),
+                got: self.max_retries.to_string(),
+            });
         }
         self.backoff.validate()?;
         self.pushback.validate()
@@ -155,7 +157,7 @@ impl Upstream {
         limiter: LimiterConfig,
         breaker: Option<BreakerConfig>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Upstream, String> {
+    ) -> Result<Upstream, ConfigError> {
         Ok(Upstream {
             limiter: Limiter::try_new(limiter, clock)?,
             breaker: breaker.map(Breaker::try_new).transpose()?,
@@ -326,7 +328,7 @@ impl RetryPolicy {
     pub fn try_new(
         config: RetryConfig,
         budget: Arc<dyn RetryBudget>,
-    ) -> Result<RetryPolicy, String> {
+    ) -> Result<RetryPolicy, ConfigError> {
         config.validate()?;
         Ok(RetryPolicy {
             backoff: Backoff::try_new(config.backoff)?,
@@ -339,7 +341,7 @@ impl RetryPolicy {
     }
 
     /// A policy over one of the four budgets.
-    pub fn with_budget(config: RetryConfig, budget: AnyBudget) -> Result<RetryPolicy, String> {
+    pub fn with_budget(config: RetryConfig, budget: AnyBudget) -> Result<RetryPolicy, ConfigError> {
         RetryPolicy::try_new(config, Arc::new(budget))
     }
 
@@ -925,6 +927,8 @@ mod tests {
     fn refuses_too_many_retries() {
         let c = RetryConfig { max_retries: 11, ..Default::default() };
         let b = BudgetSpec::default().build().unwrap();
-        assert!(RetryPolicy::with_budget(c, b).unwrap_err().contains("max_retries"));
+        let err = RetryPolicy::with_budget(c, b).unwrap_err();
+        assert!(matches!(err, ConfigError::TooLarge { key: "max_retries", .. }), "{err}");
+        assert_eq!(err.to_string(), "max_retries must be at most 10, got 11");
     }
 }

@@ -46,6 +46,7 @@
 //! polled, so a runtime wrapper should also poll it at [`Acquire::deadline`] (the tower layer
 //! does). [`Limiter::acquire_blocking`] parks the thread for users outside async code.
 
+use crate::error::ConfigError;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -113,12 +114,21 @@ impl Default for LimiterConfig {
 
 impl LimiterConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.cap == 0 || self.cap > MAX_CAP {
-            return Err(format!("cap must be between 1 and {MAX_CAP}, got {}", self.cap));
+            return Err(ConfigError::OutOfRange {
+                key: "cap",
+                min: "1".into(),
+                max: MAX_CAP.to_string(),
+                got: self.cap.to_string(),
+            });
         }
         if self.queue_len > MAX_CAP {
-            return Err(format!("queue length must be at most {MAX_CAP}, got {}", self.queue_len));
+            return Err(ConfigError::TooLarge {
+                key: "queue_len",
+                max: MAX_CAP.to_string(),
+                got: self.queue_len.to_string(),
+            });
         }
         Ok(())
     }
@@ -255,7 +265,7 @@ impl Limiter {
     pub fn try_new(
         config: LimiterConfig,
         clock: std::sync::Arc<dyn Clock>,
-    ) -> Result<Limiter, String> {
+    ) -> Result<Limiter, ConfigError> {
         config.validate()?;
         Ok(Limiter {
             inner: Arc::new(Inner {

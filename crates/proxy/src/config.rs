@@ -576,20 +576,14 @@ impl FleetPlacement {
             db: 0,
         };
         let c = self.to_fleet(d, target);
-        let key = |r: &str| {
-            if r.starts_with("fleet_cap") {
-                "fleet_cap"
-            } else if r.starts_with("max_instances") {
-                "max_instances"
-            } else if r.starts_with("interval") {
-                "interval"
-            } else if r.starts_with("instance") {
-                "instance"
-            } else {
-                "lease_ttl"
-            }
+        // The dependency's key for the field the fleet names; the margin and the call timeout
+        // follow from lease_ttl.
+        let key = |e: &stormguard_redis::FleetError| match e.key() {
+            "dependency" => "name",
+            "margin" | "call_timeout" => "lease_ttl",
+            other => other,
         };
-        c.validate().map_err(|r| (key(&r), r))?;
+        c.validate().map_err(|e| (key(&e), e.to_string()))?;
         if self.fallback_min.is_none() && c.fallback_slots() == 0 {
             let (cap, n) = (c.fleet_cap, c.max_instances);
             let fleet_cap =
@@ -605,8 +599,9 @@ impl FleetPlacement {
                 ),
             ));
         }
-        let fleet = stormguard_redis::Fleet::try_new(c).map_err(|r| ("placement", r))?;
-        fleet.budget(&d.budget).map_err(|r| ("lease_ttl", r))?;
+        let fleet =
+            stormguard_redis::Fleet::try_new(c).map_err(|r| ("placement", r.to_string()))?;
+        fleet.budget(&d.budget).map_err(|e| (key(&e), e.to_string()))?;
         Ok(())
     }
 }
@@ -779,12 +774,10 @@ impl DependencyConfig {
                 ));
             }
         }
-        if !(1..=MAX_CAP).contains(&self.cap) {
-            return Err(("cap", format!("cap must be between 1 and {MAX_CAP}, got {}", self.cap)));
-        }
-        if self.queue > MAX_CAP {
-            return Err(("queue", format!("queue must be at most {MAX_CAP}, got {}", self.queue)));
-        }
+        // The dependency's own cap and queue, by the limiter's rules, under their own keys.
+        LimiterConfig { cap: self.cap, queue_len: self.queue, queue_timeout: self.queue_timeout }
+            .validate()
+            .map_err(limiter_error)?;
         if let Some(p) = self.planned_primary
             && p > self.cap
         {
@@ -806,7 +799,7 @@ impl DependencyConfig {
                 format!("must be between 1 and 2147483647, got {m}"),
             ));
         }
-        self.to_tower().limiter.validate().map_err(|r| ("queue_timeout", r))?;
+        self.to_tower().limiter.validate().map_err(limiter_error)?;
         self.budget.build().map_err(|e| ("budget", e.to_string()))?;
         if self.max_retries > MAX_RETRIES_LIMIT {
             return Err((
@@ -814,9 +807,9 @@ impl DependencyConfig {
                 format!("must be at most {MAX_RETRIES_LIMIT}, got {}", self.max_retries),
             ));
         }
-        self.backoff.validate().map_err(|r| ("backoff", r))?;
+        self.backoff.validate().map_err(|r| ("backoff", r.to_string()))?;
         if let Some(b) = &self.breaker {
-            b.validate().map_err(|r| ("breaker", r))?;
+            b.validate().map_err(|r| ("breaker", r.to_string()))?;
         }
         for (key, d) in [("per_try_timeout", self.per_try_timeout), ("deadline", self.deadline)] {
             if d == Some(Duration::ZERO) {
@@ -1173,6 +1166,15 @@ impl Spans {
             }
         }
     }
+}
+
+/// A limiter rule's error under the dependency's key for the field it names.
+fn limiter_error(e: stormguard_core::ConfigError) -> (&'static str, String) {
+    let key = match e.key() {
+        "queue_len" => "queue",
+        other => other,
+    };
+    (key, e.to_string())
 }
 
 type Bad = (Range<usize>, String, String);
@@ -1738,8 +1740,8 @@ impl RawDependency {
         }
         if let Some(v) = &self.backoff {
             spans.put(k("backoff"), v.span());
-            d.backoff =
-                BackoffConfig::parse_range(v.get_ref()).map_err(|e| bad(v, &k("backoff"), e))?;
+            d.backoff = BackoffConfig::parse_range(v.get_ref())
+                .map_err(|e| bad(v, &k("backoff"), e.to_string()))?;
         }
         if let Some(v) = self.enforce {
             d.enforce = v.into_inner();
@@ -1881,6 +1883,33 @@ mod tests {
             err(&format!("{BASE}upstreams = [\"ftp://x\"]\n")).contains("dependency[0].upstreams")
         );
         assert!(err("cap = [").starts_with("f.toml:1:"));
+    }
+
+    #[test]
+    fn a_bad_cap_and_a_bad_queue_are_named_by_their_own_keys() {
+        let invalid = |text: &str| match ProxyConfig::parse(text, "f.toml").unwrap_err() {
+            ConfigError::Invalid { line, column, key, reason, .. } => (line, column, key, reason),
+            other => panic!("{other}"),
+        };
+        assert_eq!(
+            invalid(&format!(
+                "{BASE}cap = 0
+"
+            )),
+            (8, 7, "dependency[0].cap".into(), "cap must be between 1 and 16777216, got 0".into())
+        );
+        assert_eq!(
+            invalid(&format!(
+                "{BASE}queue = 99999999
+"
+            )),
+            (
+                8,
+                9,
+                "dependency[0].queue".into(),
+                "queue length must be at most 16777216, got 99999999".into()
+            )
+        );
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub(crate) fn build(
     let invalid =
         |key: &str, r: String| StartError::Invalid(format!("dependency {}.{key}", d.name), r);
     let Some(placement) = &d.fleet else {
-        let dependency = Dependency::try_new(tower).map_err(|r| invalid("config", r))?;
+        let dependency =
+            Dependency::try_new(tower).map_err(|r| invalid("config", r.to_string()))?;
         return Ok((dependency, None));
     };
     // The parse error never repeats the URL: it may hold the password.
@@ -34,10 +35,10 @@ pub(crate) fn build(
         fallback_slots = config.fallback_slots(),
         "fleet placement: the cap and the reserve are shared through Redis"
     );
-    let fleet = Fleet::try_new(config).map_err(|r| invalid("placement", r))?;
-    let budget = fleet.budget(&d.budget).map_err(|r| invalid("budget", r))?;
+    let fleet = Fleet::try_new(config).map_err(|r| invalid("placement", r.to_string()))?;
+    let budget = fleet.budget(&d.budget).map_err(|r| invalid("budget", r.to_string()))?;
     let dependency = Dependency::try_new_with_budget(tower, Arc::new(budget))
-        .map_err(|r| invalid("config", r))?;
+        .map_err(|r| invalid("config", r.to_string()))?;
     let worker = fleet.worker(dependency.upstream().limiter.clone());
     Ok((dependency, Some((fleet, worker))))
 }

@@ -100,7 +100,7 @@ pub(crate) fn build(
             Some(o) if d.fleet.is_none() => o
                 .dependency
                 .successor(tower)
-                .map_err(|r| invalid(format!("dependency {}", d.name), r))?,
+                .map_err(|r| invalid(format!("dependency {}", d.name), r.to_string()))?,
             _ => {
                 let (dependency, fleet) = crate::fleet::build(d, tower)?;
                 fleets.extend(fleet);

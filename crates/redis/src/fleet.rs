@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use stormguard_core::budget::{
     AnyBudget, BudgetExhausted, BudgetSnapshot, BudgetSpec, FailureKind, Outcome, RatioConfig,
-    RetryBudget, RetryPermit,
+    RetryBudget, RetryPermit, SpecError,
 };
 use stormguard_core::clock::Timestamp;
 use stormguard_core::decimal::Fraction;
@@ -83,46 +83,48 @@ impl FleetConfig {
     }
 
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), FleetError> {
         if self.dependency.is_empty() || self.dependency.contains(['{', '}']) {
-            return Err(format!(
-                "the dependency name is a Redis hash tag: not empty, no braces, got {:?}",
-                self.dependency
-            ));
+            return Err(FleetError::DependencyName { got: self.dependency.clone() });
         }
         if self.instance.is_empty() || self.instance.len() > 200 {
-            return Err("the instance id must be 1 to 200 bytes".into());
+            return Err(FleetError::InstanceId);
         }
         if !(1..=stormguard_core::limiter::MAX_CAP).contains(&self.fleet_cap) {
-            return Err(format!(
-                "fleet_cap must be between 1 and 16777216, got {}",
-                self.fleet_cap
-            ));
+            return Err(FleetError::OutOfRange {
+                key: "fleet_cap",
+                min: "1".into(),
+                max: "16777216".into(),
+                got: self.fleet_cap.to_string(),
+            });
         }
         if self.max_instances == 0 || self.max_instances > 1_000_000 {
-            return Err(format!(
-                "max_instances must be between 1 and 1000000, got {}",
-                self.max_instances
-            ));
+            return Err(FleetError::OutOfRange {
+                key: "max_instances",
+                min: "1".into(),
+                max: "1000000".into(),
+                got: self.max_instances.to_string(),
+            });
         }
         if self.lease_ttl < Duration::from_millis(300) || self.lease_ttl > Duration::from_secs(60) {
-            return Err(format!(
-                "lease_ttl must be between 300ms and 60s, got {:?}",
-                self.lease_ttl
-            ));
+            return Err(FleetError::OutOfRange {
+                key: "lease_ttl",
+                min: "300ms".into(),
+                max: "60s".into(),
+                got: format!("{:?}", self.lease_ttl),
+            });
         }
         if self.interval < Duration::from_millis(10) || self.interval * 3 > self.lease_ttl {
-            return Err(format!(
-                "interval must be at least 10ms and at most lease_ttl / 3 ({:?}), got {:?}",
-                self.lease_ttl / 3,
-                self.interval
-            ));
+            return Err(FleetError::Interval {
+                most: format!("{:?}", self.lease_ttl / 3),
+                got: format!("{:?}", self.interval),
+            });
         }
         if self.margin >= self.lease_ttl / 2 {
-            return Err(format!("margin must be under lease_ttl / 2, got {:?}", self.margin));
+            return Err(FleetError::Margin { got: format!("{:?}", self.margin) });
         }
         if self.call_timeout.is_zero() {
-            return Err("call_timeout must be more than 0".into());
+            return Err(FleetError::CallTimeout);
         }
         Ok(())
     }
@@ -272,9 +274,84 @@ impl fmt::Debug for Fleet {
     }
 }
 
+/// Why a fleet placement was refused. The message is one plain reason, lowercase without a
+/// trailing period.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// The dependency name cannot be a Redis hash tag.
+    #[error("the dependency name is a Redis hash tag: not empty, no braces, got {got:?}")]
+    DependencyName {
+        /// The name given.
+        got: String,
+    },
+    /// The instance id is empty or longer than 200 bytes.
+    #[error("the instance id must be 1 to 200 bytes")]
+    InstanceId,
+    /// A value outside `[min, max]`.
+    #[error("{key} must be between {min} and {max}, got {got}")]
+    OutOfRange {
+        /// The field.
+        key: &'static str,
+        /// The smallest allowed value.
+        min: String,
+        /// The largest allowed value.
+        max: String,
+        /// The value given.
+        got: String,
+    },
+    /// The renewal interval is under 10ms or above a third of the lease.
+    #[error("interval must be at least 10ms and at most lease_ttl / 3 ({most}), got {got}")]
+    Interval {
+        /// `lease_ttl / 3`.
+        most: String,
+        /// The interval given.
+        got: String,
+    },
+    /// The safety margin is not under half the lease.
+    #[error("margin must be under lease_ttl / 2, got {got}")]
+    Margin {
+        /// The margin given.
+        got: String,
+    },
+    /// A zero call timeout.
+    #[error("call_timeout must be more than 0")]
+    CallTimeout,
+    /// A lease longer than 0.9 × the ratio budget's ttl.
+    #[error(
+        "lease_ttl ({lease_ttl}) must be at most 0.9 × the budget's ttl ({ttl}): a leased token must be spent while the fleet still counts it"
+    )]
+    LeaseAboveBudgetTtl {
+        /// The lease given.
+        lease_ttl: String,
+        /// The budget's ttl.
+        ttl: String,
+    },
+    /// The local budget could not be built.
+    #[error(transparent)]
+    Budget(#[from] SpecError),
+}
+
+impl FleetError {
+    /// The name of the field that broke the rule (`dependency`, `instance`, `fleet_cap`,
+    /// `max_instances`, `lease_ttl`, `interval`, `margin`, `call_timeout`, `budget`).
+    pub fn key(&self) -> &'static str {
+        match self {
+            FleetError::DependencyName { .. } => "dependency",
+            FleetError::InstanceId => "instance",
+            FleetError::OutOfRange { key, .. } => key,
+            FleetError::Interval { .. } => "interval",
+            FleetError::Margin { .. } => "margin",
+            FleetError::CallTimeout => "call_timeout",
+            FleetError::LeaseAboveBudgetTtl { .. } => "lease_ttl",
+            FleetError::Budget(_) => "budget",
+        }
+    }
+}
+
 impl Fleet {
     /// Checks the config. No I/O: the worker connects.
-    pub fn try_new(config: FleetConfig) -> Result<Fleet, String> {
+    pub fn try_new(config: FleetConfig) -> Result<Fleet, FleetError> {
         config.validate()?;
         Ok(Fleet {
             shared: Arc::new(Shared {
@@ -313,15 +390,15 @@ impl Fleet {
     /// For a `ratio` budget the reserve `min_per_sec × ttl` becomes the fleet's, leased in
     /// tokens; `percent` stays local (it is scale-invariant). Other kinds are returned as they
     /// are: their floors stay per instance (see docs/fleet.md).
-    pub fn budget(&self, spec: &BudgetSpec) -> Result<FleetBudget, String> {
+    pub fn budget(&self, spec: &BudgetSpec) -> Result<FleetBudget, FleetError> {
         let local = match spec {
             BudgetSpec::Ratio(c) => {
                 let ttl_ms = u64::try_from(c.ttl.as_millis()).unwrap_or(u64::MAX);
                 if self.shared.config.lease_ttl * 10 > c.ttl * 9 {
-                    return Err(format!(
-                        "lease_ttl ({:?}) must be at most 0.9 × the budget's ttl ({:?}): a leased token must be spent while the fleet still counts it",
-                        self.shared.config.lease_ttl, c.ttl
-                    ));
+                    return Err(FleetError::LeaseAboveBudgetTtl {
+                        lease_ttl: format!("{:?}", self.shared.config.lease_ttl),
+                        ttl: format!("{:?}", c.ttl),
+                    });
                 }
                 let reserve = u128::from(c.min_per_sec.millionths()) * u128::from(ttl_ms)
                     / 1_000
@@ -334,10 +411,7 @@ impl Fleet {
             }
             other => *other,
         };
-        Ok(FleetBudget {
-            local: local.build().map_err(|e| e.to_string())?,
-            shared: self.shared.clone(),
-        })
+        Ok(FleetBudget { local: local.build()?, shared: self.shared.clone() })
     }
 
     /// The background worker that renews the lease, applying it to `limiter` (the
@@ -717,5 +791,40 @@ impl FleetWorker {
             s.tokens_until.store(NEVER, Ordering::Release);
             self.refill_at = now.saturating_add(window);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> FleetConfig {
+        let redis =
+            RedisTarget { host: "127.0.0.1".into(), port: 6379, user: None, password: None, db: 0 };
+        FleetConfig::new("payments", "pod-a", redis, 20, 50)
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        assert_eq!(config().validate(), Ok(()));
+        let err = FleetConfig { fleet_cap: 0, ..config() }.validate().unwrap_err();
+        assert!(matches!(err, FleetError::OutOfRange { key: "fleet_cap", .. }), "{err}");
+        assert_eq!(err.to_string(), "fleet_cap must be between 1 and 16777216, got 0");
+        let err = FleetConfig { dependency: "a{b}".into(), ..config() }.validate().unwrap_err();
+        assert_eq!(err.key(), "dependency");
+        let err = FleetConfig { instance: String::new(), ..config() }.validate().unwrap_err();
+        assert_eq!(err, FleetError::InstanceId);
+        let err = FleetConfig { call_timeout: Duration::ZERO, ..config() }.validate().unwrap_err();
+        assert_eq!(err.key(), "call_timeout");
+    }
+
+    #[test]
+    fn a_lease_longer_than_the_budget_window_is_refused() {
+        let fleet =
+            Fleet::try_new(FleetConfig { lease_ttl: Duration::from_secs(10), ..config() }).unwrap();
+        let spec: BudgetSpec = "ratio:ttl=10s".parse().unwrap();
+        let err = fleet.budget(&spec).unwrap_err();
+        assert!(matches!(err, FleetError::LeaseAboveBudgetTtl { .. }), "{err}");
+        assert_eq!(err.key(), "lease_ttl");
     }
 }

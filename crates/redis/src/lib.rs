@@ -60,7 +60,7 @@ pub mod resp;
 pub mod server;
 
 pub use fleet::{
-    Fleet, FleetBudget, FleetConfig, FleetMode, FleetSnapshot, FleetWorker, LEASE_SCRIPT,
-    default_instance_id,
+    Fleet, FleetBudget, FleetConfig, FleetError, FleetMode, FleetSnapshot, FleetWorker,
+    LEASE_SCRIPT, default_instance_id,
 };
 pub use resp::RedisTarget;

@@ -32,15 +32,84 @@ pub enum ServiceTime {
     },
 }
 
+/// The forms a service time is written in, for the messages.
+const FORMS: &str = "expected `fixed 50ms`, `exponential 50ms`, \
+     `lognormal median=20ms sigma=0.7` or `p50=20ms p99=100ms`";
+
+/// Why a service time was refused. The message is one plain reason, lowercase without a
+/// trailing period.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceTimeError {
+    /// `p99 < p50` or `p50` zero.
+    #[error("p99 ({p99}) must be at least p50 ({p50}), and p50 above zero")]
+    Percentiles {
+        /// The median given.
+        p50: String,
+        /// The 99th percentile given.
+        p99: String,
+    },
+    /// A duration that does not parse.
+    #[error("{reason} ({FORMS})")]
+    Duration {
+        /// Why.
+        reason: String,
+    },
+    /// A word that is not `key=value`.
+    #[error("`{word}` is not key=value ({FORMS})")]
+    NotKeyValue {
+        /// The word.
+        word: String,
+    },
+    /// An exponential mean of zero.
+    #[error("an exponential mean must be above zero")]
+    ZeroMean,
+    /// A sigma that is not a number.
+    #[error("sigma `{got}` is not a number")]
+    SigmaNotANumber {
+        /// The text given.
+        got: String,
+    },
+    /// A sigma outside `[0, 10]`.
+    #[error("sigma must be in [0, 10], got {got}")]
+    SigmaOutOfRange {
+        /// The text given.
+        got: String,
+    },
+    /// A key that is not a lognormal parameter.
+    #[error("`{key}` is not a lognormal parameter (median, sigma)")]
+    NotALognormalParameter {
+        /// The key given.
+        key: String,
+    },
+    /// A lognormal without both parameters, or with a zero median.
+    #[error("lognormal needs median=DURATION (above zero) and sigma=NUMBER")]
+    LognormalIncomplete,
+    /// A key that is not a percentile.
+    #[error("`{key}` is not a percentile (p50, p99)")]
+    NotAPercentile {
+        /// The key given.
+        key: String,
+    },
+    /// Only one of p50 and p99.
+    #[error("give both p50 and p99 ({FORMS})")]
+    OnePercentile,
+    /// Text in none of the forms.
+    #[error("`{text}` is not a service time ({FORMS})")]
+    NotAServiceTime {
+        /// The text given.
+        text: String,
+    },
+}
+
 impl ServiceTime {
     /// The log-normal whose 50th and 99th percentiles are `p50` and `p99`: `p50=20ms p99=100ms`.
-    pub fn from_percentiles(p50: Duration, p99: Duration) -> Result<ServiceTime, String> {
+    pub fn from_percentiles(p50: Duration, p99: Duration) -> Result<ServiceTime, ServiceTimeError> {
         if p50.is_zero() || p99 < p50 {
-            return Err(format!(
-                "p99 ({}) must be at least p50 ({}), and p50 above zero",
-                format_duration(p99),
-                format_duration(p50)
-            ));
+            return Err(ServiceTimeError::Percentiles {
+                p50: format_duration(p50),
+                p99: format_duration(p99),
+            });
         }
         let sigma = (p99.as_secs_f64() / p50.as_secs_f64()).ln() / Z_P99;
         Ok(ServiceTime::LogNormal { median: p50, sigma })
@@ -48,17 +117,17 @@ impl ServiceTime {
 
     /// Parses `50ms`, `fixed 50ms`, `exponential 50ms`, `lognormal median=20ms sigma=0.7` or
     /// `p50=20ms p99=100ms`.
-    pub fn parse(text: &str) -> Result<ServiceTime, String> {
-        const FORMS: &str = "expected `fixed 50ms`, `exponential 50ms`, \
-             `lognormal median=20ms sigma=0.7` or `p50=20ms p99=100ms`";
+    pub fn parse(text: &str) -> Result<ServiceTime, ServiceTimeError> {
         let words: Vec<&str> = text.split_whitespace().collect();
-        let dur = |w: &str| parse_duration(w).map_err(|e| format!("{e} ({FORMS})"));
-        let pairs = |ws: &[&str]| -> Result<Vec<(String, String)>, String> {
+        let dur = |w: &str| {
+            parse_duration(w).map_err(|e| ServiceTimeError::Duration { reason: e.to_string() })
+        };
+        let pairs = |ws: &[&str]| -> Result<Vec<(String, String)>, ServiceTimeError> {
             ws.iter()
                 .map(|w| {
                     w.split_once('=')
                         .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .ok_or_else(|| format!("`{w}` is not key=value ({FORMS})"))
+                        .ok_or_else(|| ServiceTimeError::NotKeyValue { word: w.to_string() })
                 })
                 .collect()
         };
@@ -68,7 +137,7 @@ impl ServiceTime {
             ["exponential" | "exp", d] => {
                 let mean = dur(d)?;
                 if mean.is_zero() {
-                    return Err("an exponential mean must be above zero".into());
+                    return Err(ServiceTimeError::ZeroMean);
                 }
                 Ok(ServiceTime::Exponential(mean))
             }
@@ -78,17 +147,18 @@ impl ServiceTime {
                     match k.as_str() {
                         "median" => median = Some(dur(&v)?),
                         "sigma" => {
-                            let s: f64 =
-                                v.parse().map_err(|_| format!("sigma `{v}` is not a number"))?;
+                            let s: f64 = v.parse().map_err(|_| {
+                                ServiceTimeError::SigmaNotANumber { got: v.clone() }
+                            })?;
                             if !(0.0..=10.0).contains(&s) {
-                                return Err(format!("sigma must be in [0, 10], got {v}"));
+                                return Err(ServiceTimeError::SigmaOutOfRange { got: v });
                             }
                             sigma = Some(s);
                         }
                         other => {
-                            return Err(format!(
-                                "`{other}` is not a lognormal parameter (median, sigma)"
-                            ));
+                            return Err(ServiceTimeError::NotALognormalParameter {
+                                key: other.to_string(),
+                            });
                         }
                     }
                 }
@@ -96,9 +166,7 @@ impl ServiceTime {
                     (Some(median), Some(sigma)) if !median.is_zero() => {
                         Ok(ServiceTime::LogNormal { median, sigma })
                     }
-                    _ => {
-                        Err("lognormal needs median=DURATION (above zero) and sigma=NUMBER".into())
-                    }
+                    _ => Err(ServiceTimeError::LognormalIncomplete),
                 }
             }
             ws if !ws.is_empty() && ws.iter().all(|w| w.contains('=')) => {
@@ -107,15 +175,19 @@ impl ServiceTime {
                     match k.as_str() {
                         "p50" => p50 = Some(dur(&v)?),
                         "p99" => p99 = Some(dur(&v)?),
-                        other => return Err(format!("`{other}` is not a percentile (p50, p99)")),
+                        other => {
+                            return Err(ServiceTimeError::NotAPercentile {
+                                key: other.to_string(),
+                            });
+                        }
                     }
                 }
                 match (p50, p99) {
                     (Some(a), Some(b)) => ServiceTime::from_percentiles(a, b),
-                    _ => Err(format!("give both p50 and p99 ({FORMS})")),
+                    _ => Err(ServiceTimeError::OnePercentile),
                 }
             }
-            _ => Err(format!("`{text}` is not a service time ({FORMS})")),
+            _ => Err(ServiceTimeError::NotAServiceTime { text: text.to_string() }),
         }
     }
 
@@ -243,6 +315,16 @@ mod tests {
         for bad in ["", "fast", "exponential", "exponential 0ms", "p50=20ms", "p50=1s p99=1ms"] {
             assert!(ServiceTime::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(ServiceTime::parse("exponential 0ms"), Err(ServiceTimeError::ZeroMean));
+        assert_eq!(ServiceTime::parse("p50=20ms"), Err(ServiceTimeError::OnePercentile));
+        assert!(matches!(
+            ServiceTime::parse("p50=1s p99=1ms"),
+            Err(ServiceTimeError::Percentiles { .. })
+        ));
+        assert_eq!(
+            ServiceTime::parse("p50=1s p99=1ms").unwrap_err().to_string(),
+            "p99 (1ms) must be at least p50 (1s), and p50 above zero"
+        );
     }
 
     #[test]

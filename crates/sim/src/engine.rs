@@ -375,7 +375,9 @@ impl<'s> Run<'s> {
         let arrival_seed = dist::stream_seed(sc.seed, Stream::Arrivals);
         let instances = sc.fleet.instances as usize;
         let naive_backoff = match &policy.retry {
-            RetryRule::Naive { backoff: Some(b), .. } => Some(Backoff::try_new(*b)?),
+            RetryRule::Naive { backoff: Some(b), .. } => {
+                Some(Backoff::try_new(*b).map_err(|e| e.to_string())?)
+            }
             _ => None,
         };
         let stats =
@@ -1130,12 +1132,13 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
     let clock: Arc<dyn Clock> = Arc::new(clock.clone());
     (0..count)
         .map(|_| {
-            let breaker = p.breaker.map(Breaker::try_new).transpose()?;
+            let breaker = p.breaker.map(Breaker::try_new).transpose().map_err(|e| e.to_string())?;
             let hold = Arc::new(PushbackHold::new());
             let upstream = match p.cap {
                 None => None,
                 Some(c) => Some(Upstream {
-                    limiter: Limiter::try_new(c.limiter_config(), clock.clone())?,
+                    limiter: Limiter::try_new(c.limiter_config(), clock.clone())
+                        .map_err(|e| e.to_string())?,
                     breaker: breaker.clone(),
                     hold: hold.clone(),
                 }),
@@ -1146,7 +1149,8 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
                     limiter: Limiter::try_new(
                         LimiterConfig { cap: n, queue_len: 0, ..LimiterConfig::default() },
                         clock.clone(),
-                    )?,
+                    )
+                    .map_err(|e| e.to_string())?,
                     breaker: breaker.clone(),
                     hold: hold.clone(),
                 }),
@@ -1155,7 +1159,7 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
                 (RetryRule::Budget { spec, .. }, Some(config)) => {
                     let budget = spec.build().map_err(|e| e.to_string())?;
                     (
-                        Some(RetryPolicy::with_budget(config, budget)?),
+                        Some(RetryPolicy::with_budget(config, budget).map_err(|e| e.to_string())?),
                         matches!(spec, BudgetSpec::Concurrency(_)),
                     )
                 }

@@ -108,8 +108,16 @@ pub struct ChartSpec<'a> {
     pub log_if_wide: bool,
 }
 
+/// Why a chart could not be drawn: the drawing backend's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct ChartError {
+    /// The backend's reason.
+    pub reason: String,
+}
+
 /// Draws one chart as an inline `<svg>` element (1280 × 300), or says why it could not.
-pub fn svg_chart(spec: &ChartSpec<'_>) -> Result<String, String> {
+pub fn svg_chart(spec: &ChartSpec<'_>) -> Result<String, ChartError> {
     let ChartSpec { title, y_desc, x_end_s, bands, lines, log_if_wide } = *spec;
     let y_max =
         lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).fold(0.0f64, f64::max).max(1e-9);
@@ -127,9 +135,11 @@ pub fn svg_chart(spec: &ChartSpec<'_>) -> Result<String, String> {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         if log {
             let y_desc = format!("{y_desc} (log scale)");
-            draw(&root, x_end_s, bands, title, &y_desc, lines, (1.0f64..y_max * 1.5).log_scale())?;
+            draw(&root, x_end_s, bands, title, &y_desc, lines, (1.0f64..y_max * 1.5).log_scale())
+                .map_err(|reason| ChartError { reason })?;
         } else {
-            draw(&root, x_end_s, bands, title, y_desc, lines, 0.0f64..y_max * 1.08)?;
+            draw(&root, x_end_s, bands, title, y_desc, lines, 0.0f64..y_max * 1.08)
+                .map_err(|reason| ChartError { reason })?;
         }
     }
     Ok(svg)
@@ -363,7 +373,8 @@ fn chart(
             let _ = writeln!(h, "<div class=\"chart\">{svg}</div>");
         }
         Err(e) => {
-            let _ = writeln!(h, "<p>chart `{}` could not be drawn: {}</p>", esc(title), esc(&e));
+            let _ =
+                writeln!(h, "<p>chart `{}` could not be drawn: {}</p>", esc(title), esc(&e.reason));
         }
     }
 }

@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-pub use dist::ServiceTime;
+pub use dist::{ServiceTime, ServiceTimeError};
 pub use engine::Footprint;
 pub use report::{InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, Report, Series};
 pub use scenario::{Scenario, ScenarioError};

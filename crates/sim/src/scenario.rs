@@ -604,7 +604,7 @@ impl<'a> Section<'a> {
     fn service_time(&self, key: &str) -> Res<Option<ServiceTime>> {
         match self.string(key)? {
             None => Ok(None),
-            Some(s) => ServiceTime::parse(&s).map(Some).map_err(|e| self.fail(key, e)),
+            Some(s) => ServiceTime::parse(&s).map(Some).map_err(|e| self.fail(key, e.to_string())),
         }
     }
 }
@@ -811,7 +811,8 @@ fn parse_backoff(s: &Section<'_>, default: Option<BackoffConfig>) -> Res<Option<
             Ok(None)
         }
         Some(range) => {
-            let mut b = BackoffConfig::parse_range(range).map_err(|e| s.fail("backoff", e))?;
+            let mut b =
+                BackoffConfig::parse_range(range).map_err(|e| s.fail("backoff", e.to_string()))?;
             if let Some(j) = jitter {
                 b.jitter = j;
             }
@@ -853,7 +854,7 @@ fn parse_breaker(s: &Section<'_>) -> Res<Option<BreakerConfig>> {
     if let Some(n) = t.u64("half_open_probes", 1..=1_000)? {
         c.half_open_probes = n;
     }
-    c.validate().map_err(|e| s.fail("breaker", e))?;
+    c.validate().map_err(|e| s.fail("breaker", e.to_string()))?;
     Ok(Some(c))
 }
 

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use http::HeaderName;
+use stormguard_core::ConfigError;
 use stormguard_core::breaker::{BreakerConfig, BreakerState};
-use stormguard_core::budget::{BudgetSnapshot, BudgetSpec, RetryBudget};
+use stormguard_core::budget::{BudgetSnapshot, BudgetSpec, RetryBudget, SpecError};
 use stormguard_core::clock::{Clock, Timestamp};
 use stormguard_core::decision::{RetryConfig, RetryPolicy, Upstream};
 use stormguard_core::limiter::{Limiter, LimiterConfig, LimiterSnapshot, Reader};
@@ -258,9 +259,45 @@ pub struct UpstreamSnapshot {
     pub hold_until: Option<Timestamp>,
 }
 
-fn check_body_limit(config: &DependencyConfig) -> Result<(), String> {
+/// Why a [`Dependency`] could not be built from its config. The message is one plain reason,
+/// lowercase without a trailing period.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DependencyError {
+    /// A rule of the limiter, retry policy, backoff, pushback or breaker; the field is
+    /// [`ConfigError::key`].
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The budget SPEC could not be built.
+    #[error(transparent)]
+    Budget(#[from] SpecError),
+    /// The total cap's limiter (with several upstreams) broke a rule.
+    #[error("total_cap: {0}")]
+    TotalCap(#[source] ConfigError),
+    /// `body_limit` above 64 MiB.
+    #[error("body_limit must be at most 64 MiB, got {got}")]
+    BodyLimit {
+        /// The limit given, in bytes.
+        got: usize,
+    },
+}
+
+impl DependencyError {
+    /// The name of the config field that broke a rule: `body_limit`, `total_cap`, or the field
+    /// core names ([`ConfigError::key`]); `budget` for the SPEC.
+    pub fn key(&self) -> &'static str {
+        match self {
+            DependencyError::Config(e) => e.key(),
+            DependencyError::Budget(_) => "budget",
+            DependencyError::TotalCap(_) => "total_cap",
+            DependencyError::BodyLimit { .. } => "body_limit",
+        }
+    }
+}
+
+fn check_body_limit(config: &DependencyConfig) -> Result<(), DependencyError> {
     if config.body_limit > 64 * 1024 * 1024 {
-        return Err(format!("body_limit must be at most 64 MiB, got {}", config.body_limit));
+        return Err(DependencyError::BodyLimit { got: config.body_limit });
     }
     Ok(())
 }
@@ -276,9 +313,9 @@ fn total_config(config: &DependencyConfig) -> Option<LimiterConfig> {
 fn total_limiter(
     config: &DependencyConfig,
     clock: &Arc<dyn Clock>,
-) -> Result<Option<Limiter>, String> {
+) -> Result<Option<Limiter>, DependencyError> {
     total_config(config)
-        .map(|c| Limiter::try_new(c, clock.clone()).map_err(|e| format!("total_cap: {e}")))
+        .map(|c| Limiter::try_new(c, clock.clone()).map_err(DependencyError::TotalCap))
         .transpose()
 }
 
@@ -293,7 +330,7 @@ fn upstream_limiter(config: &DependencyConfig, i: usize) -> LimiterConfig {
 impl Dependency {
     /// Builds a dependency on tokio's clock (paused time moves it too). Must be called inside a
     /// tokio runtime only if time is paused; otherwise anywhere.
-    pub fn try_new(config: DependencyConfig) -> Result<Dependency, String> {
+    pub fn try_new(config: DependencyConfig) -> Result<Dependency, DependencyError> {
         let clock = TokioClock::new();
         Dependency::build(config, Arc::new(clock), Some(clock), None)
     }
@@ -304,7 +341,7 @@ impl Dependency {
     pub fn try_new_with_budget(
         config: DependencyConfig,
         budget: Arc<dyn RetryBudget>,
-    ) -> Result<Dependency, String> {
+    ) -> Result<Dependency, DependencyError> {
         let clock = TokioClock::new();
         Dependency::build(config, Arc::new(clock), Some(clock), Some(budget))
     }
@@ -314,7 +351,7 @@ impl Dependency {
     pub fn with_clock(
         config: DependencyConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<Dependency, String> {
+    ) -> Result<Dependency, DependencyError> {
         Dependency::build(config, clock, None, None)
     }
 
@@ -323,14 +360,11 @@ impl Dependency {
         clock: Arc<dyn Clock>,
         tokio_clock: Option<TokioClock>,
         budget: Option<Arc<dyn RetryBudget>>,
-    ) -> Result<Dependency, String> {
+    ) -> Result<Dependency, DependencyError> {
         check_body_limit(&config)?;
         let policy = match budget {
             Some(budget) => RetryPolicy::try_new(config.retry.clone(), budget)?,
-            None => RetryPolicy::with_budget(
-                config.retry.clone(),
-                config.budget.build().map_err(|e| e.to_string())?,
-            )?,
+            None => RetryPolicy::with_budget(config.retry.clone(), config.budget.build()?)?,
         };
         let upstreams = (0..config.upstreams.len().max(1))
             .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
@@ -373,14 +407,14 @@ impl Dependency {
     /// parameters are; the budget (and its balance) when its SPEC is; the kill switch always,
     /// and shadow mode when `enforce` is unchanged. Anything changed starts fresh. The decision
     /// counters start from zero. Clocks are shared.
-    pub fn successor(&self, config: DependencyConfig) -> Result<Dependency, String> {
+    pub fn successor(&self, config: DependencyConfig) -> Result<Dependency, DependencyError> {
         let old = &self.inner;
         check_body_limit(&config)?;
         let budget: Arc<dyn stormguard_core::budget::RetryBudget> =
             if config.budget == old.config.budget {
                 old.policy.budget().clone()
             } else {
-                Arc::new(config.budget.build().map_err(|e| e.to_string())?)
+                Arc::new(config.budget.build()?)
             };
         let policy = RetryPolicy::try_new(config.retry.clone(), budget)?;
         policy.set_retries_enabled(old.policy.retries_enabled());

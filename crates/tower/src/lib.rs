@@ -14,7 +14,7 @@
 //! })?;
 //! let stack = ServiceBuilder::new().layer(StormguardLayer::new(payments.clone()));
 //! # let _ = stack;
-//! # Ok::<(), String>(())
+//! # Ok::<(), stormguard_tower::DependencyError>(())
 //! ```
 //!
 //! The stack is [`Retry`] outside [`Cap`]: every attempt takes its own slot; a retry takes its
@@ -34,8 +34,8 @@ pub mod retry;
 
 pub use cap::{BodyReceived, Cap, CapLayer, PermitBody, TimeLeft};
 pub use dependency::{
-    Dependency, DependencyConfig, DependencySnapshot, Spawner, UpstreamSnapshot, UpstreamSpec,
-    UpstreamTarget,
+    Dependency, DependencyConfig, DependencyError, DependencySnapshot, Spawner, UpstreamSnapshot,
+    UpstreamSpec, UpstreamTarget,
 };
 pub use error::{BoxError, StormguardError};
 pub use record::{Recorder, TraceEvent, TraceOp};

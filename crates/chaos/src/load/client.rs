@@ -214,16 +214,40 @@ pub(super) async fn read_answer(
     Outcome::Status(status)
 }
 
+/// Why a [`http_call`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The URL is not one the load generator may call.
+    #[error(transparent)]
+    Target(#[from] LoadError),
+    /// The URL's path is not a request target.
+    #[error("{0}")]
+    Path(String),
+    /// The connection failed.
+    #[error("{0}")]
+    Connect(String),
+    /// The request failed.
+    #[error("{0}")]
+    Request(String),
+    /// The body could not be read.
+    #[error("{0}")]
+    Body(String),
+    /// No answer within 5 seconds.
+    #[error("no answer within 5s")]
+    Timeout,
+}
+
 /// One request on its own connection, for the stats endpoint: status and body.
-pub async fn http_call(method: Method, uri: &Uri) -> Result<(StatusCode, Bytes), String> {
-    let addr = loopback_addr(uri).map_err(|e| e.to_string())?;
+pub async fn http_call(method: Method, uri: &Uri) -> Result<(StatusCode, Bytes), CallError> {
+    let addr = loopback_addr(uri)?;
     let template = Template {
         method,
         uri: uri
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .parse()
-            .map_err(|e| format!("{e}"))?,
+            .map_err(|e: http::uri::InvalidUri| CallError::Path(e.to_string()))?,
         headers: {
             let mut h = HeaderMap::new();
             if let Some(a) = uri.authority()
@@ -236,13 +260,20 @@ pub async fn http_call(method: Method, uri: &Uri) -> Result<(StatusCode, Bytes),
         body: Bytes::new(),
     };
     let call = async {
-        let mut conn = connect(addr).await.map_err(|e| e.to_string())?;
-        let resp = conn.sender.send_request(template.request()).await.map_err(|e| e.to_string())?;
+        let mut conn = connect(addr).await.map_err(|e| CallError::Connect(e.to_string()))?;
+        let resp = conn
+            .sender
+            .send_request(template.request())
+            .await
+            .map_err(|e| CallError::Request(e.to_string()))?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| CallError::Body(e.to_string()))?
+            .to_bytes();
         Ok((status, body))
     };
-    tokio::time::timeout(Duration::from_secs(5), call)
-        .await
-        .unwrap_or_else(|_| Err("no answer within 5s".to_string()))
+    tokio::time::timeout(Duration::from_secs(5), call).await.unwrap_or(Err(CallError::Timeout))
 }

@@ -77,8 +77,8 @@ mod client;
 mod report;
 mod run;
 
-pub use client::http_call;
 use client::*;
+pub use client::{CallError, http_call};
 pub use report::*;
 use run::*;
 
@@ -346,7 +346,9 @@ pub async fn run(config: &LoadConfig, live: &Live) -> Result<LoadReport, LoadErr
                     reason: format!("status {s}"),
                 });
             }
-            Err(reason) => return Err(LoadError::Stats { url: reset.to_string(), reason }),
+            Err(e) => {
+                return Err(LoadError::Stats { url: reset.to_string(), reason: e.to_string() });
+            }
         }
     }
 

@@ -235,7 +235,7 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
     if args.check {
         // What the server would refuse at start (an empty script) is refused here too.
-        config.script.validate().map_err(Failure::usage)?;
+        config.script.validate().map_err(|e| Failure::usage(e.to_string()))?;
         return summarize(args, &config, out);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

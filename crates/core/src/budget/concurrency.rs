@@ -13,6 +13,7 @@
 //! In-process, the caller feeds `n` through [`RetryBudget::set_active`] (the limiter knows how
 //! many primaries hold or wait for a slot); `stormguard replay` feeds it from `active` events.
 
+use crate::error::ConfigError;
 use std::sync::Arc;
 
 use super::{
@@ -46,12 +47,14 @@ impl Default for ConcurrencyConfig {
 
 impl ConcurrencyConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.percent > Fraction::ONE {
-            return Err(format!(
-                "percent must be a fraction in [0, 1] of requests in flight, got {}",
-                self.percent
-            ));
+            return Err(ConfigError::NotAFraction {
+                key: "percent",
+                of: " of requests in flight",
+                max: "1".into(),
+                got: self.percent.to_string(),
+            });
         }
         Ok(())
     }
@@ -71,7 +74,7 @@ pub struct ConcurrencyBudget {
 
 impl ConcurrencyBudget {
     /// Builds the budget, refusing invalid parameters.
-    pub fn try_new(config: ConcurrencyConfig) -> Result<ConcurrencyBudget, String> {
+    pub fn try_new(config: ConcurrencyConfig) -> Result<ConcurrencyBudget, ConfigError> {
         config.validate()?;
         Ok(ConcurrencyBudget {
             config,
@@ -246,6 +249,11 @@ mod tests {
     #[test]
     fn percent_above_one_is_refused() {
         let c = ConcurrencyConfig { percent: "1.5".parse().unwrap(), ..Default::default() };
-        assert!(ConcurrencyBudget::try_new(c).unwrap_err().contains("percent"));
+        let err = ConcurrencyBudget::try_new(c).unwrap_err();
+        assert!(matches!(err, ConfigError::NotAFraction { key: "percent", .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "percent must be a fraction in [0, 1] of requests in flight, got 1.5"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! A first-try success adds `success_reward` (up to `capacity`); a successful retry refunds the
 //! cost of that retry only, through [`RetryPermit::succeeded`].
 
+use crate::error::ConfigError;
 use std::sync::Arc;
 
 use super::{
@@ -52,7 +53,7 @@ impl QuotaConfig {
     }
 
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         const MAX: u64 = 1 << 40;
         for (name, v) in [
             ("capacity", self.capacity),
@@ -62,7 +63,11 @@ impl QuotaConfig {
             ("success_reward", self.success_reward),
         ] {
             if v > MAX {
-                return Err(format!("{name} must be at most {MAX}, got {v}"));
+                return Err(ConfigError::TooLarge {
+                    key: name,
+                    max: MAX.to_string(),
+                    got: v.to_string(),
+                });
             }
         }
         Ok(())
@@ -101,7 +106,7 @@ pub struct QuotaBudget {
 
 impl QuotaBudget {
     /// Builds the quota, full, refusing invalid parameters.
-    pub fn try_new(config: QuotaConfig) -> Result<QuotaBudget, String> {
+    pub fn try_new(config: QuotaConfig) -> Result<QuotaBudget, ConfigError> {
         config.validate()?;
         Ok(QuotaBudget {
             config,

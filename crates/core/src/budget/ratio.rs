@@ -19,6 +19,7 @@
 //! millionths and rounded down once, at the end. Over `n` deposits with no reserve exactly
 //! `floor(n × percent)` retries are granted.
 
+use crate::error::ConfigError;
 use std::time::Duration;
 
 use super::{
@@ -71,15 +72,29 @@ impl Default for RatioConfig {
 
 impl RatioConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.percent > Fraction::from_millionths(1_000 * Fraction::ONE_MILLIONTHS) {
-            return Err(format!("percent must be a fraction in [0, 1000], got {}", self.percent));
+            return Err(ConfigError::NotAFraction {
+                key: "percent",
+                of: "",
+                max: "1000".into(),
+                got: self.percent.to_string(),
+            });
         }
         if self.min_per_sec > Fraction::from_millionths(1_000_000 * Fraction::ONE_MILLIONTHS) {
-            return Err(format!("min_per_sec must be at most 1000000, got {}", self.min_per_sec));
+            return Err(ConfigError::TooLarge {
+                key: "min_per_sec",
+                max: "1000000".into(),
+                got: self.min_per_sec.to_string(),
+            });
         }
         if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
-            return Err(format!("ttl must be between 1s and 60s, got {:?}", self.ttl));
+            return Err(ConfigError::OutOfRange {
+                key: "ttl",
+                min: "1s".into(),
+                max: "60s".into(),
+                got: format!("{:?}", self.ttl),
+            });
         }
         Ok(())
     }
@@ -113,7 +128,7 @@ fn in_window(current: u32, tag: u32) -> bool {
 
 impl RatioBudget {
     /// Builds the budget, refusing invalid parameters.
-    pub fn try_new(config: RatioConfig) -> Result<RatioBudget, String> {
+    pub fn try_new(config: RatioConfig) -> Result<RatioBudget, ConfigError> {
         config.validate()?;
         let ttl_nanos = duration_nanos(config.ttl);
         let reserve_micro =
@@ -405,12 +420,15 @@ mod tests {
     fn refuses_bad_parameters() {
         let mut c = RatioConfig::default();
         c.ttl = Duration::from_millis(999);
-        assert!(RatioBudget::try_new(c).unwrap_err().contains("ttl"));
+        let err = RatioBudget::try_new(c).unwrap_err();
+        assert!(matches!(err, ConfigError::OutOfRange { key: "ttl", .. }), "{err}");
+        assert_eq!(err.to_string(), "ttl must be between 1s and 60s, got 999ms");
         c.ttl = Duration::from_secs(61);
         assert!(RatioBudget::try_new(c).is_err());
         let mut c = RatioConfig::default();
         c.percent = Fraction::from_millionths(1_000_000_001);
-        assert!(RatioBudget::try_new(c).unwrap_err().contains("percent"));
+        let err = RatioBudget::try_new(c).unwrap_err();
+        assert!(matches!(err, ConfigError::NotAFraction { key: "percent", .. }), "{err}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! default; `ratio` alone is the default ratio budget. The same text is accepted by
 //! `stormguard replay --policy`, the proxy's `--budget` and its config file.
 
+use crate::error::ConfigError;
 use std::fmt;
 use std::time::Duration;
 
@@ -48,9 +49,12 @@ pub enum SpecError {
         /// Why its value was refused.
         reason: String,
     },
+    /// `slots` given beside `percent` or `min`.
+    #[error("slots is the fixed form: give it alone, without percent or min")]
+    SlotsWithOthers,
     /// The parameters break a rule of the policy.
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
 }
 
 /// A parsed budget SPEC: a policy kind with validated parameters.
@@ -132,7 +136,7 @@ impl BudgetSpec {
                         _ => return Err(unknown("ratio", KEYS, k)),
                     }
                 }
-                c.validate().map_err(SpecError::Invalid)?;
+                c.validate()?;
                 BudgetSpec::Ratio(c)
             }
             "concurrency" => {
@@ -147,11 +151,9 @@ impl BudgetSpec {
                     }
                 }
                 if c.slots.is_some() && seen.iter().any(|k| *k != "slots") {
-                    return Err(SpecError::Invalid(
-                        "slots is the fixed form: give it alone, without percent or min".into(),
-                    ));
+                    return Err(SpecError::SlotsWithOthers);
                 }
-                c.validate().map_err(SpecError::Invalid)?;
+                c.validate()?;
                 BudgetSpec::Concurrency(c)
             }
             "token-bucket" | "token_bucket" => {
@@ -166,7 +168,7 @@ impl BudgetSpec {
                         _ => return Err(unknown("token-bucket", KEYS, k)),
                     }
                 }
-                c.validate().map_err(SpecError::Invalid)?;
+                c.validate()?;
                 BudgetSpec::TokenBucket(c)
             }
             "quota" => {
@@ -186,7 +188,7 @@ impl BudgetSpec {
                     }
                 }
                 c.throttle_cost = throttle.unwrap_or(c.retry_cost);
-                c.validate().map_err(SpecError::Invalid)?;
+                c.validate()?;
                 BudgetSpec::Quota(c)
             }
             other => return Err(SpecError::UnknownKind(other.to_string())),
@@ -207,18 +209,10 @@ impl BudgetSpec {
     /// Builds a fresh policy (full reserve, empty window).
     pub fn build(&self) -> Result<AnyBudget, SpecError> {
         Ok(match *self {
-            BudgetSpec::Ratio(c) => {
-                AnyBudget::Ratio(RatioBudget::try_new(c).map_err(SpecError::Invalid)?)
-            }
-            BudgetSpec::Concurrency(c) => {
-                AnyBudget::Concurrency(ConcurrencyBudget::try_new(c).map_err(SpecError::Invalid)?)
-            }
-            BudgetSpec::TokenBucket(c) => {
-                AnyBudget::TokenBucket(TokenBucket::try_new(c).map_err(SpecError::Invalid)?)
-            }
-            BudgetSpec::Quota(c) => {
-                AnyBudget::Quota(QuotaBudget::try_new(c).map_err(SpecError::Invalid)?)
-            }
+            BudgetSpec::Ratio(c) => AnyBudget::Ratio(RatioBudget::try_new(c)?),
+            BudgetSpec::Concurrency(c) => AnyBudget::Concurrency(ConcurrencyBudget::try_new(c)?),
+            BudgetSpec::TokenBucket(c) => AnyBudget::TokenBucket(TokenBucket::try_new(c)?),
+            BudgetSpec::Quota(c) => AnyBudget::Quota(QuotaBudget::try_new(c)?),
         })
     }
 }

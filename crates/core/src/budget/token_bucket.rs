@@ -7,6 +7,7 @@
 
 use super::{BudgetExhausted, BudgetSnapshot, FailureKind, Outcome, RetryBudget, RetryPermit};
 use crate::clock::Timestamp;
+use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
 
 const MILLI: u64 = 1_000;
@@ -29,15 +30,16 @@ impl Default for TokenBucketConfig {
 
 impl TokenBucketConfig {
     /// Checks every rule, returning the first broken one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_milli_tokens == 0 || self.max_milli_tokens > 1_000 * MILLI {
-            return Err(format!(
-                "max_tokens must be above 0 and at most 1000, got {}",
-                crate::decimal::format_scaled(self.max_milli_tokens, 3)
-            ));
+            return Err(ConfigError::NotPositiveOrTooLarge {
+                key: "max_tokens",
+                max: "1000".into(),
+                got: crate::decimal::format_scaled(self.max_milli_tokens, 3).to_string(),
+            });
         }
         if self.token_ratio_milli == 0 {
-            return Err("token_ratio must be above 0 (3 decimals are kept)".to_string());
+            return Err(ConfigError::Zero { key: "token_ratio" });
         }
         Ok(())
     }
@@ -52,7 +54,7 @@ pub struct TokenBucket {
 
 impl TokenBucket {
     /// Builds the bucket, full, refusing invalid parameters.
-    pub fn try_new(config: TokenBucketConfig) -> Result<TokenBucket, String> {
+    pub fn try_new(config: TokenBucketConfig) -> Result<TokenBucket, ConfigError> {
         config.validate()?;
         Ok(TokenBucket { config, milli_tokens: AtomicU64::new(config.max_milli_tokens) })
     }
@@ -197,8 +199,9 @@ mod tests {
             })
             .unwrap_err()
         };
-        assert!(bad(0, 100).contains("max_tokens"));
-        assert!(bad(1_000_001, 100).contains("max_tokens"));
-        assert!(bad(1_000, 0).contains("token_ratio"));
+        assert_eq!(bad(0, 100).key(), "max_tokens");
+        assert_eq!(bad(1_000_001, 100).key(), "max_tokens");
+        assert!(matches!(bad(1_000, 0), ConfigError::Zero { key: "token_ratio" }));
+        assert_eq!(bad(1_000, 0).to_string(), "token_ratio must be above 0 (3 decimals are kept)");
     }
 }

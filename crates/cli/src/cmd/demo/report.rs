@@ -192,8 +192,12 @@ fn chart(
             let _ = writeln!(h, "<div class=\"chart\">{svg}</div>");
         }
         Err(e) => {
-            let _ =
-                writeln!(h, "<p>chart `{}` could not be drawn: {}</p>", escape(title), escape(&e));
+            let _ = writeln!(
+                h,
+                "<p>chart `{}` could not be drawn: {}</p>",
+                escape(title),
+                escape(&e.reason)
+            );
         }
     }
 }

@@ -105,7 +105,7 @@ pub(super) fn proxy_config(upstream: &str, admin: SocketAddr) -> Result<ProxyCon
     d.max_retries = 1;
     d.per_try_timeout = Some(PER_TRY_TIMEOUT);
     // Retries go out (almost) at once, as in the worked example and on the naive path.
-    d.backoff = BackoffConfig::parse_range("1ms..5ms").map_err(bad)?;
+    d.backoff = BackoffConfig::parse_range("1ms..5ms").map_err(|e| bad(e.to_string()))?;
     d.queue = 100;
     d.queue_timeout = Duration::from_millis(200);
     let mut config = ProxyConfig::single(SocketAddr::from(([127, 0, 0, 1], 0)), d);
