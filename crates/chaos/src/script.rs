@@ -73,13 +73,18 @@ pub enum OnDisconnect {
     Cancel,
 }
 
+/// A word that is not an [`OnDisconnect`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not finish or cancel")]
+pub struct UnknownOnDisconnect(pub String);
+
 impl FromStr for OnDisconnect {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownOnDisconnect;
+    fn from_str(s: &str) -> Result<Self, UnknownOnDisconnect> {
         match s {
             "finish" => Ok(OnDisconnect::Finish),
             "cancel" => Ok(OnDisconnect::Cancel),
-            other => Err(format!("`{other}` is not finish or cancel")),
+            other => Err(UnknownOnDisconnect(other.to_string())),
         }
     }
 }
@@ -110,10 +115,22 @@ impl Rate {
     }
 }
 
+/// Why a text is not a [`Rate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadRate {
+    /// Not `COUNT/PERIOD` or a bare count.
+    #[error("`{0}` is not a rate like 100/s, 5/100ms or 6000/m")]
+    Syntax(String),
+    /// A count or period of zero (or not finite).
+    #[error("`{0}`: a rate must be above zero")]
+    NotAboveZero(String),
+}
+
 impl FromStr for Rate {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Rate, String> {
-        let bad = || format!("`{text}` is not a rate like 100/s, 5/100ms or 6000/m");
+    type Err = BadRate;
+    fn from_str(text: &str) -> Result<Rate, BadRate> {
+        let bad = || BadRate::Syntax(text.to_string());
         let (count, per) = match text.trim().split_once('/') {
             Some((c, p)) => {
                 let p = p.trim();
@@ -129,7 +146,7 @@ impl FromStr for Rate {
         };
         let count: f64 = count.parse().map_err(|_| bad())?;
         if !(count > 0.0 && count.is_finite()) || per.is_zero() {
-            return Err(format!("`{text}`: a rate must be above zero"));
+            return Err(BadRate::NotAboveZero(text.to_string()));
         }
         Ok(Rate { count, per })
     }
@@ -387,11 +404,9 @@ impl Script {
             return Err(at(0..0, "phase".into(), "a script needs at least one [[phase]]".into()));
         }
         let on_disconnect = match raw.on_disconnect {
-            Some(s) => Some(
-                s.get_ref()
-                    .parse()
-                    .map_err(|reason| at(s.span(), "on_disconnect".into(), reason))?,
-            ),
+            Some(s) => Some(s.get_ref().parse().map_err(|e: UnknownOnDisconnect| {
+                at(s.span(), "on_disconnect".into(), e.to_string())
+            })?),
             None => None,
         };
         Ok(Script {
@@ -609,7 +624,8 @@ fn parse_phase(i: usize, table: &BTreeMap<Spanned<String>, Spanned<Value>>) -> R
             "max_concurrency" => phase.max_concurrency = Some(as_count(v, key)?),
             "workers" => phase.workers = Some(as_count(v, key)?),
             "rate_limit" => {
-                rate = Some(as_str(v, key)?.parse::<Rate>().map_err(|r| bad(v, key, r))?);
+                rate =
+                    Some(as_str(v, key)?.parse::<Rate>().map_err(|r| bad(v, key, r.to_string()))?);
             }
             "rate_burst" => burst = Some(as_count(v, key)?),
             "body_bytes" => {

@@ -346,23 +346,32 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
+/// Why the admin token cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminTokenError {
+    /// The environment variable that should hold it is not set.
+    #[error("the environment variable {0} is not set: it holds the admin token")]
+    Unset(String),
+    /// Shorter than [`AdminToken::MIN_LEN`].
+    #[error("the admin token must be at least 16 bytes (e.g. `openssl rand -hex 16`)")]
+    TooShort,
+}
+
 impl AdminToken {
     /// The shortest token accepted, in bytes.
     pub const MIN_LEN: usize = 16;
 
     /// The token itself; an unset variable or a token shorter than 16 bytes is refused.
-    pub fn resolve(&self) -> Result<String, String> {
+    pub fn resolve(&self) -> Result<String, AdminTokenError> {
         let token = match self {
             AdminToken::Value(t) => t.clone(),
-            AdminToken::Env(name) => std::env::var(name).map_err(|_| {
-                format!("the environment variable {name} is not set: it holds the admin token")
-            })?,
+            AdminToken::Env(name) => {
+                std::env::var(name).map_err(|_| AdminTokenError::Unset(name.clone()))?
+            }
         };
         if token.len() < AdminToken::MIN_LEN {
-            return Err(format!(
-                "the admin token must be at least {} bytes (e.g. `openssl rand -hex 16`)",
-                AdminToken::MIN_LEN
-            ));
+            return Err(AdminTokenError::TooShort);
         }
         Ok(token)
     }
@@ -498,7 +507,7 @@ pub enum RedisSourceError {
         /// The variable.
         name: String,
         /// Why (never the URL itself).
-        reason: String,
+        reason: stormguard_redis::BadRedisUrl,
     },
 }
 
@@ -2107,13 +2116,18 @@ mod tests {
 
     #[test]
     fn admin_tokens_are_long_enough() {
-        assert!(AdminToken::Value("short".into()).resolve().unwrap_err().contains("16 bytes"));
+        assert_eq!(
+            AdminToken::Value("short".into()).resolve().unwrap_err(),
+            AdminTokenError::TooShort
+        );
         assert_eq!(
             AdminToken::Value("0123456789abcdef".into()).resolve().unwrap(),
             "0123456789abcdef"
         );
         let e = AdminToken::Env("STORMGUARD_TEST_UNSET_TOKEN_VARIABLE".into()).resolve();
-        assert!(e.unwrap_err().contains("STORMGUARD_TEST_UNSET_TOKEN_VARIABLE is not set"));
+        let e = e.unwrap_err();
+        assert_eq!(e, AdminTokenError::Unset("STORMGUARD_TEST_UNSET_TOKEN_VARIABLE".into()));
+        assert!(e.to_string().contains("STORMGUARD_TEST_UNSET_TOKEN_VARIABLE is not set"));
     }
 
     #[test]

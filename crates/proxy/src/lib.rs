@@ -226,9 +226,9 @@ impl Drop for ProxyHandle {
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate().map_err(|(k, r)| StartError::Invalid(k, r))?;
     let admin_token = match &config.admin_access.token {
-        Some(t) if config.admin.is_some() => {
-            Some(t.resolve().map_err(|r| StartError::Invalid("admin_token".into(), r))?)
-        }
+        Some(t) if config.admin.is_some() => Some(
+            t.resolve().map_err(|r| StartError::Invalid("admin_token".into(), r.to_string()))?,
+        ),
         _ => None,
     };
     let trace = match &config.record {

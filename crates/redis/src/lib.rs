@@ -63,4 +63,4 @@ pub use fleet::{
     Fleet, FleetBudget, FleetConfig, FleetError, FleetMode, FleetSnapshot, FleetWorker,
     LEASE_SCRIPT, default_instance_id,
 };
-pub use resp::RedisTarget;
+pub use resp::{BadRedisUrl, RedisTarget};

@@ -53,16 +53,20 @@ impl fmt::Display for RedisTarget {
     }
 }
 
+/// Why a text is not a Redis URL. The reason never repeats the text: it may hold a password.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRedisUrl(pub &'static str);
+
 impl std::str::FromStr for RedisTarget {
-    type Err = String;
+    type Err = BadRedisUrl;
 
     /// Parses `redis://[[user]:password@]host[:port][/db]`; user and password may be
     /// percent-encoded. Errors never repeat the text (it may hold a password).
-    fn from_str(text: &str) -> Result<RedisTarget, String> {
-        let rest = text.strip_prefix("redis://").ok_or_else(|| {
-            "a Redis URL starts with redis:// (rediss:// and unix sockets are not supported)"
-                .to_string()
-        })?;
+    fn from_str(text: &str) -> Result<RedisTarget, BadRedisUrl> {
+        let rest = text.strip_prefix("redis://").ok_or(BadRedisUrl(
+            "a Redis URL starts with redis:// (rediss:// and unix sockets are not supported)",
+        ))?;
         let (creds, rest) = match rest.rsplit_once('@') {
             Some((c, r)) => (Some(c), r),
             None => (None, rest),
@@ -72,7 +76,7 @@ impl std::str::FromStr for RedisTarget {
             Some((a, d)) => (
                 a,
                 d.parse::<u32>()
-                    .map_err(|_| "the database after '/' must be a number".to_string())?,
+                    .map_err(|_| BadRedisUrl("the database after '/' must be a number"))?,
             ),
             None => (rest, 0),
         };
@@ -82,13 +86,13 @@ impl std::str::FromStr for RedisTarget {
                 p.parse::<u16>()
                     .ok()
                     .filter(|p| *p != 0)
-                    .ok_or_else(|| "the port must be a number from 1 to 65535".to_string())?,
+                    .ok_or(BadRedisUrl("the port must be a number from 1 to 65535"))?,
             ),
             _ => (authority, 6379),
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
-            return Err("the Redis URL has no host".into());
+            return Err(BadRedisUrl("the Redis URL has no host"));
         }
         let (user, password) = match creds {
             None => (None, None),
@@ -106,16 +110,18 @@ impl std::str::FromStr for RedisTarget {
     }
 }
 
-fn decode(s: &str) -> Result<String, String> {
+fn decode(s: &str) -> Result<String, BadRedisUrl> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or("a '%' in the URL's credentials is not %XX")?;
+            let hex = s
+                .get(i + 1..i + 3)
+                .ok_or(BadRedisUrl("a '%' in the URL's credentials is not %XX"))?;
             out.push(
                 u8::from_str_radix(hex, 16)
-                    .map_err(|_| "a '%' in the URL's credentials is not %XX")?,
+                    .map_err(|_| BadRedisUrl("a '%' in the URL's credentials is not %XX"))?,
             );
             i += 3;
         } else {
@@ -123,7 +129,7 @@ fn decode(s: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| "the URL's credentials are not UTF-8".to_string())
+    String::from_utf8(out).map_err(|_| BadRedisUrl("the URL's credentials are not UTF-8"))
 }
 
 /// A reply.
@@ -289,7 +295,7 @@ mod tests {
         assert_eq!((t.host.as_str(), t.port), ("::1", 7000));
         for bad in ["http://x", "redis://", "redis://h:99999", "redis://h/x", "redis://:%zz@h"] {
             let e = bad.parse::<RedisTarget>().unwrap_err();
-            assert!(!e.contains("zz"), "{e}");
+            assert!(!e.to_string().contains("zz"), "{e}");
         }
     }
 

@@ -254,7 +254,7 @@ impl<B: RetryBudget> Replay<B> {
     }
 
     /// Applies one input line; returns the output line, if the event has one.
-    pub fn apply(&mut self, line: &str, line_no: u64) -> Result<Option<String>, String> {
+    pub(crate) fn apply(&mut self, line: &str, line_no: u64) -> Result<Option<String>, String> {
         let ev: Event =
             serde_json::from_str(line).map_err(|e| format!("not a valid event: {e}"))?;
         if let Some(d) = &ev.dependency {
