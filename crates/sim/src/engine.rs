@@ -356,8 +356,50 @@ pub(crate) struct Run<'s> {
 /// restart at the same nanosecond forever.
 const STUCK_EVENTS: u64 = 1_000_000;
 
+/// Why a policy's run could not be built, or stopped before its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A part of the policy (backoff, breaker, limiter, retry rules) refused its settings.
+    #[error(transparent)]
+    Config(#[from] stormguard_core::error::ConfigError),
+    /// The budget SPEC could not be built.
+    #[error(transparent)]
+    Budget(#[from] stormguard_core::budget::SpecError),
+    /// The run sent more than its bound of attempts.
+    #[error(
+        "sent more than {max_attempts} attempts by {} s of virtual time: the simulator stops a \
+         run there (shorten duration, lower the load, or retry less)",
+        seconds(*at_nanos)
+    )]
+    TooMuchWork {
+        /// The bound.
+        max_attempts: u64,
+        /// When it was passed, in virtual nanoseconds.
+        at_nanos: u64,
+    },
+    /// Events kept coming without the virtual clock moving.
+    #[error(
+        "{events} events at {} s without the virtual clock moving: closed-loop workers whose \
+         actions end at once (a full queue answering 503, with think = 0) restart forever; give \
+         the fleet a think time or the dependency a queue",
+        seconds(*at_nanos)
+    )]
+    Stuck {
+        /// Events at the one instant.
+        events: u64,
+        /// The instant, in virtual nanoseconds.
+        at_nanos: u64,
+    },
+}
+
+/// Virtual nanoseconds as seconds with three decimals.
+fn seconds(nanos: u64) -> String {
+    format!("{:.3}", nanos as f64 / 1e9)
+}
+
 impl<'s> Run<'s> {
-    pub(crate) fn new(sc: &'s Scenario, policy: &'s PolicyConfig) -> Result<Run<'s>, String> {
+    pub(crate) fn new(sc: &'s Scenario, policy: &'s PolicyConfig) -> Result<Run<'s>, RunError> {
         let clock = ManualClock::new();
         let horizon = nanos(sc.duration);
         let segs: Vec<Seg> = sc
@@ -375,9 +417,7 @@ impl<'s> Run<'s> {
         let arrival_seed = dist::stream_seed(sc.seed, Stream::Arrivals);
         let instances = sc.fleet.instances as usize;
         let naive_backoff = match &policy.retry {
-            RetryRule::Naive { backoff: Some(b), .. } => {
-                Some(Backoff::try_new(*b).map_err(|e| e.to_string())?)
-            }
+            RetryRule::Naive { backoff: Some(b), .. } => Some(Backoff::try_new(*b)?),
             _ => None,
         };
         let stats =
@@ -437,7 +477,7 @@ impl<'s> Run<'s> {
     /// Runs to the end: arrivals stop at the scenario's duration, and every action that
     /// started is followed to its end. A run that sends more than its bound of attempts, or
     /// handles [`STUCK_EVENTS`] events without the clock moving, stops with an error.
-    pub(crate) fn run(mut self, progress: &AtomicU64) -> Result<(RunStats, Footprint), String> {
+    pub(crate) fn run(mut self, progress: &AtomicU64) -> Result<(RunStats, Footprint), RunError> {
         self.schedule_start();
         let mut events: u32 = 0;
         let mut at_this_instant: u64 = 0;
@@ -474,22 +514,14 @@ impl<'s> Run<'s> {
                 break;
             }
             if self.sent > self.max_attempts {
-                return Err(format!(
-                    "sent more than {} attempts by {:.3} s of virtual time: the simulator stops a \
-                     run there (shorten duration, lower the load, or retry less)",
-                    self.max_attempts,
-                    self.now as f64 / 1e9
-                ));
+                return Err(RunError::TooMuchWork {
+                    max_attempts: self.max_attempts,
+                    at_nanos: self.now,
+                });
             }
             at_this_instant += 1;
             if at_this_instant > STUCK_EVENTS {
-                return Err(format!(
-                    "{STUCK_EVENTS} events at {:.3} s without the virtual clock moving: \
-                     closed-loop workers whose actions end at once (a full queue answering 503, \
-                     with think = 0) restart forever; give the fleet a think time or the \
-                     dependency a queue",
-                    self.now as f64 / 1e9
-                ));
+                return Err(RunError::Stuck { events: STUCK_EVENTS, at_nanos: self.now });
             }
             events = events.wrapping_add(1);
             if events & 0xFFF == 0 {
@@ -1124,7 +1156,11 @@ impl BelowThreshold for SplitMix64 {
     }
 }
 
-fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<Vec<Unit>, String> {
+fn build_units(
+    sc: &Scenario,
+    p: &PolicyConfig,
+    clock: &ManualClock,
+) -> Result<Vec<Unit>, RunError> {
     let count = match p.share {
         Share::Fleet => 1,
         Share::Instance => sc.fleet.instances,
@@ -1132,13 +1168,12 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
     let clock: Arc<dyn Clock> = Arc::new(clock.clone());
     (0..count)
         .map(|_| {
-            let breaker = p.breaker.map(Breaker::try_new).transpose().map_err(|e| e.to_string())?;
+            let breaker = p.breaker.map(Breaker::try_new).transpose()?;
             let hold = Arc::new(PushbackHold::new());
             let upstream = match p.cap {
                 None => None,
                 Some(c) => Some(Upstream {
-                    limiter: Limiter::try_new(c.limiter_config(), clock.clone())
-                        .map_err(|e| e.to_string())?,
+                    limiter: Limiter::try_new(c.limiter_config(), clock.clone())?,
                     breaker: breaker.clone(),
                     hold: hold.clone(),
                 }),
@@ -1149,17 +1184,16 @@ fn build_units(sc: &Scenario, p: &PolicyConfig, clock: &ManualClock) -> Result<V
                     limiter: Limiter::try_new(
                         LimiterConfig { cap: n, queue_len: 0, ..LimiterConfig::default() },
                         clock.clone(),
-                    )
-                    .map_err(|e| e.to_string())?,
+                    )?,
                     breaker: breaker.clone(),
                     hold: hold.clone(),
                 }),
             };
             let (policy, counts_active) = match (&p.retry, p.retry_config(&sc.client)) {
                 (RetryRule::Budget { spec, .. }, Some(config)) => {
-                    let budget = spec.build().map_err(|e| e.to_string())?;
+                    let budget = spec.build()?;
                     (
-                        Some(RetryPolicy::with_budget(config, budget).map_err(|e| e.to_string())?),
+                        Some(RetryPolicy::with_budget(config, budget)?),
                         matches!(spec, BudgetSpec::Concurrency(_)),
                     )
                 }

@@ -44,7 +44,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub use dist::{ServiceTime, ServiceTimeError};
-pub use engine::Footprint;
+pub use engine::{Footprint, RunError};
 pub use report::{InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, Report, Series};
 pub use scenario::{Scenario, ScenarioError};
 
@@ -56,8 +56,8 @@ pub use scenario::{Scenario, ScenarioError};
 pub struct SimError {
     /// The policy.
     pub policy: String,
-    /// Why it could not be built.
-    pub reason: String,
+    /// Why it could not be built, or stopped.
+    pub reason: engine::RunError,
 }
 
 /// How to run a scenario.

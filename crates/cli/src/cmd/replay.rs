@@ -202,13 +202,62 @@ pub struct Replay<B> {
     seen: Option<String>,
 }
 
+/// Why a trace line cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadEvent {
+    /// Not a JSON event.
+    #[error("not a valid event: {0}")]
+    NotJson(#[from] serde_json::Error),
+    /// Events of two dependencies, and no `--dependency` to choose one.
+    #[error(
+        "the trace holds more than one dependency ({seen:?}, {other:?}): choose one with --dependency"
+    )]
+    SeveralDependencies {
+        /// The dependency of the events so far.
+        seen: String,
+        /// Another one.
+        other: String,
+    },
+    /// Time went backwards.
+    #[error("t_ms {t_ms} is earlier than the previous event's {previous}; t_ms must not decrease")]
+    TimeBackwards {
+        /// This event's time.
+        t_ms: u64,
+        /// The previous event's.
+        previous: u64,
+    },
+    /// An `id` that is neither a string nor a number.
+    #[error("id must be a string or a number")]
+    BadId,
+    /// A `kind` that is not a failure kind.
+    #[error("kind `{0}` is not error, timeout or throttle")]
+    BadKind(String),
+    /// An `active` without `n`.
+    #[error("active needs \"n\" (requests in flight, pending included)")]
+    ActiveWithoutN,
+    /// An `active` whose retries exceed its requests.
+    #[error("active: retries ({retries}) cannot exceed n ({n}), which includes them")]
+    ActiveRetriesAboveN {
+        /// Retries in flight.
+        retries: u64,
+        /// Requests in flight, retries included.
+        n: u64,
+    },
+    /// An `op` replay does not know.
+    #[error(
+        "unknown op `{0}` (expected request, success, failure, retry, retry_done, active or balance)"
+    )]
+    UnknownOp(String),
+}
+
 /// Reads a `kind` field: error (default), timeout or throttle.
-fn failure_kind(kind: Option<&str>) -> Result<FailureKind, String> {
+fn failure_kind(kind: Option<&str>) -> Result<FailureKind, BadEvent> {
     match kind {
         None | Some("error") => Ok(FailureKind::Error),
         Some("timeout") => Ok(FailureKind::Timeout),
         Some("throttle") => Ok(FailureKind::Throttle),
-        Some(other) => Err(format!("kind `{other}` is not error, timeout or throttle")),
+        Some(other) => Err(BadEvent::BadKind(other.to_string())),
     }
 }
 
@@ -254,30 +303,26 @@ impl<B: RetryBudget> Replay<B> {
     }
 
     /// Applies one input line; returns the output line, if the event has one.
-    pub(crate) fn apply(&mut self, line: &str, line_no: u64) -> Result<Option<String>, String> {
-        let ev: Event =
-            serde_json::from_str(line).map_err(|e| format!("not a valid event: {e}"))?;
+    pub(crate) fn apply(&mut self, line: &str, line_no: u64) -> Result<Option<String>, BadEvent> {
+        let ev: Event = serde_json::from_str(line)?;
         if let Some(d) = &ev.dependency {
             match (&self.only, &self.seen) {
                 (Some(only), _) if only != d => return Ok(None),
                 (None, Some(seen)) if seen != d => {
-                    return Err(format!(
-                        "the trace holds more than one dependency ({seen:?}, {d:?}): choose one \
-                         with --dependency"
-                    ));
+                    return Err(BadEvent::SeveralDependencies {
+                        seen: seen.clone(),
+                        other: d.clone(),
+                    });
                 }
                 _ => self.seen = Some(d.clone()),
             }
         }
         if ev.t_ms < self.last_t_ms {
-            return Err(format!(
-                "t_ms {} is earlier than the previous event's {}; t_ms must not decrease",
-                ev.t_ms, self.last_t_ms
-            ));
+            return Err(BadEvent::TimeBackwards { t_ms: ev.t_ms, previous: self.last_t_ms });
         }
         if matches!(ev.id, Some(Value::Array(_) | Value::Object(_) | Value::Null | Value::Bool(_)))
         {
-            return Err("id must be a string or a number".into());
+            return Err(BadEvent::BadId);
         }
         self.last_t_ms = ev.t_ms;
         let now = Timestamp::from_millis(ev.t_ms);
@@ -367,12 +412,10 @@ impl<B: RetryBudget> Replay<B> {
                 None
             }
             "active" => {
-                let n = ev.n.ok_or("active needs \"n\" (requests in flight, pending included)")?;
+                let n = ev.n.ok_or(BadEvent::ActiveWithoutN)?;
                 let retries = ev.retries.unwrap_or(0);
                 if retries > n {
-                    return Err(format!(
-                        "active: retries ({retries}) cannot exceed n ({n}), which includes them"
-                    ));
+                    return Err(BadEvent::ActiveRetriesAboveN { retries, n });
                 }
                 // The snapshot already counts the retries granted before it: they stop
                 // counting on their own (their `retry_done` still closes them).
@@ -391,10 +434,7 @@ impl<B: RetryBudget> Replay<B> {
                 Some(serde_json::json!({"t_ms": ev.t_ms, "op": "balance", "value": value}))
             }
             other => {
-                return Err(format!(
-                    "unknown op `{other}` (expected request, success, failure, retry, retry_done, \
-                     active or balance)"
-                ));
+                return Err(BadEvent::UnknownOp(other.to_string()));
             }
         };
         Ok(output.map(|v| v.to_string()))
