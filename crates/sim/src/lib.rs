@@ -57,7 +57,7 @@ pub struct SimError {
     /// The policy.
     pub policy: String,
     /// Why it could not be built, or stopped.
-    pub reason: engine::RunError,
+    pub reason: Box<engine::RunError>,
 }
 
 /// How to run a scenario.
@@ -95,7 +95,8 @@ pub fn simulate_with(scenario: &Scenario, options: &Options<'_>) -> Result<Repor
     let progress: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let run_one = |i: usize| -> Result<PolicyReport, SimError> {
         let p = &scenario.policies[i];
-        let error = |reason| SimError { policy: p.name.clone(), reason };
+        let error =
+            |reason: RunError| SimError { policy: p.name.clone(), reason: Box::new(reason) };
         let run = engine::Run::new(scenario, p).map_err(error)?;
         let (stats, footprint) =
             run.with_max_attempts(options.max_attempts).run(&progress[i]).map_err(error)?;

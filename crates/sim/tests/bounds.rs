@@ -33,7 +33,7 @@ fn a_run_past_its_bound_stops_with_an_error() {
     let s = builtin::scenario("worked-example").unwrap();
     let options = Options { jobs: 1, max_attempts: 10_000, ..Options::default() };
     let err = simulate_with(&s, &options).unwrap_err();
-    assert!(matches!(err.reason, RunError::TooMuchWork { max_attempts: 10_000, .. }), "{err}");
+    assert!(matches!(*err.reason, RunError::TooMuchWork { max_attempts: 10_000, .. }), "{err}");
     assert!(err.reason.to_string().starts_with("sent more than 10000 attempts"), "{err}");
     // The same scenario under the default bound runs.
     assert!(simulate_with(&s, &Options::default()).is_ok());
@@ -52,7 +52,7 @@ fn a_closed_loop_stuck_at_one_instant_is_stopped() {
     });
     let result = rx.recv_timeout(Duration::from_secs(120)).expect("the run ended");
     let err = result.unwrap_err();
-    assert!(matches!(err.reason, RunError::Stuck { events: 1_000_000, .. }), "{err}");
+    assert!(matches!(*err.reason, RunError::Stuck { events: 1_000_000, .. }), "{err}");
     assert!(err.reason.to_string().contains("without the virtual clock moving"), "{err}");
     // With a think time it runs.
     let s = Scenario::parse(
