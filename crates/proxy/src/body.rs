@@ -44,7 +44,9 @@ pub struct CallerBody {
     idle: Duration,
     /// Armed while the rest is awaited; reset on each frame.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    received: BodyReceived,
+    /// Set once the rest has arrived; only a body that streams past the replay buffer has one
+    /// (a whole body needs no flag, and costs no allocation).
+    received: Option<BodyReceived>,
 }
 
 impl std::fmt::Debug for CallerBody {
@@ -62,15 +64,14 @@ impl CallerBody {
         self.rest.is_none()
     }
 
-    /// The flag the cap reads: set once the whole body has been received.
-    pub fn received(&self) -> BodyReceived {
+    /// The flag the cap reads, for a body still arriving: set once it has been received whole.
+    /// `None` when it was received whole before the attempt.
+    pub fn received(&self) -> Option<BodyReceived> {
         self.received.clone()
     }
 
     /// A body with nothing in it (for tests and local requests).
     pub fn empty() -> CallerBody {
-        let received = BodyReceived::default();
-        received.set();
         CallerBody {
             head: VecDeque::new(),
             head_len: 0,
@@ -78,7 +79,7 @@ impl CallerBody {
             rest: None,
             idle: Duration::ZERO,
             timer: None,
-            received,
+            received: None,
         }
     }
 }
@@ -93,7 +94,6 @@ pub async fn receive(
     let mut head = VecDeque::new();
     let mut head_len = 0u64;
     let mut trailers = None;
-    let received = BodyReceived::default();
     let rest = loop {
         if body.is_end_stream() {
             break None;
@@ -120,9 +120,7 @@ pub async fn receive(
             },
         }
     };
-    if rest.is_none() {
-        received.set();
-    }
+    let received = rest.as_ref().map(|_| BodyReceived::default());
     Ok(CallerBody { head, head_len, trailers, rest, idle, timer: None, received })
 }
 
@@ -150,7 +148,9 @@ impl Body for CallerBody {
                     None => {
                         this.rest = None;
                         this.timer = None;
-                        this.received.set();
+                        if let Some(r) = &this.received {
+                            r.set();
+                        }
                         Poll::Ready(None)
                     }
                     Some(Err(e)) => {
@@ -158,8 +158,10 @@ impl Body for CallerBody {
                         Poll::Ready(Some(Err(CallerBodyError::Malformed(e))))
                     }
                     Some(Ok(frame)) => {
-                        if frame.is_trailers() {
-                            this.received.set();
+                        if frame.is_trailers()
+                            && let Some(r) = &this.received
+                        {
+                            r.set();
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }

@@ -330,7 +330,9 @@ pub(crate) async fn handle(
         Ok(b) => b,
         Err(e) => return state.caller_body_failed(&e),
     };
-    parts.extensions.insert(body.received());
+    if let Some(received) = body.received() {
+        parts.extensions.insert(received);
+    }
     // hyper's client sends no body on a GET or HEAD whose length it does not know unless told
     // to frame it: a body past the replay buffer, with no Content-Length, goes chunked.
     if !body.is_whole()
