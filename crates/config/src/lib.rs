@@ -21,13 +21,13 @@
 //! use serde::Deserialize;
 //! use stormguard_config::{Document, FileError, KeyPath};
 //!
-//! #[derive(Deserialize)]
+//! #[derive(Debug, Deserialize)]
 //! #[serde(deny_unknown_fields)]
 //! struct Phase {
 //!     #[serde(deserialize_with = "stormguard_config::de::duration")]
 //!     duration: std::time::Duration,
 //! }
-//! #[derive(Deserialize)]
+//! #[derive(Debug, Deserialize)]
 //! #[serde(deny_unknown_fields)]
 //! struct Script {
 //!     phase: Vec<Phase>,
