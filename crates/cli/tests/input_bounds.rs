@@ -160,7 +160,7 @@ fn check_config_checks_ports_and_names_the_right_key() {
             ),
         );
         bounded().arg("check-config").arg(&path).assert().code(2).stderr(predicate::str::contains(
-            format!(":7:13: dependency[0].upstreams: http://127.0.0.1:{port}/: the port must be between 1 and 65535"),
+            format!(":7:14: dependency[0].upstreams[0]: http://127.0.0.1:{port}/: the port must be between 1 and 65535"),
         ));
     }
     // Was reported as `queue_timeout: cap must be between 1 and 16777216, got 0`.

@@ -44,6 +44,49 @@ where
     from_str(d).map(Some)
 }
 
+/// A value read by its `FromStr` from a string or from a number as written (`0.6` or
+/// `"0.6"`): for exact decimals, which must not pass through `f64` arithmetic.
+pub fn from_number_or_str<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    struct V<T>(PhantomData<T>);
+    impl<T> Visitor<'_> for V<T>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a number or a string")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            v.parse().map_err(E::custom)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+            self.visit_str(&v.to_string())
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+            self.visit_str(&v.to_string())
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+            // Rust prints the shortest text that reads back as the same f64: `0.6`, not
+            // `0.59999999999999997780`.
+            self.visit_str(&v.to_string())
+        }
+    }
+    d.deserialize_any(V(PhantomData))
+}
+
+/// A socket address `host:port` (`127.0.0.1:8080`, `[::1]:9901`).
+pub fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<std::net::SocketAddr, D::Error> {
+    d.deserialize_any(Parsed::new("an address such as \"127.0.0.1:8080\"", |s| {
+        s.parse().map_err(|_| format!("expected host:port like 127.0.0.1:8080, got {s:?}"))
+    }))
+}
+
 /// A string read by a function; any other TOML type is refused as "expected {what}".
 struct Parsed<T> {
     what: &'static str,
@@ -108,7 +151,14 @@ mod tests {
             Err(e) => return e.to_string(),
         };
         match doc.deserialize::<Script>() {
-            Ok(_) => "read".into(),
+            Ok(s) => {
+                let p = &s.phase[0];
+                let cap = p.limits.as_ref().map(|l| l.cap);
+                format!(
+                    "read seed={} duration={:?} listen={:?} count={} cap={cap:?}",
+                    s.seed, p.duration, p.listen, p.count
+                )
+            }
             Err(e) => e.to_string(),
         }
     }
@@ -131,12 +181,18 @@ mod tests {
         );
         // An unknown key: its own path, at the key.
         let e = err("[[phase]]\nduration = \"1s\"\n[[phase]]\nduration = \"1s\"\ncuont = 3\n");
-        assert!(e.starts_with("s.toml:5:1: phase[1].cuont: unknown field `cuont`, expected one of"), "{e}");
+        assert!(
+            e.starts_with("s.toml:5:1: phase[1].cuont: unknown field `cuont`, expected one of"),
+            "{e}"
+        );
         // In an inline table, and in a sub-table.
         let e = err("[[phase]]\nduration = \"1s\"\nlimits = { cap = 1, cep = 2 }\n");
         assert!(e.starts_with("s.toml:3:21: phase[0].limits.cep: unknown field `cep`"), "{e}");
         let e = err("[[phase]]\nduration = \"1s\"\n[phase.limits]\ncap = -1\n");
-        assert!(e.starts_with("s.toml:4:7: phase[0].limits.cap: invalid value: integer `-1`"), "{e}");
+        assert!(
+            e.starts_with("s.toml:4:7: phase[0].limits.cap: invalid value: integer `-1`"),
+            "{e}"
+        );
         // A missing key: at the table that lacks it.
         let e = err("[[phase]]\ncount = 1\n");
         assert!(e.starts_with("s.toml:1:1: phase[0]: missing field `duration`"), "{e}");
@@ -147,7 +203,10 @@ mod tests {
         // A value through FromStr.
         let e = err("[[phase]]\nduration = \"1s\"\nlisten = \"nowhere\"\n");
         assert!(e.starts_with("s.toml:3:10: phase[0].listen: invalid socket address"), "{e}");
-        assert_eq!(err("[[phase]]\nduration = \"1s\"\nlisten = \"127.0.0.1:1\"\n"), "read");
+        assert_eq!(
+            err("seed = 7\n[[phase]]\nduration = \"1.5s\"\nlisten = \"127.0.0.1:1\"\nlimits = { cap = 3 }\n"),
+            "read seed=7 duration=1.5s listen=Some(127.0.0.1:1) count=0 cap=Some(3)"
+        );
     }
 
     #[test]

@@ -8,23 +8,28 @@ use stormguard_redis::{Fleet, FleetWorker, RedisTarget};
 use stormguard_tower::Dependency;
 
 use crate::StartError;
-use crate::config::DependencyConfig;
+use crate::config::validate::fleet_error;
+use crate::config::{DependencyConfig, Invalid, KeyPath, RuleError};
 
 /// The dependency, with its fleet and the worker to run when the placement is `fleet`.
 pub(crate) fn build(
     d: &DependencyConfig,
+    here: &KeyPath,
     tower: stormguard_tower::DependencyConfig,
 ) -> Result<(Dependency, Option<(Fleet, FleetWorker)>), StartError> {
-    let invalid =
-        |key: &str, r: String| StartError::Invalid(format!("dependency {}.{key}", d.name), r);
+    let invalid = |e: Invalid<RuleError>| StartError::Invalid(Box::new(e.under(here)));
+    let tower_error = |e: stormguard_tower::DependencyError| {
+        invalid(Invalid::new(KeyPath::root().key(e.key()), e.into()))
+    };
     let Some(placement) = &d.fleet else {
-        let dependency =
-            Dependency::try_new(tower).map_err(|r| invalid("config", r.to_string()))?;
+        let dependency = Dependency::try_new(tower).map_err(tower_error)?;
         return Ok((dependency, None));
     };
     // The parse error never repeats the URL: it may hold the password.
-    let target: RedisTarget =
-        placement.redis.target().map_err(|e| invalid("redis", e.to_string()))?;
+    let target: RedisTarget = placement
+        .redis
+        .target()
+        .map_err(|e| invalid(Invalid::new(KeyPath::root().key("redis"), e.into())))?;
     let config = placement.to_fleet(d, target);
     tracing::info!(
         dependency = %d.name,
@@ -35,10 +40,10 @@ pub(crate) fn build(
         fallback_slots = config.fallback_slots(),
         "fleet placement: the cap and the reserve are shared through Redis"
     );
-    let fleet = Fleet::try_new(config).map_err(|r| invalid("placement", r.to_string()))?;
-    let budget = fleet.budget(&d.budget).map_err(|r| invalid("budget", r.to_string()))?;
-    let dependency = Dependency::try_new_with_budget(tower, Arc::new(budget))
-        .map_err(|r| invalid("config", r.to_string()))?;
+    let fleet = Fleet::try_new(config).map_err(|e| invalid(fleet_error(e)))?;
+    let budget = fleet.budget(&d.budget).map_err(|e| invalid(fleet_error(e)))?;
+    let dependency =
+        Dependency::try_new_with_budget(tower, Arc::new(budget)).map_err(tower_error)?;
     let worker = fleet.worker(dependency.upstream().limiter.clone());
     Ok((dependency, Some((fleet, worker))))
 }

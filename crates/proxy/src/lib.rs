@@ -73,9 +73,9 @@ pub use crate::reload::{ReloadError, ReloadReport};
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The configuration is invalid (`key: reason`).
-    #[error("{0}: {1}")]
-    Invalid(String, String),
+    /// The configuration breaks a rule (`key.path: reason`).
+    #[error("{0}")]
+    Invalid(Box<config::RuleViolation>),
     /// The trace file (`--record`) could not be created.
     #[error("cannot write the trace {path}: {source}")]
     Record {
@@ -224,11 +224,14 @@ impl Drop for ProxyHandle {
 /// Starts the proxy on the current tokio runtime: binds every listener (and the admin
 /// listener), then serves until [`ProxyHandle::shutdown`] or [`ProxyHandle::drain`].
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
-    config.validate().map_err(|(k, r)| StartError::Invalid(k, r))?;
+    config.validate().map_err(|e| StartError::Invalid(Box::new(e)))?;
     let admin_token = match &config.admin_access.token {
-        Some(t) if config.admin.is_some() => Some(
-            t.resolve().map_err(|r| StartError::Invalid("admin_token".into(), r.to_string()))?,
-        ),
+        Some(t) if config.admin.is_some() => Some(t.resolve().map_err(|e| {
+            StartError::Invalid(Box::new(config::Invalid::new(
+                config::KeyPath::root().key("admin_token"),
+                e.into(),
+            )))
+        })?),
         _ => None,
     };
     let trace = match &config.record {

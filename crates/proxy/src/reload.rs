@@ -50,9 +50,16 @@ pub struct ReloadReport {
 /// Why a reload was refused. The running config stays in force.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
-    /// The new config is invalid (the message names the location).
-    #[error("{0}")]
-    Invalid(String),
+    /// The file could not be read, or is not a valid config (the message names the file,
+    /// line, column and key).
+    #[error(transparent)]
+    File(#[from] crate::config::ConfigError),
+    /// The new config breaks a rule (the message names the key).
+    #[error(transparent)]
+    Invalid(Box<crate::config::RuleViolation>),
+    /// What the new config describes could not be built.
+    #[error(transparent)]
+    Build(Box<crate::StartError>),
     /// The new config changes what needs a restart.
     #[error("{0} cannot change on reload: restart the proxy to change it")]
     Fixed(&'static str),
@@ -79,12 +86,15 @@ pub(crate) fn build(
     addrs: &[SocketAddr],
     trace: Option<&Arc<TraceFile>>,
 ) -> Result<Built, crate::StartError> {
-    let invalid = |k: String, r: String| crate::StartError::Invalid(k, r);
+    use crate::config::{Invalid, KeyPath, RuleError};
+    let invalid =
+        |key: KeyPath, e: RuleError| crate::StartError::Invalid(Box::new(Invalid::new(key, e)));
     let mut report = ReloadReport::default();
     let mut fleets = Vec::new();
     let mut bridges = Vec::new();
     let mut deps = Vec::new();
-    for d in &config.dependencies {
+    for (i, d) in config.dependencies.iter().enumerate() {
+        let here = KeyPath::root().key("dependency").index(i);
         let key = (d.clone(), config.scope_max);
         let old = previous.and_then(|p| p.deps.iter().find(|o| o.config.0.name == d.name));
         if let Some(o) = old.filter(|o| o.config == key) {
@@ -100,9 +110,9 @@ pub(crate) fn build(
             Some(o) if d.fleet.is_none() => o
                 .dependency
                 .successor(tower)
-                .map_err(|r| invalid(format!("dependency {}", d.name), r.to_string()))?,
+                .map_err(|e| invalid(here.clone().key(e.key()), e.into()))?,
             _ => {
-                let (dependency, fleet) = crate::fleet::build(d, tower)?;
+                let (dependency, fleet) = crate::fleet::build(d, &here, tower)?;
                 fleets.extend(fleet);
                 dependency
             }
@@ -119,8 +129,11 @@ pub(crate) fn build(
         deps.push(Arc::new(DepRuntime {
             service: crate::stack::stack(
                 &dependency,
-                crate::stack::client(d)
-                    .map_err(|(k, r)| invalid(format!("dependency {}.{k}", d.name), r))?,
+                crate::stack::client(d).map_err(|e| {
+                    crate::StartError::Invalid(Box::new(
+                        crate::config::validate::tls_error(e).under(&here),
+                    ))
+                })?,
                 upstreams.clone(),
             ),
             upstream_labels: upstreams
@@ -143,7 +156,7 @@ pub(crate) fn build(
     }
     let index = |name: &str| config.dependencies.iter().position(|d| d.name == name);
     let mut routes = Vec::new();
-    for r in &config.routes {
+    for (i, r) in config.routes.iter().enumerate() {
         let dep = index(&r.dependency).expect("validated");
         // An unchanged route keeps its budget's balance.
         let old = previous.and_then(|p| {
@@ -151,9 +164,9 @@ pub(crate) fn build(
         });
         let budget = match (old, &r.budget) {
             (Some(o), _) => o.budget.clone(),
-            (None, Some(spec)) => Some(Arc::new(
-                spec.build().map_err(|e| invalid("route budget".to_string(), e.to_string()))?,
-            )
+            (None, Some(spec)) => Some(Arc::new(spec.build().map_err(|e| {
+                invalid(KeyPath::root().key("route").index(i).key("budget"), e.into())
+            })?)
                 as Arc<dyn stormguard_core::budget::RetryBudget>),
             (None, None) => None,
         };
@@ -241,7 +254,7 @@ pub(crate) async fn reload(
 }
 
 fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, ReloadError> {
-    config.validate().map_err(|(k, r)| ReloadError::Invalid(format!("{k}: {r}")))?;
+    config.validate().map_err(|e| ReloadError::Invalid(Box::new(e)))?;
     let old = state.current();
     let listen = |c: &ProxyConfig| c.listeners.iter().map(|l| l.listen).collect::<Vec<_>>();
     if listen(&old.config) != listen(&config) {
@@ -268,7 +281,7 @@ fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, Reload
     }
     let addrs: Vec<SocketAddr> = old.listeners.iter().map(|(a, _)| *a).collect();
     let built = build(&config, Some(&old), &addrs, state.trace.as_ref())
-        .map_err(|e| ReloadError::Invalid(e.to_string()))?;
+        .map_err(|e| ReloadError::Build(Box::new(e)))?;
     for (o, n) in built.bridges {
         bridge(o, n);
     }
@@ -293,7 +306,7 @@ pub(crate) async fn reload_from_source(state: &Arc<State>) -> Result<ReloadRepor
         Err(e) => {
             state.reloads_refused.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, "reload refused; the running config stays");
-            Err(ReloadError::Invalid(e.to_string()))
+            Err(ReloadError::File(e))
         }
     }
 }

@@ -533,9 +533,10 @@ async fn an_admin_token_is_required_when_configured() {
 async fn a_remote_admin_address_is_refused_without_admin_allow_remote() {
     let mut c = config("http://127.0.0.1:9");
     c.admin = Some("0.0.0.0:0".parse().unwrap());
-    let Err(StartError::Invalid(key, reason)) = start(c).await else {
+    let Err(StartError::Invalid(e)) = start(c).await else {
         panic!("a 0.0.0.0 admin address was accepted")
     };
-    assert_eq!(key, "admin");
-    assert!(reason.contains("admin_allow_remote = true"), "{reason}");
+    assert_eq!(e.key.to_string(), "admin");
+    assert!(matches!(e.error, stormguard_proxy::config::RuleError::RemoteAdmin(_)));
+    assert!(e.error.to_string().contains("admin_allow_remote = true"), "{e}");
 }

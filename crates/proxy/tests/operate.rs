@@ -129,7 +129,16 @@ async fn a_bad_reload_is_refused_and_traffic_continues() {
     let c = client();
     let mut bad = config.clone();
     bad.dependencies[0].cap = 0;
-    assert!(matches!(p.reload(bad).await, Err(ReloadError::Invalid(m)) if m.contains("cap")));
+    let refused = p.reload(bad).await;
+    let Err(ReloadError::Invalid(v)) = &refused else { panic!("{refused:?}") };
+    assert_eq!(v.key.to_string(), "dependency[0].cap");
+    assert!(matches!(
+        v.error,
+        stormguard_proxy::config::RuleError::Core(stormguard_core::ConfigError::OutOfRange {
+            key: "cap",
+            ..
+        })
+    ));
     let mut moved = config.clone();
     moved.listeners[0].listen = "127.0.0.1:1".parse().unwrap();
     assert!(matches!(p.reload(moved).await, Err(ReloadError::Fixed(_))));

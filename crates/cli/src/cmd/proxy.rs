@@ -218,12 +218,17 @@ fn overrides(args: &ProxyArgs) -> Result<Overrides, Failure> {
 }
 
 /// A config error after the flags were applied, naming the flag.
-fn flag_error((key, reason): (String, String)) -> Failure {
-    let flag = match key.rsplit('.').next().unwrap_or(&key) {
+fn flag_error(e: stormguard_proxy::config::RuleViolation) -> Failure {
+    use stormguard_proxy::config::Segment;
+    let last = e.key.segments().iter().rev().find_map(|s| match s {
+        Segment::Key(k) => Some(k.as_str()),
+        Segment::Index(_) => None,
+    });
+    let flag = match last.unwrap_or_default() {
         "upstreams" => "upstream".to_string(),
         k => k.replace('_', "-"),
     };
-    Failure::usage(format!("--{flag}: {reason}"))
+    Failure::usage(format!("--{flag}: {}", e.error))
 }
 
 /// The proxy's config from the flags, or the file they name with the flags that apply over it.

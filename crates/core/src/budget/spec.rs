@@ -224,6 +224,80 @@ impl std::str::FromStr for BudgetSpec {
     }
 }
 
+/// A budget in a config file: a SPEC string (`"ratio:percent=0.25,min_per_sec=3"`), or a table
+/// with `kind` and the SPEC's parameters (`{ kind = "ratio", percent = 0.25, min_per_sec = 3 }`).
+/// Either is read by [`BudgetSpec::parse`], so both say the same about a bad value.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for BudgetSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<BudgetSpec, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+
+        struct Spec;
+
+        /// A parameter's value as the SPEC writes it.
+        struct Param(String);
+
+        impl<'de> serde::Deserialize<'de> for Param {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Param, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = Param;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a number or a string")
+                    }
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<Param, E> {
+                        Ok(Param(v.to_string()))
+                    }
+                    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Param, E> {
+                        Ok(Param(v.to_string()))
+                    }
+                    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Param, E> {
+                        Ok(Param(v.to_string()))
+                    }
+                    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Param, E> {
+                        Ok(Param(v.to_string()))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+
+        impl<'de> Visitor<'de> for Spec {
+            type Value = BudgetSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a budget SPEC string or a table with kind")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BudgetSpec, E> {
+                BudgetSpec::parse(v).map_err(E::custom)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<BudgetSpec, A::Error> {
+                let mut kind = None;
+                let mut params = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let Param(value) = map.next_value()?;
+                    if key == "kind" {
+                        kind = Some(value);
+                    } else {
+                        params.push(format!("{key}={value}"));
+                    }
+                }
+                let kind = kind.ok_or_else(|| {
+                    de::Error::custom(
+                        "a budget table needs kind = \"ratio\" (or concurrency, token-bucket, quota)",
+                    )
+                })?;
+                BudgetSpec::parse(&format!("{kind}:{}", params.join(",")))
+                    .map_err(de::Error::custom)
+            }
+        }
+
+        d.deserialize_any(Spec)
+    }
+}
+
 impl fmt::Display for BudgetSpec {
     /// The canonical SPEC, every parameter spelled out; it parses back to the same value.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
