@@ -293,11 +293,13 @@ pub enum Rule {
     ValueCapped,
     /// A retry setting whose value cannot be read (`attempts: "five"`).
     UnreadableValue,
+    /// A stormguard config the proxy refuses to start with.
+    RefusedConfig,
 }
 
 impl Rule {
     /// Every rule, for SARIF's rule table.
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 13] = [
         Rule::UnbudgetedRetries,
         Rule::ClusterWithoutRetryBudget,
         Rule::StackedRetries,
@@ -310,6 +312,7 @@ impl Rule {
         Rule::FloorAboveHeadroom,
         Rule::ValueCapped,
         Rule::UnreadableValue,
+        Rule::RefusedConfig,
     ];
 
     /// The stable id.
@@ -327,6 +330,7 @@ impl Rule {
             Rule::FloorAboveHeadroom => "floor-above-headroom",
             Rule::ValueCapped => "value-capped",
             Rule::UnreadableValue => "unreadable-value",
+            Rule::RefusedConfig => "refused-config",
         }
     }
 
@@ -353,6 +357,7 @@ impl Rule {
             Rule::UnreadableValue => {
                 "a retry setting whose value cannot be read (not a number, duration or boolean)"
             }
+            Rule::RefusedConfig => "a stormguard config the proxy refuses to start with",
         }
     }
 }

@@ -158,7 +158,8 @@ fn other_toml_is_skipped() {
     assert_eq!(r.skipped.get("toml"), Some(&2), "{:?}", r.skipped);
     assert!(r.findings.is_empty() && r.layers.is_empty());
     // A stormguard config beside them is still read, and broken TOML is still an input error.
-    let config = "[[dependency]]\nname = \"payments\"\nupstreams = [\"http://127.0.0.1:9000\"]\n";
+    let config = "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"payments\"\n\
+                  [[dependency]]\nname = \"payments\"\nupstreams = [\"http://127.0.0.1:9000\"]\n";
     let r = audit_sources(
         &[("storm.toml".into(), scenario.into()), ("sg.toml".into(), config.into())],
         None,

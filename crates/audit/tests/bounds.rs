@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use stormguard_audit::model::{Rule, Severity};
 use stormguard_audit::{AuditError, AuditOptions, Report, audit_paths, audit_sources};
 
 fn audit(file: &str, text: &str) -> Result<Report, AuditError> {
@@ -211,17 +212,37 @@ metadata:
     assert_eq!(lines, vec![7, 10, 18]);
 }
 
+/// A stormguard config is read by the proxy's own reader: a value the proxy refuses (here a
+/// duration that is not one) is an error finding at its line and key, with the proxy's reason,
+/// and the rest of the audit goes on.
 #[test]
-fn unreadable_stormguard_durations_are_findings() {
-    let text = "[[dependency]]\nname = \"payments\"\nupstreams = [\"http://127.0.0.1:9000\"]\n\
+fn stormguard_configs_the_proxy_refuses_are_findings() {
+    let text = "[[listener]]\nlisten = \"127.0.0.1:8080\"\ndependency = \"payments\"\n\
+                [[dependency]]\nname = \"payments\"\nupstreams = [\"http://127.0.0.1:9000\"]\n\
                 per_try_timeout = \"fast\"\ndeadline = \"2s\"\n";
     let r = audit("stormguard.toml", text).unwrap();
-    let found = unreadable(&r);
-    assert_eq!(found.len(), 1, "{found:#?}");
-    assert_eq!(found[0].1, 4);
-    assert!(
-        found[0].2.starts_with("`per_try_timeout = \"fast\"` is not a duration"),
-        "{}",
-        found[0].2
+    let refused: Vec<_> = r.findings.iter().filter(|f| f.rule == Rule::RefusedConfig).collect();
+    assert_eq!(refused.len(), 1, "{:#?}", r.findings);
+    assert_eq!(refused[0].location.line, 7);
+    assert_eq!(refused[0].severity, Severity::Error);
+    assert_eq!(
+        refused[0].message,
+        "the proxy refuses this file: dependency[0].per_try_timeout: `fast` is not a duration (e.g. 250ms, 10s, 2m)"
     );
+    // A rule broken, not a value unreadable: the same finding, at the key.
+    let zero = text.replace("deadline = \"2s\"", "cap = 0").replace("\"fast\"", "\"1s\"");
+    let r = audit("stormguard.toml", &zero).unwrap();
+    let refused: Vec<_> = r.findings.iter().filter(|f| f.rule == Rule::RefusedConfig).collect();
+    assert_eq!(refused.len(), 1, "{:#?}", r.findings);
+    assert_eq!(refused[0].location.line, 8);
+    assert!(
+        refused[0]
+            .message
+            .ends_with("dependency[0].cap: cap must be between 1 and 16777216, got 0")
+    );
+    // Without the mistake the file is read as the proxy runs it.
+    let fine = text.replace("\"fast\"", "\"300ms\"");
+    let r = audit("stormguard.toml", &fine).unwrap();
+    assert!(r.findings.iter().all(|f| f.rule != Rule::RefusedConfig), "{:#?}", r.findings);
+    assert_eq!(r.layers[0].per_try_timeout, Some(Duration::from_millis(300)));
 }

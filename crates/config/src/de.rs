@@ -204,7 +204,9 @@ mod tests {
         let e = err("[[phase]]\nduration = \"1s\"\nlisten = \"nowhere\"\n");
         assert!(e.starts_with("s.toml:3:10: phase[0].listen: invalid socket address"), "{e}");
         assert_eq!(
-            err("seed = 7\n[[phase]]\nduration = \"1.5s\"\nlisten = \"127.0.0.1:1\"\nlimits = { cap = 3 }\n"),
+            err(
+                "seed = 7\n[[phase]]\nduration = \"1.5s\"\nlisten = \"127.0.0.1:1\"\nlimits = { cap = 3 }\n"
+            ),
             "read seed=7 duration=1.5s listen=Some(127.0.0.1:1) count=0 cap=Some(3)"
         );
     }

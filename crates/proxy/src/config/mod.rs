@@ -48,38 +48,32 @@ use std::path::Path;
 
 pub use model::*;
 pub use overrides::Overrides;
-pub use stormguard_config::{FileError as ConfigError, Invalid, KeyPath, Segment};
+pub use stormguard_config::{Document, FileError as ConfigError, Invalid, KeyPath, Segment};
 pub use validate::{RuleError, RuleViolation};
 
 impl ProxyConfig {
-    /// Reads and checks a config file (a regular file of at most 16 MiB).
+    /// Reads and checks a config file (a regular file of at most 16 MiB), TLS files read.
     pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
-        let mut config = stormguard_config::load(path, ProxyConfig::from_document)?;
+        let mut config = stormguard_config::load(path, |doc| ProxyConfig::read(doc, true))?;
         config.source = Some(path.to_path_buf());
         Ok(config)
     }
 
     /// Parses and checks a config, TLS files read; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<ProxyConfig, ConfigError> {
-        ProxyConfig::from_document(&stormguard_config::Document::parse(text, file)?)
+        ProxyConfig::read(&Document::parse(text, file)?, true)
     }
 
-    /// Parses a config and checks its rules without reading any file it names (TLS
-    /// certificates): what `stormguard audit` reads a config with, on a machine that need not
-    /// have them.
-    pub fn parse_rules(text: &str, file: &str) -> Result<ProxyConfig, ConfigError> {
-        let doc = stormguard_config::Document::parse(text, file)?;
+    /// The config a parsed document describes, every rule checked; the TLS files it names are
+    /// read only with `files` (`stormguard audit` reads a config on a machine that need not
+    /// have them).
+    pub fn read(doc: &Document<'_>, files: bool) -> Result<ProxyConfig, ConfigError> {
         let config =
             doc.deserialize::<file::ProxyFile>()?.into_model().map_err(|e| doc.invalid(e))?;
         config.validate().map_err(|e| doc.invalid(e))?;
-        Ok(config)
-    }
-
-    fn from_document(doc: &stormguard_config::Document<'_>) -> Result<ProxyConfig, ConfigError> {
-        let config =
-            doc.deserialize::<file::ProxyFile>()?.into_model().map_err(|e| doc.invalid(e))?;
-        config.validate().map_err(|e| doc.invalid(e))?;
-        config.check_files().map_err(|e| doc.invalid(e))?;
+        if files {
+            config.check_files().map_err(|e| doc.invalid(e))?;
+        }
         Ok(config)
     }
 }
