@@ -34,6 +34,7 @@
 //! per-route series), [`reload`]. The narrative is in docs/proxy.md.
 
 pub mod admin;
+mod attempt;
 pub mod body;
 pub mod config;
 mod fleet;

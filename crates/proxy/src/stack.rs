@@ -1,11 +1,8 @@
 //! The per-dependency middleware stack, assembled in one function that reads top to bottom.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use crate::body::CallerBody;
 use bytes::Bytes;
@@ -13,18 +10,14 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use stormguard_core::Denied;
-use stormguard_http::classify::ProtocolError;
-use stormguard_http::stacked::ATTEMPT_HEADER;
-use stormguard_tower::{
-    BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError, TimeLeft,
-    UpstreamTarget,
-};
+use stormguard_tower::{BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError};
+use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
-use tower::{Service, ServiceBuilder};
 
+use crate::attempt;
+pub use crate::attempt::AttemptLog;
 use crate::config::DependencyConfig;
 use crate::hop::strip_hop_by_hop;
-use crate::upstream::PeerStreams;
 pub use crate::upstream::UpstreamClient;
 
 /// The body the proxy answers with.
@@ -65,144 +58,24 @@ pub fn stack(
         // try_acquire, so it can never queue.
         .layer(RetryLayer::new(dependency.clone()))
         // Each attempt notes when it asked the cap for a slot, for the access log's slot wait.
-        .map_request(|mut req: UpstreamRequest| {
-            req.extensions_mut().insert(AskedForSlot(Instant::now()));
-            req
-        })
+        .map_request(attempt::asked_for_slot)
         // The cap around each attempt, with its per-try timeout: connect time counts.
         .layer(CapLayer::new(dependency.clone()))
-        // Innermost, so it sees exactly what the upstream sees: every attempt numbered, counted
-        // and timed, a gRPC attempt told its deadline, the cap held under the HTTP/2 peer's
-        // streams, and an attempt for another upstream sent there.
-        .layer(tower::layer::layer_fn(move |inner| Attempts {
-            inner,
-            peer: peer.clone(),
-            dependency: dep.clone(),
-            upstreams: upstreams.clone(),
-        }))
+        // Below the cap, one concern a layer, each seeing exactly what the upstream sees:
+        // the attempt counted and timed for the access log,
+        .layer(attempt::LogLayer)
+        // numbered (`x-stormguard-attempt: 1` on a first try; the retry layer numbers retries),
+        .map_request(attempt::number_first)
+        // sent to the upstream the retry layer chose when it is not the first,
+        .map_request(move |req| attempt::failover(&upstreams, req))
+        // told its deadline when it is gRPC,
+        .map_request(attempt::grpc_deadline)
+        // with the cap held under the HTTP/2 peer's streams,
+        .map_request(move |req| peer.hold_cap(&dep, req))
+        // and an upgrade nobody asked for refused.
+        .map_result(attempt::no_upgrade)
         .service(client);
     BoxCloneSyncService::new(svc)
-}
-
-/// Per request, shared by its attempts (request extensions are copied to each attempt): how
-/// many were sent and how long the upstream took, for the access log.
-#[derive(Clone, Debug, Default)]
-pub struct AttemptLog(Arc<AttemptCounts>);
-
-#[derive(Debug, Default)]
-struct AttemptCounts {
-    attempts: AtomicU32,
-    /// The upstream of the last attempt.
-    target: std::sync::atomic::AtomicUsize,
-    upstream_us: AtomicU64,
-    slot_wait_us: AtomicU64,
-}
-
-/// When an attempt asked the cap for its slot.
-#[derive(Clone, Copy, Debug)]
-struct AskedForSlot(Instant);
-
-impl AttemptLog {
-    /// The upstream the last attempt went to (an index into the dependency's upstreams).
-    pub fn target(&self) -> usize {
-        self.0.target.load(Ordering::Relaxed)
-    }
-
-    /// Attempts sent to the upstream.
-    pub fn attempts(&self) -> u32 {
-        self.0.attempts.load(Ordering::Relaxed)
-    }
-
-    /// Time the attempts spent waiting for their slot (a primary in the queue; a retry never
-    /// waits).
-    pub fn slot_wait(&self) -> std::time::Duration {
-        std::time::Duration::from_micros(self.0.slot_wait_us.load(Ordering::Relaxed))
-    }
-
-    /// Time the attempts spent waiting for response headers from the upstream.
-    pub fn upstream_time(&self) -> std::time::Duration {
-        std::time::Duration::from_micros(self.0.upstream_us.load(Ordering::Relaxed))
-    }
-}
-
-/// Numbers each attempt (`x-stormguard-attempt: 1` on a first try that carries none; the retry
-/// layer numbers the retries) and records it in the request's [`AttemptLog`]. On a gRPC
-/// request it writes the time left as `grpc-timeout` (never above the caller's) and restores
-/// `te: trailers` (removed with the hop-by-hop headers; gRPC servers require it). It keeps the
-/// dependency's cap at most the HTTP/2 peer's streams ([`PeerStreams::apply`]).
-#[derive(Clone, Debug)]
-struct Attempts<S> {
-    inner: S,
-    /// The dependency's upstreams: an attempt for upstream `i > 0` is sent there.
-    upstreams: Arc<[http::Uri]>,
-    peer: PeerStreams,
-    dependency: Dependency,
-}
-
-impl<S, B, RB> Service<Request<B>> for Attempts<S>
-where
-    S: Service<Request<B>, Response = Response<RB>>,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-{
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if !req.headers().contains_key(&ATTEMPT_HEADER) {
-            req.headers_mut().insert(ATTEMPT_HEADER.clone(), HeaderValue::from_static("1"));
-        }
-        let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
-        if target != 0
-            && let Some(u) = self.upstreams.get(target)
-        {
-            let mut parts = u.clone().into_parts();
-            parts.path_and_query = req.uri().path_and_query().cloned();
-            if let Ok(uri) = http::Uri::from_parts(parts) {
-                *req.uri_mut() = uri;
-            }
-        }
-        if crate::grpc::is_grpc_request(req.headers()) {
-            req.headers_mut().insert(http::header::TE, HeaderValue::from_static("trailers"));
-            if let Some(TimeLeft(left)) = req.extensions().get::<TimeLeft>().copied() {
-                crate::grpc::propagate(req.headers_mut(), left);
-            }
-        }
-        self.peer.apply(&self.dependency, target);
-        let log = req.extensions().get::<AttemptLog>().cloned();
-        let started = Instant::now();
-        if let Some(l) = &log {
-            l.0.attempts.fetch_add(1, Ordering::Relaxed);
-            l.0.target.store(target, Ordering::Relaxed);
-            if let Some(asked) = req.extensions().get::<AskedForSlot>() {
-                let us = started.saturating_duration_since(asked.0).as_micros();
-                l.0.slot_wait_us
-                    .fetch_add(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
-            }
-        }
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let r = fut.await;
-            if let Some(l) = log {
-                let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                l.0.upstream_us.fetch_add(us, Ordering::Relaxed);
-            }
-            match r {
-                // The proxy forwards no upgrade (`Upgrade` is hop-by-hop): a 101 answers a
-                // request nobody made, and relaying it would hand the caller a connection in
-                // an unknown protocol.
-                Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                    Err(ProtocolError::UnsolicitedUpgrade.into())
-                }
-                r => r.map_err(Into::into),
-            }
-        })
-    }
 }
 
 /// What the caller gets: the upstream's response (hop-by-hop headers removed, a refused
