@@ -27,7 +27,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
@@ -41,62 +40,13 @@ use stormguard_core::signals::Abandoned;
 use stormguard_http::classify::classify_response;
 use tower::{Layer, Service};
 
-use crate::dependency::{Dependency, UpstreamTarget};
+use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
+use crate::extensions::{AdmittedSlot, AttemptDeadline, Slots, UpstreamTarget};
+pub use crate::extensions::{BodyReceived, TimeLeft};
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// The slot the retry layer took for a retry (`Some(None)`: a shadow-mode retry sent without
-/// one). Cap takes it out of the request's extensions.
-#[derive(Clone, Debug)]
-pub(crate) struct AdmittedSlot(Arc<Mutex<Option<Slots>>>);
-
-/// What an attempt holds: its slot under its upstream's cap, and one under the dependency's
-/// total cap when there is one (`None`s in shadow mode).
-type Slots = (Option<Permit>, Option<Permit>);
-
-impl AdmittedSlot {
-    pub(crate) fn new(permit: Option<Permit>, total: Option<Permit>) -> AdmittedSlot {
-        AdmittedSlot(Arc::new(Mutex::new(Some((permit, total)))))
-    }
-
-    fn take(&self) -> Option<Slots> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-/// The time by which this attempt must have its response headers (the request's deadline).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttemptDeadline(pub(crate) Timestamp);
-
-/// A request extension on each attempt the cap sends while a deadline applies (the
-/// dependency's, or the caller's [`Deadline`](crate::Deadline)): the time the request had left
-/// when the attempt was sent — its deadline, not the per-try timeout. A client can pass it on
-/// to the dependency, as gRPC's `grpc-timeout`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TimeLeft(pub std::time::Duration);
-
-/// A request extension: whether the caller's request body has been received whole (set by
-/// whoever reads it, e.g. the proxy). While it has not, a per-try timeout is the caller's
-/// slowness, not the dependency's: the attempt is cut with
-/// [`StormguardError::CallerBody`], its slot comes back at once (the dependency never had the
-/// whole request), and neither the breaker nor the budget counts it.
-#[derive(Clone, Debug, Default)]
-pub struct BodyReceived(Arc<std::sync::atomic::AtomicBool>);
-
-impl BodyReceived {
-    /// Marks the body received whole.
-    pub fn set(&self) {
-        // Release: pairs with the Acquire in `is_received`; nothing else is published.
-        self.0.store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Whether the body has been received whole.
-    pub fn is_received(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
 
 /// Applies [`Cap`].
 #[derive(Clone, Debug)]

@@ -1,6 +1,7 @@
 //! A dependency: everything its callers share — the limiter (the cap), the retry budget, the
 //! breaker, the pushback hold, the counters — built once and cloned into every layer.
 
+pub use crate::extensions::UpstreamTarget;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,12 +111,6 @@ pub struct UpstreamSpec {
     /// Its cap: the provider's concurrency limit.
     pub cap: u64,
 }
-
-/// A request extension: which of the dependency's upstreams an attempt goes to (an index into
-/// [`DependencyConfig::upstreams`]; 0 with a single upstream). Set by the retry layer on every
-/// attempt; read by the cap and by the service that sends the attempt.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UpstreamTarget(pub usize);
 
 /// Work handed to a [`Spawner`]: a timed-out call running on to its end.
 pub type BackgroundTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;

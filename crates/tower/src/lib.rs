@@ -27,6 +27,7 @@ pub mod cap;
 pub mod clock;
 pub mod dependency;
 pub mod error;
+pub mod extensions;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod record;
@@ -35,9 +36,10 @@ pub mod retry;
 pub use cap::{BodyReceived, Cap, CapLayer, PermitBody, TimeLeft};
 pub use dependency::{
     Dependency, DependencyConfig, DependencyError, DependencySnapshot, Spawner, UpstreamSnapshot,
-    UpstreamSpec, UpstreamTarget,
+    UpstreamSpec,
 };
 pub use error::{BoxError, StormguardError};
+pub use extensions::UpstreamTarget;
 pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{
     AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, Retry, RetryBody, RetryLayer,

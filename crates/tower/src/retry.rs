@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
@@ -31,36 +30,12 @@ use stormguard_http::classify::{classify_response, classify_transport, is_idempo
 use stormguard_http::stacked::mark_attempt;
 use tower::{Layer, Service, ServiceExt};
 
-use crate::cap::{AdmittedSlot, AttemptDeadline, BoxFuture};
-use crate::dependency::{Dependency, UpstreamTarget};
+use crate::cap::BoxFuture;
+use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
+use crate::extensions::{AdmittedSlot, AttemptDeadline, UpstreamTarget};
+pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
-
-/// A request extension: the caller's deadline for the whole request (queue waits, attempts and
-/// backoffs included). Shortens the dependency's configured deadline, never lengthens it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Deadline(pub tokio::time::Instant);
-
-impl Deadline {
-    /// A deadline `d` from now.
-    pub fn after(d: std::time::Duration) -> Deadline {
-        Deadline(tokio::time::Instant::now() + d)
-    }
-}
-
-/// A request extension: this route or method is idempotent (every gRPC call is a POST).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Idempotent;
-
-/// A request extension: the route's own retry budget, charged on top of the dependency's.
-#[derive(Clone)]
-pub struct RouteBudget(pub Arc<dyn RetryBudget>);
-
-impl std::fmt::Debug for RouteBudget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("RouteBudget").field(&self.0).finish()
-    }
-}
 
 /// How to send a request body again, and how to read a response. Implement it for request
 /// types other than `http::Request<ReplayBody<B>>` (e.g. a tonic client whose bodies are
