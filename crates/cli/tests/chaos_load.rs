@@ -17,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, Phase, Sampler};
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use tokio::net::{TcpListener, TcpStream};
 
 fn stormguard() -> Command {
@@ -426,7 +426,7 @@ async fn method_headers_and_body_reach_the_upstream() {
 
 /// `stormguard proxy` in process: a cap of 20 and a 25 % budget with no reserve.
 async fn stormguard_proxy(upstream: &ChaosServer) -> stormguard_proxy::ProxyHandle {
-    let mut d = DependencyConfig::new("default", upstream.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("default", upstream.url("").parse().unwrap());
     d.cap = 20;
     d.budget = "ratio:percent=0.25,min_per_sec=0".parse().unwrap();
     let mut config = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use assert_cmd::Command;
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
 use stormguard_chaos::{ChaosConfig, Latency, OnDisconnect, Phase};
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_tower::DependencySnapshot as Snapshot;
 
 /// What one replay printed: retries allowed and asked (stdout), and its stderr.
@@ -55,7 +55,7 @@ async fn record_storm(name: &str, policy: &str) -> (PathBuf, Snapshot) {
     });
     c.on_disconnect = OnDisconnect::Finish;
     let upstream = stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let mut d = DependencyConfig::new("payments", upstream.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("payments", upstream.url("").parse().unwrap());
     d.cap = 50;
     d.budget = policy.parse().unwrap();
     d.backoff = stormguard_core::backoff::BackoffConfig::parse_range("1ms..2ms").unwrap();

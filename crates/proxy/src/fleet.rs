@@ -9,11 +9,11 @@ use stormguard_tower::Dependency;
 
 use crate::StartError;
 use crate::config::validate::fleet_error;
-use crate::config::{DependencyConfig, Invalid, KeyPath, RuleError};
+use crate::config::{Invalid, KeyPath, ProxyDependency, RuleError};
 
 /// The dependency, with its fleet and the worker to run when the placement is `fleet`.
 pub(crate) fn build(
-    d: &DependencyConfig,
+    d: &ProxyDependency,
     here: &KeyPath,
     tower: stormguard_tower::DependencyConfig,
 ) -> Result<(Dependency, Option<(Fleet, FleetWorker)>), StartError> {

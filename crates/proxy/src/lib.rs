@@ -7,10 +7,10 @@
 //! answered `503` (`queue`, `breaker`) or `504` (`deadline`) with `x-stormguard-denied`.
 //!
 //! ```no_run
-//! use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+//! use stormguard_proxy::config::{ProxyDependency, ProxyConfig};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let mut dep = DependencyConfig::new("payments", "http://127.0.0.1:9000".parse()?);
+//! let mut dep = ProxyDependency::new("payments", "http://127.0.0.1:9000".parse()?);
 //! dep.cap = 20;
 //! dep.budget = "ratio:percent=0.25,min_per_sec=3".parse()?;
 //! let proxy = stormguard_proxy::start(ProxyConfig::single("127.0.0.1:8080".parse()?, dep)).await?;

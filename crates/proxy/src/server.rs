@@ -13,7 +13,7 @@ use stormguard_core::budget::RetryBudget;
 use stormguard_tower::{Dependency, Idempotent, ReplayBody, RouteBudget};
 use tower::ServiceExt;
 
-use crate::config::{DependencyConfig, ProxyConfig, RouteConfig};
+use crate::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use crate::hop::strip_hop_by_hop;
 use crate::scopes::TraceScopes;
 use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, ProxyService, local};
@@ -26,7 +26,7 @@ pub(crate) struct DepRuntime {
     pub(crate) upstreams: Arc<[Uri]>,
     pub(crate) scopes: TraceScopes,
     /// What it was built from (with the proxy's `scope_max`).
-    pub(crate) config: (DependencyConfig, usize),
+    pub(crate) config: (ProxyDependency, usize),
     /// Labels of the per-route series: its name, each upstream's host and port.
     pub(crate) name: Arc<str>,
     pub(crate) upstream_labels: Vec<Arc<str>>,

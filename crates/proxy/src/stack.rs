@@ -16,7 +16,7 @@ use tower::util::BoxCloneSyncService;
 
 use crate::attempt;
 pub use crate::attempt::AttemptLog;
-use crate::config::DependencyConfig;
+use crate::config::ProxyDependency;
 use crate::hop::strip_hop_by_hop;
 pub use crate::upstream::UpstreamClient;
 
@@ -36,7 +36,7 @@ pub static ERROR_HEADER: http::HeaderName = http::HeaderName::from_static("x-sto
 /// The upstream client of a dependency (see [`crate::upstream`]): HTTP/1.1 with a pool of at
 /// least `cap` idle connections, HTTP/2 with the cap held under the peer's streams, TLS for
 /// `https://`. The error names the key of a TLS file that cannot be used.
-pub fn client(dep: &DependencyConfig) -> Result<UpstreamClient, crate::upstream::TlsError> {
+pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, crate::upstream::TlsError> {
     crate::upstream::client(dep)
 }
 

@@ -19,9 +19,9 @@
 //! are read when the config is checked, so a bad file is a config error, not a failed request.
 //!
 //! ```
-//! use stormguard_proxy::config::DependencyConfig;
+//! use stormguard_proxy::config::ProxyDependency;
 //!
-//! let mut dep = DependencyConfig::new("grpc", "http://127.0.0.1:50051".parse().unwrap());
+//! let mut dep = ProxyDependency::new("grpc", "http://127.0.0.1:50051".parse().unwrap());
 //! dep.http2.prior_knowledge = true; // h2c
 //! let client = stormguard_proxy::upstream::client(&dep).unwrap();
 //! assert_eq!(client.peer_streams().get(), None); // learned at the first connection
@@ -49,7 +49,7 @@ use stormguard_core::limiter::Limiter;
 use stormguard_tower::{Dependency, ReplayBody};
 use tower::Service;
 
-use crate::config::{DependencyConfig, TlsConfig};
+use crate::config::{ProxyDependency, TlsConfig};
 
 /// How long a learned stream limit holds the cap down without being renewed. Every attempt
 /// renews it, so it only runs out on a dependency that has gone quiet.
@@ -88,10 +88,10 @@ impl Service<Request<ReplayBody<crate::body::CallerBody>>> for UpstreamClient {
 }
 
 /// The client for `dep`'s upstreams: reads the TLS files (an error names the key, as
-/// [`DependencyConfig::validate`] reports it). The HTTP/1.1 pool keeps at least `cap` idle
+/// [`ProxyDependency::validate`] reports it). The HTTP/1.1 pool keeps at least `cap` idle
 /// connections, so the limiter is the only queue; connect time (TLS handshake included) is
 /// inside the per-try timeout, since the cap times the whole call.
-pub fn client(dep: &DependencyConfig) -> Result<UpstreamClient, TlsError> {
+pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     // https:// URIs go through the TLS layer, which needs the TCP connector to accept them.

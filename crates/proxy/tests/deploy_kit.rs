@@ -21,7 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use stormguard_chaos::{ChaosServer, Phase};
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig, RouteConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use stormguard_proxy::start;
 
 fn read(rel: &str) -> String {
@@ -271,7 +271,7 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
     let healthy = chaos(Phase::default()).await;
     let failing = chaos(Phase { error_rate: 1.0, status: 503, ..Phase::default() }).await;
     let dep = |name: &str, upstream: &ChaosServer| {
-        let mut d = DependencyConfig::new(name, upstream.url("").parse().unwrap());
+        let mut d = ProxyDependency::new(name, upstream.url("").parse().unwrap());
         d.breaker = Some(BreakerConfig::default());
         d.backoff = BackoffConfig::parse_range("1ms..2ms").unwrap();
         d

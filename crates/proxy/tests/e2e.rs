@@ -17,15 +17,15 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
 use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase};
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn dep(upstream: &ChaosServer) -> DependencyConfig {
-    DependencyConfig::new("upstream", upstream.url("").parse().unwrap())
+fn dep(upstream: &ChaosServer) -> ProxyDependency {
+    ProxyDependency::new("upstream", upstream.url("").parse().unwrap())
 }
 
-async fn proxy(dep: DependencyConfig) -> ProxyHandle {
+async fn proxy(dep: ProxyDependency) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), dep);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
     start(c).await.unwrap()
@@ -271,7 +271,7 @@ async fn post_not_duplicated_on_reset_but_retried_on_connect_failure() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let p = proxy(DependencyConfig::new("gone", format!("http://{closed}").parse().unwrap())).await;
+    let p = proxy(ProxyDependency::new("gone", format!("http://{closed}").parse().unwrap())).await;
     let (status, headers, _) = send(&c, "POST", &url(&p, "/pay"), b"pay 10 EUR").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(headers["x-stormguard-error"], "connect-failure");

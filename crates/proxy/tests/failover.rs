@@ -18,18 +18,18 @@ use hyper_util::rt::TokioIo;
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
 use stormguard_chaos::{ChaosServer, Latency, Phase};
 use stormguard_core::breaker::BreakerConfig;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 
-fn providers(a: &ChaosServer, b: &str) -> DependencyConfig {
-    let mut d = DependencyConfig::new("models", a.url("").parse().unwrap());
+fn providers(a: &ChaosServer, b: &str) -> ProxyDependency {
+    let mut d = ProxyDependency::new("models", a.url("").parse().unwrap());
     d.upstreams.push(b.parse().unwrap());
     d.backoff = stormguard_core::backoff::BackoffConfig::parse_range("1ms..2ms").unwrap();
     d.max_retries = 1;
     d
 }
 
-async fn proxy(d: DependencyConfig) -> ProxyHandle {
+async fn proxy(d: ProxyDependency) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
     start(c).await.unwrap()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
 use stormguard_chaos::{ChaosServer, Latency, Phase};
-use stormguard_proxy::config::{DependencyConfig, FleetPlacement, ProxyConfig, RedisSource};
+use stormguard_proxy::config::{FleetPlacement, ProxyConfig, ProxyDependency, RedisSource};
 use stormguard_proxy::{ProxyHandle, start};
 use stormguard_redis::FleetMode;
 use stormguard_redis::resp::Connection;
@@ -29,11 +29,11 @@ async fn established(redis: &RedisProcess) {
 async fn three_proxies(
     upstream: &ChaosServer,
     redis: Option<&RedisProcess>,
-    edit: impl Fn(&mut DependencyConfig),
+    edit: impl Fn(&mut ProxyDependency),
 ) -> Vec<ProxyHandle> {
     let mut proxies = Vec::new();
     for i in 0..3 {
-        let mut d = DependencyConfig::new("upstream", upstream.url("").parse().unwrap());
+        let mut d = ProxyDependency::new("upstream", upstream.url("").parse().unwrap());
         d.cap = 20;
         d.queue = 10_000;
         d.queue_timeout = Duration::from_secs(10);

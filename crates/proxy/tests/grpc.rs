@@ -15,7 +15,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig, RouteConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use stormguard_proxy::grpc::parse_timeout;
 use stormguard_proxy::{ProxyHandle, start};
 use support::{Body, Counts, Serve, Upstream, answer, dep, full, upstream};
@@ -87,7 +87,7 @@ async fn grpc_upstream(
     (up, log)
 }
 
-fn grpc_dep(up: &Upstream) -> DependencyConfig {
+fn grpc_dep(up: &Upstream) -> ProxyDependency {
     let mut d = dep(&format!("http://{}", up.addr));
     d.http2.prior_knowledge = true;
     d.retry_on = "5xx,reset,connect-failure,refused-stream,unavailable".parse().unwrap();
@@ -95,7 +95,7 @@ fn grpc_dep(up: &Upstream) -> DependencyConfig {
 }
 
 /// A proxy whose `METHOD` route is marked idempotent (or not).
-async fn proxy(d: DependencyConfig, idempotent: bool) -> ProxyHandle {
+async fn proxy(d: ProxyDependency, idempotent: bool) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = None;
     c.routes.push(RouteConfig {

@@ -16,7 +16,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use stormguard_proxy::config::DependencyConfig;
+use stormguard_proxy::config::ProxyDependency;
 use support::{Counts, Serve, Upstream, answer, dep, full, proxy, until, upstream};
 use tokio::sync::Semaphore;
 
@@ -36,7 +36,7 @@ async fn gated_upstream(gate: Arc<Semaphore>) -> Upstream {
     .await
 }
 
-fn h2_dep(up: &Upstream) -> DependencyConfig {
+fn h2_dep(up: &Upstream) -> ProxyDependency {
     let mut d = dep(&format!("http://{}", up.addr));
     d.http2.prior_knowledge = true;
     d.cap = 20;

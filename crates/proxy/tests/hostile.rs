@@ -14,12 +14,12 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use stormguard_chaos::{Latency, Phase};
 use stormguard_core::breaker::BreakerConfig;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-async fn proxy(d: DependencyConfig, body_idle: Duration) -> ProxyHandle {
+async fn proxy(d: ProxyDependency, body_idle: Duration) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = None;
     c.body_idle_timeout = body_idle;
@@ -59,7 +59,7 @@ fn breaker() -> BreakerConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_bodies_do_not_open_the_breaker() {
     let upstream = chaos(Phase::default()).await;
-    let mut d = DependencyConfig::new("pay", upstream.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", upstream.url("").parse().unwrap());
     d.breaker = Some(breaker());
     let p = proxy(d, Duration::from_secs(10)).await;
     let addr = p.listen_addrs()[0];
@@ -84,7 +84,7 @@ async fn aborted_bodies_do_not_open_the_breaker() {
 
     // The unprotected path: failures the upstream causes open it.
     let resets = chaos(Phase { reset_rate: 1.0, ..Phase::default() }).await;
-    let mut d = DependencyConfig::new("pay", resets.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", resets.url("").parse().unwrap());
     d.breaker = Some(breaker());
     d.max_retries = 0;
     let p = proxy(d, Duration::from_secs(10)).await;
@@ -102,7 +102,7 @@ async fn aborted_bodies_do_not_open_the_breaker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_body_is_answered_400() {
     let upstream = chaos(Phase::default()).await;
-    let d = DependencyConfig::new("pay", upstream.url("").parse().unwrap());
+    let d = ProxyDependency::new("pay", upstream.url("").parse().unwrap());
     let p = proxy(d, Duration::from_secs(10)).await;
     let mut s = TcpStream::connect(p.listen_addrs()[0]).await.unwrap();
     s.write_all(
@@ -127,7 +127,7 @@ async fn a_malformed_body_is_answered_400() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dawdling_bodies_hold_no_slot() {
     let upstream = chaos(Phase { latency: Latency::Fixed(ms(5)), ..Phase::default() }).await;
-    let mut d = DependencyConfig::new("pay", upstream.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", upstream.url("").parse().unwrap());
     d.cap = 20;
     d.queue_timeout = ms(500);
     let p = proxy(d, Duration::from_secs(1)).await;
@@ -194,7 +194,7 @@ async fn dawdling_bodies_hold_no_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_per_try_timeout_while_the_caller_sends_is_the_callers() {
     let upstream = chaos(Phase { latency: Latency::Fixed(ms(2_000)), ..Phase::default() }).await;
-    let mut d = DependencyConfig::new("pay", upstream.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", upstream.url("").parse().unwrap());
     d.per_try_timeout = Some(ms(300));
     d.breaker = Some(BreakerConfig { consecutive_failures: Some(1), ..BreakerConfig::default() });
     let p = proxy(d, Duration::from_secs(10)).await;

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use stormguard_chaos::Phase;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::start;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -71,7 +71,7 @@ async fn a_quoted_client_id_leaves_metrics_parseable() {
     let upstream = chaos(Phase::default()).await;
     let mut config = ProxyConfig::single(
         "127.0.0.1:0".parse().unwrap(),
-        DependencyConfig::new("pay", upstream.url("").parse().unwrap()),
+        ProxyDependency::new("pay", upstream.url("").parse().unwrap()),
     );
     config.admin = Some("127.0.0.1:0".parse().unwrap());
     config.client_header = Some(http::HeaderName::from_static("x-client-id"));

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use stormguard_chaos::{Latency, Phase};
-use stormguard_proxy::config::{AdminToken, DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{AdminToken, ProxyConfig, ProxyDependency};
 use stormguard_proxy::{StartError, start};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -32,7 +32,7 @@ const IDLE: Duration = Duration::from_secs(2);
 const BOUND: Duration = Duration::from_secs(15);
 
 fn config(upstream: &str) -> ProxyConfig {
-    let d = DependencyConfig::new("pay", upstream.parse().unwrap());
+    let d = ProxyDependency::new("pay", upstream.parse().unwrap());
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
     c.connections.header_read_timeout = HEADER;

@@ -12,7 +12,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use stormguard_chaos::load::{self, Live, LoadConfig, Mode};
 use stormguard_chaos::{ChaosServer, Latency, Phase};
-use stormguard_proxy::config::{DependencyConfig, ListenerConfig, ProxyConfig};
+use stormguard_proxy::config::{ListenerConfig, ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, ReloadError, start};
 
 async fn get(c: &TestClient, uri: &str) -> Result<(StatusCode, Bytes), String> {
@@ -28,10 +28,10 @@ async fn get(c: &TestClient, uri: &str) -> Result<(StatusCode, Bytes), String> {
 /// Two listeners, one per dependency: `steady` (a token bucket that failures drain) and
 /// `moving` (what the reloads change).
 fn two(steady: &ChaosServer, moving: &ChaosServer) -> ProxyConfig {
-    let mut a = DependencyConfig::new("steady", steady.url("").parse().unwrap());
+    let mut a = ProxyDependency::new("steady", steady.url("").parse().unwrap());
     a.budget = "token-bucket:max_tokens=10,token_ratio=0.5".parse().unwrap();
     a.max_retries = 1;
-    let mut b = DependencyConfig::new("moving", moving.url("").parse().unwrap());
+    let mut b = ProxyDependency::new("moving", moving.url("").parse().unwrap());
     b.budget = "token-bucket:max_tokens=10,token_ratio=0.5".parse().unwrap();
     b.max_retries = 1;
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), a);
@@ -161,7 +161,7 @@ async fn a_bad_reload_is_refused_and_traffic_continues() {
 async fn a_changed_limiter_switches_over_as_permits_return() {
     let slow = chaos(Phase { latency: Latency::Fixed(ms(600)), ..Phase::default() }).await;
     for same_upstream in [true, false] {
-        let mut d = DependencyConfig::new("slow", slow.url("").parse().unwrap());
+        let mut d = ProxyDependency::new("slow", slow.url("").parse().unwrap());
         d.cap = 10;
         d.queue = 100;
         d.queue_timeout = Duration::from_secs(5);
@@ -210,7 +210,7 @@ async fn drain_finishes_in_flight_requests_and_fails_readiness_at_once() {
     for (timeout, cut) in [(ms(5_000), false), (ms(100), true)] {
         let mut config = ProxyConfig::single(
             "127.0.0.1:0".parse().unwrap(),
-            DependencyConfig::new("slow", slow.url("").parse().unwrap()),
+            ProxyDependency::new("slow", slow.url("").parse().unwrap()),
         );
         config.admin = Some("127.0.0.1:0".parse().unwrap());
         let p = start(config).await.unwrap();

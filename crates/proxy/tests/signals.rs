@@ -12,10 +12,10 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use stormguard_chaos::{ChaosServer, Latency, Phase};
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 
-async fn proxy(d: DependencyConfig) -> ProxyHandle {
+async fn proxy(d: ProxyDependency) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
     start(c).await.unwrap()
@@ -55,7 +55,7 @@ fn series(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_refused_after_a_transport_failure_says_why() {
     let slow = chaos(Phase { latency: Latency::Fixed(ms(400)), ..Phase::default() }).await;
-    let mut d = DependencyConfig::new("pay", slow.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", slow.url("").parse().unwrap());
     d.per_try_timeout = Some(ms(50));
     d.retry_on = "5xx,reset,connect-failure,timeout".parse().unwrap();
     d.budget = "ratio:percent=0,min_per_sec=0".parse().unwrap();
@@ -82,7 +82,7 @@ async fn a_retry_refused_after_a_transport_failure_says_why() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let mut d = DependencyConfig::new("pay", format!("http://{closed}").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", format!("http://{closed}").parse().unwrap());
     d.budget = "ratio:percent=0,min_per_sec=0".parse().unwrap();
     let p = proxy(d).await;
     let (status, headers, _) = call(&c, "GET", &traffic(&p)).await;
@@ -98,7 +98,7 @@ async fn a_retry_refused_after_a_transport_failure_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_polling_dashboard_does_not_hide_the_scrapes_peak() {
     let upstream = chaos(Phase { latency: Latency::Fixed(ms(1_000)), ..Phase::default() }).await;
-    let mut d = DependencyConfig::new("pay", upstream.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("pay", upstream.url("").parse().unwrap());
     d.cap = 20;
     let p = proxy(d).await;
     let c = client();
@@ -150,7 +150,7 @@ fn label(u: &ChaosServer) -> String {
 async fn the_second_upstreams_series_move_when_traffic_fails_over() {
     let a = chaos(Phase { error_rate: 1.0, status: 503, ..Phase::default() }).await;
     let b = chaos(Phase::default()).await;
-    let mut d = DependencyConfig::new("models", a.url("").parse().unwrap());
+    let mut d = ProxyDependency::new("models", a.url("").parse().unwrap());
     d.upstreams.push(b.url("").parse().unwrap());
     d.max_retries = 1;
     d.total_cap = Some(10);

@@ -12,12 +12,12 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use stormguard_core::breaker::BreakerConfig;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-async fn proxy(d: DependencyConfig) -> ProxyHandle {
+async fn proxy(d: ProxyDependency) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = None;
     start(c).await.unwrap()
@@ -119,7 +119,7 @@ fn body_of(text: &str) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_host_is_refused() {
     let (up, seen) = echo().await;
-    let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+    let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
     let addr = p.listen_addrs()[0];
     let text = raw(
         addr,
@@ -140,7 +140,7 @@ async fn a_duplicate_host_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_sets_the_host_from_the_target() {
     let (up, _) = echo().await;
-    let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+    let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
     let req = format!(
         "GET http://{up}/x HTTP/1.1\r\nhost: elsewhere.example\r\nconnection: close\r\n\r\n"
     );
@@ -154,7 +154,7 @@ async fn absolute_form_sets_the_host_from_the_target() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_callers_authority_is_the_upstreams_host() {
     let (up, _) = echo().await;
-    let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+    let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
     let c: hyper_util::client::legacy::Client<_, Full<Bytes>> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .http2_only(true)
@@ -175,7 +175,7 @@ async fn an_h2_callers_authority_is_the_upstreams_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_with_a_chunked_body_keeps_it() {
     let (up, _) = echo().await;
-    let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+    let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
     let text = raw(
         p.listen_addrs()[0],
         b"GET /search HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
@@ -207,7 +207,7 @@ async fn an_invalid_upstream_answer_is_a_502_not_retried() {
         &b"HTTP/1.1 2x0 OK\r\ncontent-length: 0\r\n\r\n"[..],
     ] {
         let (up, seen) = raw_upstream(answer).await;
-        let mut d = DependencyConfig::new("api", format!("http://{up}").parse().unwrap());
+        let mut d = ProxyDependency::new("api", format!("http://{up}").parse().unwrap());
         d.breaker =
             Some(BreakerConfig { consecutive_failures: Some(1), ..BreakerConfig::default() });
         d.backoff = stormguard_core::backoff::BackoffConfig::parse_range("1ms..2ms").unwrap();
@@ -224,7 +224,7 @@ async fn an_invalid_upstream_answer_is_a_502_not_retried() {
     }
     // The unprotected path: an upstream that closes without answering is a reset, retried.
     let (up, seen) = raw_upstream(b"").await;
-    let mut d = DependencyConfig::new("api", format!("http://{up}").parse().unwrap());
+    let mut d = ProxyDependency::new("api", format!("http://{up}").parse().unwrap());
     d.backoff = stormguard_core::backoff::BackoffConfig::parse_range("1ms..2ms").unwrap();
     let p = proxy(d).await;
     let text =
@@ -246,7 +246,7 @@ async fn a_malformed_upstream_body_never_leaves_the_caller_with_nothing() {
         &b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort"[..],
     ] {
         let (up, _) = raw_upstream(answer).await;
-        let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+        let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
         let text =
             raw(p.listen_addrs()[0], b"GET /x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
                 .await;
@@ -267,7 +267,7 @@ async fn a_malformed_upstream_body_never_leaves_the_caller_with_nothing() {
         Duration::from_millis(200),
     )
     .await;
-    let p = proxy(DependencyConfig::new("api", format!("http://{up}").parse().unwrap())).await;
+    let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
     let text =
         raw(p.listen_addrs()[0], b"GET /x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n").await;
     assert!(

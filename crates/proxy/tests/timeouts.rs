@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use stormguard_chaos::{ChaosServer, Latency, Phase};
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 
 async fn slow_upstream() -> ChaosServer {
@@ -23,8 +23,8 @@ async fn slow_upstream() -> ChaosServer {
 
 /// A proxy with every default but a 100 ms per-try timeout (there is no default one), and no
 /// admin listener.
-async fn proxy(upstream: &ChaosServer, change: impl FnOnce(&mut DependencyConfig)) -> ProxyHandle {
-    let mut d = DependencyConfig::new("slow", upstream.url("").parse().unwrap());
+async fn proxy(upstream: &ChaosServer, change: impl FnOnce(&mut ProxyDependency)) -> ProxyHandle {
+    let mut d = ProxyDependency::new("slow", upstream.url("").parse().unwrap());
     d.per_try_timeout = Some(ms(100));
     change(&mut d);
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);

@@ -12,7 +12,7 @@ use stormguard_core::budget::BudgetSpec;
 use stormguard_core::decimal::{format_duration, parse_duration};
 use stormguard_core::defaults;
 use stormguard_proxy::config::{
-    AdminToken, DEFAULT_ADMIN, DependencyConfig, Overrides, ProxyConfig, RedisSourceError,
+    AdminToken, DEFAULT_ADMIN, Overrides, ProxyConfig, ProxyDependency, RedisSourceError,
 };
 
 use crate::Failure;
@@ -243,7 +243,7 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     let upstream = args.upstream.as_deref().unwrap_or_default();
     let uri =
         upstream.parse().map_err(|e| Failure::usage(format!("--upstream: {upstream:?}: {e}")))?;
-    let mut d = DependencyConfig::new("default", uri);
+    let mut d = ProxyDependency::new("default", uri);
     d.cap = args.cap;
     d.budget = args.budget.parse().map_err(|e| Failure::usage(format!("--budget: {e}")))?;
     d.retry_on = args.retry_on.parse().map_err(|e| Failure::usage(format!("--retry-on: {e}")))?;

@@ -7,7 +7,7 @@
 //! `admin` and `record`) and `[[dependency]]` (the fleet keys, `http2` and
 //! `max_concurrent_streams` sit beside `cap`). serde's `flatten` cannot refuse unknown keys, and
 //! an unknown key must be an error. A key left out keeps the model's default, which lives in
-//! one place: [`DependencyConfig::new`], [`ProxyConfig::single`] and `stormguard_core::defaults`.
+//! one place: [`ProxyDependency::new`], [`ProxyConfig::single`] and `stormguard_core::defaults`.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -28,7 +28,7 @@ use stormguard_http::headers::{ResetFormat, ResetHeader};
 
 use super::validate::{RuleError, RuleViolation};
 use super::{
-    AdminToken, DependencyConfig, FleetPlacement, ListenerConfig, ProxyConfig, RedisSource,
+    AdminToken, FleetPlacement, ListenerConfig, ProxyConfig, ProxyDependency, RedisSource,
     RouteConfig, TlsConfig,
 };
 
@@ -81,7 +81,7 @@ impl ProxyFile {
     pub(super) fn into_model(self) -> Result<ProxyConfig, RuleViolation> {
         let mut c = ProxyConfig::single(
             "127.0.0.1:0".parse().expect("a valid address"),
-            DependencyConfig::new("unset", Uri::from_static("http://unset")),
+            ProxyDependency::new("unset", Uri::from_static("http://unset")),
         );
         c.listeners = self.listener;
         c.routes = self.route;
@@ -176,8 +176,8 @@ struct DependencyFile {
 }
 
 impl DependencyFile {
-    fn into_model(self) -> Result<DependencyConfig, RuleViolation> {
-        let mut d = DependencyConfig::new(self.name, Uri::from_static("http://unset"));
+    fn into_model(self) -> Result<ProxyDependency, RuleViolation> {
+        let mut d = ProxyDependency::new(self.name, Uri::from_static("http://unset"));
         (d.upstreams, d.upstream_caps) = self.upstreams.into_iter().map(|u| (u.url, u.cap)).unzip();
         set!(d, self; cap, queue, queue_timeout, budget, retry_on, max_retries, backoff, enforce,
             scope_retries, scope_header, timeout_slot_hold, abandon_hold, body_limit,

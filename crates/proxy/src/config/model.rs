@@ -44,7 +44,7 @@ pub struct ProxyConfig {
     /// Where callers connect. At least one.
     pub listeners: Vec<ListenerConfig>,
     /// The dependencies behind the proxy. At least one; names are unique.
-    pub dependencies: Vec<DependencyConfig>,
+    pub dependencies: Vec<ProxyDependency>,
     /// Host and path prefix → dependency, checked before a listener's default dependency.
     pub routes: Vec<RouteConfig>,
     /// The admin listener (`/metrics`, `/healthz`, ...). Default `127.0.0.1:9901`; `None`
@@ -219,7 +219,7 @@ impl AdminToken {
 
 /// One dependency: its upstream, cap, queue, budget and retry rules.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DependencyConfig {
+pub struct ProxyDependency {
     /// The name, unique: the `dependency` label of every metric.
     pub name: String,
     /// The upstreams, `http://host:port` or `https://host:port`. Exactly one for now (several
@@ -384,7 +384,7 @@ impl FleetPlacement {
     /// The fleet layer's config for `dependency` on `redis`.
     pub fn to_fleet(
         &self,
-        dependency: &DependencyConfig,
+        dependency: &ProxyDependency,
         redis: stormguard_redis::RedisTarget,
     ) -> stormguard_redis::FleetConfig {
         let mut c = stormguard_redis::FleetConfig::new(
@@ -437,10 +437,10 @@ pub struct Http2Config {
     pub max_concurrent_streams: Option<u32>,
 }
 
-impl DependencyConfig {
+impl ProxyDependency {
     /// A dependency named `name` in front of `upstream`, with every default.
-    pub fn new(name: impl Into<String>, upstream: Uri) -> DependencyConfig {
-        DependencyConfig {
+    pub fn new(name: impl Into<String>, upstream: Uri) -> ProxyDependency {
+        ProxyDependency {
             name: name.into(),
             upstreams: vec![upstream],
             upstream_caps: Vec::new(),
@@ -535,7 +535,7 @@ fn lowercase<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D
 
 impl ProxyConfig {
     /// One listener in front of one dependency (the quick-start flags).
-    pub fn single(listen: SocketAddr, dependency: DependencyConfig) -> ProxyConfig {
+    pub fn single(listen: SocketAddr, dependency: ProxyDependency) -> ProxyConfig {
         ProxyConfig {
             listeners: vec![ListenerConfig { listen, dependency: Some(dependency.name.clone()) }],
             dependencies: vec![dependency],

@@ -1,11 +1,11 @@
-//! The mapping to tower's [`DependencyConfig`](stormguard_tower::DependencyConfig): what the
-//! proxy's stack is built from.
+//! The mapping from a [`ProxyDependency`](super::ProxyDependency) to tower's
+//! [`DependencyConfig`](stormguard_tower::DependencyConfig): what the proxy's stack is built from.
 
 use stormguard_core::limiter::LimiterConfig;
 
-use super::{DependencyConfig, upstream_label};
+use super::{ProxyDependency, upstream_label};
 
-impl DependencyConfig {
+impl ProxyDependency {
     /// The tower dependency this describes.
     pub fn to_tower(&self) -> stormguard_tower::DependencyConfig {
         let mut c = stormguard_tower::DependencyConfig::new(self.name.clone());

@@ -14,7 +14,7 @@ use stormguard_core::decision::MAX_RETRIES_LIMIT;
 use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
 
 use super::{
-    AdminTokenError, ConnectionConfig, DependencyConfig, FleetPlacement, ProxyConfig,
+    AdminTokenError, ConnectionConfig, FleetPlacement, ProxyConfig, ProxyDependency,
     RedisSourceError, upstream_label,
 };
 use crate::upstream::TlsError;
@@ -208,7 +208,7 @@ impl ConnectionConfig {
 
 impl FleetPlacement {
     /// Checks every rule; the error names the dependency's key.
-    fn validate(&self, d: &DependencyConfig) -> Result<(), RuleViolation> {
+    fn validate(&self, d: &ProxyDependency) -> Result<(), RuleViolation> {
         if self.max_instances == 0 {
             return Err(at("max_instances", RuleError::NoMaxInstances));
         }
@@ -262,9 +262,9 @@ fn limiter_error(e: stormguard_core::ConfigError) -> RuleViolation {
     at(key, e)
 }
 
-impl DependencyConfig {
+impl ProxyDependency {
     /// Checks every rule; the error names the key (`cap`, `budget`, `breaker.window`, ...)
-    /// relative to the dependency. TLS files are read by [`DependencyConfig::check_files`].
+    /// relative to the dependency. TLS files are read by [`ProxyDependency::check_files`].
     pub fn validate(&self) -> Result<(), RuleViolation> {
         if self.name.is_empty()
             || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -461,7 +461,7 @@ impl ProxyConfig {
         Ok(())
     }
 
-    /// Reads every dependency's TLS files (see [`DependencyConfig::check_files`]).
+    /// Reads every dependency's TLS files (see [`ProxyDependency::check_files`]).
     pub fn check_files(&self) -> Result<(), RuleViolation> {
         for (i, d) in self.dependencies.iter().enumerate() {
             d.check_files().map_err(|e| e.under(&KeyPath::root().key("dependency").index(i)))?;

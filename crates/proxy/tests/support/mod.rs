@@ -22,7 +22,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -213,15 +213,15 @@ where
     Upstream { addr, counts, task }
 }
 
-pub async fn proxy(dep: DependencyConfig) -> ProxyHandle {
+pub async fn proxy(dep: ProxyDependency) -> ProxyHandle {
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), dep);
     c.admin = None;
     start(c).await.unwrap()
 }
 
 /// A dependency with quick backoffs, so retries do not slow the tests.
-pub fn dep(upstream: &str) -> DependencyConfig {
-    let mut d = DependencyConfig::new("upstream", upstream.parse().unwrap());
+pub fn dep(upstream: &str) -> ProxyDependency {
+    let mut d = ProxyDependency::new("upstream", upstream.parse().unwrap());
     d.backoff = stormguard_core::backoff::BackoffConfig::parse_range("1ms..5ms").unwrap();
     d
 }

@@ -37,7 +37,7 @@ use stormguard_chaos::{
 use stormguard_core::Denied;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::decimal::parse_duration;
-use stormguard_proxy::config::{DependencyConfig, ProxyConfig};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 
 use crate::Failure;
 

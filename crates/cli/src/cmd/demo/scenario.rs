@@ -96,7 +96,7 @@ pub(super) fn script(plan: &[PhasePlan], seed: u64) -> Script {
 pub(super) fn proxy_config(upstream: &str, admin: SocketAddr) -> Result<ProxyConfig, Failure> {
     let bad = |e: String| Failure::runtime(format!("demo proxy config: {e}"));
     let mut d =
-        DependencyConfig::new(DEPENDENCY, upstream.parse().map_err(|e| bad(format!("{e}")))?);
+        ProxyDependency::new(DEPENDENCY, upstream.parse().map_err(|e| bad(format!("{e}")))?);
     d.cap = CAP;
     d.planned_primary = Some(PLANNED_PRIMARY);
     d.budget = BUDGET.parse().map_err(|e| bad(format!("{e}")))?;
