@@ -69,19 +69,6 @@ impl CallerBody {
     pub fn received(&self) -> Option<BodyReceived> {
         self.received.clone()
     }
-
-    /// A body with nothing in it (for tests and local requests).
-    pub fn empty() -> CallerBody {
-        CallerBody {
-            head: VecDeque::new(),
-            head_len: 0,
-            trailers: None,
-            rest: None,
-            idle: Duration::ZERO,
-            timer: None,
-            received: None,
-        }
-    }
 }
 
 /// Receives `body` until it ends or more than `limit` bytes have arrived, waiting at most

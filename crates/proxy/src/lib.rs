@@ -2,7 +2,7 @@
 //!
 //! The sidecar: an HTTP proxy on hyper 1 that every caller on a host goes through, so the cap
 //! and the retry budget hold for services not written in Rust. It runs the very same tower
-//! stack as the library ([`stack::stack`]): every attempt — first try or retry — takes a slot
+//! stack as the library (`stack::stack`): every attempt — first try or retry — takes a slot
 //! under the dependency's cap, retries spend its budget, and the proxy's own refusals are
 //! answered `503` (`queue`, `breaker`) or `504` (`deadline`) with `x-stormguard-denied`.
 //!
@@ -27,27 +27,31 @@
 //! connections; the admin listener's state changes are guarded against web pages (docs/proxy.md,
 //! "Limits and timeouts" and "Security").
 //!
-//! Modules: [`config`] (the TOML schema and the quick flags, validated once), [`stack`] (the
-//! middleware, in one function), [`upstream`] (the upstream client: TLS, HTTP/2 with the cap
-//! held under the peer's streams), [`grpc`] (`grpc-timeout`), [`hop`] (hop-by-hop headers),
-//! [`scopes`] (fan-out scopes by trace id), [`record`] (record mode), [`traffic`] (the
-//! per-route series), [`reload`]. The narrative is in docs/proxy.md.
+//! The public surface is [`start`], [`ProxyHandle`] and [`config`] (the TOML schema and the
+//! quick flags, validated once), with [`grpc`]'s `grpc-timeout` grammar. Inside, one concern a
+//! room: `listener` (sockets, connection limits, timeouts), `server` (routing a request to its
+//! dependency), `stack` (the middleware, in one function), `attempt` (what happens to each
+//! attempt below the cap), `upstream` (the upstream client: TLS, HTTP/2 with the cap held under
+//! the peer's streams), `body` (the caller's body), `hop` (hop-by-hop headers), `scopes`
+//! (fan-out scopes by trace id), `record` (record mode), `traffic` (the per-route series),
+//! `admin` (the admin listener and dashboard), `reload`, `fleet`. The narrative is in
+//! docs/proxy.md.
 
-pub mod admin;
+mod admin;
 mod attempt;
-pub mod body;
+mod body;
 pub mod config;
 mod fleet;
 pub mod grpc;
-pub mod hop;
+mod hop;
 mod listener;
-pub mod record;
-pub mod reload;
-pub mod scopes;
+mod record;
+mod reload;
+mod scopes;
 mod server;
-pub mod stack;
-pub mod traffic;
-pub mod upstream;
+mod stack;
+mod traffic;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -149,7 +153,7 @@ impl ProxyHandle {
         self.state.fleets.iter().find(|f| f.config().dependency == name)
     }
 
-    /// Puts `config` in force (see [`reload`]). A config that is invalid, or that changes
+    /// Puts `config` in force (see docs/proxy.md, "Reload"). A config that is invalid, or that changes
     /// what cannot change while running (listeners, admin address, record file), is refused
     /// and the running one stays.
     pub async fn reload(&self, config: ProxyConfig) -> Result<ReloadReport, ReloadError> {

@@ -87,13 +87,9 @@ impl TraceScopes {
     }
 
     /// Scopes remembered now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).entries.len()
-    }
-
-    /// Whether no scope is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -105,6 +105,7 @@ impl Traffic {
     }
 
     /// Distinct callers admitted to their own label.
+    #[cfg(test)]
     pub fn clients(&self) -> usize {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner).names.len()
     }

@@ -321,11 +321,6 @@ impl PeerStreams {
         self.upstreams.iter().find(|(u, _)| *u == a).map(|(_, p)| p.clone())
     }
 
-    /// The first upstream's limit, once known.
-    pub fn get(&self) -> Option<u64> {
-        self.upstream(0).and_then(PeerStream::get)
-    }
-
     /// Lowers each upstream's limiter as soon as its limit is learned.
     pub fn attach(&self, dep: &Dependency) {
         for (i, (_, p)) in self.upstreams.iter().enumerate() {

@@ -46,6 +46,7 @@ mod view;
 
 use std::path::Path;
 
+pub use crate::upstream::{PemProblem, TlsError};
 pub use model::*;
 pub use overrides::Overrides;
 pub use stormguard_config::{Document, FileError as ConfigError, Invalid, KeyPath, Segment};

@@ -1,6 +1,6 @@
 //! The configuration model: what the proxy runs, as plain values with their defaults. Read
-//! from a file by [`file`](super::file), checked by [`validate`](super::validate), shown by
-//! [`view`](super::view).
+//! from a file by `file`, checked by [`validate`](super::validate), shown by
+//! `view`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

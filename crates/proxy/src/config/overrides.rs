@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{AdminToken, ProxyConfig};
+use super::{AdminAccessConfig, AdminToken, ConnectionConfig, ProxyConfig};
 
 /// Settings given as flags beside a config file (`stormguard proxy --config FILE --record
 /// incident.jsonl`), applied over what the file says when the proxy starts **and again at every
