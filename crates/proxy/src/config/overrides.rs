@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{AdminAccessConfig, AdminToken, ConnectionConfig, ProxyConfig};
+use super::{AdminToken, ProxyConfig};
 
 /// Settings given as flags beside a config file (`stormguard proxy --config FILE --record
 /// incident.jsonl`), applied over what the file says when the proxy starts **and again at every
@@ -23,15 +23,15 @@ pub struct Overrides {
     pub drain_timeout: Option<Duration>,
     /// `--shadow`: every dependency in shadow mode (`enforce = false`), whatever the file says.
     pub shadow: bool,
-    /// `--header-read-timeout`: [`ConnectionConfig::header_read_timeout`].
+    /// `--header-read-timeout`: [`ConnectionConfig::header_read_timeout`](super::ConnectionConfig::header_read_timeout).
     pub header_read_timeout: Option<Duration>,
-    /// `--idle-timeout`: [`ConnectionConfig::idle_timeout`].
+    /// `--idle-timeout`: [`ConnectionConfig::idle_timeout`](super::ConnectionConfig::idle_timeout).
     pub idle_timeout: Option<Duration>,
-    /// `--max-connections`: [`ConnectionConfig::max_connections`].
+    /// `--max-connections`: [`ConnectionConfig::max_connections`](super::ConnectionConfig::max_connections).
     pub max_connections: Option<usize>,
-    /// `--admin-allow-remote`: [`AdminAccessConfig::allow_remote`].
+    /// `--admin-allow-remote`: [`AdminAccessConfig::allow_remote`](super::AdminAccessConfig::allow_remote).
     pub admin_allow_remote: bool,
-    /// `--admin-token env:NAME`: [`AdminAccessConfig::token`].
+    /// `--admin-token env:NAME`: [`AdminAccessConfig::token`](super::AdminAccessConfig::token).
     pub admin_token: Option<AdminToken>,
 }
 
