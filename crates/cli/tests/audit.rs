@@ -1,14 +1,12 @@
 //! `stormguard audit` end to end: exit codes, the three output formats, bad input.
 
-use std::path::{Path, PathBuf};
+mod support;
 
-use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+use support::stormguard;
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
 
 fn fixture(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../audit/tests/fixtures").join(p)

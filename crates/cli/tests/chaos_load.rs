@@ -2,13 +2,15 @@
 //! both failing when violated and passing when it holds — through a small retrying proxy, the
 //! way they are used against a real stack.
 
+mod support;
+
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command as StdCommand, Output, Stdio};
 use std::time::Duration;
+use support::stormguard;
 
-use assert_cmd::Command;
 use assert_cmd::cargo::CommandCargoExt;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -19,10 +21,6 @@ use serde_json::Value;
 use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, Phase, Sampler};
 use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use tokio::net::{TcpListener, TcpStream};
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
 
 /// Runs `stormguard ARGS` off the async runtime (the servers it talks to live on it).
 async fn run(args: Vec<String>) -> Output {

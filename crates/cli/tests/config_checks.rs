@@ -8,25 +8,15 @@
 //!   `plan --format toml` prints passes both `check-config` and `audit`. The raw arithmetic (a
 //!   floor above the headroom, a percent past 50 %) is flagged, so the check can fail.
 
-use assert_cmd::Command;
+mod support;
+
 use clap::Parser;
 use predicates::prelude::*;
 use serde_json::Value;
 use stormguard::Cli;
 use stormguard_audit::{AuditOptions, Rule, audit_sources};
 use stormguard_proxy::config::ProxyConfig;
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
-
-fn write(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("stormguard-checks-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use support::{stormguard, write};
 
 /// The README's TOML block under its fleet heading.
 fn readme_fleet_example() -> String {

@@ -8,28 +8,17 @@
 //!   file, SIGHUP — reloads (it used to be refused: "the record file cannot change"), the trace
 //!   goes on across the reload, and `stormguard replay` reads it.
 
+mod support;
+
 use std::io::BufRead;
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
+use support::{stormguard, write};
 
-use assert_cmd::Command;
 use http_body_util::BodyExt;
 use predicates::prelude::*;
 use serde_json::Value;
 use stormguard_chaos::{ChaosConfig, ChaosServer, Phase};
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
-
-fn write(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stormguard-flags-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 fn config(admin: &str, upstream: &str, cap: u64) -> String {
     format!(

@@ -7,8 +7,10 @@
 //! Each command runs under `ulimit -v` (4 GiB of address space) and a timeout, so on code
 //! without the bounds these tests fail — killed or timed out — instead of taking the machine.
 
-use std::path::PathBuf;
+mod support;
+
 use std::time::{Duration, Instant};
+use support::{dir, write};
 
 use assert_cmd::Command;
 use predicates::prelude::*;
@@ -20,18 +22,6 @@ fn bounded() -> Command {
         .arg(assert_cmd::cargo::cargo_bin("stormguard"))
         .timeout(Duration::from_secs(30));
     c
-}
-
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stormguard-bounds-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn write(name: &str, text: &str) -> PathBuf {
-    let path = dir().join(name);
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 #[test]

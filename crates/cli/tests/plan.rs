@@ -1,12 +1,10 @@
 //! `stormguard plan` against the README's worked example.
 
-use assert_cmd::Command;
+mod support;
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
+use support::stormguard;
 
 fn plan_json(args: &[&str]) -> Value {
     let out = stormguard().arg("plan").args(args).args(["--format", "json"]).output().unwrap();

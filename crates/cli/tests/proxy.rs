@@ -1,19 +1,9 @@
 //! `stormguard check-config` and `stormguard proxy` flags.
 
-use assert_cmd::Command;
+mod support;
+
 use predicates::prelude::*;
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
-
-fn write(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("stormguard-proxy-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use support::{stormguard, write};
 
 #[test]
 fn plan_output_is_a_valid_config() {

@@ -3,15 +3,13 @@
 //! `NAME.jsonl` is the input, `NAME.spec` the policy, `NAME.expected.jsonl` the exact output;
 //! `bad_NAME.jsonl` must exit 2 with `bad_NAME.expected_error` in the message.
 
-use std::path::{Path, PathBuf};
+mod support;
 
-use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+use support::stormguard;
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replay")

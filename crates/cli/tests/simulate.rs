@@ -1,13 +1,11 @@
 //! `stormguard simulate`: the JSON contract, determinism, the HTML report, and exit 2 with
 //! file, line and key for a bad scenario.
 
-use assert_cmd::Command;
+mod support;
+
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn stormguard() -> Command {
-    Command::cargo_bin("stormguard").unwrap()
-}
+use support::stormguard;
 
 fn simulate(args: &[&str]) -> std::process::Output {
     stormguard().arg("simulate").args(args).arg("--no-progress").output().unwrap()

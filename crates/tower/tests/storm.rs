@@ -10,7 +10,9 @@
 //!    dependency works on it); a naive client with a concurrency limit that frees the slot at
 //!    the timeout does not.
 
-use std::convert::Infallible;
+#[macro_use]
+mod support;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,10 +23,9 @@ use http_body_util::{BodyExt, Full};
 use stormguard_core::Denied;
 use stormguard_core::random::{RandomSource, SplitMix64};
 use stormguard_tower::{Dependency, DependencyConfig, ReplayBody, StormguardLayer};
+use support::{Answer, Req};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
-
-type Req = Request<ReplayBody<Full<Bytes>>>;
 
 const L: Duration = Duration::from_millis(100);
 const PLANNED: f64 = 16.0;
@@ -106,21 +107,10 @@ impl Upstream {
     }
 }
 
-impl Service<Req> for Upstream {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
+serve_as_service!(Upstream);
 
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
+impl Upstream {
+    fn serve(&mut self, req: Req) -> Answer {
         let attempt = req
             .headers()
             .get("x-stormguard-attempt")

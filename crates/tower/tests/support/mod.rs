@@ -10,9 +10,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use stormguard_tower::ReplayBody;
-use tower::Service;
 
-type Req = Request<ReplayBody<Full<Bytes>>>;
+/// The request every tower test sends.
+pub type Req = Request<ReplayBody<Full<Bytes>>>;
 
 /// A dependency that takes `latency` for every request it is sent and keeps working on it
 /// after its client has gone, as a real server does: the work runs in its own task, and the
@@ -43,21 +43,38 @@ impl Upstream {
     }
 }
 
-impl Service<Req> for Upstream {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
+/// What a test upstream answers with.
+pub type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send>,
+>;
 
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
+/// `Service<Req>` for a test upstream with a `serve(&mut self, Req) -> Answer` method: always
+/// ready, every call served. (`#[macro_use] mod support;`.)
+macro_rules! serve_as_service {
+    ($t:ty) => {
+        impl tower::Service<$crate::support::Req> for $t {
+            type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+            type Error = std::convert::Infallible;
+            type Future = $crate::support::Answer;
 
-    fn call(&mut self, _: Req) -> Self::Future {
+            fn poll_ready(
+                &mut self,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), std::convert::Infallible>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, req: $crate::support::Req) -> Self::Future {
+                self.serve(req)
+            }
+        }
+    };
+}
+
+serve_as_service!(Upstream);
+
+impl Upstream {
+    fn serve(&mut self, _: Req) -> Answer {
         self.received.fetch_add(1, Ordering::SeqCst);
         let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max.fetch_max(n, Ordering::SeqCst);
