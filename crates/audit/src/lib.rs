@@ -30,9 +30,11 @@ pub mod model;
 pub mod node;
 pub mod output;
 
-pub use formats::istio::IstioVersion;
+pub use formats::istio::{BadIstioVersion, IstioVersion};
 pub use graph::PathReport;
-pub use model::{Budget, Finding, Format, Layer, Location, Methods, Rule, Severity};
+pub use model::{
+    Budget, Finding, Format, Layer, Location, Methods, Rule, Severity, UnknownSeverity,
+};
 use node::Node;
 
 /// What the audit checks against.

@@ -254,14 +254,20 @@ impl fmt::Display for Severity {
     }
 }
 
+/// A word that is not a [`Severity`]; carries the word, trimmed and lowercased.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown level `{0}` (expected info, warning or error)")]
+pub struct UnknownSeverity(pub String);
+
 impl std::str::FromStr for Severity {
-    type Err = String;
+    type Err = UnknownSeverity;
+    /// `info`, `warning` (or `warn`) or `error`, in any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "info" => Ok(Severity::Info),
             "warning" | "warn" => Ok(Severity::Warning),
             "error" => Ok(Severity::Error),
-            other => Err(format!("unknown level `{other}` (expected info, warning or error)")),
+            other => Err(UnknownSeverity(other.to_string())),
         }
     }
 }
@@ -372,4 +378,20 @@ pub struct Finding {
     pub message: String,
     /// What to change, one line.
     pub fix: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn severity_words() {
+        assert_eq!(" WARN ".parse::<Severity>(), Ok(Severity::Warning));
+        assert_eq!("Error".parse::<Severity>(), Ok(Severity::Error));
+        assert_eq!("fatal".parse::<Severity>(), Err(UnknownSeverity("fatal".into())));
+        assert_eq!(
+            "Fatal".parse::<Severity>().unwrap_err().to_string(),
+            "unknown level `fatal` (expected info, warning or error)"
+        );
+    }
 }

@@ -8,7 +8,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use stormguard_audit::{AuditError, AuditOptions, IstioVersion, Severity, audit_paths, output};
+use stormguard_audit::{
+    AuditError, AuditOptions, BadIstioVersion, IstioVersion, Severity, UnknownSeverity,
+    audit_paths, output,
+};
 
 use crate::Failure;
 
@@ -67,12 +70,14 @@ pub struct AuditArgs {
 
 /// Runs `stormguard audit`.
 pub fn run(args: &AuditArgs, out: &mut dyn Write) -> Result<(), Failure> {
-    let fail_on: Severity =
-        args.fail_on.parse().map_err(|e: String| Failure::usage(format!("--fail-on: {e}")))?;
+    let fail_on: Severity = args
+        .fail_on
+        .parse()
+        .map_err(|e: UnknownSeverity| Failure::usage(format!("--fail-on: {e}")))?;
     let istio_version: IstioVersion = args
         .istio_version
         .parse()
-        .map_err(|e: String| Failure::usage(format!("--istio-version: {e}")))?;
+        .map_err(|e: BadIstioVersion| Failure::usage(format!("--istio-version: {e}")))?;
     if !(args.max_amplification >= 1.0 && args.max_amplification.is_finite()) {
         return Err(Failure::usage(format!(
             "--max-amplification must be a number ≥ 1, got {}",
