@@ -8,6 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use stormguard_core::format;
+
 /// The config language a layer or finding came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Format {
@@ -123,19 +125,19 @@ pub fn budget_too_high(percent: f64) -> bool {
     percent > stormguard_core::defaults::MAX_SUGGESTED_PERCENT.as_f64()
 }
 
-/// A fraction as a percentage with no trailing zeros (`0.2` → `20%`).
+/// A fraction as a percentage in a finding's sentence, as `stormguard plan` prints a budget:
+/// at most 2 decimals, no trailing zeros (`0.2` → `20 %`, `1/3` → `33.33 %`).
 pub fn pct(f: f64) -> String {
-    format!("{}%", trim_float(f * 100.0))
+    format::percent_trimmed(f, 2)
 }
 
-/// A float with at most 3 decimals and no trailing zeros (`7.2`, `18`, `1.667`).
+/// A factor or a number of seconds: at most 3 decimals, no trailing zeros (`7.2`, `18`,
+/// `1.667`); an infinite factor is `unbounded`.
 pub fn trim_float(f: f64) -> String {
     if f.is_infinite() {
         return "unbounded".into();
     }
-    let s = format!("{f:.3}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".into() } else { s.to_string() }
+    format::number(f, 3)
 }
 
 /// Which request methods a route serves.

@@ -17,6 +17,7 @@ use http::{HeaderName, HeaderValue, Method};
 use stormguard_chaos::Rate;
 use stormguard_chaos::load::{self, Live, LoadConfig, LoadError, LoadReport, Mode};
 use stormguard_core::decimal::parse_duration;
+use stormguard_core::format;
 
 use crate::Failure;
 
@@ -188,13 +189,13 @@ pub fn run(args: &LoadArgs, out: &mut dyn Write) -> Result<(), Failure> {
 fn progress_line(live: &Live, elapsed: Duration) -> String {
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let (done, ok) = (get(&live.done), get(&live.succeeded));
-    let rate = if done == 0 { 0.0 } else { 100.0 * ok as f64 / done as f64 };
+    let rate = if done == 0 { 0.0 } else { ok as f64 / done as f64 };
     format!(
-        "{:6.1}s  scheduled {}  done {}  ok {:.1} %  outstanding {}   ",
+        "{:6.1}s  scheduled {}  done {}  ok {}  outstanding {}   ",
         elapsed.as_secs_f64(),
         get(&live.scheduled),
         done,
-        rate,
+        format::percent(rate, 1),
         get(&live.outstanding)
     )
 }
@@ -225,8 +226,8 @@ pub fn summary(r: &LoadReport) -> String {
     );
     let _ = writeln!(
         s,
-        "success     {:.2} % ({} of {})",
-        100.0 * r.success_rate,
+        "success     {} ({} of {})",
+        format::percent(r.success_rate, 2),
         o.success,
         r.scheduled
     );

@@ -189,9 +189,9 @@ async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
     let admin = proxy.admin_addr().ok_or_else(|| Failure::runtime("the proxy has no admin"))?;
     let dashboard = format!("http://{admin}/dashboard");
     progress.line(&format!(
-        "stormguard demo: {RATE_PER_S} requests/s on each path for {:.0} s; cap {CAP}, budget {:.0} % of first tries",
+        "stormguard demo: {RATE_PER_S} requests/s on each path for {:.0} s; cap {CAP}, budget {} of first tries",
         duration.as_secs_f64(),
-        BUDGET_PERCENT * 100.0
+        stormguard_core::format::percent_trimmed(BUDGET_PERCENT, 2)
     ));
     progress.line(&format!("dashboard (live, the stormguard path): {dashboard}"));
 
