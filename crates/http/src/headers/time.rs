@@ -20,7 +20,7 @@ pub(super) fn rfc3339_unix_nanos(value: &[u8]) -> Result<i128, Malformed> {
     let field = |range: std::ops::Range<usize>| {
         let digits = &fixed[range];
         if digits.iter().all(u8::is_ascii_digit) {
-            digits_to_u64(digits).ok_or(bad)
+            Digits { int: digits, frac: None }.value().map(Decimal::int).ok_or(bad)
         } else {
             Err(bad)
         }
@@ -42,7 +42,8 @@ pub(super) fn rfc3339_unix_nanos(value: &[u8]) -> Result<i128, Malformed> {
                 return Err(bad);
             }
             let (digits, rest) = after.split_at(len);
-            (Decimal::fraction(digits).nanos(NANOS_PER_SEC), rest)
+            let fraction = Digits { int: b"", frac: Some(digits) }.value().ok_or(bad)?;
+            (fraction.floor_mul(NANOS_PER_SEC), rest)
         }
         _ => (0, rest),
     };
