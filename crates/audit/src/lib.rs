@@ -21,6 +21,8 @@
 //!
 //! Attempt semantics per format are spelled out in each format module and in docs/audit.md.
 
+#![warn(missing_docs)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 

@@ -14,6 +14,8 @@
 //! - [`clock`]: timestamps, a monotonic clock and a manual one;
 //! - [`format`]: numbers and percents as every report prints them.
 
+#![warn(missing_docs)]
+
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
