@@ -21,6 +21,8 @@
 //!
 //! Attempt semantics per format are spelled out in each format module and in docs/audit.md.
 
+#![warn(missing_docs)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -30,9 +32,11 @@ pub mod model;
 pub mod node;
 pub mod output;
 
-pub use formats::istio::IstioVersion;
+pub use formats::istio::{BadIstioVersion, IstioVersion};
 pub use graph::PathReport;
-pub use model::{Budget, Finding, Format, Layer, Location, Methods, Rule, Severity};
+pub use model::{
+    Budget, Finding, Format, Layer, Location, Methods, Rule, Severity, UnknownSeverity,
+};
 use node::Node;
 
 /// What the audit checks against.

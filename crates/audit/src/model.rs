@@ -8,6 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use stormguard_core::format;
+
 /// The config language a layer or finding came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Format {
@@ -123,19 +125,19 @@ pub fn budget_too_high(percent: f64) -> bool {
     percent > stormguard_core::defaults::MAX_SUGGESTED_PERCENT.as_f64()
 }
 
-/// A fraction as a percentage with no trailing zeros (`0.2` → `20%`).
+/// A fraction as a percentage in a finding's sentence, as `stormguard plan` prints a budget:
+/// at most 2 decimals, no trailing zeros (`0.2` → `20 %`, `1/3` → `33.33 %`).
 pub fn pct(f: f64) -> String {
-    format!("{}%", trim_float(f * 100.0))
+    format::percent_trimmed(f, 2)
 }
 
-/// A float with at most 3 decimals and no trailing zeros (`7.2`, `18`, `1.667`).
+/// A factor or a number of seconds: at most 3 decimals, no trailing zeros (`7.2`, `18`,
+/// `1.667`); an infinite factor is `unbounded`.
 pub fn trim_float(f: f64) -> String {
     if f.is_infinite() {
         return "unbounded".into();
     }
-    let s = format!("{f:.3}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".into() } else { s.to_string() }
+    format::number(f, 3)
 }
 
 /// Which request methods a route serves.
@@ -254,14 +256,20 @@ impl fmt::Display for Severity {
     }
 }
 
+/// A word that is not a [`Severity`]; carries the word, trimmed and lowercased.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown level `{0}` (expected info, warning or error)")]
+pub struct UnknownSeverity(pub String);
+
 impl std::str::FromStr for Severity {
-    type Err = String;
+    type Err = UnknownSeverity;
+    /// `info`, `warning` (or `warn`) or `error`, in any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "info" => Ok(Severity::Info),
             "warning" | "warn" => Ok(Severity::Warning),
             "error" => Ok(Severity::Error),
-            other => Err(format!("unknown level `{other}` (expected info, warning or error)")),
+            other => Err(UnknownSeverity(other.to_string())),
         }
     }
 }
@@ -377,4 +385,20 @@ pub struct Finding {
     pub message: String,
     /// What to change, one line.
     pub fix: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn severity_words() {
+        assert_eq!(" WARN ".parse::<Severity>(), Ok(Severity::Warning));
+        assert_eq!("Error".parse::<Severity>(), Ok(Severity::Error));
+        assert_eq!("fatal".parse::<Severity>(), Err(UnknownSeverity("fatal".into())));
+        assert_eq!(
+            "Fatal".parse::<Severity>().unwrap_err().to_string(),
+            "unknown level `fatal` (expected info, warning or error)"
+        );
+    }
 }

@@ -36,6 +36,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod load;
 pub mod sampler;
 pub mod script;

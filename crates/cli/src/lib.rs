@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod args;
 pub mod cmd;
 
 /// stormguard keeps a slow or failing dependency from turning into an outage: every attempt
@@ -44,7 +45,7 @@ pub enum Command {
     /// and against stormguard proxy, side by side, with a live dashboard and an HTML report.
     Demo(cmd::demo::DemoArgs),
     /// The sidecar: an HTTP proxy that holds the cap and the budget for every caller on a host.
-    Proxy(cmd::proxy::ProxyArgs),
+    Proxy(Box<cmd::proxy::ProxyArgs>),
     /// Validate a proxy config; an error names file, line, column and key, and exits 2.
     CheckConfig(cmd::proxy::CheckConfigArgs),
     /// Find retry amplification and unsafe retry settings in Istio, Envoy, gRPC, Linkerd and

@@ -330,7 +330,7 @@ async fn listener_flags_apply_over_the_file_and_survive_a_reload() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains(
-            "--admin-token: the token comes from an environment variable",
+            "'hunter2' for '--admin-token <env:NAME>': the token comes from an environment variable",
         ));
     p.signal("-TERM");
     assert!(p.child.wait().unwrap().success());

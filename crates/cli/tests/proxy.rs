@@ -95,7 +95,7 @@ fn a_remote_admin_address_needs_admin_allow_remote() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains(
-            "--admin-token: the token comes from an environment variable",
+            "'hunter2' for '--admin-token <env:NAME>': the token comes from an environment variable",
         ));
     stormguard()
         .args(["proxy", "--upstream", "http://127.0.0.1:9", "--admin", "off"])

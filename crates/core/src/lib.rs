@@ -11,7 +11,10 @@
 //! - [`budget`]: the four retry budget policies behind one non-blocking trait, and their SPECs;
 //! - [`plan`]: what a dependency sees at a given error rate, and the budget that fits a cap;
 //! - [`decimal`]: exact decimal parameters (no `f64` in budget arithmetic);
-//! - [`clock`]: timestamps, a monotonic clock and a manual one.
+//! - [`clock`]: timestamps, a monotonic clock and a manual one;
+//! - [`format`]: numbers and percents as every report prints them.
+
+#![warn(missing_docs)]
 
 pub mod backoff;
 pub mod breaker;
@@ -23,6 +26,7 @@ pub mod decision;
 pub mod defaults;
 pub mod denied;
 pub mod error;
+pub mod format;
 pub mod histogram;
 pub mod limiter;
 pub mod plan;

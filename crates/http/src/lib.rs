@@ -6,6 +6,8 @@
 //! already retried it ([`stacked`]), and a request body that can be sent again ([`body`]).
 //! No server and no client: the tower layer and the proxy use it.
 
+#![warn(missing_docs)]
+
 pub mod body;
 pub mod classify;
 pub mod headers;

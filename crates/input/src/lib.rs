@@ -40,6 +40,8 @@
 //! make; it is its own crate because `stormguard-core` does no I/O and every reader (audit,
 //! proxy, sim, chaos, the CLI) needs it.
 
+#![warn(missing_docs)]
+
 use std::fs::{File, Metadata};
 use std::io::{self, BufRead, ErrorKind, Read};
 use std::path::Path;

@@ -53,6 +53,8 @@
 //!
 //! [`Limiter::set_lease`]: stormguard_core::limiter::Limiter::set_lease
 
+#![warn(missing_docs)]
+
 mod fleet;
 #[cfg(feature = "metrics")]
 pub mod metrics;

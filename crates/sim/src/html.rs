@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use stormguard_core::format;
 
 use crate::report::{PhaseInfo, Report};
 
@@ -290,7 +291,7 @@ fn summary_table(h: &mut String, report: &Report) {
             h,
             "<tr><td class=\"policy\"><span class=\"sw\" style=\"background:{}\"></span><b>{}</b><br><span class=\"muted\">{}</span></td>\
              <td>{:.1}</td><td>{:.2}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{:.1}%</td><td>{:.1}%</td><td>{}</td><td>{}</td><td>{:.1} ms</td><td>{:.1} ms</td><td>{}</td></tr>",
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1} ms</td><td>{:.1} ms</td><td>{}</td></tr>",
             hex(color(i)),
             esc(&p.name),
             esc(&p.description),
@@ -301,8 +302,8 @@ fn summary_table(h: &mut String, report: &Report) {
             p.in_flight.p99,
             p.in_flight.max,
             p.in_flight.cap.map_or("–".to_string(), |c| c.to_string()),
-            p.goodput * 100.0,
-            p.error_rate * 100.0,
+            format::percent(p.goodput, 1),
+            format::percent(p.error_rate, 1),
             p.retries_issued,
             esc(&denied),
             p.latency_ms.p50,
@@ -329,10 +330,10 @@ fn phase_table(h: &mut String, report: &Report) {
             for ph in &p.phases {
                 let _ = write!(
                     h,
-                    "<td>{:.2}</td><td>{:.3}</td><td>{:.1}%</td>",
+                    "<td>{:.2}</td><td>{:.3}</td><td>{}</td>",
                     ph.in_flight_mean,
                     ph.retry_fraction,
-                    ph.goodput * 100.0
+                    format::percent(ph.goodput, 1)
                 );
             }
             h.push_str("</tr>\n");

@@ -31,6 +31,8 @@
 //!
 //! [`RetryPolicy::decide`]: stormguard_core::decision::RetryPolicy::decide
 
+#![warn(missing_docs)]
+
 pub mod builtin;
 mod dist;
 mod engine;

@@ -7,6 +7,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 use stormguard_core::denied::Denied;
+use stormguard_core::format;
 
 use crate::engine::{self, Footprint};
 use crate::scenario::{Load, PolicyConfig, Scenario, Share};
@@ -550,12 +551,14 @@ enum PhaseCell {
     RetryFraction,
 }
 
+/// Rates and shares in the tables: one decimal, fixed, so the columns line up.
 fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
+    format::percent(x, 1)
 }
 
+/// The share of fast actions, whose interesting digits are past the first decimal (99.01 %).
 fn pct3(x: f64) -> String {
-    format!("{:.2}%", x * 100.0)
+    format::percent(x, 2)
 }
 
 /// Columns padded to their widest cell: the first left-aligned, the rest right-aligned.

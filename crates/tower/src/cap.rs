@@ -370,18 +370,22 @@ impl Attempt {
 pin_project! {
     /// The response future of [`Cap`]: the inner call with its slot and per-try timer, or (for
     /// a primary that waits in the queue, and for refusals) a boxed future.
+    // pin-project-lite takes no attributes on fields, so the variants' fields (internal state,
+    // never built outside this module) are described in the variants' docs.
+    #[allow(missing_docs)]
     #[project = CapProj]
     pub enum CapFuture<F, RB, E> {
-        /// Sent: waiting for the inner service.
+        /// Sent: waiting for the inner service (`call`), under the per-try `timer`, holding the
+        /// `attempt`'s slot.
         Sent {
             #[pin]
             call: F,
             timer: Option<Pin<Box<tokio::time::Sleep>>>,
             attempt: Option<Attempt>,
         },
-        /// Sent with a background spawner: on a timeout, or when the caller drops this future,
-        /// the call moves to the background and releases its held slot when the dependency
-        /// answers.
+        /// Sent with a background spawner (`flight`): on a timeout, or when the caller drops
+        /// this future, the call moves to the background and releases its held slot when the
+        /// dependency answers.
         Movable {
             flight: InFlight<F>,
             timer: Option<Pin<Box<tokio::time::Sleep>>>,

@@ -23,6 +23,8 @@
 //! `metrics::register` exports its signals on a `prometheus-client` registry (the default
 //! feature `metrics`; without it the snapshot still holds every count and histogram).
 
+#![warn(missing_docs)]
+
 pub mod cap;
 pub mod clock;
 pub mod dependency;

@@ -241,12 +241,16 @@ struct Rest<S, P, B> {
 pin_project! {
     /// The response future of [`Retry`]: the first attempt in flight, then (only after a
     /// failure) the decision loop.
+    // pin-project-lite takes no attributes on fields, so the variants' fields (internal state,
+    // never built outside this module) are described in the variants' docs.
+    #[allow(missing_docs)]
     #[project = RetryProj]
     pub enum RetryFuture<S, P, B, RB>
     where
         S: Service<Request<B>>,
     {
-        /// The first attempt is in flight.
+        /// The first attempt is in flight; `rest` (the service, the policy and the replayable
+        /// request) is used only after a failure.
         First {
             #[pin]
             attempt: S::Future,

@@ -44,8 +44,13 @@ impl fmt::Display for IstioVersion {
     }
 }
 
+/// Text that is not an [`IstioVersion`]; carries the text as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an Istio version like 1.22")]
+pub struct BadIstioVersion(pub String);
+
 impl std::str::FromStr for IstioVersion {
-    type Err = String;
+    type Err = BadIstioVersion;
     /// `1.22`, `1.22.3`, `v1.22` or `current`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim().trim_start_matches('v');
@@ -53,7 +58,7 @@ impl std::str::FromStr for IstioVersion {
             return Ok(IstioVersion::CURRENT);
         }
         let mut parts = t.split('.');
-        let bad = || format!("`{s}` is not an Istio version like 1.22");
+        let bad = || BadIstioVersion(s.to_string());
         let major = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let minor = parts.next().map_or(Some(0), |p| p.parse().ok()).ok_or_else(bad)?;
         Ok(IstioVersion { major, minor })
@@ -208,7 +213,11 @@ mod tests {
         assert_eq!(default_retries(IstioVersion::CURRENT).0, 2);
         assert_eq!(default_retries("1.0".parse().unwrap()).0, 0);
         assert_eq!(default_retries("1.1.3".parse().unwrap()).0, 2);
-        assert!("one".parse::<IstioVersion>().is_err());
+        assert_eq!("one".parse::<IstioVersion>(), Err(BadIstioVersion("one".into())));
+        assert_eq!(
+            "1.x".parse::<IstioVersion>().unwrap_err().to_string(),
+            "`1.x` is not an Istio version like 1.22"
+        );
     }
 
     #[test]

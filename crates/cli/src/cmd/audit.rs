@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use stormguard_audit::{AuditError, AuditOptions, IstioVersion, Severity, audit_paths, output};
 
 use crate::Failure;
+use crate::args;
 
 /// How to print the report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -52,11 +53,11 @@ pub struct AuditArgs {
     pub max_amplification: f64,
     /// The Istio release whose default retries apply where `retries` is absent
     /// (e.g. 1.0, 1.22; `current` is the newest known).
-    #[arg(long, value_name = "VERSION", default_value = "current")]
-    pub istio_version: String,
+    #[arg(long, value_name = "VERSION", default_value = "current", value_parser = args::istio_version)]
+    pub istio_version: IstioVersion,
     /// Exit 1 when a finding reaches this level: info, warning or error.
-    #[arg(long, value_name = "LEVEL", default_value = "error")]
-    pub fail_on: String,
+    #[arg(long, value_name = "LEVEL", default_value = "error", value_parser = args::severity)]
+    pub fail_on: Severity,
     /// Print JSON (same as --format json).
     #[arg(long, conflicts_with = "format")]
     pub json: bool,
@@ -67,12 +68,7 @@ pub struct AuditArgs {
 
 /// Runs `stormguard audit`.
 pub fn run(args: &AuditArgs, out: &mut dyn Write) -> Result<(), Failure> {
-    let fail_on: Severity =
-        args.fail_on.parse().map_err(|e: String| Failure::usage(format!("--fail-on: {e}")))?;
-    let istio_version: IstioVersion = args
-        .istio_version
-        .parse()
-        .map_err(|e: String| Failure::usage(format!("--istio-version: {e}")))?;
+    let (fail_on, istio_version) = (args.fail_on, args.istio_version);
     if !(args.max_amplification >= 1.0 && args.max_amplification.is_finite()) {
         return Err(Failure::usage(format!(
             "--max-amplification must be a number ≥ 1, got {}",

@@ -12,10 +12,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, ValueEnum};
-use stormguard_chaos::{ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, RateLimit, Script};
-use stormguard_core::decimal::{format_duration, parse_duration};
+use stormguard_chaos::{
+    ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, Rate, RateLimit, Script,
+};
+use stormguard_core::decimal::format_duration;
 
 use crate::Failure;
+use crate::args::{self, LatencyFlag};
 
 /// Flags of `stormguard chaos`.
 #[derive(Debug, Args)]
@@ -59,18 +62,24 @@ pub struct ChaosArgs {
     pub status: Option<u16>,
     /// How long each request takes: fixed ("50ms"), the median when --latency-p99 is given, or
     /// a uniform range ("10ms..30ms").
-    #[arg(long, value_name = "DURATION", group = "one_phase")]
-    pub latency: Option<String>,
+    #[arg(long, value_name = "DURATION", group = "one_phase", value_parser = args::latency)]
+    pub latency: Option<LatencyFlag>,
     /// The 99th percentile latency; with --latency as the median, fits a log-normal (or, with
     /// --latency-dist pareto, a Pareto tail).
-    #[arg(long, value_name = "DURATION", requires = "latency", group = "one_phase")]
-    pub latency_p99: Option<String>,
+    #[arg(
+        long,
+        value_name = "DURATION",
+        requires = "latency",
+        group = "one_phase",
+        value_parser = args::duration
+    )]
+    pub latency_p99: Option<Duration>,
     /// The shape fitted to --latency and --latency-p99.
     #[arg(long, value_enum, value_name = "DIST", requires = "latency_p99", group = "one_phase")]
     pub latency_dist: Option<Dist>,
     /// No request waits longer than this.
-    #[arg(long, value_name = "DURATION", group = "one_phase")]
-    pub latency_max: Option<String>,
+    #[arg(long, value_name = "DURATION", group = "one_phase", value_parser = args::duration)]
+    pub latency_max: Option<Duration>,
     /// Answer 429 (with X-Concurrency-Limit-Limit and -Remaining) above this many in flight.
     #[arg(long, value_name = "N", group = "one_phase")]
     pub max_concurrency: Option<u64>,
@@ -79,8 +88,8 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "N", group = "one_phase")]
     pub workers: Option<u64>,
     /// Answer 429 (with Retry-After) above this rate, e.g. 100/s, 5/100ms.
-    #[arg(long, value_name = "RATE", group = "one_phase")]
-    pub rate_limit: Option<String>,
+    #[arg(long, value_name = "RATE", group = "one_phase", value_parser = args::rate)]
+    pub rate_limit: Option<Rate>,
     /// The rate limit's burst, in requests. Default: the rate's count (100 for 100/s).
     #[arg(long, value_name = "N", requires = "rate_limit", group = "one_phase")]
     pub rate_burst: Option<u64>,
@@ -94,8 +103,8 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "N", group = "one_phase")]
     pub body_bytes: Option<usize>,
     /// Spread the 200 body over this long (in up to 10 chunks).
-    #[arg(long, value_name = "DURATION", group = "one_phase")]
-    pub slow_body: Option<String>,
+    #[arg(long, value_name = "DURATION", group = "one_phase", value_parser = args::duration)]
+    pub slow_body: Option<Duration>,
     /// What to do with a request whose client left: keep working and count it in flight
     /// (finish, what real servers do; the default) or stop (cancel).
     #[arg(long, value_enum, value_name = "MODE")]
@@ -104,8 +113,8 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
     /// Stop after this long (default: run until Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "DURATION")]
-    pub duration: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub duration: Option<Duration>,
     /// Check the script (or the flags) and print its phases, without serving: exit 0 when
     /// it is valid, 2 naming the file, line, column and key when not.
     #[arg(long)]
@@ -128,10 +137,6 @@ pub enum Disconnect {
     Finish,
     /// Stop when the client leaves.
     Cancel,
-}
-
-fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
-    parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
 }
 
 /// The flag that sets a phase key, for error messages.
@@ -166,19 +171,16 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
     if let Some(r) = args.truncate_rate {
         p.truncate_rate = r;
     }
-    if let Some(text) = &args.latency {
-        p.latency = match (text.split_once(".."), &args.latency_p99) {
-            (Some(_), Some(_)) => {
+    if let Some(latency) = args.latency {
+        p.latency = match (latency, args.latency_p99) {
+            (LatencyFlag::Range { .. }, Some(_)) => {
                 return Err(Failure::usage(
                     "--latency-p99 needs --latency as a median, not a range",
                 ));
             }
-            (Some((min, max)), None) => {
-                Latency::Uniform { min: duration("latency", min)?, max: duration("latency", max)? }
-            }
-            (None, None) => Latency::Fixed(duration("latency", text)?),
-            (None, Some(p99)) => {
-                let (p50, p99) = (duration("latency", text)?, duration("latency-p99", p99)?);
+            (LatencyFlag::Range { min, max }, None) => Latency::Uniform { min, max },
+            (LatencyFlag::Fixed(d), None) => Latency::Fixed(d),
+            (LatencyFlag::Fixed(p50), Some(p99)) => {
                 match args.latency_dist.unwrap_or(Dist::Lognormal) {
                     Dist::Lognormal => Latency::LogNormal { p50, p99 },
                     Dist::Pareto => Latency::pareto_from_quantiles(p50, p99)
@@ -187,13 +189,12 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
             }
         };
     }
-    if let Some(m) = &args.latency_max {
-        p.latency_max = duration("latency-max", m)?;
+    if let Some(m) = args.latency_max {
+        p.latency_max = m;
     }
     p.max_concurrency = args.max_concurrency;
     p.workers = args.workers;
-    if let Some(r) = &args.rate_limit {
-        let rate = r.parse().map_err(|e| Failure::usage(format!("--rate-limit: {e}")))?;
+    if let Some(rate) = args.rate_limit {
         let mut limit = RateLimit::new(rate);
         if let Some(b) = args.rate_burst {
             limit.burst = b;
@@ -203,8 +204,8 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
     if let Some(b) = args.body_bytes {
         p.body_bytes = b;
     }
-    if let Some(s) = &args.slow_body {
-        p.slow_body = Some(duration("slow-body", s)?);
+    if let Some(s) = args.slow_body {
+        p.slow_body = Some(s);
     }
     p.validate().map_err(|e| Failure::usage(format!("{}: {}", flag_of(e.key), e.reason)))?;
     Ok(p)
@@ -232,7 +233,7 @@ pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
 /// checks and summarizes what it would serve).
 pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let config = config_from_args(args)?;
-    let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    let stop_after = args.duration;
     if args.check {
         // What the server would refuse at start (an empty script) is refused here too.
         config.script.validate().map_err(|e| Failure::usage(e.to_string()))?;

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method, Uri};
 use stormguard_chaos::Rate;
 use stormguard_chaos::load::{self, Live, LoadConfig, LoadError, LoadReport, Mode};
-use stormguard_core::decimal::parse_duration;
+use stormguard_core::format;
 
 use crate::Failure;
+use crate::args;
 
 /// Flags of `stormguard load`.
 #[derive(Debug, Args)]
@@ -50,35 +51,35 @@ pub struct LoadArgs {
     #[arg(long, value_name = "N", conflicts_with = "rate")]
     pub concurrency: Option<usize>,
     /// Open loop: arrivals at this rate (e.g. 200/s, 5/10ms), whether or not responses come.
-    #[arg(long, value_name = "RATE")]
-    pub rate: Option<String>,
+    #[arg(long, value_name = "RATE", value_parser = args::rate)]
+    pub rate: Option<Rate>,
     /// Send for this long (e.g. 30s; at most 1h). Default 10s when --requests is not given.
-    #[arg(long, value_name = "DURATION")]
-    pub duration: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub duration: Option<Duration>,
     /// Send this many requests (with --duration: whichever ends first).
     #[arg(long, value_name = "N")]
     pub requests: Option<u64>,
     /// Per-request timeout, from connecting to the last body byte.
-    #[arg(long, value_name = "DURATION", default_value = "10s")]
-    pub timeout: String,
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = args::duration)]
+    pub timeout: Duration,
     /// Open loop: at most this many requests outstanding; arrivals beyond it are counted as
     /// dropped.
     #[arg(long, value_name = "N", default_value_t = 1000, requires = "rate")]
     pub max_outstanding: usize,
     /// The request method.
-    #[arg(long, value_name = "METHOD", default_value = "GET")]
-    pub method: String,
+    #[arg(long, value_name = "METHOD", default_value = "GET", value_parser = args::method)]
+    pub method: Method,
     /// A request header, "Name: value"; repeat for several.
-    #[arg(long = "header", short = 'H', value_name = "HEADER")]
-    pub headers: Vec<String>,
+    #[arg(long = "header", short = 'H', value_name = "HEADER", value_parser = args::header)]
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The request body.
     #[arg(long, value_name = "TEXT")]
     pub body: Option<String>,
     /// The upstream's stats URL (stormguard chaos serves /stats). Default: /stats at the
     /// target's origin, read only when an --assert-max-in-flight or --assert-retry-fraction
     /// needs it. It is reset (POST URL/reset) when the run starts.
-    #[arg(long, value_name = "URL")]
-    pub stats: Option<String>,
+    #[arg(long, value_name = "URL", value_parser = args::uri)]
+    pub stats: Option<Uri>,
     /// Print one JSON object on stdout instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -94,10 +95,6 @@ pub struct LoadArgs {
     pub assert_success_rate: Option<f64>,
 }
 
-fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
-    parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
-}
-
 fn usage(e: LoadError) -> Failure {
     Failure::usage(e.to_string())
 }
@@ -105,30 +102,22 @@ fn usage(e: LoadError) -> Failure {
 /// The run's config from the flags.
 pub fn config_from_args(args: &LoadArgs) -> Result<LoadConfig, Failure> {
     let mut c = LoadConfig::new(&args.target).map_err(usage)?;
-    c.mode = match &args.rate {
-        Some(r) => {
-            let rate: Rate = r.parse().map_err(|e| Failure::usage(format!("--rate: {e}")))?;
-            Mode::Open { rate, max_outstanding: args.max_outstanding }
-        }
+    c.mode = match args.rate {
+        Some(rate) => Mode::Open { rate, max_outstanding: args.max_outstanding },
         None => Mode::Closed { concurrency: args.concurrency.unwrap_or(10) },
     };
-    c.duration = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    c.duration = args.duration;
     c.requests = args.requests;
-    c.timeout = duration("timeout", &args.timeout)?;
-    c.method = Method::from_bytes(args.method.as_bytes())
-        .map_err(|_| Failure::usage(format!("--method: `{}` is not a method", args.method)))?;
-    for h in &args.headers {
-        let bad = || Failure::usage(format!("--header: `{h}` is not \"Name: value\""));
-        let (name, value) = h.split_once(':').ok_or_else(bad)?;
-        let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad())?;
-        let value = HeaderValue::from_str(value.trim()).map_err(|_| bad())?;
-        c.headers.append(name, value);
+    c.timeout = args.timeout;
+    c.method = args.method.clone();
+    for (name, value) in &args.headers {
+        c.headers.append(name.clone(), value.clone());
     }
     if let Some(b) = &args.body {
         c.body = Bytes::from(b.clone());
     }
     if let Some(s) = &args.stats {
-        c.stats = Some(s.parse().map_err(|e| Failure::usage(format!("--stats: `{s}`: {e}")))?);
+        c.stats = Some(s.clone());
     }
     c.assertions.max_in_flight = args.assert_max_in_flight;
     c.assertions.retry_fraction = args.assert_retry_fraction;
@@ -188,13 +177,13 @@ pub fn run(args: &LoadArgs, out: &mut dyn Write) -> Result<(), Failure> {
 fn progress_line(live: &Live, elapsed: Duration) -> String {
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let (done, ok) = (get(&live.done), get(&live.succeeded));
-    let rate = if done == 0 { 0.0 } else { 100.0 * ok as f64 / done as f64 };
+    let rate = if done == 0 { 0.0 } else { ok as f64 / done as f64 };
     format!(
-        "{:6.1}s  scheduled {}  done {}  ok {:.1} %  outstanding {}   ",
+        "{:6.1}s  scheduled {}  done {}  ok {}  outstanding {}   ",
         elapsed.as_secs_f64(),
         get(&live.scheduled),
         done,
-        rate,
+        format::percent(rate, 1),
         get(&live.outstanding)
     )
 }
@@ -225,8 +214,8 @@ pub fn summary(r: &LoadReport) -> String {
     );
     let _ = writeln!(
         s,
-        "success     {:.2} % ({} of {})",
-        100.0 * r.success_rate,
+        "success     {} ({} of {})",
+        format::percent(r.success_rate, 2),
         o.success,
         r.scheduled
     );

@@ -5,8 +5,8 @@ use std::io::Write;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
-use stormguard_core::defaults;
 use stormguard_core::plan::{Plan, PlanInput};
+use stormguard_core::{defaults, format};
 
 use crate::Failure;
 
@@ -113,14 +113,11 @@ pub fn json_of(plan: &Plan) -> Value {
 }
 
 fn pct(x: f64) -> String {
-    let s = format!("{:.2}", x * 100.0);
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    format!("{s} %")
+    format::percent_trimmed(x, 2)
 }
 
 fn num(x: f64) -> String {
-    let s = format!("{x:.2}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+    format::number(x, 2)
 }
 
 fn table(plan: &Plan) -> String {

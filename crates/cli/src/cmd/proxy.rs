@@ -7,15 +7,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use http::Uri;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::BudgetSpec;
-use stormguard_core::decimal::{format_duration, parse_duration};
+use stormguard_core::conditions::RetryOn;
+use stormguard_core::decimal::format_duration;
 use stormguard_core::defaults;
 use stormguard_proxy::config::{
     AdminToken, DEFAULT_ADMIN, Overrides, ProxyConfig, ProxyDependency, RedisSourceError,
 };
 
 use crate::Failure;
+use crate::args::{self, Admin};
 
 /// Flags of `stormguard proxy`.
 #[derive(Debug, Args)]
@@ -52,46 +55,46 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// The dependency's address, http://host:port.
-    #[arg(long, value_name = "URL", required_unless_present = "config")]
-    pub upstream: Option<String>,
+    #[arg(long, value_name = "URL", required_unless_present = "config", value_parser = args::uri)]
+    pub upstream: Option<Uri>,
     /// Attempts in flight at once, first tries and retries.
     #[arg(long, value_name = "N", default_value_t = defaults::CAP)]
     pub cap: u64,
     /// The retry budget SPEC.
-    #[arg(long, value_name = "SPEC", default_value_t = BudgetSpec::default().to_string())]
-    pub budget: String,
+    #[arg(long, value_name = "SPEC", default_value_t = BudgetSpec::default(), value_parser = args::budget)]
+    pub budget: BudgetSpec,
     /// The admin listener, or "off" [default: 127.0.0.1:9901, or the config's `admin`].
-    #[arg(long, value_name = "ADDR")]
-    pub admin: Option<String>,
+    #[arg(long, value_name = "ADDR", value_parser = args::admin)]
+    pub admin: Option<Admin>,
     /// What may be retried (a timeout, a reset or a 5xx only for an idempotent request).
-    #[arg(long, value_name = "LIST", default_value = defaults::RETRY_ON)]
-    pub retry_on: String,
+    #[arg(long, value_name = "LIST", default_value = defaults::RETRY_ON, value_parser = args::retry_on)]
+    pub retry_on: RetryOn,
     /// Retries per request, 0 to 10.
     #[arg(long, value_name = "N", default_value_t = defaults::MAX_RETRIES)]
     pub max_retries: u32,
     /// Each attempt's limit up to response headers, connect time included.
-    #[arg(long, value_name = "DURATION")]
-    pub per_try_timeout: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub per_try_timeout: Option<Duration>,
     /// The whole request's limit.
-    #[arg(long, value_name = "DURATION")]
-    pub deadline: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub deadline: Option<Duration>,
     /// Backoff range, e.g. 25ms..250ms.
-    #[arg(long, value_name = "RANGE", default_value_t = backoff_range(&BackoffConfig::default()))]
-    pub backoff: String,
+    #[arg(long, value_name = "RANGE", default_value = backoff_range(&BackoffConfig::default()), value_parser = args::backoff)]
+    pub backoff: BackoffConfig,
     /// Primaries that may wait for a slot (0: fail fast).
     #[arg(long, value_name = "N", default_value_t = defaults::QUEUE_LEN)]
     pub queue: u64,
     /// The longest a primary waits for a slot.
-    #[arg(long, value_name = "DURATION", default_value_t = format_duration(defaults::QUEUE_TIMEOUT))]
-    pub queue_timeout: String,
+    #[arg(long, value_name = "DURATION", default_value = format_duration(defaults::QUEUE_TIMEOUT), value_parser = args::duration)]
+    pub queue_timeout: Duration,
     /// How long an attempt the proxy timed out keeps its slot while the upstream may still be
     /// working on it (it comes back when the upstream answers; 0: at the timeout) [default: 30s].
-    #[arg(long, value_name = "DURATION")]
-    pub timeout_slot_hold: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub timeout_slot_hold: Option<Duration>,
     /// How long an attempt whose caller hung up keeps its slot while the upstream may still be
     /// working on it (it comes back when the upstream answers; 0: at once) [default: 30s].
-    #[arg(long, value_name = "DURATION")]
-    pub abandon_hold: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub abandon_hold: Option<Duration>,
     /// Shadow mode: count what would be denied, deny nothing (with --config: for every
     /// dependency).
     #[arg(long)]
@@ -102,17 +105,17 @@ pub struct ProxyArgs {
     pub record: Option<PathBuf>,
     /// On SIGTERM or Ctrl-C: how long requests in flight may take to finish (default 10s, or
     /// the config's `drain_timeout`).
-    #[arg(long, value_name = "DURATION")]
-    pub drain_timeout: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub drain_timeout: Option<Duration>,
     /// How long a connection may take to send a whole request head (from its start, or on a
     /// kept-alive connection from the request's first byte) before it is closed [default: 10s].
     /// Every listener, the admin listener included.
-    #[arg(long, value_name = "DURATION")]
-    pub header_read_timeout: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub header_read_timeout: Option<Duration>,
     /// How long a connection with no request in flight (HTTP/2: no stream open) is kept
     /// [default: 60s]. Every listener, the admin listener included.
-    #[arg(long, value_name = "DURATION")]
-    pub idle_timeout: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub idle_timeout: Option<Duration>,
     /// Connections each caller listener holds at once; past it new ones are closed at once
     /// [default: sized from the open-files limit, keeping a reserve for the admin listener and
     /// the upstreams].
@@ -124,16 +127,16 @@ pub struct ProxyArgs {
     pub admin_allow_remote: bool,
     /// Admin state changes need `Authorization: Bearer TOKEN`, the token read from the
     /// environment variable NAME (env:NAME; never on the command line).
-    #[arg(long, value_name = "env:NAME")]
-    pub admin_token: Option<String>,
+    #[arg(long, value_name = "env:NAME", value_parser = args::admin_token)]
+    pub admin_token: Option<AdminToken>,
     /// Worker threads (default: the CPUs this process may run on, by affinity and cgroup
     /// quota). With 1, tokio's current-thread scheduler runs everything on one thread: 13 % less
     /// CPU per request than the multi-thread scheduler with one worker (BENCHMARKS.md).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Stop after this long (default: until Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "DURATION")]
-    pub duration: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub duration: Option<Duration>,
 }
 
 /// Flags of `stormguard check-config`.
@@ -154,10 +157,6 @@ fn backoff_range(b: &BackoffConfig) -> String {
     format!("{}..{}", format_duration(b.base), format_duration(b.max))
 }
 
-fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
-    parse_duration(text).map_err(|e| Failure::usage(format!("--{flag}: {e}")))
-}
-
 /// What to do instead, printed under clap's refusal of a per-dependency flag beside `--config`.
 pub const CONFIG_CONFLICT: &str = "\
 note: with --config, the listeners and every dependency's settings (cap, budget, retry_on,
@@ -167,54 +166,20 @@ note: with --config, the listeners and every dependency's settings (cap, budget,
   --admin-allow-remote and --admin-token (applied over the file, and kept at each reload),
   --threads and --duration apply.";
 
-/// `--admin`: an address, or `None` for "off".
-fn admin(text: &str) -> Result<Option<SocketAddr>, Failure> {
-    match text {
-        "off" => Ok(None),
-        a => a
-            .parse()
-            .map(Some)
-            .map_err(|_| Failure::usage(format!("--admin: expected host:port or off, got {a:?}"))),
-    }
-}
-
 /// The flags that apply over a config file: the process's own settings. (clap refuses the
 /// per-dependency flags beside `--config`, naming them.)
-fn overrides(args: &ProxyArgs) -> Result<Overrides, Failure> {
-    let admin_token = match args.admin_token.as_deref() {
-        None => None,
-        Some(t) => match t.strip_prefix("env:") {
-            Some(name) if !name.is_empty() => Some(AdminToken::Env(name.to_string())),
-            _ => {
-                return Err(Failure::usage(format!(
-                    "--admin-token: the token comes from an environment variable: --admin-token env:NAME, got {t:?}"
-                )));
-            }
-        },
-    };
-    Ok(Overrides {
-        admin: args.admin.as_deref().map(admin).transpose()?,
+fn overrides(args: &ProxyArgs) -> Overrides {
+    Overrides {
+        admin: args.admin.map(Admin::addr),
         record: args.record.clone(),
-        drain_timeout: args
-            .drain_timeout
-            .as_deref()
-            .map(|d| duration("drain-timeout", d))
-            .transpose()?,
+        drain_timeout: args.drain_timeout,
         shadow: args.shadow,
-        header_read_timeout: args
-            .header_read_timeout
-            .as_deref()
-            .map(|t| duration("header-read-timeout", t))
-            .transpose()?,
-        idle_timeout: args
-            .idle_timeout
-            .as_deref()
-            .map(|t| duration("idle-timeout", t))
-            .transpose()?,
+        header_read_timeout: args.header_read_timeout,
+        idle_timeout: args.idle_timeout,
         max_connections: args.max_connections,
         admin_allow_remote: args.admin_allow_remote,
-        admin_token,
-    })
+        admin_token: args.admin_token.clone(),
+    }
 }
 
 /// A config error after the flags were applied, naming the flag.
@@ -235,42 +200,44 @@ fn flag_error(e: stormguard_proxy::config::RuleViolation) -> Failure {
 pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     if let Some(path) = &args.config {
         let mut config = ProxyConfig::load(path).map_err(|e| Failure::usage(e.to_string()))?;
-        overrides(args)?.apply(&mut config);
+        overrides(args).apply(&mut config);
         // The file was checked as read: what fails now, a flag set.
         config.validate().map_err(flag_error)?;
         return Ok(config);
     }
-    let upstream = args.upstream.as_deref().unwrap_or_default();
-    let uri =
-        upstream.parse().map_err(|e| Failure::usage(format!("--upstream: {upstream:?}: {e}")))?;
+    // clap requires --upstream without --config.
+    let uri = args.upstream.clone().unwrap_or_default();
     let mut d = ProxyDependency::new("default", uri);
     d.cap = args.cap;
-    d.budget = args.budget.parse().map_err(|e| Failure::usage(format!("--budget: {e}")))?;
-    d.retry_on = args.retry_on.parse().map_err(|e| Failure::usage(format!("--retry-on: {e}")))?;
+    d.budget = args.budget;
+    d.retry_on = args.retry_on.clone();
     d.max_retries = args.max_retries;
-    d.per_try_timeout =
-        args.per_try_timeout.as_deref().map(|t| duration("per-try-timeout", t)).transpose()?;
-    d.deadline = args.deadline.as_deref().map(|t| duration("deadline", t)).transpose()?;
-    d.backoff = BackoffConfig::parse_range(&args.backoff)
-        .map_err(|e| Failure::usage(format!("--backoff: {e}")))?;
+    d.per_try_timeout = args.per_try_timeout;
+    d.deadline = args.deadline;
+    d.backoff = args.backoff;
     d.queue = args.queue;
-    d.queue_timeout = duration("queue-timeout", &args.queue_timeout)?;
-    if let Some(t) = &args.timeout_slot_hold {
-        d.timeout_slot_hold = duration("timeout-slot-hold", t)?;
+    d.queue_timeout = args.queue_timeout;
+    if let Some(t) = args.timeout_slot_hold {
+        d.timeout_slot_hold = t;
     }
-    if let Some(t) = &args.abandon_hold {
-        d.abandon_hold = duration("abandon-hold", t)?;
+    if let Some(t) = args.abandon_hold {
+        d.abandon_hold = t;
     }
     d.enforce = !args.shadow;
     let mut config = ProxyConfig::single(args.listen, d);
     config.record.clone_from(&args.record);
-    if let Some(d) = &args.drain_timeout {
-        config.drain_timeout = duration("drain-timeout", d)?;
+    if let Some(d) = args.drain_timeout {
+        config.drain_timeout = d;
     }
-    config.admin = admin(args.admin.as_deref().unwrap_or(DEFAULT_ADMIN))?;
+    config.admin = match args.admin {
+        Some(a) => a.addr(),
+        None => args::admin(DEFAULT_ADMIN)
+            .map_err(|e| Failure::runtime(format!("the default admin address: {e}")))?
+            .addr(),
+    };
     // The listener and admin access flags; here the flags are the config itself, not
     // overrides of a file.
-    overrides(args)?.apply(&mut config);
+    overrides(args).apply(&mut config);
     config.overrides = Overrides::default();
     config.validate().map_err(flag_error)?;
     Ok(config)
@@ -282,7 +249,7 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
 /// the running config stays).
 pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     let config = config_from_args(args)?;
-    let stop_after = args.duration.as_deref().map(|d| duration("duration", d)).transpose()?;
+    let stop_after = args.duration;
     let runtime = match args.threads {
         Some(0) => return Err(Failure::usage("--threads: must be at least 1")),
         Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),

@@ -61,8 +61,8 @@ pub struct ReplayArgs {
     /// The policy: KIND:key=value,... e.g. ratio:percent=0.2,min_per_sec=10,ttl=10s,
     /// concurrency:percent=0.2,min=3, token-bucket:max_tokens=10,token_ratio=0.1,
     /// quota:capacity=500,retry_cost=5,timeout_cost=10,success_reward=1.
-    #[arg(long, value_name = "SPEC")]
-    pub policy: String,
+    #[arg(long, value_name = "SPEC", value_parser = crate::args::budget)]
+    pub policy: BudgetSpec,
     /// Replay only this dependency's events (a trace the proxy recorded holds every
     /// dependency's, each line tagged with `"dependency"`). Needed when the trace holds more
     /// than one.
@@ -443,9 +443,7 @@ impl<B: RetryBudget> Replay<B> {
 
 /// Runs `stormguard replay`.
 pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<(), Failure> {
-    let spec = BudgetSpec::parse(&args.policy)
-        .map_err(|e| Failure::usage(format!("--policy `{}`: {e}", args.policy)))?;
-    let budget = spec.build().map_err(|e| Failure::usage(format!("--policy: {e}")))?;
+    let budget = args.policy.build().map_err(|e| Failure::usage(format!("--policy: {e}")))?;
     // A trace is a stream: a regular file or a pipe, read a line at a time, each line at most
     // 1 MiB (a directory or a device such as /dev/zero is refused).
     let (mut input, name): (Box<dyn BufRead>, String) = match &args.file {

@@ -1,4 +1,5 @@
-//! Lexing shared by the parsers: header names and patterns, optional whitespace, decimals and durations in integer nanoseconds (never `f64`).
+//! Lexing shared by the parsers: header names and patterns, optional whitespace, and HTTP's
+//! strict decimals (over core's [`Digits`] lexer) in integer nanoseconds (never `f64`).
 
 use super::*;
 
@@ -93,36 +94,9 @@ pub(super) fn trim_ows(value: &[u8]) -> &[u8] {
     &value[start..end]
 }
 
-/// A non-negative decimal: `int` and the first [`FRACTION_DIGITS`] digits of its fraction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Decimal {
-    pub(super) int: u64,
-    /// The fraction's digits as an integer: `frac / 10^frac_digits`.
-    pub(super) frac: u64,
-    pub(super) frac_digits: u32,
-}
-
-impl Decimal {
-    /// The fraction `.digits` alone (digits already checked to be ASCII digits).
-    pub(super) fn fraction(digits: &[u8]) -> Decimal {
-        let kept = &digits[..digits.len().min(FRACTION_DIGITS as usize)];
-        Decimal {
-            int: 0,
-            // At most 18 digits: fits in a u64.
-            frac: digits_to_u64(kept).unwrap_or(0),
-            frac_digits: kept.len() as u32,
-        }
-    }
-
-    /// The value times `unit`, rounded down. At most `u64::MAX × unit × 2`: fits in a `u128`.
-    pub(super) fn nanos(&self, unit: u64) -> u128 {
-        let unit = u128::from(unit);
-        u128::from(self.int) * unit + u128::from(self.frac) * unit / 10u128.pow(self.frac_digits)
-    }
-}
-
 /// `1*DIGIT [ "." 1*DIGIT ]` (the fraction only if `fraction`), after trimming whitespace; a
-/// leading `-` on an otherwise valid number is [`Malformed::Negative`].
+/// leading `-` on an otherwise valid number is [`Malformed::Negative`]. Lexed by core's
+/// [`Digits`]; fraction digits past the 18th are dropped.
 pub(super) fn parse_number(value: &[u8], fraction: bool) -> Result<Decimal, Malformed> {
     let text = trim_ows(value);
     if text.is_empty() {
@@ -137,24 +111,12 @@ pub(super) fn parse_number(value: &[u8], fraction: bool) -> Result<Decimal, Malf
     unsigned_decimal(text, fraction)
 }
 
-pub(super) fn unsigned_decimal(text: &[u8], fraction: bool) -> Result<Decimal, Malformed> {
-    let (int_digits, frac_digits) = match text.iter().position(|b| *b == b'.') {
-        Some(point) if fraction => (&text[..point], Some(&text[point + 1..])),
-        _ => (text, None),
-    };
-    let all_digits = |d: &[u8]| !d.is_empty() && d.iter().all(u8::is_ascii_digit);
-    if !all_digits(int_digits) || frac_digits.is_some_and(|f| !all_digits(f)) {
+fn unsigned_decimal(text: &[u8], fraction: bool) -> Result<Decimal, Malformed> {
+    let (digits, rest) = Digits::lex(text);
+    if !rest.is_empty() || !digits.is_strict() || (!fraction && digits.frac.is_some()) {
         return Err(Malformed::NotANumber);
     }
-    Ok(Decimal {
-        int: digits_to_u64(int_digits).ok_or(Malformed::Overflow)?,
-        ..Decimal::fraction(frac_digits.unwrap_or(&[]))
-    })
-}
-
-/// ASCII digits (already checked) as a `u64`, `None` if larger.
-pub(super) fn digits_to_u64(digits: &[u8]) -> Option<u64> {
-    digits.iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+    digits.value().ok_or(Malformed::Overflow)
 }
 
 pub(super) fn nanos_to_duration(nanos: u128) -> Duration {

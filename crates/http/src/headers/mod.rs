@@ -74,6 +74,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, StatusCode};
 use stormguard_core::backoff::Pushback;
+use stormguard_core::decimal::{Decimal, Digits, DurationError, DurationSyntax, read_duration};
 
 /// The default `max_plausible`: a wait more than a year away is garbage (a unix time in
 /// milliseconds read as seconds, a date in year 9999), not a rate-limit window.
@@ -86,8 +87,6 @@ pub const UNIX_THRESHOLD: u64 = 1_000_000_000;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 const NANOS_PER_MILLI: u64 = 1_000_000;
-/// Fractional digits kept when scaling a decimal; later ones are dropped (rounding down).
-const FRACTION_DIGITS: u32 = 18;
 
 /// Why a header value was not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]

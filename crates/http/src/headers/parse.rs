@@ -19,7 +19,7 @@ pub fn parse_retry_after(
     match text.first() {
         None => Err(Malformed::Empty),
         Some(b) if b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.') => {
-            plausible(parse_number(text, true)?.nanos(NANOS_PER_SEC), max_plausible)
+            plausible(parse_number(text, true)?.floor_mul(NANOS_PER_SEC), max_plausible)
         }
         Some(_) => until(http_date_nanos(text)?, now_wall, max_plausible),
     }
@@ -28,7 +28,7 @@ pub fn parse_retry_after(
 /// `retry-after-ms` (and Azure's `x-ms-retry-after-ms`): a wait in milliseconds. A decimal
 /// fraction is accepted (`1500.5`). Errors as for [`parse_retry_after`]'s delta-seconds.
 pub fn parse_retry_after_ms(value: &[u8], max_plausible: Duration) -> Result<Duration, Malformed> {
-    plausible(parse_number(value, true)?.nanos(NANOS_PER_MILLI), max_plausible)
+    plausible(parse_number(value, true)?.floor_mul(NANOS_PER_MILLI), max_plausible)
 }
 
 /// `grpc-retry-pushback-ms`, as gRFC A6 reads it: a non-negative integer is the wait in
@@ -47,10 +47,11 @@ pub fn parse_grpc_pushback(value: &[u8]) -> Result<Pushback, Malformed> {
         Some((b'+', rest)) => (false, rest),
         Some(_) => (false, text),
     };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+    let (number, rest) = Digits::lex(digits);
+    if number.int.is_empty() || number.frac.is_some() || !rest.is_empty() {
         return Err(Malformed::NotANumber);
     }
-    let millis = digits_to_u64(digits).ok_or(Malformed::Overflow)?;
+    let millis = number.value().ok_or(Malformed::Overflow)?.int();
     if millis > i64::MAX as u64 {
         return Err(Malformed::Overflow);
     }
@@ -65,69 +66,25 @@ pub fn parse_grpc_pushback(value: &[u8]) -> Result<Pushback, Malformed> {
 /// [`NotANumber`](Malformed::NotANumber) (including fractions and comma lists),
 /// [`Negative`](Malformed::Negative), [`Overflow`](Malformed::Overflow) (more than `u64::MAX`).
 pub fn parse_count(value: &[u8]) -> Result<u64, Malformed> {
-    Ok(parse_number(value, false)?.int)
+    Ok(parse_number(value, false)?.int())
 }
 
 /// A Go-style duration (what Go's `time.Duration` prints and `time.ParseDuration` reads):
 /// `6m0s`, `1h2m3.5s`, `250ms`, `1.5µs`, `0`. Units `ns`, `us` (or `µs`, `μs`), `ms`, `s`, `m`,
-/// `h`; each component may have a decimal fraction; a leading `+` is allowed.
+/// `h`; each component may have a decimal fraction; a leading `+` is allowed. Read by core's one
+/// duration grammar in its Go syntax ([`DurationSyntax::Go`]), after trimming whitespace.
 ///
 /// Errors: [`Malformed::Empty`], [`Negative`](Malformed::Negative) (`-1s`),
 /// [`Overflow`](Malformed::Overflow) (more than `u64::MAX` nanoseconds, about 584 years) and
 /// [`BadDuration`](Malformed::BadDuration) for anything else, such as a number without a unit.
 pub fn parse_go_duration(value: &[u8]) -> Result<Duration, Malformed> {
-    let text = trim_ows(value);
-    let (negative, mut rest) = match text.split_first() {
-        None => return Err(Malformed::Empty),
-        Some((b'-', rest)) => (true, rest),
-        Some((b'+', rest)) => (false, rest),
-        Some(_) => (false, text),
-    };
-    if rest == b"0" {
-        return Ok(Duration::ZERO);
+    match read_duration(trim_ows(value), DurationSyntax::Go) {
+        Ok(d) => Ok(d),
+        Err(DurationError::Empty) => Err(Malformed::Empty),
+        Err(DurationError::Negative) => Err(Malformed::Negative),
+        Err(DurationError::TooLarge) => Err(Malformed::Overflow),
+        Err(_) => Err(Malformed::BadDuration),
     }
-    if rest.is_empty() {
-        return Err(Malformed::BadDuration);
-    }
-    let mut total: u128 = 0;
-    while !rest.is_empty() {
-        let int_len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        let (int_digits, after) = rest.split_at(int_len);
-        rest = after;
-        let mut frac_digits: &[u8] = &[];
-        if let Some((b'.', after)) = rest.split_first() {
-            let len = after.iter().take_while(|b| b.is_ascii_digit()).count();
-            (frac_digits, rest) = after.split_at(len);
-        }
-        if int_digits.is_empty() && frac_digits.is_empty() {
-            return Err(Malformed::BadDuration);
-        }
-        let unit_len = rest.iter().take_while(|b| !(b.is_ascii_digit() || **b == b'.')).count();
-        let (unit, after) = rest.split_at(unit_len);
-        rest = after;
-        let nanos_per_unit: u64 = match unit {
-            b"ns" => 1,
-            // `µs` as U+00B5 (what Go prints) or U+03BC, in UTF-8.
-            b"us" | b"\xc2\xb5s" | b"\xce\xbcs" => 1_000,
-            b"ms" => NANOS_PER_MILLI,
-            b"s" => NANOS_PER_SEC,
-            b"m" => 60 * NANOS_PER_SEC,
-            b"h" => 3_600 * NANOS_PER_SEC,
-            _ => return Err(Malformed::BadDuration),
-        };
-        let number = Decimal {
-            int: digits_to_u64(int_digits).ok_or(Malformed::Overflow)?,
-            ..Decimal::fraction(frac_digits)
-        };
-        total = total.saturating_add(number.nanos(nanos_per_unit));
-        if total > u128::from(u64::MAX) {
-            return Err(Malformed::Overflow);
-        }
-    }
-    if negative && total > 0 {
-        return Err(Malformed::Negative);
-    }
-    Ok(nanos_to_duration(total))
 }
 
 /// An RFC 3339 date-time: `2026-11-30T12:00:00Z`, `2026-11-30T13:00:00.25+01:00`. `T` may be `t`
@@ -230,23 +187,25 @@ pub fn parse_reset(
     match format {
         ResetFormat::UnixOrDelta => {
             let number = parse_number(value, true)?;
-            let nanos = number.nanos(NANOS_PER_SEC);
-            if number.int >= UNIX_THRESHOLD {
+            let nanos = number.floor_mul(NANOS_PER_SEC);
+            if number.int() >= UNIX_THRESHOLD {
                 until(to_i128(nanos), now_wall, max_plausible)
             } else {
                 plausible(nanos, max_plausible)
             }
         }
-        ResetFormat::UnixSeconds => {
-            until(to_i128(parse_number(value, true)?.nanos(NANOS_PER_SEC)), now_wall, max_plausible)
-        }
+        ResetFormat::UnixSeconds => until(
+            to_i128(parse_number(value, true)?.floor_mul(NANOS_PER_SEC)),
+            now_wall,
+            max_plausible,
+        ),
         ResetFormat::UnixMillis => until(
-            to_i128(parse_number(value, true)?.nanos(NANOS_PER_MILLI)),
+            to_i128(parse_number(value, true)?.floor_mul(NANOS_PER_MILLI)),
             now_wall,
             max_plausible,
         ),
         ResetFormat::DeltaSeconds => {
-            plausible(parse_number(value, true)?.nanos(NANOS_PER_SEC), max_plausible)
+            plausible(parse_number(value, true)?.floor_mul(NANOS_PER_SEC), max_plausible)
         }
         ResetFormat::Rfc3339 => until(rfc3339_unix_nanos(value)?, now_wall, max_plausible),
         ResetFormat::GoDuration => plausible(parse_go_duration(value)?.as_nanos(), max_plausible),

@@ -738,7 +738,8 @@ fn go_format_matches_go() {
     }
 }
 
-/// Howard Hinnant's `civil_from_days`: the inverse of [`days_from_civil`].
+/// Howard Hinnant's `civil_from_days`: the proleptic Gregorian date of a day counted from
+/// 1970-01-01 (an independent check on the library's calendar).
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

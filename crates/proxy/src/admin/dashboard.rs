@@ -19,7 +19,7 @@ fn esc(s: &str) -> String {
 }
 
 fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
+    stormguard_core::format::percent(x, 1)
 }
 
 fn ratio(num: Option<u64>, den: Option<u64>) -> String {

@@ -36,7 +36,7 @@ use stormguard_chaos::{
 };
 use stormguard_core::Denied;
 use stormguard_core::backoff::BackoffConfig;
-use stormguard_core::decimal::parse_duration;
+use stormguard_core::decimal::format_duration;
 use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 
 use crate::Failure;
@@ -74,8 +74,8 @@ Exit codes: 0 the run completed (the table says what each path did), 1 it could 
 2 bad flags.")]
 pub struct DemoArgs {
     /// How long the run lasts; the five phases scale with it (5s to 10m).
-    #[arg(long, value_name = "DURATION", default_value = "60s")]
-    pub duration: String,
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::args::duration)]
+    pub duration: Duration,
     /// Where to write the HTML report, or "off".
     #[arg(long, value_name = "PATH", default_value = "stormguard-demo.html")]
     pub report: String,
@@ -100,12 +100,11 @@ use table::{by_reason, pct, secs};
 
 /// Runs `stormguard demo`.
 pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<(), Failure> {
-    let duration =
-        parse_duration(&args.duration).map_err(|e| Failure::usage(format!("--duration: {e}")))?;
+    let duration = args.duration;
     if duration < Duration::from_secs(5) || duration > Duration::from_secs(600) {
         return Err(Failure::usage(format!(
             "--duration: must be between 5s and 10m, got {}",
-            args.duration
+            format_duration(duration)
         )));
     }
     if !args.admin.ip().is_loopback() {
@@ -189,9 +188,9 @@ async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
     let admin = proxy.admin_addr().ok_or_else(|| Failure::runtime("the proxy has no admin"))?;
     let dashboard = format!("http://{admin}/dashboard");
     progress.line(&format!(
-        "stormguard demo: {RATE_PER_S} requests/s on each path for {:.0} s; cap {CAP}, budget {:.0} % of first tries",
+        "stormguard demo: {RATE_PER_S} requests/s on each path for {:.0} s; cap {CAP}, budget {} of first tries",
         duration.as_secs_f64(),
-        BUDGET_PERCENT * 100.0
+        stormguard_core::format::percent_trimmed(BUDGET_PERCENT, 2)
     ));
     progress.line(&format!("dashboard (live, the stormguard path): {dashboard}"));
 

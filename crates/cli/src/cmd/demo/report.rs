@@ -35,12 +35,12 @@ pub fn render(s: &Summary) -> String {
          that play the same seeded script. The <b>naive</b> path retries each failure once, at \
          once, with no cap and no budget. The <b>stormguard</b> path goes through \
          <code>stormguard proxy</code> with a cap of {} attempts in flight ({} planned for first \
-         tries) and a retry budget of {:.0} % of first tries (<code>{}</code>). Everything is \
+         tries) and a retry budget of {} of first tries (<code>{}</code>). Everything is \
          measured at the upstreams, which count what reaches them.</p>",
         s.rate_per_s,
         s.cap,
         s.planned_primary,
-        s.budget_percent * 100.0,
+        stormguard_core::format::percent_trimmed(s.budget_percent, 2),
         escape(s.budget)
     );
     h.push_str("<p class=\"muted\">");

@@ -51,7 +51,10 @@ pub fn plan(duration: Duration) -> Vec<PhasePlan> {
                     PER_TRY_TIMEOUT.as_millis()
                 )
             } else if error_rate > 0.0 {
-                format!("{:.0} % answered 503; {normal}", error_rate * 100.0)
+                format!(
+                    "{} answered 503; {normal}",
+                    stormguard_core::format::percent(error_rate, 0)
+                )
             } else {
                 format!("healthy; {normal}")
             };

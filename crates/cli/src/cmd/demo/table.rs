@@ -15,7 +15,7 @@ pub(super) fn secs(x: f64) -> String {
 }
 
 pub(super) fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
+    stormguard_core::format::percent(x, 1)
 }
 
 /// The side-by-side table.
@@ -23,12 +23,12 @@ pub fn table(s: &Summary) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "stormguard demo: {} requests/s for {:.0} s on each path; cap {} ({} planned in flight), budget {} % of first tries",
+        "stormguard demo: {} requests/s for {:.0} s on each path; cap {} ({} planned in flight), budget {} of first tries",
         s.rate_per_s,
         s.duration_s,
         s.cap,
         s.planned_primary,
-        s.budget_percent * 100.0
+        stormguard_core::format::percent_trimmed(s.budget_percent, 2)
     );
     for p in &s.phases {
         let span = format!("{}–{} s", secs(p.plan.start_s), secs(p.plan.end_s));
