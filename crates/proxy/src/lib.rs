@@ -42,6 +42,7 @@ mod attempt;
 mod body;
 pub mod config;
 mod fleet;
+mod forward;
 pub mod grpc;
 mod hop;
 mod listener;
