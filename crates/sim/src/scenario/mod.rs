@@ -1,13 +1,20 @@
 //! Scenario files: the fleet, the dependency and its timeline, the client, and the policies to
 //! compare, in TOML.
 //!
-//! A scenario is validated once, when it is read: every refusal names the file, the line and
-//! the key (`storm.toml:9: policy[1].retries: must be between 0 and 10, got 12`), and an unknown key is an
-//! error rather than a silent default. The built-in scenarios in `crates/sim/scenarios/` are
-//! complete examples; `docs/simulator.md` lists every key.
+//! A scenario is validated once, when it is read, by [`stormguard_config`] like every stormguard
+//! file: every refusal names the file, the line, the column and the key, indices from 0
+//! (`storm.toml:9:11: policy[0].retries: must be between 0 and 10, got 12`), an unknown key is an
+//! error rather than a silent default, and a broken rule can be matched as its
+//! [`InvalidScenario`]. The built-in scenarios in `crates/sim/scenarios/` are complete examples;
+//! `docs/simulator.md` lists every key.
+//!
+//! - this module: the scenario's model;
+//! - `file`: the TOML shapes and reading;
+//! - `validate`: the rules, from the shapes to the model.
 //!
 //! ```
 //! use stormguard_sim::Scenario;
+//! use stormguard_sim::scenario::InvalidScenario;
 //!
 //! let scenario = Scenario::parse("inline.toml", r#"
 //!     duration = "10s"
@@ -20,52 +27,40 @@
 //!     retries = 1
 //! "#)?;
 //! assert_eq!(scenario.policies[0].name, "retry-once");
-//! let err = Scenario::parse("bad.toml", "[fleet]\nrate = 10\n[dependency]\ncapacity = 0\n");
+//! let err = Scenario::parse("bad.toml", "[fleet]\nrate = 10\n[dependency]\ncapacity = 0\n")
+//!     .unwrap_err();
 //! assert_eq!(
-//!     err.unwrap_err().to_string(),
-//!     "bad.toml:4: dependency.capacity: must be between 1 and 1000000, got 0"
+//!     err.to_string(),
+//!     "bad.toml:4:12: dependency.capacity: must be between 1 and 1000000, got 0"
+//! );
+//! assert_eq!(
+//!     err.rule::<InvalidScenario>(),
+//!     Some(&InvalidScenario::OutOfRange { min: 1, max: 1_000_000, got: 0 })
 //! );
 //! # Ok::<(), stormguard_sim::ScenarioError>(())
 //! ```
 
-use std::fmt;
-use std::ops::Range;
+mod file;
+mod validate;
+
 use std::time::Duration;
 
+use serde::Deserialize;
+use stormguard_core::ConfigError;
 use stormguard_core::backoff::{BackoffConfig, Jitter};
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::conditions::RetryOn;
-use stormguard_core::decimal::{Fraction, format_duration, parse_duration};
-use stormguard_core::decision::{MAX_RETRIES_LIMIT, RetryConfig};
-use stormguard_core::defaults;
-use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
-use toml_edit::{ImDocument, Item, Key, TableLike};
+use stormguard_core::decimal::{Fraction, format_duration};
+use stormguard_core::decision::RetryConfig;
+use stormguard_core::limiter::LimiterConfig;
 
 use crate::dist::ServiceTime;
 
-/// Why a scenario was refused: where, which key, and one plain reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ScenarioError {
-    /// The file (or `--builtin NAME`) the scenario came from.
-    pub origin: String,
-    /// The 1-based line of the offending key (or of the syntax error).
-    pub line: usize,
-    /// The key's dotted path (`policy[2].budget`); empty for a syntax error.
-    pub key: String,
-    /// The reason.
-    pub message: String,
-}
-
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.key.is_empty() {
-            write!(f, "{}:{}: {}", self.origin, self.line, self.message)
-        } else {
-            write!(f, "{}:{}: {}: {}", self.origin, self.line, self.key, self.message)
-        }
-    }
-}
+/// A scenario that could not be read or is wrong: `file:line:column: key.path: reason`, the
+/// shape of every stormguard file's errors. A broken rule is
+/// [`rule::<InvalidScenario>()`](stormguard_config::FileError::rule).
+pub type ScenarioError = stormguard_config::FileError;
 
 /// The most attempts (first tries and retries) one policy's run may send: 50 000 000. An
 /// open-loop scenario whose first tries alone pass it is refused when it is read (the key
@@ -94,7 +89,7 @@ pub struct Scenario {
     /// The client's timeouts.
     pub client: ClientConfig,
     /// The dependency.
-    pub dependency: DependencyConfig,
+    pub dependency: SimDependency,
     /// The timeline: conditions that differ from the dependency's baseline, in time order,
     /// never overlapping.
     pub phases: Vec<Phase>,
@@ -150,8 +145,9 @@ pub enum Load {
     },
 }
 
-/// How open-loop arrivals are spaced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How open-loop arrivals are spaced (`arrivals = "poisson"` or `"uniform"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Arrivals {
     /// Exponential gaps (the default).
     Poisson,
@@ -170,10 +166,10 @@ pub struct ClientConfig {
     pub deadline: Duration,
     /// How long a timed-out attempt keeps its slot under the cap, at most (it comes back
     /// earlier when the dependency answers, unless `held_slot = "full-hold"`). Default 30 s,
-    /// the proxy's ([`defaults::TIMEOUT_SLOT_HOLD`]).
+    /// the proxy's ([`defaults::TIMEOUT_SLOT_HOLD`](stormguard_core::defaults::TIMEOUT_SLOT_HOLD)).
     pub timeout_slot_hold: Duration,
     /// The failures that are retried, by every policy. Default the proxy's
-    /// ([`defaults::RETRY_ON`]): `5xx,reset,connect-failure,refused-stream,timeout`.
+    /// ([`defaults::RETRY_ON`](stormguard_core::defaults::RETRY_ON)): `5xx,reset,connect-failure,refused-stream,timeout`.
     pub retry_on: RetryOn,
     /// An action counts as fast when it succeeds within this. Default: none (not reported).
     pub fast_within: Option<Duration>,
@@ -183,14 +179,16 @@ pub struct ClientConfig {
 }
 
 /// When a timed-out attempt's slot under the cap is released.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum HeldSlotRelease {
     /// When the dependency answers (the late answer is seen) or the hold passes, whichever is
     /// first (`HeldSlot::upstream_answered`): what the proxy, and the tower layer given a spawner,
     /// do. `held_slot = "until-answer"`.
+    #[serde(rename = "until-answer")]
     OnAnswer,
     /// Only when the hold passes, answer or not: what a placement that stops reading the
     /// connection at the timeout does. `held_slot = "full-hold"`.
+    #[serde(rename = "full-hold")]
     FullHold,
 }
 
@@ -209,7 +207,7 @@ pub struct Conditions {
 
 /// The dependency: its baseline conditions and its queue.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DependencyConfig {
+pub struct SimDependency {
     /// Attempts that may wait for a server; a full queue answers 503 at once. `None`:
     /// unbounded (the default).
     pub queue: Option<u32>,
@@ -264,7 +262,7 @@ pub enum RetryRule {
         backoff: Option<BackoffConfig>,
     },
     /// stormguard: `RetryPolicy::decide` over a budget, then `admit` under the cap. Every key
-    /// left out takes the proxy's default ([`defaults`]).
+    /// left out takes the proxy's default ([`defaults`](stormguard_core::defaults)).
     Budget {
         /// The budget.
         spec: BudgetSpec,
@@ -290,8 +288,10 @@ pub struct CapConfig {
     pub retry_pool: Option<u64>,
 }
 
-/// Whether a policy's cap, budget and breaker belong to each instance or to the fleet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether a policy's cap, budget and breaker belong to each instance or to the fleet
+/// (`share = "instance"` or `"fleet"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Share {
     /// One of each per instance: caps and floors multiply with the instance count.
     Instance,
@@ -301,103 +301,6 @@ pub enum Share {
 }
 
 impl Scenario {
-    /// Reads and validates a scenario; `origin` names it in errors (a path, or
-    /// `--builtin NAME`).
-    pub fn parse(origin: &str, text: &str) -> Result<Scenario, ScenarioError> {
-        let ctx = Ctx { origin, text };
-        let doc = ImDocument::parse(text).map_err(|e| ScenarioError {
-            origin: origin.to_string(),
-            line: ctx.line(e.span().map_or(0, |s| s.start)),
-            key: String::new(),
-            message: e.message().trim().to_string(),
-        })?;
-        let root = Section { ctx: &ctx, table: doc.as_table(), path: String::new(), line: 1 };
-        root.deny_unknown(&[
-            "name",
-            "description",
-            "seed",
-            "duration",
-            "bucket",
-            "recovered_at",
-            "fleet",
-            "client",
-            "dependency",
-            "phase",
-            "policy",
-        ])?;
-        let default_name = origin
-            .rsplit('/')
-            .next()
-            .unwrap_or(origin)
-            .trim_end_matches(".toml")
-            .trim_start_matches("--builtin ")
-            .to_string();
-        let name = root.string("name")?.unwrap_or(default_name);
-        let description = root.string("description")?.unwrap_or_default();
-        let seed = root.u64("seed", 0..=u64::MAX)?.unwrap_or(1);
-        let duration = root.duration("duration")?.unwrap_or(Duration::from_secs(60));
-        if duration.is_zero() || duration > Duration::from_secs(86_400) {
-            return Err(root.fail("duration", "must be above 0 and at most 24h"));
-        }
-        let bucket = root.duration("bucket")?.unwrap_or(Duration::from_secs(1));
-        if bucket < Duration::from_millis(1) || bucket > duration {
-            return Err(root.fail("bucket", "must be at least 1ms and at most the duration"));
-        }
-        if duration.as_nanos() / bucket.as_nanos() > 1_000_000 {
-            return Err(root.fail("bucket", "more than 1 000 000 buckets: make it wider"));
-        }
-        let recovered_at = root.fraction("recovered_at")?.unwrap_or(0.95);
-
-        let fleet_section = root.sub("fleet")?;
-        let fleet = parse_fleet(&fleet_section)?;
-        let client = parse_client(&root.sub("client")?)?;
-        let dep = root.sub("dependency")?;
-        let dependency = parse_dependency(&dep)?;
-        let phases = parse_phases(&root, &dependency.base, duration)?;
-        let policies = parse_policies(&root)?;
-        if let Some(calls) = fleet.expected_calls(duration)
-            && calls > MAX_ATTEMPTS as f64
-        {
-            let key = if fleet_section.item("rate").is_some() { "rate" } else { "instances" };
-            return Err(fleet_section.fail(
-                key,
-                format!(
-                    "the fleet starts about {calls:.0} calls per policy (instances × rate × \
-                     duration × fan_out), more than the {MAX_ATTEMPTS} attempts the simulator \
-                     runs per policy: shorten duration, or lower rate, instances or fan_out"
-                ),
-            ));
-        }
-        Ok(Scenario {
-            name,
-            description,
-            seed,
-            duration,
-            bucket,
-            fleet,
-            client,
-            dependency,
-            phases,
-            policies,
-            recovered_at,
-        })
-    }
-
-    /// Reads a scenario file.
-    pub fn from_file(path: &std::path::Path) -> Result<Scenario, ScenarioError> {
-        let origin = path.display().to_string();
-        let text =
-            stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(|e| {
-                ScenarioError {
-                    origin: origin.clone(),
-                    line: 0,
-                    key: String::new(),
-                    message: format!("cannot read the scenario: {e}"),
-                }
-            })?;
-        Scenario::parse(&origin, &text)
-    }
-
     /// When the last trigger phase ends, if there is one.
     pub fn trigger_end(&self) -> Option<Duration> {
         self.phases.iter().filter(|p| p.trigger).map(|p| p.end).max()
@@ -437,531 +340,6 @@ impl Scenario {
         }
         out
     }
-}
-
-struct Ctx<'a> {
-    origin: &'a str,
-    text: &'a str,
-}
-
-impl Ctx<'_> {
-    fn line(&self, offset: usize) -> usize {
-        let end = offset.min(self.text.len());
-        self.text.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
-    }
-}
-
-/// A table being read, with its dotted path for messages.
-struct Section<'a> {
-    ctx: &'a Ctx<'a>,
-    table: &'a dyn TableLike,
-    path: String,
-    /// The line of the table's header, for keys that are missing.
-    line: usize,
-}
-
-type Res<T> = Result<T, ScenarioError>;
-
-impl<'a> Section<'a> {
-    fn key_path(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
-    }
-
-    fn span_of(&self, key: &str) -> Option<Range<usize>> {
-        let (k, item): (&Key, &Item) = self.table.get_key_value(key)?;
-        k.span().or_else(|| item.span())
-    }
-
-    fn fail(&self, key: &str, message: impl Into<String>) -> ScenarioError {
-        ScenarioError {
-            origin: self.ctx.origin.to_string(),
-            line: self.span_of(key).map_or(self.line, |s| self.ctx.line(s.start)),
-            key: self.key_path(key),
-            message: message.into(),
-        }
-    }
-
-    fn deny_unknown(&self, allowed: &[&str]) -> Res<()> {
-        for (k, _) in self.table.iter() {
-            if !allowed.contains(&k) {
-                return Err(
-                    self.fail(k, format!("unknown key (expected one of: {})", allowed.join(", ")))
-                );
-            }
-        }
-        Ok(())
-    }
-
-    fn item(&self, key: &str) -> Option<&'a Item> {
-        self.table.get(key)
-    }
-
-    /// A sub-table (`[fleet]`); an empty one when absent.
-    fn sub(&self, key: &str) -> Res<Section<'a>> {
-        static EMPTY: std::sync::OnceLock<toml_edit::Table> = std::sync::OnceLock::new();
-        let table: &'a dyn TableLike = match self.item(key) {
-            None => EMPTY.get_or_init(toml_edit::Table::new),
-            Some(item) => item.as_table_like().ok_or_else(|| {
-                self.fail(key, format!("expected a table, got {}", item.type_name()))
-            })?,
-        };
-        let line = self.span_of(key).map_or(self.line, |s| self.ctx.line(s.start));
-        Ok(Section { ctx: self.ctx, table, path: self.key_path(key), line })
-    }
-
-    /// The tables of `[[key]]`.
-    fn array(&self, key: &str) -> Res<Vec<Section<'a>>> {
-        match self.item(key) {
-            None => Ok(Vec::new()),
-            Some(item) => {
-                let tables = item.as_array_of_tables().ok_or_else(|| {
-                    self.fail(key, format!("expected [[{key}]] tables, got {}", item.type_name()))
-                })?;
-                Ok(tables
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| Section {
-                        ctx: self.ctx,
-                        table: t,
-                        path: format!("{}[{}]", self.key_path(key), i + 1),
-                        line: t.span().map_or(self.line, |s| self.ctx.line(s.start)),
-                    })
-                    .collect())
-            }
-        }
-    }
-
-    fn string(&self, key: &str) -> Res<Option<String>> {
-        match self.item(key) {
-            None => Ok(None),
-            Some(item) => item.as_str().map(|s| Some(s.to_string())).ok_or_else(|| {
-                self.fail(key, format!("expected a string, got {}", item.type_name()))
-            }),
-        }
-    }
-
-    fn bool(&self, key: &str) -> Res<Option<bool>> {
-        match self.item(key) {
-            None => Ok(None),
-            Some(item) => item.as_bool().map(Some).ok_or_else(|| {
-                self.fail(key, format!("expected true or false, got {}", item.type_name()))
-            }),
-        }
-    }
-
-    fn u64(&self, key: &str, range: std::ops::RangeInclusive<u64>) -> Res<Option<u64>> {
-        let Some(item) = self.item(key) else { return Ok(None) };
-        let n = item.as_integer().ok_or_else(|| {
-            self.fail(key, format!("expected an integer, got {}", item.type_name()))
-        })?;
-        let n = u64::try_from(n)
-            .map_err(|_| self.fail(key, format!("must not be negative, got {n}")))?;
-        if !range.contains(&n) {
-            let (lo, hi) = (*range.start(), *range.end());
-            let msg = match (lo, hi) {
-                (1, u64::MAX) => format!("must be at least 1, got {n}"),
-                (lo, hi) => format!("must be between {lo} and {hi}, got {n}"),
-            };
-            return Err(self.fail(key, msg));
-        }
-        Ok(Some(n))
-    }
-
-    fn u32(&self, key: &str, range: std::ops::RangeInclusive<u32>) -> Res<Option<u32>> {
-        let (lo, hi) = (u64::from(*range.start()), u64::from(*range.end()));
-        let hi = if hi == u64::from(u32::MAX) { u64::MAX } else { hi };
-        Ok(self.u64(key, lo..=hi)?.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
-    }
-
-    fn number(&self, key: &str) -> Res<Option<f64>> {
-        let Some(item) = self.item(key) else { return Ok(None) };
-        let v =
-            item.as_float().or_else(|| item.as_integer().map(|i| i as f64)).ok_or_else(|| {
-                self.fail(key, format!("expected a number, got {}", item.type_name()))
-            })?;
-        if !v.is_finite() {
-            return Err(self.fail(key, "must be a finite number"));
-        }
-        Ok(Some(v))
-    }
-
-    fn fraction(&self, key: &str) -> Res<Option<f64>> {
-        match self.number(key)? {
-            Some(v) if !(0.0..=1.0).contains(&v) => {
-                Err(self.fail(key, format!("must be a fraction in [0, 1], got {v}")))
-            }
-            v => Ok(v),
-        }
-    }
-
-    fn duration(&self, key: &str) -> Res<Option<Duration>> {
-        match self.string(key)? {
-            None => Ok(None),
-            Some(s) => parse_duration(&s).map(Some).map_err(|e| self.fail(key, e.to_string())),
-        }
-    }
-
-    fn service_time(&self, key: &str) -> Res<Option<ServiceTime>> {
-        match self.string(key)? {
-            None => Ok(None),
-            Some(s) => ServiceTime::parse(&s).map(Some).map_err(|e| self.fail(key, e.to_string())),
-        }
-    }
-}
-
-fn parse_fleet(s: &Section<'_>) -> Res<Fleet> {
-    s.deny_unknown(&["instances", "rate", "arrivals", "concurrency", "think", "fan_out"])?;
-    let instances = s.u32("instances", 1..=10_000)?.unwrap_or(1);
-    let fan_out = s.u32("fan_out", 1..=100)?.unwrap_or(1);
-    let rate = s.number("rate")?;
-    let concurrency = s.u32("concurrency", 1..=100_000)?;
-    let load = match (rate, concurrency) {
-        (Some(_), Some(_)) => {
-            return Err(s.fail(
-                "concurrency",
-                "give rate (open loop) or concurrency (closed loop), not both",
-            ));
-        }
-        (None, None) => {
-            return Err(s.fail(
-                "rate",
-                "missing: give rate (actions per second per instance, open loop) or concurrency \
-                 (workers per instance, closed loop)",
-            ));
-        }
-        (Some(rate), None) => {
-            if rate <= 0.0 || rate > 10_000_000.0 {
-                return Err(s.fail(
-                    "rate",
-                    format!("must be above 0 and at most 10 000 000 per second, got {rate}"),
-                ));
-            }
-            if s.item("think").is_some() {
-                return Err(s.fail("think", "think time is for closed loop (concurrency)"));
-            }
-            let arrivals = match s.string("arrivals")?.as_deref() {
-                None | Some("poisson") => Arrivals::Poisson,
-                Some("uniform") => Arrivals::Uniform,
-                Some(other) => {
-                    return Err(
-                        s.fail("arrivals", format!("`{other}`: expected poisson or uniform"))
-                    );
-                }
-            };
-            Load::Open { rate, arrivals }
-        }
-        (None, Some(concurrency)) => {
-            if s.item("arrivals").is_some() {
-                return Err(s.fail("arrivals", "arrivals are for open loop (rate)"));
-            }
-            Load::Closed { concurrency, think: s.duration("think")?.unwrap_or(Duration::ZERO) }
-        }
-    };
-    Ok(Fleet { instances, load, fan_out })
-}
-
-fn parse_client(s: &Section<'_>) -> Res<ClientConfig> {
-    s.deny_unknown(&[
-        "per_try_timeout",
-        "deadline",
-        "timeout_slot_hold",
-        "held_slot",
-        "retry_on",
-        "fast_within",
-    ])?;
-    let per_try_timeout = s.duration("per_try_timeout")?;
-    if per_try_timeout.is_some_and(|d| d.is_zero()) {
-        return Err(s.fail("per_try_timeout", "must be above 0"));
-    }
-    let deadline = s.duration("deadline")?.unwrap_or(Duration::from_secs(10));
-    if deadline.is_zero() || deadline > Duration::from_secs(3_600) {
-        return Err(s.fail("deadline", "must be above 0 and at most 1h"));
-    }
-    let retry_on = match s.string("retry_on")? {
-        None => RetryOn::default(),
-        Some(t) => t.parse::<RetryOn>().map_err(|e| s.fail("retry_on", e.to_string()))?,
-    };
-    let timeout_slot_hold = s.duration("timeout_slot_hold")?.unwrap_or(defaults::TIMEOUT_SLOT_HOLD);
-    if timeout_slot_hold.is_zero() {
-        return Err(s.fail("timeout_slot_hold", "must be above 0"));
-    }
-    Ok(ClientConfig {
-        per_try_timeout,
-        deadline,
-        timeout_slot_hold,
-        retry_on,
-        fast_within: s.duration("fast_within")?,
-        held_slot: match s.string("held_slot")?.as_deref() {
-            None | Some("until-answer") => HeldSlotRelease::OnAnswer,
-            Some("full-hold") => HeldSlotRelease::FullHold,
-            Some(other) => {
-                return Err(
-                    s.fail("held_slot", format!("`{other}`: expected until-answer or full-hold"))
-                );
-            }
-        },
-    })
-}
-
-const CONDITION_KEYS: [&str; 4] = ["capacity", "error_rate", "service_time", "error_time"];
-
-fn parse_conditions(s: &Section<'_>, base: Option<&Conditions>) -> Res<Conditions> {
-    let capacity = s.u32("capacity", 1..=1_000_000)?;
-    let error_rate = s.fraction("error_rate")?;
-    let service_time = s.service_time("service_time")?;
-    let error_time = s.service_time("error_time")?;
-    match base {
-        Some(b) => Ok(Conditions {
-            capacity: capacity.unwrap_or(b.capacity),
-            error_rate: error_rate.unwrap_or(b.error_rate),
-            service_time: service_time.unwrap_or(b.service_time),
-            error_time: error_time.or(b.error_time),
-        }),
-        None => Ok(Conditions {
-            capacity: capacity.ok_or_else(|| {
-                s.fail("capacity", "missing: how many attempts the dependency serves in parallel")
-            })?,
-            error_rate: error_rate.unwrap_or(0.0),
-            service_time: service_time
-                .ok_or_else(|| s.fail("service_time", "missing: e.g. \"exponential 50ms\""))?,
-            error_time,
-        }),
-    }
-}
-
-fn parse_dependency(s: &Section<'_>) -> Res<DependencyConfig> {
-    let mut keys = CONDITION_KEYS.to_vec();
-    keys.push("queue");
-    s.deny_unknown(&keys)?;
-    let queue = match s.item("queue") {
-        None => None,
-        Some(item) if item.as_str() == Some("unbounded") => None,
-        Some(item) if item.as_integer().is_some() => s.u32("queue", 0..=10_000_000)?,
-        Some(_) => return Err(s.fail("queue", "expected an integer or \"unbounded\"")),
-    };
-    Ok(DependencyConfig { queue, base: parse_conditions(s, None)? })
-}
-
-fn parse_phases(root: &Section<'_>, base: &Conditions, duration: Duration) -> Res<Vec<Phase>> {
-    let mut phases: Vec<Phase> = Vec::new();
-    for s in root.array("phase")? {
-        let mut keys = CONDITION_KEYS.to_vec();
-        keys.extend(["name", "start", "end", "duration", "trigger"]);
-        s.deny_unknown(&keys)?;
-        let start = s
-            .duration("start")?
-            .ok_or_else(|| s.fail("start", "missing: when the phase starts"))?;
-        let end = match (s.duration("end")?, s.duration("duration")?) {
-            (Some(_), Some(_)) => return Err(s.fail("duration", "give end or duration, not both")),
-            (Some(e), None) => e,
-            (None, Some(d)) => start + d,
-            (None, None) => duration,
-        };
-        if end <= start {
-            return Err(s.fail("end", format!("must be after start ({})", format_duration(start))));
-        }
-        if start >= duration {
-            return Err(s.fail(
-                "start",
-                format!("is past the scenario's duration ({})", format_duration(duration)),
-            ));
-        }
-        if let Some(prev) = phases.last()
-            && start < prev.end
-        {
-            return Err(s.fail(
-                "start",
-                format!("overlaps phase `{}`, which ends at {}: phases are in time order and do not overlap", prev.name, format_duration(prev.end)),
-            ));
-        }
-        let name = s.string("name")?.unwrap_or_else(|| format!("phase {}", phases.len() + 1));
-        phases.push(Phase {
-            name,
-            start,
-            end: end.min(duration),
-            conditions: parse_conditions(&s, Some(base))?,
-            trigger: s.bool("trigger")?.unwrap_or(false),
-        });
-    }
-    Ok(phases)
-}
-
-/// A policy's backoff: `None` retries at once. `default` is what an absent `backoff` means:
-/// none for a naive policy, the proxy's for a budget policy (and then `jitter` alone applies to
-/// it).
-fn parse_backoff(s: &Section<'_>, default: Option<BackoffConfig>) -> Res<Option<BackoffConfig>> {
-    let jitter = match s.string("jitter")? {
-        None => None,
-        Some(j) => Some(j.parse::<Jitter>().map_err(|e| s.fail("jitter", e.to_string()))?),
-    };
-    match s.string("backoff")?.as_deref() {
-        None if default.is_some() => {
-            let mut b = default.expect("checked");
-            if let Some(j) = jitter {
-                b.jitter = j;
-            }
-            Ok(Some(b))
-        }
-        None | Some("none") => {
-            if jitter.is_some() && s.item("backoff").is_none() {
-                return Err(
-                    s.fail("jitter", "jitter needs a backoff (e.g. backoff = \"25ms..250ms\")")
-                );
-            }
-            Ok(None)
-        }
-        Some(range) => {
-            let mut b =
-                BackoffConfig::parse_range(range).map_err(|e| s.fail("backoff", e.to_string()))?;
-            if let Some(j) = jitter {
-                b.jitter = j;
-            }
-            Ok(Some(b))
-        }
-    }
-}
-
-fn parse_breaker(s: &Section<'_>) -> Res<Option<BreakerConfig>> {
-    let Some(item) = s.item("breaker") else { return Ok(None) };
-    if let Some(b) = item.as_bool() {
-        return Ok(b.then(BreakerConfig::default));
-    }
-    let t = s.sub("breaker")?;
-    t.deny_unknown(&[
-        "failure_ratio",
-        "min_requests",
-        "window",
-        "consecutive_failures",
-        "break_duration",
-        "half_open_probes",
-    ])?;
-    let mut c = BreakerConfig::default();
-    if let Some(r) = t.fraction("failure_ratio")? {
-        c.failure_ratio = Fraction::from_millionths((r * 1e6).round() as u64);
-    }
-    if let Some(n) = t.u64("min_requests", 1..=u64::MAX)? {
-        c.min_requests = n;
-    }
-    if let Some(w) = t.duration("window")? {
-        c.window = w;
-    }
-    if let Some(n) = t.u64("consecutive_failures", 0..=u64::MAX)? {
-        c.consecutive_failures = (n > 0).then_some(n);
-    }
-    if let Some(d) = t.duration("break_duration")? {
-        c.break_duration = d;
-    }
-    if let Some(n) = t.u64("half_open_probes", 1..=1_000)? {
-        c.half_open_probes = n;
-    }
-    c.validate().map_err(|e| s.fail("breaker", e.to_string()))?;
-    Ok(Some(c))
-}
-
-fn parse_policies(root: &Section<'_>) -> Res<Vec<PolicyConfig>> {
-    let sections = root.array("policy")?;
-    if sections.is_empty() {
-        return Err(root.fail("policy", "missing: no [[policy]] to simulate"));
-    }
-    if sections.len() > 32 {
-        return Err(root.fail("policy", "at most 32 policies"));
-    }
-    let mut out: Vec<PolicyConfig> = Vec::new();
-    for s in sections {
-        s.deny_unknown(&[
-            "name",
-            "retries",
-            "backoff",
-            "jitter",
-            "budget",
-            "cap",
-            "queue",
-            "queue_timeout",
-            "retry_pool",
-            "breaker",
-            "share",
-            "scope_retries",
-        ])?;
-        let retries = s.u32("retries", 0..=MAX_RETRIES_LIMIT)?;
-        let retry = match s.string("budget")? {
-            Some(text) => {
-                let spec = BudgetSpec::parse(&text).map_err(|e| s.fail("budget", e.to_string()))?;
-                let stormguard = RetryConfig::default();
-                RetryRule::Budget {
-                    spec,
-                    max_retries: retries.unwrap_or(stormguard.max_retries),
-                    backoff: parse_backoff(&s, Some(stormguard.backoff))?,
-                }
-            }
-            None => match retries.unwrap_or(0) {
-                0 => {
-                    parse_backoff(&s, None)?;
-                    if s.item("backoff").is_some() {
-                        return Err(s.fail("backoff", "a policy without retries has no backoff"));
-                    }
-                    RetryRule::None
-                }
-                n => RetryRule::Naive { max_retries: n, backoff: parse_backoff(&s, None)? },
-            },
-        };
-        let budgeted = matches!(retry, RetryRule::Budget { .. });
-        // A budget runs under stormguard's cap: without `cap`, the proxy's.
-        let cap = match s.u64("cap", 1..=MAX_CAP)?.or(budgeted.then_some(defaults::CAP)) {
-            None => {
-                for k in ["queue", "queue_timeout", "retry_pool"] {
-                    if s.item(k).is_some() {
-                        return Err(s.fail(k, "needs a cap"));
-                    }
-                }
-                None
-            }
-            Some(cap) => {
-                let stormguard = LimiterConfig::default();
-                Some(CapConfig {
-                    cap,
-                    queue_len: s.u64("queue", 0..=MAX_CAP)?.unwrap_or(stormguard.queue_len),
-                    queue_timeout: s.duration("queue_timeout")?.unwrap_or(stormguard.queue_timeout),
-                    retry_pool: s.u64("retry_pool", 1..=MAX_CAP)?,
-                })
-            }
-        };
-        let share = match s.string("share")?.as_deref() {
-            None | Some("instance") => Share::Instance,
-            Some("fleet") => Share::Fleet,
-            Some(other) => {
-                return Err(s.fail("share", format!("`{other}`: expected instance or fleet")));
-            }
-        };
-        let scope_retries = s.u64("scope_retries", 0..=1_000)?;
-        if scope_retries.is_some() && !matches!(retry, RetryRule::Budget { .. }) {
-            return Err(s.fail(
-                "scope_retries",
-                "scopes are charged by RetryPolicy: give the policy a budget",
-            ));
-        }
-        let mut p = PolicyConfig {
-            name: String::new(),
-            retry,
-            cap,
-            breaker: parse_breaker(&s)?,
-            share,
-            scope_retries,
-        };
-        p.name = match s.string("name")? {
-            Some(n) if n.trim().is_empty() => return Err(s.fail("name", "must not be empty")),
-            Some(n) => n,
-            None => p.default_name(),
-        };
-        if out.iter().any(|q| q.name == p.name) {
-            let key = if s.item("name").is_some() { "name" } else { "retries" };
-            return Err(s.fail(
-                key,
-                format!("a policy named `{}` is already listed: give this one a name", p.name),
-            ));
-        }
-        out.push(p);
-    }
-    Ok(out)
 }
 
 impl CapConfig {
@@ -1087,9 +465,147 @@ impl PolicyConfig {
     }
 }
 
+/// A broken rule of a scenario: one variant per rule, each located at its key by the reader.
+/// The message is one plain reason, lowercase without a trailing period.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidScenario {
+    /// A whole number outside `[min, max]`.
+    #[error("must be between {min} and {max}, got {got}")]
+    OutOfRange {
+        /// The smallest allowed.
+        min: u64,
+        /// The largest allowed.
+        max: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// Zero where at least 1 is needed (and there is no upper bound).
+    #[error("must be at least 1, got 0")]
+    Zero,
+    /// A number that is infinite or not a number.
+    #[error("must be a finite number")]
+    NotFinite,
+    /// A fraction outside `[0, 1]`.
+    #[error("must be a fraction in [0, 1], got {got}")]
+    NotAFraction {
+        /// The value given.
+        got: f64,
+    },
+    /// A duration of zero where time must pass (`per_try_timeout`, `timeout_slot_hold`).
+    #[error("must be above 0")]
+    ZeroDuration,
+    /// A duration of zero or above its bound (`duration`: 24h, `deadline`: 1h).
+    #[error("must be above 0 and at most {max}")]
+    DurationOutOfRange {
+        /// The bound, as written (`24h`).
+        max: &'static str,
+    },
+    /// A `bucket` under 1 ms or longer than the scenario.
+    #[error("must be at least 1ms and at most the duration")]
+    Bucket,
+    /// A `bucket` so narrow the run has more than a million.
+    #[error("more than 1 000 000 buckets: make it wider")]
+    TooManyBuckets,
+    /// An open-loop fleet whose first tries alone pass [`MAX_ATTEMPTS`].
+    #[error(
+        "the fleet starts about {calls:.0} calls per policy (instances × rate × duration × \
+         fan_out), more than the {max} attempts the simulator runs per policy: shorten \
+         duration, or lower rate, instances or fan_out"
+    )]
+    TooMuchWork {
+        /// The first tries one policy's run would start.
+        calls: f64,
+        /// [`MAX_ATTEMPTS`].
+        max: u64,
+    },
+    /// Both `rate` and `concurrency`.
+    #[error("give rate (open loop) or concurrency (closed loop), not both")]
+    OpenAndClosed,
+    /// Neither `rate` nor `concurrency`.
+    #[error(
+        "missing: give rate (actions per second per instance, open loop) or concurrency \
+         (workers per instance, closed loop)"
+    )]
+    NoLoad,
+    /// A `rate` of 0 or above 10 000 000 per second.
+    #[error("must be above 0 and at most 10 000 000 per second, got {got}")]
+    Rate {
+        /// The rate given.
+        got: f64,
+    },
+    /// `think` with an open loop.
+    #[error("think time is for closed loop (concurrency)")]
+    ThinkInOpenLoop,
+    /// `arrivals` with a closed loop.
+    #[error("arrivals are for open loop (rate)")]
+    ArrivalsInClosedLoop,
+    /// A key the scenario needs.
+    #[error("missing: {what}")]
+    Missing {
+        /// What it is, and an example.
+        what: &'static str,
+    },
+    /// A phase with both `end` and `duration`.
+    #[error("give end or duration, not both")]
+    EndAndDuration,
+    /// A phase that ends before it starts.
+    #[error("must be after start ({})", format_duration(*start))]
+    EndNotAfterStart {
+        /// Its start.
+        start: Duration,
+    },
+    /// A phase that starts after the scenario ends.
+    #[error("is past the scenario's duration ({})", format_duration(*duration))]
+    StartPastEnd {
+        /// The scenario's duration.
+        duration: Duration,
+    },
+    /// A phase that starts before the previous one ends.
+    #[error(
+        "overlaps phase `{previous}`, which ends at {}: phases are in time order and do not \
+         overlap",
+        format_duration(*ends)
+    )]
+    Overlap {
+        /// The previous phase's name.
+        previous: String,
+        /// When it ends.
+        ends: Duration,
+    },
+    /// `jitter` on a policy without a backoff.
+    #[error("jitter needs a backoff (e.g. backoff = \"25ms..250ms\")")]
+    JitterWithoutBackoff,
+    /// `backoff` on a policy that never retries.
+    #[error("a policy without retries has no backoff")]
+    BackoffWithoutRetries,
+    /// A backoff or breaker that core refuses.
+    #[error("{0}")]
+    Core(ConfigError),
+    /// More than 32 policies.
+    #[error("at most 32 policies")]
+    TooManyPolicies,
+    /// `queue`, `queue_timeout` or `retry_pool` on a policy without a cap.
+    #[error("needs a cap")]
+    NeedsCap,
+    /// `scope_retries` on a policy without a budget.
+    #[error("scopes are charged by RetryPolicy: give the policy a budget")]
+    ScopeWithoutBudget,
+    /// An empty policy name.
+    #[error("must not be empty")]
+    EmptyName,
+    /// Two policies with one name.
+    #[error("a policy named `{name}` is already listed: give this one a name")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stormguard_core::defaults;
 
     const MIN: &str = "[fleet]\nrate = 10\n[dependency]\ncapacity = 4\nservice_time = \"10ms\"\n";
 
@@ -1123,34 +639,42 @@ mod tests {
     }
 
     #[test]
-    fn errors_name_line_and_key() {
+    fn errors_name_line_column_and_key() {
         let e = |extra: &str| parse(extra).unwrap_err().to_string();
         assert_eq!(
             e("[[policy]]\nretries = 11\n"),
-            "t.toml:7: policy[1].retries: must be between 0 and 10, got 11"
+            "t.toml:7:11: policy[0].retries: must be between 0 and 10, got 11"
         );
         assert_eq!(
             e("[[policy]]\nbudget = \"ratio:percent=2000\"\ncap = 20\n"),
-            "t.toml:7: policy[1].budget: percent must be a fraction in [0, 1000], got 2000"
+            "t.toml:7:10: policy[0].budget: percent must be a fraction in [0, 1000], got 2000"
         );
-        assert!(e("[[policy]]\nbogus = 1\n").starts_with("t.toml:7: policy[1].bogus: unknown key"));
-        assert!(e("[[policy]]\n[[policy]]\n").contains("already listed"));
+        let bogus = e("[[policy]]\nbogus = 1\n");
+        assert!(bogus.starts_with("t.toml:7:1: policy[0].bogus: unknown field `bogus`"), "{bogus}");
+        let twice = parse("[[policy]]\n[[policy]]\n").unwrap_err();
+        assert_eq!(
+            twice.rule::<InvalidScenario>(),
+            Some(&InvalidScenario::DuplicateName { name: "no-retries".into() })
+        );
+        assert!(twice.to_string().starts_with("t.toml:7:1: policy[1].retries: a policy named"));
         assert!(
             e("[[policy]]\ncap = 5\nretry_pool = 0\n")
                 .contains("retry_pool: must be between 1 and 16777216, got 0")
         );
         assert!(
             e("[[phase]]\nstart = \"5s\"\nend = \"10s\"\n[[phase]]\nstart = \"8s\"\n[[policy]]\n")
-                .starts_with("t.toml:10: phase[2].start: overlaps phase `phase 1`")
+                .starts_with("t.toml:10:9: phase[1].start: overlaps phase `phase 1`")
         );
+        let window = e("[[policy]]\nbreaker = { window = \"0s\" }\n");
         assert!(
-            e("[[policy]]\nbreaker = { window = \"0s\" }\n")
-                .contains("policy[1].breaker: window must be between")
+            window.starts_with("t.toml:7:22: policy[0].breaker.window: window must be between"),
+            "{window}"
         );
         let syntax = Scenario::parse("t.toml", "a = \n").unwrap_err();
-        assert_eq!((syntax.line, syntax.key.as_str()), (1, ""));
+        assert_eq!(syntax.position().map(|(line, _)| line), Some(1));
+        assert!(syntax.key().unwrap().is_root());
         let missing = Scenario::parse("t.toml", "[[policy]]\n").unwrap_err();
-        assert!(missing.to_string().contains("fleet.rate: missing"), "{missing}");
+        assert!(missing.to_string().starts_with("t.toml:1:1: fleet.rate: missing"), "{missing}");
     }
 
     #[test]
