@@ -209,7 +209,14 @@ impl PhaseFile {
                     return Err(PhaseError::LatencyTwice);
                 }
                 phase.latency = match self.latency_dist.unwrap_or(QuantileDist::LogNormal) {
-                    QuantileDist::LogNormal => Latency::LogNormal { p50, p99 },
+                    // Checked here, so the error points at a key the file has.
+                    QuantileDist::LogNormal => {
+                        let latency = Latency::LogNormal { p50, p99 };
+                        latency
+                            .validate()
+                            .map_err(|error| PhaseError::Latency { key: "latency_p99", error })?;
+                        latency
+                    }
                     QuantileDist::Pareto => Latency::pareto_from_quantiles(p50, p99)
                         .map_err(|error| PhaseError::Latency { key: "latency_p99", error })?,
                 };
@@ -444,7 +451,10 @@ latency = "5ms"
         let e = err("[[phase]]\nreset_rate = 0.6\ntruncate_rate = 0.6\n");
         assert!(e.starts_with("s.toml:1:1: phase[0].error_rate: error_rate + reset_rate"), "{e}");
         let e = err("[[phase]]\nlatency_p50 = \"50ms\"\nlatency_p99 = \"10ms\"\n");
-        assert!(e.contains("phase[0].latency: a log-normal latency needs p99 >= p50"), "{e}");
+        assert_eq!(
+            e,
+            "s.toml:3:15: phase[0].latency_p99: a log-normal latency needs p99 >= p50 > 0"
+        );
         let e = err("[[phase]]\nlatency_p99 = \"10ms\"\n");
         assert_eq!(e, "s.toml:2:15: phase[0].latency_p99: latency_p99 needs latency_p50");
         let e = err("[[phase]]\nlatency_dist = \"pareto\"\n");
