@@ -22,12 +22,19 @@
 //!
 //! A ref names layers by `kind/name` (see docs/audit.md for each format's names); when several
 //! layers match, the worst counts. Layers listed on one call are stacked on that hop.
+//!
+//! The graph is read by [`stormguard_config`], like every stormguard file: a mistake is an
+//! [`AuditError::Config`] that names the file, line, column and key
+//! (`graph.toml:4:8: call[0].via[0]: ...`), and a ref that names no layer is a
+//! [`GraphError::UnknownRef`] at its position.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Deserialize;
-use toml::Spanned;
+use stormguard_config::de::{self, ScalarOrTable};
+use stormguard_config::{Document, Invalid, KeyPath};
+use stormguard_core::text::line_col;
 
 use crate::model::{Budget, Finding, Format, Layer, Location, Rule, Severity, trim_float};
 use crate::{AuditError, AuditOptions, Collector};
@@ -145,36 +152,49 @@ pub struct PathReport {
     pub worst_time: Option<Duration>,
 }
 
-#[derive(Deserialize)]
-struct RawGraph {
-    #[serde(default)]
-    call: Vec<Spanned<RawCall>>,
+/// A rule of the graph that the file breaks (its key and position are the [`AuditError`]'s).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphError {
+    /// A ref in `via` that names no layer read from the audited configs.
+    #[error("`{name}` names no retry layer in the audited configs")]
+    UnknownRef {
+        /// The ref, `kind/name`.
+        name: String,
+    },
 }
 
-#[derive(Deserialize)]
-struct RawCall {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename = "graph")]
+struct GraphFile {
+    #[serde(default)]
+    call: Vec<CallFile>,
+}
+
+/// `[[call]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename = "call")]
+struct CallFile {
     from: String,
     to: String,
+    /// A ref (`"grpc/payments.Payments"`) or a layer declared here.
     #[serde(default)]
-    via: Vec<Spanned<Via>>,
+    via: Vec<ScalarOrTable<String, InlineLayer>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Via {
-    Ref(String),
-    Inline(InlineLayer),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `{ name = "sdk", retries = 2 }` in a call's `via`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename = "layer")]
 struct InlineLayer {
     name: String,
     retries: Option<u32>,
     attempts: Option<u32>,
-    budget: Option<String>,
-    per_try_timeout: Option<String>,
-    timeout: Option<String>,
+    #[serde(default, deserialize_with = "de::option_from_str")]
+    budget: Option<stormguard_core::BudgetSpec>,
+    #[serde(default, deserialize_with = "de::option_duration")]
+    per_try_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "de::option_duration")]
+    timeout: Option<Duration>,
 }
 
 struct Call {
@@ -191,38 +211,22 @@ pub(crate) fn evaluate(
     text: &str,
     options: &AuditOptions,
 ) -> Result<Vec<PathReport>, AuditError> {
-    let line_of = |offset: usize| (text[..offset.min(text.len())].matches('\n').count() + 1) as u32;
-    let raw: RawGraph = toml::from_str(text).map_err(|e| {
-        let offset = e.span().map_or(0, |s| s.start);
-        AuditError::Syntax {
-            file: file.to_string(),
-            line: line_of(offset),
-            column: (text[..offset.min(text.len())]
-                .rsplit('\n')
-                .next()
-                .map_or(0, |l| l.chars().count())
-                + 1) as u32,
-            reason: e.message().to_string(),
-        }
-    })?;
-    let invalid = |offset: usize, reason: String| AuditError::Invalid {
-        file: file.to_string(),
-        line: line_of(offset),
-        reason,
-    };
+    let doc = Document::parse(text, file)?;
+    let graph: GraphFile = doc.deserialize()?;
+    let line_of = |key: &KeyPath| line_col(text, doc.span(key).start).0 as u32;
     let mut calls = Vec::new();
-    for call in &raw.call {
-        let line = line_of(call.span().start);
-        let rc = call.get_ref();
+    for (i, call) in graph.call.into_iter().enumerate() {
+        let at = KeyPath::root().key("call").index(i);
         let mut layers = Vec::new();
-        for via in &rc.via {
-            match via.get_ref() {
-                Via::Ref(r) => {
+        for (j, via) in call.via.into_iter().enumerate() {
+            let at = at.clone().key("via").index(j);
+            match via {
+                ScalarOrTable::Scalar(r) => {
                     let worst = c
                         .layers
                         .iter()
                         .enumerate()
-                        .filter(|(_, l)| l.refs.iter().any(|x| x == r))
+                        .filter(|(_, l)| l.refs.contains(&r))
                         .max_by(|a, b| {
                             exact_factor(a.1).as_f64().total_cmp(&exact_factor(b.1).as_f64())
                         })
@@ -230,18 +234,15 @@ pub(crate) fn evaluate(
                     match worst {
                         Some(i) => layers.push(i),
                         None => {
-                            return Err(invalid(
-                                via.span().start,
-                                format!("`{r}` names no retry layer in the audited configs"),
-                            ));
+                            let error = GraphError::UnknownRef { name: r };
+                            return Err(doc.invalid(Invalid::new(at, error)).into());
                         }
                     }
                 }
-                Via::Inline(il) => {
-                    let at = via.span().start;
+                ScalarOrTable::Table(il) => {
                     let mut layer = Layer::new(
                         Format::Graph,
-                        Location { file: file.to_string(), line: line_of(at) },
+                        Location { file: file.to_string(), line: line_of(&at) },
                         format!("{} (graph)", il.name),
                     );
                     layer.refs.push(format!("graph/{}", il.name));
@@ -250,27 +251,16 @@ pub(crate) fn evaluate(
                         (None, Some(r)) => r.saturating_add(1),
                         (None, None) => 1,
                     });
-                    if let Some(b) = &il.budget {
-                        let spec = stormguard_core::BudgetSpec::parse(b)
-                            .map_err(|e| invalid(at, format!("{}: budget: {e}", il.name)))?;
-                        layer.budget = Some(crate::formats::stormguard::model_budget(&spec).0);
-                    }
-                    let dur = |t: &Option<String>| -> Result<Option<Duration>, AuditError> {
-                        t.as_deref()
-                            .map(|t| {
-                                stormguard_core::decimal::parse_duration(t)
-                                    .map_err(|e| invalid(at, format!("{}: {e}", il.name)))
-                            })
-                            .transpose()
-                    };
-                    layer.per_try_timeout = dur(&il.per_try_timeout)?;
-                    layer.timeout = dur(&il.timeout)?;
+                    layer.budget =
+                        il.budget.map(|spec| crate::formats::stormguard::model_budget(&spec).0);
+                    layer.per_try_timeout = il.per_try_timeout;
+                    layer.timeout = il.timeout;
                     c.layers.push(layer);
                     layers.push(c.layers.len() - 1);
                 }
             }
         }
-        calls.push(Call { from: rc.from.clone(), to: rc.to.clone(), line, layers });
+        calls.push(Call { from: call.from, to: call.to, line: line_of(&at), layers });
     }
 
     let mut out_edges: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -426,6 +416,80 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn graph(text: &str) -> Result<crate::Report, AuditError> {
+        crate::audit_sources(&[], Some(("g.toml", text)), &AuditOptions::default())
+    }
+
+    fn config_error(text: &str) -> stormguard_config::FileError {
+        match graph(text) {
+            Err(AuditError::Config(e)) => e,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const CALL: &str = "[[call]]\nfrom = \"web\"\nto = \"api\"\n";
+
+    /// One shape for all three kinds of mistake: a wrong value, an unknown key, a type error.
+    #[test]
+    fn a_wrong_value_an_unknown_key_and_a_type_error_have_one_shape() {
+        let e = config_error(&format!(
+            "{CALL}via = [{{ name = \"sdk\", budget = \"ratio:percent=9999\" }}]\n"
+        ));
+        assert_eq!(
+            e.to_string(),
+            "g.toml:4:33: call[0].via[0].budget: percent must be a fraction in [0, 1000], got 9999"
+        );
+        assert_eq!(e.key().unwrap().to_string(), "call[0].via[0].budget");
+        let e = config_error(&format!("{CALL}{CALL}vai = []\n"));
+        assert!(
+            e.to_string().starts_with(
+                "g.toml:7:1: call[1].vai: unknown field `vai`, expected one of `from`, `to`, `via`"
+            ),
+            "{e}"
+        );
+        let e = config_error(&format!("{CALL}via = [{{ name = \"sdk\", retries = \"2\" }}]\n"));
+        assert_eq!(
+            e.to_string(),
+            "g.toml:4:34: call[0].via[0].retries: invalid type: string \"2\", expected u32"
+        );
+        assert_eq!(e.position(), Some((4, 34)));
+        // A ref that names nothing is the graph's own rule, at the ref.
+        let e = config_error(&format!("{CALL}via = [{{ name = \"sdk\" }}, \"grpc/Nope\"]\n"));
+        assert_eq!(
+            e.to_string(),
+            "g.toml:4:26: call[0].via[1]: `grpc/Nope` names no retry layer in the audited configs"
+        );
+        assert_eq!(
+            e.rule::<GraphError>(),
+            Some(&GraphError::UnknownRef { name: "grpc/Nope".into() })
+        );
+        // And a missing key, at the table that lacks it.
+        let e = config_error("[[call]]\nfrom = \"web\"\n");
+        assert_eq!(e.to_string(), "g.toml:1:1: call[0]: missing field `to`");
+    }
+
+    #[test]
+    fn inline_layers_are_read_with_their_lines() {
+        let text = format!(
+            "{CALL}via = [\n  {{ name = \"sdk\", retries = 2, per_try_timeout = \"1s\", timeout = \"5s\" }},\n  \
+             {{ name = \"gw\", attempts = 3, budget = \"ratio:percent=0.2\" }},\n]\n"
+        );
+        let r = graph(&text).unwrap();
+        let sdk = &r.layers[0];
+        assert_eq!((sdk.attempts, sdk.location.line), (Some(3), 5));
+        assert_eq!(
+            (sdk.per_try_timeout, sdk.timeout),
+            (Some(Duration::from_secs(1)), Some(Duration::from_secs(5)))
+        );
+        let gw = &r.layers[1];
+        assert_eq!((gw.attempts, gw.location.line, gw.refs[0].as_str()), (Some(3), 6, "graph/gw"));
+        assert_eq!(gw.budget, Some(Budget::Ratio { percent: 0.2 }));
+        // 3 attempts × min(3, 1.2).
+        assert_eq!(r.paths[0].amplification, Factor::new(18, 5));
+        // The outer layer: 3 tries of at most 1 s, within its 5 s timeout.
+        assert_eq!(r.paths[0].worst_time, Some(Duration::from_secs(3)));
+    }
 
     #[test]
     fn factors_are_exact() {

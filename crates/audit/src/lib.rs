@@ -77,7 +77,7 @@ pub enum AuditError {
         /// The parser's reason.
         reason: String,
     },
-    /// A file parses but a value in it is unusable (a bad budget SPEC, an unknown graph ref).
+    /// A file parses but a value in it is unusable (a bad budget SPEC).
     #[error("{file}:{line}: {reason}")]
     Invalid {
         /// The file.
@@ -87,6 +87,11 @@ pub enum AuditError {
         /// Why.
         reason: String,
     },
+    /// A TOML file read by stormguard's config reader (the call graph) is not valid:
+    /// `file:line:column: key.path: reason`; an unknown graph ref is a
+    /// [`GraphError`](graph::GraphError) rule.
+    #[error(transparent)]
+    Config(#[from] stormguard_config::FileError),
 }
 
 /// Everything an audit found.

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use stormguard_audit::graph::Factor;
+use stormguard_audit::graph::{Factor, GraphError};
 use stormguard_audit::{AuditError, AuditOptions, Report, audit_paths, audit_sources};
 
 fn fixture(p: &str) -> PathBuf {
@@ -226,7 +226,12 @@ fn unknown_graph_ref_names_the_line() {
         &AuditOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(e, AuditError::Invalid { line: 4, .. }), "{e}");
+    let AuditError::Config(e) = &e else { panic!("{e:?}") };
+    assert_eq!(e.position(), Some((4, 8)), "{e}");
+    assert_eq!(e.key().unwrap().to_string(), "call[0].via[0]");
+    let name = "virtualservice/nope".to_string();
+    assert_eq!(e.rule::<GraphError>(), Some(&GraphError::UnknownRef { name }));
+    assert!(e.to_string().ends_with("graph_unknown_ref.toml:4:8: call[0].via[0]: `virtualservice/nope` names no retry layer in the audited configs"), "{e}");
 }
 
 #[test]

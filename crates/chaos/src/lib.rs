@@ -46,8 +46,8 @@ pub mod stats;
 
 pub use sampler::{Action, Draw, Latency, LatencyError, Sampler};
 pub use script::{
-    BadRate, InvalidPhase, InvalidScript, OnDisconnect, Phase, Rate, RateLimit, Script,
-    ScriptError, UnknownOnDisconnect,
+    BadRate, InvalidScript, OnDisconnect, Phase, PhaseError, Rate, RateLimit, Script, ScriptError,
+    UnknownOnDisconnect,
 };
 pub use server::{ChaosConfig, ChaosError, ChaosServer, spawn};
 pub use stats::{Counts, InFlightStats, PhaseStats, Stats};

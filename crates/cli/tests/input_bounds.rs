@@ -117,7 +117,7 @@ fn simulate_refuses_work_past_its_bound() {
     let started = Instant::now();
     bounded().arg("simulate").arg(&huge).assert().code(2).stderr(
         predicate::str::contains(
-            "huge.toml:4: fleet.rate: the fleet starts about 8640000000 calls per policy",
+            "huge.toml:4:8: fleet.rate: the fleet starts about 8640000000 calls per policy",
         )
         .and(predicate::str::contains(
             "more than the 50000000 attempts the simulator runs per policy",

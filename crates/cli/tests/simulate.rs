@@ -93,7 +93,7 @@ fn bad_scenarios_exit_2_naming_file_line_and_key() {
     .unwrap();
     stormguard().args(["simulate", path.to_str().unwrap()]).assert().code(2).stderr(
         predicate::str::contains(
-            "storm.toml:9: policy[1].retries: must be between 0 and 10, got 12",
+            "storm.toml:9:11: policy[0].retries: must be between 0 and 10, got 12",
         ),
     );
     std::fs::write(
@@ -105,7 +105,7 @@ fn bad_scenarios_exit_2_naming_file_line_and_key() {
         .args(["simulate", path.to_str().unwrap()])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("storm.toml:5: dependency.service_time:"));
+        .stderr(predicate::str::contains("storm.toml:5:16: dependency.service_time:"));
     std::fs::write(&path, "[fleet\n").unwrap();
     stormguard()
         .args(["simulate", path.to_str().unwrap()])

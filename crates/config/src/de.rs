@@ -9,7 +9,9 @@ use std::marker::PhantomData;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, Deserializer, IntoDeserializer, MapAccess, Visitor};
 
 /// A duration: a string such as `"250ms"`, `"1.5s"`, `"2m"`
 /// ([`parse_duration`](stormguard_core::decimal::parse_duration)'s grammar).
@@ -85,6 +87,63 @@ pub fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<std::net::SocketAd
     d.deserialize_any(Parsed::new("an address such as \"127.0.0.1:8080\"", |s| {
         s.parse().map_err(|_| format!("expected host:port like 127.0.0.1:8080, got {s:?}"))
     }))
+}
+
+/// A key written either as one value or as a table: `latency = "50ms"` or
+/// `latency = { dist = "uniform", min = "10ms", max = "30ms" }`; `breaker = true` or a
+/// `[policy.breaker]` table; `via = ["grpc/Pay", { name = "sdk", retries = 2 }]`.
+///
+/// The value (a string, a boolean or a number) is read as `S`, the table as `T` (derive
+/// `Deserialize` on it, with `#[serde(deny_unknown_fields)]`); either's errors are at its own
+/// keys, with its own messages, which an untagged enum would lose ("data did not match any
+/// variant"). For an `S` read by a helper, wrap it: `#[serde(transparent)] struct
+/// Latency(#[serde(deserialize_with = "duration")] Duration)`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScalarOrTable<S, T> {
+    /// Written as one value.
+    Scalar(S),
+    /// Written as a table.
+    Table(T),
+}
+
+impl<'de, S: Deserialize<'de>, T: Deserialize<'de>> Deserialize<'de> for ScalarOrTable<S, T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(OrTable(PhantomData))
+    }
+}
+
+struct OrTable<S, T>(PhantomData<(S, T)>);
+
+impl<'de, S: Deserialize<'de>, T: Deserialize<'de>> Visitor<'de> for OrTable<S, T> {
+    type Value = ScalarOrTable<S, T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a value or a table")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        S::deserialize(v.into_deserializer()).map(ScalarOrTable::Scalar)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        S::deserialize(v.into_deserializer()).map(ScalarOrTable::Scalar)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        S::deserialize(v.into_deserializer()).map(ScalarOrTable::Scalar)
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        S::deserialize(v.into_deserializer()).map(ScalarOrTable::Scalar)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        S::deserialize(v.into_deserializer()).map(ScalarOrTable::Scalar)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map)).map(ScalarOrTable::Table)
+    }
 }
 
 /// A string read by a function; any other TOML type is refused as "expected {what}".
@@ -208,6 +267,80 @@ mod tests {
                 "seed = 7\n[[phase]]\nduration = \"1.5s\"\nlisten = \"127.0.0.1:1\"\nlimits = { cap = 3 }\n"
             ),
             "read seed=7 duration=1.5s listen=Some(127.0.0.1:1) count=0 cap=Some(3)"
+        );
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(transparent)]
+    struct Fixed(#[serde(deserialize_with = "super::duration")] std::time::Duration);
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Range {
+        #[serde(deserialize_with = "super::duration")]
+        min: std::time::Duration,
+        #[serde(deserialize_with = "super::duration")]
+        max: std::time::Duration,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Step {
+        latency: super::ScalarOrTable<Fixed, Range>,
+        #[serde(default)]
+        breaker: Option<super::ScalarOrTable<bool, Limits>>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Steps {
+        step: Vec<Step>,
+    }
+
+    #[test]
+    fn a_value_or_a_table_is_read_as_either_with_errors_at_their_keys() {
+        use super::ScalarOrTable::{Scalar, Table};
+        use std::time::Duration;
+        let read = |text: &str| Document::parse(text, "s.toml").unwrap().deserialize::<Steps>();
+        let err = |text: &str| read(text).unwrap_err().to_string();
+        let ms = Duration::from_millis;
+        let s = read(
+            "[[step]]\nlatency = \"5ms\"\nbreaker = true\n\
+             [[step]]\nlatency = { min = \"1ms\", max = \"2ms\" }\n\
+             [[step]]\n[step.latency]\nmin = \"3ms\"\nmax = \"4ms\"\n[step.breaker]\ncap = 2\n",
+        )
+        .unwrap();
+        assert_eq!(s.step[0].latency, Scalar(Fixed(ms(5))));
+        assert_eq!(s.step[1].latency, Table(Range { min: ms(1), max: ms(2) }));
+        assert_eq!(s.step[2].latency, Table(Range { min: ms(3), max: ms(4) }));
+        assert!(matches!(s.step[0].breaker, Some(Scalar(true))));
+        assert!(matches!(s.step[2].breaker, Some(Table(Limits { cap: 2 }))));
+        // The value's own errors, at the value.
+        assert_eq!(
+            err("[[step]]\nlatency = \"soon\"\n"),
+            "s.toml:2:11: step[0].latency: `soon` is not a duration (e.g. 250ms, 10s, 2m)"
+        );
+        assert_eq!(
+            err("[[step]]\nlatency = 5\n"),
+            "s.toml:2:11: step[0].latency: invalid type: integer `5`, expected a duration string such as \"250ms\""
+        );
+        assert_eq!(
+            err("[[step]]\nlatency = \"1ms\"\nbreaker = \"yes\"\n"),
+            "s.toml:3:11: step[0].breaker: invalid type: string \"yes\", expected a boolean"
+        );
+        // The table's, at their keys.
+        assert_eq!(
+            err("[[step]]\nlatency = { min = \"1ms\", max = \"x\" }\n"),
+            "s.toml:2:32: step[0].latency.max: `x` is not a duration (e.g. 250ms, 10s, 2m)"
+        );
+        let e = err("[[step]]\nlatency = { min = \"1ms\", mux = \"2ms\" }\n");
+        assert!(e.starts_with("s.toml:2:26: step[0].latency.mux: unknown field `mux`"), "{e}");
+        let e = err("[[step]]\n[step.latency]\nmin = \"1ms\"\n");
+        assert!(e.starts_with("s.toml:2:1: step[0].latency: missing field `max`"), "{e}");
+        // Neither.
+        assert_eq!(
+            err("[[step]]\nlatency = [1]\n"),
+            "s.toml:2:11: step[0].latency: invalid type: sequence, expected a value or a table"
         );
     }
 

@@ -4,10 +4,10 @@
 fn main() {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "metastable".to_string());
-    let scenario = if name.ends_with(".toml") {
-        stormguard_sim::Scenario::from_file(std::path::Path::new(&name))
+    let scenario: Result<_, Box<dyn std::error::Error>> = if name.ends_with(".toml") {
+        stormguard_sim::Scenario::from_file(std::path::Path::new(&name)).map_err(Into::into)
     } else {
-        stormguard_sim::builtin::scenario(&name)
+        stormguard_sim::builtin::scenario(&name).map_err(Into::into)
     };
     let scenario = scenario.unwrap_or_else(|e| {
         eprintln!("{e}");

@@ -216,6 +216,15 @@ impl ServiceTime {
     }
 }
 
+impl std::str::FromStr for ServiceTime {
+    type Err = ServiceTimeError;
+
+    /// [`ServiceTime::parse`].
+    fn from_str(text: &str) -> Result<ServiceTime, ServiceTimeError> {
+        ServiceTime::parse(text)
+    }
+}
+
 impl fmt::Display for ServiceTime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {

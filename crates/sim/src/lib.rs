@@ -48,7 +48,7 @@ use std::time::Duration;
 pub use dist::{ServiceTime, ServiceTimeError};
 pub use engine::{Footprint, RunError};
 pub use report::{InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, Report, Series};
-pub use scenario::{Scenario, ScenarioError};
+pub use scenario::{InvalidScenario, Scenario, ScenarioError};
 
 /// A scenario that could not be run: its policies could not be built (scenarios read with
 /// [`Scenario::parse`] are already validated; this is for ones built in code), or a run passed

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use stormguard_sim::scenario::MAX_ATTEMPTS;
+use stormguard_sim::scenario::{InvalidScenario, MAX_ATTEMPTS};
 use stormguard_sim::{Options, RunError, Scenario, builtin, simulate_with};
 
 #[test]
@@ -13,9 +13,14 @@ fn a_scenario_past_the_bound_is_refused_when_read() {
     let text = "duration = \"24h\"\n[fleet]\ninstances = 100\nrate = 1000\n[dependency]\n\
                 capacity = 100\nservice_time = \"fixed 10ms\"\n[[policy]]\nretries = 1\n";
     let err = Scenario::parse("huge.toml", text).unwrap_err();
-    assert_eq!((err.line, err.key.as_str()), (4, "fleet.rate"), "{err}");
-    assert!(err.message.contains("about 8640000000 calls per policy"), "{err}");
-    assert!(err.message.contains(&format!("the {MAX_ATTEMPTS} attempts")), "{err}");
+    assert_eq!(err.position(), Some((4, 8)), "{err}");
+    assert_eq!(err.key().unwrap().to_string(), "fleet.rate", "{err}");
+    let Some(&InvalidScenario::TooMuchWork { calls, max }) = err.rule::<InvalidScenario>() else {
+        panic!("{err}")
+    };
+    assert_eq!((calls, max), (8_640_000_000.0, MAX_ATTEMPTS));
+    assert!(err.to_string().contains("about 8640000000 calls per policy"), "{err}");
+    assert!(err.to_string().contains(&format!("the {MAX_ATTEMPTS} attempts")), "{err}");
     // Just under the bound is accepted (and not run here).
     let ok = text.replace("24h", "8m");
     assert!(Scenario::parse("big.toml", &ok).is_ok());

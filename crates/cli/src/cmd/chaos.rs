@@ -207,7 +207,7 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
     if let Some(s) = args.slow_body {
         p.slow_body = Some(s);
     }
-    p.validate().map_err(|e| Failure::usage(format!("{}: {}", flag_of(e.key), e.reason)))?;
+    p.validate().map_err(|e| Failure::usage(format!("{}: {e}", flag_of(e.key()))))?;
     Ok(p)
 }
 

@@ -1,0 +1,714 @@
+//! Scenario files: the fleet, the dependency and its timeline, the client, and the policies to
+//! compare, in TOML.
+//!
+//! A scenario is validated once, when it is read, by [`stormguard_config`] like every stormguard
+//! file: every refusal names the file, the line, the column and the key, indices from 0
+//! (`storm.toml:9:11: policy[0].retries: must be between 0 and 10, got 12`), an unknown key is an
+//! error rather than a silent default, and a broken rule can be matched as its
+//! [`InvalidScenario`]. The built-in scenarios in `crates/sim/scenarios/` are complete examples;
+//! `docs/simulator.md` lists every key.
+//!
+//! - this module: the scenario's model;
+//! - `file`: the TOML shapes and reading;
+//! - `validate`: the rules, from the shapes to the model.
+//!
+//! ```
+//! use stormguard_sim::Scenario;
+//! use stormguard_sim::scenario::InvalidScenario;
+//!
+//! let scenario = Scenario::parse("inline.toml", r#"
+//!     duration = "10s"
+//!     [fleet]
+//!     rate = 100
+//!     [dependency]
+//!     capacity = 20
+//!     service_time = "exponential 50ms"
+//!     [[policy]]
+//!     retries = 1
+//! "#)?;
+//! assert_eq!(scenario.policies[0].name, "retry-once");
+//! let err = Scenario::parse("bad.toml", "[fleet]\nrate = 10\n[dependency]\ncapacity = 0\n")
+//!     .unwrap_err();
+//! assert_eq!(
+//!     err.to_string(),
+//!     "bad.toml:4:12: dependency.capacity: must be between 1 and 1000000, got 0"
+//! );
+//! assert_eq!(
+//!     err.rule::<InvalidScenario>(),
+//!     Some(&InvalidScenario::OutOfRange { min: 1, max: 1_000_000, got: 0 })
+//! );
+//! # Ok::<(), stormguard_sim::ScenarioError>(())
+//! ```
+
+mod file;
+mod validate;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use stormguard_core::ConfigError;
+use stormguard_core::backoff::{BackoffConfig, Jitter};
+use stormguard_core::breaker::BreakerConfig;
+use stormguard_core::budget::BudgetSpec;
+use stormguard_core::conditions::RetryOn;
+use stormguard_core::decimal::{Fraction, format_duration};
+use stormguard_core::decision::RetryConfig;
+use stormguard_core::limiter::LimiterConfig;
+
+use crate::dist::ServiceTime;
+
+/// A scenario that could not be read or is wrong: `file:line:column: key.path: reason`, the
+/// shape of every stormguard file's errors. A broken rule is
+/// [`rule::<InvalidScenario>()`](stormguard_config::FileError::rule).
+pub type ScenarioError = stormguard_config::FileError;
+
+/// The most attempts (first tries and retries) one policy's run may send: 50 000 000. An
+/// open-loop scenario whose first tries alone pass it is refused when it is read (the key
+/// `fleet.rate`); a run that passes it later (retries, a closed loop) stops with an error. It
+/// bounds how long `simulate` can work on any file: well under a minute per policy on one core
+/// of a release build.
+pub const MAX_ATTEMPTS: u64 = 50_000_000;
+
+/// A validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name, for the report. Default: the file name without `.toml`.
+    pub name: String,
+    /// One paragraph on what it shows.
+    pub description: String,
+    /// The seed every random draw derives from. Default 1.
+    pub seed: u64,
+    /// How long arrivals run (requests in flight at the end are followed to their end).
+    /// Default 60 s; at most 24 h.
+    pub duration: Duration,
+    /// The width of one time-series bucket (the report's charts, goodput over time, recovery).
+    /// Default 1 s.
+    pub bucket: Duration,
+    /// Who calls the dependency.
+    pub fleet: Fleet,
+    /// The client's timeouts.
+    pub client: ClientConfig,
+    /// The dependency.
+    pub dependency: SimDependency,
+    /// The timeline: conditions that differ from the dependency's baseline, in time order,
+    /// never overlapping.
+    pub phases: Vec<Phase>,
+    /// The policies compared on the same arrivals.
+    pub policies: Vec<PolicyConfig>,
+    /// A bucket counts as recovered when at least this fraction of the actions that started in
+    /// it succeeded. Default 0.95.
+    pub recovered_at: f64,
+}
+
+/// The client fleet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fleet {
+    /// Client instances, 1..=10 000. Default 1.
+    pub instances: u32,
+    /// How each instance generates user actions.
+    pub load: Load,
+    /// Parallel calls to the dependency per user action, 1..=100. Default 1.
+    pub fan_out: u32,
+}
+
+impl Fleet {
+    /// The calls (first tries) an open-loop fleet starts over `duration`:
+    /// `instances × rate × duration × fan_out`. `None` for a closed loop, whose rate depends on
+    /// how fast the dependency answers.
+    pub fn expected_calls(&self, duration: Duration) -> Option<f64> {
+        match self.load {
+            Load::Open { rate, .. } => Some(
+                f64::from(self.instances) * rate * duration.as_secs_f64() * f64::from(self.fan_out),
+            ),
+            Load::Closed { .. } => None,
+        }
+    }
+}
+
+/// How an instance generates user actions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Actions arrive whatever happens to earlier ones (a public endpoint).
+    Open {
+        /// Actions per second per instance, above 0.
+        rate: f64,
+        /// How arrivals are spaced.
+        arrivals: Arrivals,
+    },
+    /// A fixed number of workers per instance, each starting its next action when the last
+    /// one ends (a batch job, a connection pool).
+    Closed {
+        /// Workers per instance, 1..=100 000.
+        concurrency: u32,
+        /// The pause between one action's end and the next one's start. Default 0.
+        think: Duration,
+    },
+}
+
+/// How open-loop arrivals are spaced (`arrivals = "poisson"` or `"uniform"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arrivals {
+    /// Exponential gaps (the default).
+    Poisson,
+    /// Evenly spaced, each instance offset by a share of the gap: the worked example's
+    /// arithmetic, without the noise.
+    Uniform,
+}
+
+/// The client's timeouts and what it retries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientConfig {
+    /// The per-try timeout: an attempt unanswered after this fails as `timeout`, and the
+    /// dependency keeps working on it. Default none.
+    pub per_try_timeout: Option<Duration>,
+    /// The user action's deadline, from its start. Default 10 s.
+    pub deadline: Duration,
+    /// How long a timed-out attempt keeps its slot under the cap, at most (it comes back
+    /// earlier when the dependency answers, unless `held_slot = "full-hold"`). Default 30 s,
+    /// the proxy's ([`defaults::TIMEOUT_SLOT_HOLD`](stormguard_core::defaults::TIMEOUT_SLOT_HOLD)).
+    pub timeout_slot_hold: Duration,
+    /// The failures that are retried, by every policy. Default the proxy's
+    /// ([`defaults::RETRY_ON`](stormguard_core::defaults::RETRY_ON)): `5xx,reset,connect-failure,refused-stream,timeout`.
+    pub retry_on: RetryOn,
+    /// An action counts as fast when it succeeds within this. Default: none (not reported).
+    pub fast_within: Option<Duration>,
+    /// When a timed-out attempt's held slot comes back. Default
+    /// [`OnAnswer`](HeldSlotRelease::OnAnswer).
+    pub held_slot: HeldSlotRelease,
+}
+
+/// When a timed-out attempt's slot under the cap is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum HeldSlotRelease {
+    /// When the dependency answers (the late answer is seen) or the hold passes, whichever is
+    /// first (`HeldSlot::upstream_answered`): what the proxy, and the tower layer given a spawner,
+    /// do. `held_slot = "until-answer"`.
+    #[serde(rename = "until-answer")]
+    OnAnswer,
+    /// Only when the hold passes, answer or not: what a placement that stops reading the
+    /// connection at the timeout does. `held_slot = "full-hold"`.
+    #[serde(rename = "full-hold")]
+    FullHold,
+}
+
+/// The dependency's conditions at one time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Conditions {
+    /// Attempts served in parallel, 1..=1 000 000.
+    pub capacity: u32,
+    /// The fraction of attempts answered with a 503, drawn when each arrives, in `[0, 1]`.
+    pub error_rate: f64,
+    /// How long serving one attempt takes, drawn when it starts.
+    pub service_time: ServiceTime,
+    /// How long a failing attempt takes instead; `None`: the same as a success.
+    pub error_time: Option<ServiceTime>,
+}
+
+/// The dependency: its baseline conditions and its queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimDependency {
+    /// Attempts that may wait for a server; a full queue answers 503 at once. `None`:
+    /// unbounded (the default).
+    pub queue: Option<u32>,
+    /// The conditions outside every phase.
+    pub base: Conditions,
+}
+
+/// A stretch of the timeline with its own conditions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    /// Its name in the report.
+    pub name: String,
+    /// When it starts.
+    pub start: Duration,
+    /// When it ends.
+    pub end: Duration,
+    /// The baseline with this phase's keys applied.
+    pub conditions: Conditions,
+    /// Whether it is the trigger that recovery is measured from (the end of the last one).
+    pub trigger: bool,
+}
+
+/// One policy to compare.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    /// Its name in the report (unique). Default: one that says what it is (`retry-once`,
+    /// `ratio-budget+breaker`).
+    pub name: String,
+    /// Whether and how failed attempts are retried.
+    pub retry: RetryRule,
+    /// stormguard's shared cap over every attempt, if any.
+    pub cap: Option<CapConfig>,
+    /// A circuit breaker, if any.
+    pub breaker: Option<BreakerConfig>,
+    /// Whether the cap, the budget and the breaker are per instance or shared by the fleet.
+    pub share: Share,
+    /// Whole retries per user action, shared by its calls (on top of the budget), if any.
+    pub scope_retries: Option<u64>,
+}
+
+/// How a policy retries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryRule {
+    /// Never.
+    None,
+    /// Up to `max_retries` per request, every retryable failure, no budget: what most clients
+    /// do.
+    Naive {
+        /// Retries per request.
+        max_retries: u32,
+        /// `None`: immediately.
+        backoff: Option<BackoffConfig>,
+    },
+    /// stormguard: `RetryPolicy::decide` over a budget, then `admit` under the cap. Every key
+    /// left out takes the proxy's default ([`defaults`](stormguard_core::defaults)).
+    Budget {
+        /// The budget.
+        spec: BudgetSpec,
+        /// Retries per request (`RetryConfig::max_retries`). Default 2.
+        max_retries: u32,
+        /// `None` (`backoff = "none"`): immediately. Default the proxy's: 25 ms..250 ms, full
+        /// jitter.
+        backoff: Option<BackoffConfig>,
+    },
+}
+
+/// stormguard's cap for one policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapConfig {
+    /// Attempts in flight, 1..=2^24. A budget policy without one has the proxy's, 20.
+    pub cap: u64,
+    /// Primaries that may wait for a slot. Default 100, the proxy's.
+    pub queue_len: u64,
+    /// The longest a primary waits. Default 1 s, the proxy's.
+    pub queue_timeout: Duration,
+    /// `Some(n)`: retries take slots from a separate pool of `n` instead of the shared cap
+    /// (the arrangement the worked example warns against: the pools add up).
+    pub retry_pool: Option<u64>,
+}
+
+/// Whether a policy's cap, budget and breaker belong to each instance or to the fleet
+/// (`share = "instance"` or `"fleet"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Share {
+    /// One of each per instance: caps and floors multiply with the instance count.
+    Instance,
+    /// One of each for the fleet (what stormguard's Redis mode shares: cap slots and the
+    /// reserve; the percent is scale-invariant either way).
+    Fleet,
+}
+
+impl Scenario {
+    /// When the last trigger phase ends, if there is one.
+    pub fn trigger_end(&self) -> Option<Duration> {
+        self.phases.iter().filter(|p| p.trigger).map(|p| p.end).max()
+    }
+
+    /// The timeline as consecutive segments covering `[0, duration)`: the phases, and the
+    /// baseline stretches between them (named `baseline` before the first phase and
+    /// `after NAME` after one).
+    pub fn segments(&self) -> Vec<Phase> {
+        let mut out = Vec::new();
+        let mut t = Duration::ZERO;
+        let mut previous: Option<&str> = None;
+        // A scenario shortened in code may end before some of its phases.
+        for p in self.phases.iter().filter(|p| p.start < self.duration) {
+            let p = &Phase { end: p.end.min(self.duration), ..p.clone() };
+            if p.start > t {
+                out.push(Phase {
+                    name: previous.map_or("baseline".to_string(), |n| format!("after {n}")),
+                    start: t,
+                    end: p.start,
+                    conditions: self.dependency.base,
+                    trigger: false,
+                });
+            }
+            out.push(p.clone());
+            t = p.end;
+            previous = Some(out.last().map_or("", |p| p.name.as_str()));
+        }
+        if t < self.duration || out.is_empty() {
+            out.push(Phase {
+                name: previous.map_or("baseline".to_string(), |n| format!("after {n}")),
+                start: t,
+                end: self.duration,
+                conditions: self.dependency.base,
+                trigger: false,
+            });
+        }
+        out
+    }
+}
+
+impl CapConfig {
+    /// The limiter this cap runs (the shared cap; a `retry_pool` is a limiter of its own).
+    pub fn limiter_config(&self) -> LimiterConfig {
+        LimiterConfig {
+            cap: self.cap,
+            queue_len: self.queue_len,
+            queue_timeout: self.queue_timeout,
+        }
+    }
+}
+
+/// A backoff that is no wait at all, for budget policies configured to retry at once
+/// (`BackoffConfig` refuses a zero base; the engine takes waits under 1 µs at once).
+fn immediate_backoff() -> BackoffConfig {
+    BackoffConfig {
+        base: Duration::from_nanos(1),
+        max: Duration::from_nanos(1),
+        multiplier: Fraction::ONE,
+        jitter: Jitter::None,
+    }
+}
+
+impl PolicyConfig {
+    /// The retry rules a budget policy runs (`None` for a naive policy or none): the client's
+    /// `retry_on`, the policy's retries and backoff, and the proxy's default for everything
+    /// else, so a scenario that sets nothing models what `stormguard proxy` does with nothing
+    /// set.
+    pub fn retry_config(&self, client: &ClientConfig) -> Option<RetryConfig> {
+        match &self.retry {
+            RetryRule::Budget { max_retries, backoff, .. } => Some(RetryConfig {
+                retry_on: client.retry_on.clone(),
+                max_retries: *max_retries,
+                backoff: backoff.unwrap_or_else(immediate_backoff),
+                ..RetryConfig::default()
+            }),
+            _ => None,
+        }
+    }
+
+    /// A name that says what the policy is: `no-retries`, `retry-once`, `retry-3-backoff`,
+    /// `ratio-budget`, with `+cap20`, `+breaker`, `+retry-pool4`, `+scope1` and `/fleet`
+    /// added for what it has.
+    pub fn default_name(&self) -> String {
+        let mut name = match &self.retry {
+            RetryRule::None => "no-retries".to_string(),
+            RetryRule::Naive { max_retries: 1, backoff: None } => "retry-once".to_string(),
+            RetryRule::Naive { max_retries, backoff: None } => format!("retry-{max_retries}"),
+            RetryRule::Naive { max_retries, backoff: Some(_) } => {
+                format!("retry-{max_retries}-backoff")
+            }
+            RetryRule::Budget { spec, .. } => match spec {
+                BudgetSpec::TokenBucket(_) => "token-bucket".to_string(),
+                other => format!("{}-budget", other.kind()),
+            },
+        };
+        if let (Some(c), false) = (&self.cap, matches!(self.retry, RetryRule::Budget { .. })) {
+            name.push_str(&format!("+cap{}", c.cap));
+        }
+        if let Some(n) = self.cap.and_then(|c| c.retry_pool) {
+            name.push_str(&format!("+retry-pool{n}"));
+        }
+        if let Some(n) = self.scope_retries {
+            name.push_str(&format!("+scope{n}"));
+        }
+        if self.breaker.is_some() {
+            name.push_str("+breaker");
+        }
+        if self.share == Share::Fleet {
+            name.push_str("/fleet");
+        }
+        name
+    }
+
+    /// One line on what the policy does, for the report.
+    pub fn describe(&self) -> String {
+        let retries = |n: u32| if n == 1 { "1 retry".to_string() } else { format!("{n} retries") };
+        let backoff = |b: &Option<BackoffConfig>| match b {
+            None => "at once".to_string(),
+            Some(b) => format!(
+                "after {}..{} {} jitter",
+                format_duration(b.base),
+                format_duration(b.max),
+                b.jitter
+            ),
+        };
+        let mut parts = vec![match &self.retry {
+            RetryRule::None => "no retries".to_string(),
+            RetryRule::Naive { max_retries, backoff: b } => {
+                format!("up to {} {}", retries(*max_retries), backoff(b))
+            }
+            RetryRule::Budget { spec, max_retries, backoff: b } => {
+                format!("{spec}, up to {} {}", retries(*max_retries), backoff(b))
+            }
+        }];
+        if let Some(c) = &self.cap {
+            match c.retry_pool {
+                None => parts.push(format!("cap {} shared by every attempt", c.cap)),
+                Some(n) => parts.push(format!(
+                    "cap {} for primaries + a separate pool of {n} for retries",
+                    c.cap
+                )),
+            }
+        }
+        if let Some(n) = self.scope_retries {
+            parts.push(format!("{n} retries per user action"));
+        }
+        if let Some(b) = &self.breaker {
+            parts.push(format!(
+                "breaker ({} probe(s) half-open, {} break)",
+                b.half_open_probes,
+                format_duration(b.break_duration)
+            ));
+        }
+        if self.cap.is_some() || self.breaker.is_some() {
+            parts.push(match self.share {
+                Share::Instance => "per instance".to_string(),
+                Share::Fleet => "shared by the fleet".to_string(),
+            });
+        }
+        parts.join("; ")
+    }
+}
+
+/// A broken rule of a scenario: one variant per rule, each located at its key by the reader.
+/// The message is one plain reason, lowercase without a trailing period.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidScenario {
+    /// A whole number outside `[min, max]`.
+    #[error("must be between {min} and {max}, got {got}")]
+    OutOfRange {
+        /// The smallest allowed.
+        min: u64,
+        /// The largest allowed.
+        max: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// Zero where at least 1 is needed (and there is no upper bound).
+    #[error("must be at least 1, got 0")]
+    Zero,
+    /// A number that is infinite or not a number.
+    #[error("must be a finite number")]
+    NotFinite,
+    /// A fraction outside `[0, 1]`.
+    #[error("must be a fraction in [0, 1], got {got}")]
+    NotAFraction {
+        /// The value given.
+        got: f64,
+    },
+    /// A duration of zero where time must pass (`per_try_timeout`, `timeout_slot_hold`).
+    #[error("must be above 0")]
+    ZeroDuration,
+    /// A duration of zero or above its bound (`duration`: 24h, `deadline`: 1h).
+    #[error("must be above 0 and at most {max}")]
+    DurationOutOfRange {
+        /// The bound, as written (`24h`).
+        max: &'static str,
+    },
+    /// A `bucket` under 1 ms or longer than the scenario.
+    #[error("must be at least 1ms and at most the duration")]
+    Bucket,
+    /// A `bucket` so narrow the run has more than a million.
+    #[error("more than 1 000 000 buckets: make it wider")]
+    TooManyBuckets,
+    /// An open-loop fleet whose first tries alone pass [`MAX_ATTEMPTS`].
+    #[error(
+        "the fleet starts about {calls:.0} calls per policy (instances × rate × duration × \
+         fan_out), more than the {max} attempts the simulator runs per policy: shorten \
+         duration, or lower rate, instances or fan_out"
+    )]
+    TooMuchWork {
+        /// The first tries one policy's run would start.
+        calls: f64,
+        /// [`MAX_ATTEMPTS`].
+        max: u64,
+    },
+    /// Both `rate` and `concurrency`.
+    #[error("give rate (open loop) or concurrency (closed loop), not both")]
+    OpenAndClosed,
+    /// Neither `rate` nor `concurrency`.
+    #[error(
+        "missing: give rate (actions per second per instance, open loop) or concurrency \
+         (workers per instance, closed loop)"
+    )]
+    NoLoad,
+    /// A `rate` of 0 or above 10 000 000 per second.
+    #[error("must be above 0 and at most 10 000 000 per second, got {got}")]
+    Rate {
+        /// The rate given.
+        got: f64,
+    },
+    /// `think` with an open loop.
+    #[error("think time is for closed loop (concurrency)")]
+    ThinkInOpenLoop,
+    /// `arrivals` with a closed loop.
+    #[error("arrivals are for open loop (rate)")]
+    ArrivalsInClosedLoop,
+    /// A key the scenario needs.
+    #[error("missing: {what}")]
+    Missing {
+        /// What it is, and an example.
+        what: &'static str,
+    },
+    /// A phase with both `end` and `duration`.
+    #[error("give end or duration, not both")]
+    EndAndDuration,
+    /// A phase that ends before it starts.
+    #[error("must be after start ({})", format_duration(*start))]
+    EndNotAfterStart {
+        /// Its start.
+        start: Duration,
+    },
+    /// A phase that starts after the scenario ends.
+    #[error("is past the scenario's duration ({})", format_duration(*duration))]
+    StartPastEnd {
+        /// The scenario's duration.
+        duration: Duration,
+    },
+    /// A phase that starts before the previous one ends.
+    #[error(
+        "overlaps phase `{previous}`, which ends at {}: phases are in time order and do not \
+         overlap",
+        format_duration(*ends)
+    )]
+    Overlap {
+        /// The previous phase's name.
+        previous: String,
+        /// When it ends.
+        ends: Duration,
+    },
+    /// `jitter` on a policy without a backoff.
+    #[error("jitter needs a backoff (e.g. backoff = \"25ms..250ms\")")]
+    JitterWithoutBackoff,
+    /// `backoff` on a policy that never retries.
+    #[error("a policy without retries has no backoff")]
+    BackoffWithoutRetries,
+    /// A backoff or breaker that core refuses.
+    #[error("{0}")]
+    Core(ConfigError),
+    /// More than 32 policies.
+    #[error("at most 32 policies")]
+    TooManyPolicies,
+    /// `queue`, `queue_timeout` or `retry_pool` on a policy without a cap.
+    #[error("needs a cap")]
+    NeedsCap,
+    /// `scope_retries` on a policy without a budget.
+    #[error("scopes are charged by RetryPolicy: give the policy a budget")]
+    ScopeWithoutBudget,
+    /// An empty policy name.
+    #[error("must not be empty")]
+    EmptyName,
+    /// Two policies with one name.
+    #[error("a policy named `{name}` is already listed: give this one a name")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stormguard_core::defaults;
+
+    const MIN: &str = "[fleet]\nrate = 10\n[dependency]\ncapacity = 4\nservice_time = \"10ms\"\n";
+
+    fn parse(extra: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::parse("t.toml", &format!("{MIN}{extra}"))
+    }
+
+    #[test]
+    fn defaults() {
+        let s = parse("[[policy]]\n").unwrap();
+        assert_eq!(s.name, "t");
+        assert_eq!(s.seed, 1);
+        assert_eq!(s.duration, Duration::from_secs(60));
+        assert_eq!(s.policies[0].name, "no-retries");
+        assert_eq!(s.dependency.queue, None);
+        assert_eq!(s.segments().len(), 1);
+        // What stormguard itself does comes from core's defaults, as in the proxy.
+        assert_eq!(s.client.retry_on, RetryOn::default());
+        assert_eq!(s.client.timeout_slot_hold, defaults::TIMEOUT_SLOT_HOLD);
+        let s = parse("[[policy]]\nbudget = \"ratio\"\n").unwrap();
+        let p = &s.policies[0];
+        assert_eq!(p.name, "ratio-budget");
+        assert_eq!(p.cap.unwrap().limiter_config(), LimiterConfig::default());
+        assert_eq!(p.retry_config(&s.client), Some(RetryConfig::default()));
+        // A naive policy retries at once unless given a backoff; `none` keeps a budget's at once.
+        let s =
+            parse("[[policy]]\nretries = 2\n[[policy]]\nbudget = \"ratio\"\nbackoff = \"none\"\n")
+                .unwrap();
+        assert_eq!(s.policies[0].retry, RetryRule::Naive { max_retries: 2, backoff: None });
+        assert_eq!(s.policies[1].retry_config(&s.client).unwrap().backoff, immediate_backoff());
+    }
+
+    #[test]
+    fn errors_name_line_column_and_key() {
+        let e = |extra: &str| parse(extra).unwrap_err().to_string();
+        assert_eq!(
+            e("[[policy]]\nretries = 11\n"),
+            "t.toml:7:11: policy[0].retries: must be between 0 and 10, got 11"
+        );
+        assert_eq!(
+            e("[[policy]]\nbudget = \"ratio:percent=2000\"\ncap = 20\n"),
+            "t.toml:7:10: policy[0].budget: percent must be a fraction in [0, 1000], got 2000"
+        );
+        let bogus = e("[[policy]]\nbogus = 1\n");
+        assert!(bogus.starts_with("t.toml:7:1: policy[0].bogus: unknown field `bogus`"), "{bogus}");
+        let twice = parse("[[policy]]\n[[policy]]\n").unwrap_err();
+        assert_eq!(
+            twice.rule::<InvalidScenario>(),
+            Some(&InvalidScenario::DuplicateName { name: "no-retries".into() })
+        );
+        assert!(twice.to_string().starts_with("t.toml:7:1: policy[1].retries: a policy named"));
+        assert!(
+            e("[[policy]]\ncap = 5\nretry_pool = 0\n")
+                .contains("retry_pool: must be between 1 and 16777216, got 0")
+        );
+        assert!(
+            e("[[phase]]\nstart = \"5s\"\nend = \"10s\"\n[[phase]]\nstart = \"8s\"\n[[policy]]\n")
+                .starts_with("t.toml:10:9: phase[1].start: overlaps phase `phase 1`")
+        );
+        let window = e("[[policy]]\nbreaker = { window = \"0s\" }\n");
+        assert!(
+            window.starts_with("t.toml:7:22: policy[0].breaker.window: window must be between"),
+            "{window}"
+        );
+        let syntax = Scenario::parse("t.toml", "a = \n").unwrap_err();
+        assert_eq!(syntax.position().map(|(line, _)| line), Some(1));
+        assert!(syntax.key().unwrap().is_root());
+        let missing = Scenario::parse("t.toml", "[[policy]]\n").unwrap_err();
+        assert!(missing.to_string().starts_with("t.toml:1:1: fleet.rate: missing"), "{missing}");
+    }
+
+    #[test]
+    fn phases_and_segments() {
+        let s = Scenario::parse(
+            "t.toml",
+            &format!("duration = \"30s\"\n{MIN}[[phase]]\nname = \"spike\"\nstart = \"10s\"\nduration = \"5s\"\nservice_time = \"exponential 40ms\"\ntrigger = true\n[[policy]]\n"),
+        )
+        .unwrap();
+        let segs = s.segments();
+        let names: Vec<_> = segs.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["baseline", "spike", "after spike"]);
+        assert_eq!(segs[1].conditions.capacity, 4);
+        assert_eq!(s.trigger_end(), Some(Duration::from_secs(15)));
+    }
+
+    #[test]
+    fn policy_names_say_what_they_are() {
+        let s = parse(
+            "[[policy]]\nretries = 1\n[[policy]]\nretries = 3\nbackoff = \"10ms..100ms\"\n\
+             [[policy]]\nbudget = \"ratio:percent=0.25\"\ncap = 20\nbreaker = true\nshare = \"fleet\"\n\
+             [[policy]]\nbudget = \"ratio\"\ncap = 20\nretry_pool = 4\n[[policy]]\nretries = 1\ncap = 20\n",
+        )
+        .unwrap();
+        let names: Vec<_> = s.policies.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "retry-once",
+                "retry-3-backoff",
+                "ratio-budget+breaker/fleet",
+                "ratio-budget+retry-pool4",
+                "retry-once+cap20"
+            ]
+        );
+    }
+}
