@@ -17,15 +17,6 @@
 //! (rustls-native-certs), or only those of a configured CA file; SNI from the upstream's host;
 //! HTTP/2 by ALPN (`h2`, then `http/1.1`); an optional client certificate. Certificates and keys
 //! are read when the config is checked, so a bad file is a config error, not a failed request.
-//!
-//! ```
-//! use stormguard_proxy::config::ProxyDependency;
-//!
-//! let mut dep = ProxyDependency::new("grpc", "http://127.0.0.1:50051".parse().unwrap());
-//! dep.http2.prior_knowledge = true; // h2c
-//! let client = stormguard_proxy::upstream::client(&dep).unwrap();
-//! assert_eq!(client.peer_streams().get(), None); // learned at the first connection
-//! ```
 
 use std::future::Future;
 use std::io;
@@ -546,6 +537,15 @@ mod tests {
             f.extend_from_slice(&v.to_be_bytes());
         }
         f
+    }
+
+    #[test]
+    fn an_h2c_client_learns_the_streams_at_its_first_connection() {
+        let mut dep =
+            crate::config::ProxyDependency::new("grpc", "http://127.0.0.1:50051".parse().unwrap());
+        dep.http2.prior_knowledge = true; // h2c
+        let client = client(&dep).unwrap();
+        assert_eq!(client.peer_streams().upstream(0).and_then(|p| p.get()), None);
     }
 
     #[test]
