@@ -46,6 +46,7 @@ mod forward;
 pub mod grpc;
 mod hop;
 mod listener;
+mod pushback;
 mod record;
 mod reload;
 mod scopes;

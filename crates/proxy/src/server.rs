@@ -49,8 +49,9 @@ pub(crate) struct RouteRuntime {
 pub(crate) struct Shared {
     pub(crate) deps: Vec<Arc<DepRuntime>>,
     pub(crate) routes: Vec<Arc<RouteRuntime>>,
-    /// Per listener: its address and its default dependency.
-    pub(crate) listeners: Vec<(SocketAddr, Option<usize>)>,
+    /// Per listener: its address, its default dependency, and whether its refusals tell the
+    /// caller's retry loop to stand down (`downstream_pushback`).
+    pub(crate) listeners: Vec<(SocketAddr, Option<usize>, bool)>,
     /// The header naming the caller (else its IP address).
     pub(crate) client_header: Option<http::HeaderName>,
     /// The effective config.
@@ -208,7 +209,7 @@ pub(crate) async fn handle(
 ) -> Response<ProxyBody> {
     let started = Instant::now();
     let shared = state.current();
-    let (addr, default_dep) = shared.listeners[listener];
+    let (addr, default_dep, downstream_pushback) = shared.listeners[listener];
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     if method == Method::CONNECT {
@@ -296,6 +297,7 @@ pub(crate) async fn handle(
     }
     // The Host the caller used is kept (virtual hosts behind the upstream); without one (an
     // h2 caller), the client sets the upstream's.
+    let grpc = crate::grpc::is_grpc_request(&parts.headers);
     let log = AttemptLog::default();
     parts.extensions = http::Extensions::new();
     parts.extensions.insert(log.clone());
@@ -380,5 +382,8 @@ pub(crate) async fn handle(
         upstream_ms = log.upstream_time().as_secs_f64() * 1e3,
         total_ms = started.elapsed().as_secs_f64() * 1e3,
     );
-    resp
+    if !downstream_pushback {
+        return resp;
+    }
+    crate::pushback::advise(resp, grpc, || dep.dependency.retry_after(log.target()))
 }

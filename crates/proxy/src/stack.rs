@@ -270,5 +270,6 @@ pub fn local(
     if let Some((name, value)) = header {
         resp.headers_mut().insert(name.clone(), HeaderValue::from_static(value));
     }
+    resp.extensions_mut().insert(crate::pushback::LocalAnswer);
     resp
 }

@@ -35,10 +35,7 @@ fn two(steady: &ChaosServer, moving: &ChaosServer) -> ProxyConfig {
     b.budget = "token-bucket:max_tokens=10,token_ratio=0.5".parse().unwrap();
     b.max_retries = 1;
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), a);
-    c.listeners.push(ListenerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        dependency: Some("moving".into()),
-    });
+    c.listeners.push(ListenerConfig::new("127.0.0.1:0".parse().unwrap(), Some("moving".into())));
     c.dependencies.push(b);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
     c

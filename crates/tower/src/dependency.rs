@@ -480,6 +480,20 @@ impl Dependency {
         }
     }
 
+    /// How long until upstream `i` takes retries again, when that is known: its breaker's
+    /// break ends, or the dependency's pushback hold (a `Retry-After` it sent) lifts, whichever
+    /// is later. `None` when neither holds. What a refusal can tell its caller as `Retry-After`.
+    pub fn retry_after(&self, i: usize) -> Option<std::time::Duration> {
+        let now = self.now();
+        let u = self.upstream_at(i);
+        let open = u.breaker.as_ref().and_then(|b| match b.state(now) {
+            BreakerState::Open { until } => Some(until),
+            _ => None,
+        });
+        let until = open.into_iter().chain(u.hold.is_held(now)).max()?;
+        Some(until.saturating_since(now))
+    }
+
     /// The total cap across the upstreams, when there are several and `total_cap` is set.
     pub fn total(&self) -> Option<&Limiter> {
         self.inner.total.as_ref()

@@ -93,6 +93,12 @@ pub struct ListenerConfig {
     /// Requests no route matches go to this dependency; without it they get 404.
     #[serde(default)]
     pub dependency: Option<String>,
+    /// `downstream_pushback`: a request stormguard will not try again for load (a retry
+    /// refused, a first try shed) is answered with `x-should-retry: false`, `Retry-After` when
+    /// a time is known, and for gRPC `grpc-retry-pushback-ms: -1` in a gRPC status, so the
+    /// caller's own retry loop stands down (docs/proxy.md, "Downstream pushback"). Default true.
+    #[serde(default = "yes")]
+    pub downstream_pushback: bool,
 }
 
 /// How the listeners treat connections (see docs/proxy.md, "Limits and timeouts"). Every
@@ -525,6 +531,17 @@ pub struct RouteConfig {
     pub idempotent: bool,
 }
 
+fn yes() -> bool {
+    true
+}
+
+impl ListenerConfig {
+    /// A listener on `listen` whose unrouted requests go to `dependency`, with every default.
+    pub fn new(listen: SocketAddr, dependency: Option<String>) -> ListenerConfig {
+        ListenerConfig { listen, dependency, downstream_pushback: true }
+    }
+}
+
 fn root_path() -> String {
     "/".to_string()
 }
@@ -537,7 +554,7 @@ impl ProxyConfig {
     /// One listener in front of one dependency (the quick-start flags).
     pub fn single(listen: SocketAddr, dependency: ProxyDependency) -> ProxyConfig {
         ProxyConfig {
-            listeners: vec![ListenerConfig { listen, dependency: Some(dependency.name.clone()) }],
+            listeners: vec![ListenerConfig::new(listen, Some(dependency.name.clone()))],
             dependencies: vec![dependency],
             routes: Vec::new(),
             admin: Some(DEFAULT_ADMIN.parse().expect("a valid address")),

@@ -17,6 +17,7 @@ impl ProxyConfig {
         json!({
             "listeners": self.listeners.iter().map(|l| json!({
                 "listen": l.listen.to_string(), "dependency": l.dependency,
+                "downstream_pushback": l.downstream_pushback,
             })).collect::<Vec<_>>(),
             "dependencies": self.dependencies.iter().map(|d| json!({
                 "name": d.name,
