@@ -69,8 +69,8 @@ mod response;
 pub use middleware::StormguardMiddleware;
 pub use stormguard_core::Denied;
 pub use stormguard_tower::{
-    Deadline, Dependency, DependencyConfig, DependencyError, FanOutScope, Idempotent,
-    RouteBudget, StormguardError,
+    Deadline, Dependency, DependencyConfig, DependencyError, FanOutScope, Idempotent, RouteBudget,
+    StormguardError,
 };
 
 /// Reads why stormguard refused a request or its retry, from whatever the caller got back.
@@ -106,3 +106,8 @@ impl<T: Refusal> Refusal for Result<T, reqwest_middleware::Error> {
         }
     }
 }
+
+/// The README's examples — reqwest's and tower's — compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

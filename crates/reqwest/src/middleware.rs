@@ -262,7 +262,12 @@ async fn retry_loop(
             Err(e) => Err(e),
         };
         let wait = ticket.wait();
-        tracing::trace!(dependency = dep.name(), attempt, wait_ms = wait.as_millis() as u64, "retrying");
+        tracing::trace!(
+            dependency = dep.name(),
+            attempt,
+            wait_ms = wait.as_millis() as u64,
+            "retrying"
+        );
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }

@@ -83,12 +83,8 @@ async fn a_pushback_past_the_deadline_is_not_waited_for() {
 async fn a_post_is_never_retried_after_a_reset_after_write() {
     // The upstream reads each request, then resets the connection: the request may have been
     // processed.
-    let upstream = chaos(Phase {
-        reset_rate: 1.0,
-        latency: Latency::Fixed(ms(5)),
-        ..Phase::default()
-    })
-    .await;
+    let upstream =
+        chaos(Phase { reset_rate: 1.0, latency: Latency::Fixed(ms(5)), ..Phase::default() }).await;
     let url = upstream.url("/pay");
     let client = guarded(&rich());
     let err = client.post(&url).body("pay 10").send().await.unwrap_err();

@@ -66,7 +66,9 @@ impl Scripted {
 
 type Answer = (u16, Vec<(&'static str, String)>);
 
-pub async fn scripted(answer: impl Fn(usize, Instant) -> Answer + Send + Sync + 'static) -> Scripted {
+pub async fn scripted(
+    answer: impl Fn(usize, Instant) -> Answer + Send + Sync + 'static,
+) -> Scripted {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
