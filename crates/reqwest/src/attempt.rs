@@ -201,3 +201,58 @@ pub(crate) fn classify(error: &reqwest_middleware::Error) -> Option<TransportErr
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loopback port nobody listens on.
+    fn closed_port() -> String {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        format!("http://{free}/")
+    }
+
+    async fn error_of(req: reqwest::RequestBuilder) -> reqwest_middleware::Error {
+        reqwest_middleware::Error::Reqwest(req.send().await.unwrap_err())
+    }
+
+    #[tokio::test]
+    async fn reads_reqwest_errors_by_what_reqwest_says() {
+        let client = reqwest::Client::new();
+        // Refused while connecting: nothing was sent, so even a POST may go again.
+        let refused = error_of(client.post(closed_port())).await;
+        assert_eq!(classify(&refused), Some(TransportError::Connect));
+        // A request reqwest could not build never left: final, not the dependency's doing.
+        let bad = error_of(client.get("http://[::1")).await;
+        assert_eq!(classify(&bad), None);
+    }
+
+    #[tokio::test]
+    async fn reads_reqwest_timeouts_as_timeouts() {
+        // A server that accepts and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _keep = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(50))
+            .retry(reqwest::retry::never())
+            .build()
+            .unwrap();
+        let err = error_of(client.get(format!("http://{addr}/"))).await;
+        assert_eq!(classify(&err), Some(TransportError::Timeout), "{err:?}");
+    }
+
+    #[test]
+    fn a_refusal_from_a_stormguard_layer_below_is_final() {
+        let below = reqwest_middleware::Error::middleware(StormguardError::Denied(Denied::Queue));
+        assert_eq!(classify(&below), None);
+        // Anything else from a middleware below may have reached the dependency.
+        let other = reqwest_middleware::Error::middleware(std::fmt::Error);
+        assert_eq!(classify(&other), Some(TransportError::Reset));
+    }
+}

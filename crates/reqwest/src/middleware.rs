@@ -69,7 +69,7 @@ impl reqwest_middleware::Middleware for StormguardMiddleware {
 /// The whole request: the first attempt, then (only after a failure) the decision loop.
 async fn run(
     dep: &Dependency,
-    mut req: Request,
+    req: Request,
     extensions: &mut Extensions,
     next: Next<'_>,
 ) -> Result<Response> {
@@ -121,10 +121,7 @@ async fn run(
         other => other,
     };
     // A failure: the decision loop. The request is only needed again from here.
-    req = match spare {
-        Some(r) => r,
-        None => return single(dep, &facts, result),
-    };
+    let Some(req) = spare else { return single(dep, &facts, result) };
     let mut scopes = Vec::new();
     if let Some(s) = extensions.get::<FanOutScope>() {
         scopes.push(Scope::FanOut(s.clone()));
@@ -149,7 +146,8 @@ fn single(
     facts: &RequestFacts,
     result: std::result::Result<Response, Failed>,
 ) -> Result<Response> {
-    let Some(failed) = failed_attempt(&result) else { return finish(result, None) };
+    // The pushback is read here too: a hold it sets applies to every request's retries.
+    let Some(failed) = failed_attempt(dep, &result) else { return finish(result, None) };
     let mut state = RetryState::default();
     let mut rng = dep.request_rng();
     let decision =
@@ -165,13 +163,24 @@ fn single(
     }
 }
 
-/// The failure an attempt's outcome is, as the decision reads it: `None` for a success or a
-/// final refusal.
-fn failed_attempt(result: &std::result::Result<Response, Failed>) -> Option<FailedAttempt> {
+/// The failure an attempt's outcome is, as the decision reads it, with what the dependency said
+/// about retrying (`Retry-After` and the other pushback headers): `None` for a success or a final
+/// refusal.
+fn failed_attempt(
+    dep: &Dependency,
+    result: &std::result::Result<Response, Failed>,
+) -> Option<FailedAttempt> {
     match result {
         Ok(resp) => {
             let failure = classify_response(resp.status(), resp.headers())?;
-            Some(FailedAttempt { failure, unsent: false, pushback: None })
+            let pushback = dep.config().pushback_headers.read_pushback(
+                resp.headers(),
+                resp.status(),
+                SystemTime::now(),
+                dep.header_stats(),
+            );
+            dep.log_malformed_once();
+            Some(FailedAttempt { failure, unsent: false, pushback })
         }
         // A local refusal of this attempt: final, and nothing the budget counts.
         Err(Failed::Final(_)) => None,
@@ -192,37 +201,23 @@ async fn retry_loop(
     Loop { facts, scopes, deadline }: Loop,
     mut result: std::result::Result<Response, Failed>,
 ) -> Result<Response> {
-    let config = dep.config();
+    let body_limit = dep.config().body_limit;
     let mut rng = dep.request_rng();
     let mut state = RetryState::default();
     let mut charges: Option<RetryCharges> = None;
     let mut attempt: u32 = 1;
     loop {
         let now = dep.now();
-        let failed = match &result {
-            Ok(resp) => match classify_response(resp.status(), resp.headers()) {
-                None => {
-                    dep.policy().on_success(now, attempt > 1);
-                    if let Some(c) = charges.as_mut() {
-                        c.succeeded();
-                    }
-                    return finish(result, None);
+        let Some(failed) = failed_attempt(dep, &result) else {
+            // A success, or a local refusal of this attempt (final, and nothing the budget
+            // counts).
+            if result.is_ok() {
+                dep.policy().on_success(now, attempt > 1);
+                if let Some(c) = charges.as_mut() {
+                    c.succeeded();
                 }
-                Some(failure) => {
-                    let pushback = config.pushback_headers.read_pushback(
-                        resp.headers(),
-                        resp.status(),
-                        SystemTime::now(),
-                        dep.header_stats(),
-                    );
-                    dep.log_malformed_once();
-                    FailedAttempt { failure, unsent: false, pushback }
-                }
-            },
-            Err(_) => match failed_attempt(&result) {
-                Some(failed) => failed,
-                None => return finish(result, None),
-            },
+            }
+            return finish(result, None);
         };
         // The failed retry has finished: its budget permit (a concurrency budget's count of
         // retries in flight) ends here, not when the next retry is admitted.
@@ -251,7 +246,7 @@ async fn retry_loop(
         // Keep the failed response until the retry is sent; reading it to the end also frees
         // its slot.
         let kept = match result {
-            Ok(resp) => match response::keep(resp, config.body_limit).await {
+            Ok(resp) => match response::keep(resp, body_limit).await {
                 Ok(kept) => Ok(kept),
                 Err(partial) => {
                     // Too large to keep: give the caller this response, not a retry.
@@ -309,7 +304,7 @@ fn finish(
     result: std::result::Result<Response, Failed>,
     reason: Option<Denied>,
 ) -> Result<Response> {
-    let source: stormguard_tower::BoxError = match (result, reason) {
+    let (source, reason): (stormguard_tower::BoxError, Denied) = match (result, reason) {
         (Ok(mut resp), reason) => {
             if let Some(r) = reason {
                 resp.extensions_mut().insert(r);
@@ -318,10 +313,9 @@ fn finish(
         }
         (Err(Failed::Final(e)), _) | (Err(Failed::Transport(e, _)), None) => return Err(e),
         (Err(Failed::Timeout), None) => return Err(refused(StormguardError::Timeout)),
-        (Err(Failed::Transport(e, _)), Some(_)) => Box::new(e),
-        (Err(Failed::Timeout), Some(_)) => Box::new(StormguardError::Timeout),
+        (Err(Failed::Transport(e, _)), Some(reason)) => (Box::new(e), reason),
+        (Err(Failed::Timeout), Some(reason)) => (Box::new(StormguardError::Timeout), reason),
     };
-    let reason = reason.expect("only a refused retry reaches here");
     Err(refused(StormguardError::NotRetried { reason, source }))
 }
 

@@ -139,8 +139,12 @@ async fn the_slot_is_held_until_the_response_body_ends_or_is_dropped() {
     let dep = rich();
     let client = guarded(&dep);
     let limiter = &dep.upstream().limiter;
-    let resp = client.get(server.url("/")).send().await.unwrap();
+    let resp = client.get(server.url("/?q=1")).send().await.unwrap();
     assert_eq!(limiter.in_flight(), 1, "headers are here, the body is not read yet");
+    // The response is reqwest's as it was: its URL, its length, its connection info.
+    assert_eq!(resp.url().as_str(), server.url("/?q=1"));
+    assert_eq!(resp.content_length(), Some(6));
+    assert_eq!(resp.remote_addr(), Some(server.addr));
     drop(resp);
     assert_eq!(limiter.in_flight(), 0, "a dropped body frees its slot");
     let resp = client.get(server.url("/")).send().await.unwrap();
@@ -254,4 +258,51 @@ async fn a_post_refused_by_http2_before_processing_is_retried() {
     let err = client.post(format!("http://{addr}/")).body("pay").send().await.unwrap_err();
     assert_eq!(err.denied(), Some(Denied::Attempts), "{err:?}");
     assert_eq!(streams.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_pushback_holds_every_retry_even_one_from_a_request_sent_once() {
+    let (server, _) = asks_for_two_seconds().await;
+    let client = guarded(&rich());
+    // A streaming body is not retried, but its 503's Retry-After still holds the upstream...
+    let body = reqwest::Body::wrap(Full::new(Bytes::from_static(b"stream")));
+    let resp = client.put(server.url("/")).body(body).send().await.unwrap();
+    assert_eq!(resp.denied(), Some(Denied::Body));
+    // ...so another request's retry is refused while the hold lasts, not sent early.
+    let resp = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(resp.denied(), Some(Denied::Pushback));
+    assert_eq!(server.count(), 2);
+}
+
+#[tokio::test]
+async fn reqwest_and_tower_over_one_dependency_share_one_cap() {
+    use stormguard_tower::{ReplayBody, StormguardLayer};
+    use tower::{Layer, ServiceExt};
+
+    let server = scripted(|_, _| (200, vec![])).await;
+    let dep = dependency(|c| {
+        c.limiter.cap = 1;
+        c.limiter.queue_len = 0;
+    });
+    let held = guarded(&dep).get(server.url("/")).send().await.unwrap();
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = reached.clone();
+    let tower_client = StormguardLayer::new(dep.clone()).layer(tower::service_fn(
+        move |_req: http::Request<ReplayBody<Full<Bytes>>>| {
+            r.store(true, std::sync::atomic::Ordering::SeqCst);
+            async {
+                Ok::<_, stormguard_tower::BoxError>(http::Response::new(Full::new(Bytes::new())))
+            }
+        },
+    ));
+    let req = http::Request::new(ReplayBody::new(Full::new(Bytes::new()), 1024));
+    let err = tower_client.clone().oneshot(req).await.unwrap_err();
+    assert!(
+        matches!(err.downcast_ref(), Some(StormguardError::Denied(Denied::Queue))),
+        "the reqwest response holds the one slot: {err}"
+    );
+    assert!(!reached.load(std::sync::atomic::Ordering::SeqCst));
+    drop(held);
+    let req = http::Request::new(ReplayBody::new(Full::new(Bytes::new()), 1024));
+    assert!(tower_client.oneshot(req).await.is_ok());
 }
