@@ -566,8 +566,10 @@ fn finish<RB, E: Into<BoxError>>(
 }
 
 /// Waits for a primary's slot, racing the queue against its deadline and the limiter's own
-/// timed events (a held slot or a limit hint expiring).
-async fn acquire_primary(
+/// timed events (a held slot or a limit hint expiring). Public for clients that admit attempts
+/// outside tower (stormguard-reqwest): a refusal is [`Denied::Queue`] (the queue is full, or the
+/// wait passed its deadline).
+pub async fn acquire_primary(
     dep: &Dependency,
     limiter: &stormguard_core::limiter::Limiter,
     deadline: Option<Timestamp>,
@@ -619,7 +621,11 @@ impl<B> std::fmt::Debug for PermitBody<B> {
 }
 
 impl<B> PermitBody<B> {
-    fn new(
+    /// A body that holds its attempt's slots (under its upstream's cap, and under the total cap
+    /// when there is one) until it ends, fails or is dropped; an end releases them at the time
+    /// on `dependency`'s clock. Public for clients that admit attempts outside tower
+    /// (stormguard-reqwest).
+    pub fn new(
         inner: B,
         permit: Option<Permit>,
         total: Option<Permit>,

@@ -573,8 +573,9 @@ fn finish<RB>(
 }
 
 /// Reads a failed response's body to the end if it fits `limit`, releasing its slot; past the
-/// limit, returns what was read followed by the rest, untouched.
-async fn keep<RB>(
+/// limit, returns what was read followed by the rest, untouched. Public for clients that retry
+/// outside tower (stormguard-reqwest).
+pub async fn keep<RB>(
     resp: Response<RB>,
     limit: usize,
 ) -> Result<Response<RetryBody<RB>>, Response<RetryBody<RB>>>

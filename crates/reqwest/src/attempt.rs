@@ -1,0 +1,258 @@
+//! One attempt under the cap: a primary's admission (the tower [`Cap`](stormguard_tower::Cap)'s
+//! order of calls), then the send, under the breaker's probe and the per-try timeout.
+
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+use stormguard_core::Denied;
+use stormguard_core::breaker::{AttemptResult, BreakerPermit, BreakerState};
+use stormguard_core::clock::Timestamp;
+use stormguard_core::limiter::{AttemptKind, Permit};
+use stormguard_http::classify::{TransportError, classify_response, classify_transport};
+use stormguard_tower::cap::acquire_primary;
+use stormguard_tower::error::classify_error;
+use stormguard_tower::{Dependency, StormguardError};
+
+use crate::response;
+
+/// What an attempt holds: its slot under the upstream's cap, and one under the dependency's
+/// total cap when there is one (`None`s for a shadow-mode retry sent without a slot).
+pub(crate) type Slots = (Option<Permit>, Option<Permit>);
+
+/// How an attempt ended without a response.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// Below HTTP: the error as the chain below returned it, and what it was.
+    Transport(reqwest_middleware::Error, TransportError),
+    /// stormguard's per-try timeout (or the request's deadline) passed before response headers.
+    Timeout,
+    /// Final and nothing the dependency did: stormguard refused the attempt (its breaker probe,
+    /// an inner stormguard middleware), or reqwest refused the request before sending it (a bad
+    /// URL, a redirect loop). Not retried; the breaker does not count it.
+    Final(reqwest_middleware::Error),
+}
+
+/// Admits a primary: fails fast while the breaker is open; takes a free slot at once when
+/// nobody waits; otherwise waits in the dependency's FIFO queue (bounded in length, in time and
+/// by the deadline). With a total cap, its slot first, then the upstream's — always in this
+/// order, like the tower layer.
+pub(crate) async fn admit_primary(
+    dep: &Dependency,
+    deadline: Option<Timestamp>,
+) -> Result<Slots, Denied> {
+    let now = dep.now();
+    let upstream = dep.upstream();
+    let policy = dep.policy();
+    if let Some(b) = &upstream.breaker
+        && matches!(b.state(now), BreakerState::Open { .. })
+    {
+        policy.on_primary_refused(Denied::Breaker);
+        return Err(Denied::Breaker);
+    }
+    let fast = match dep.total() {
+        None => upstream.limiter.try_acquire_at(AttemptKind::Primary, now).ok().map(|p| (p, None)),
+        Some(t) => t.try_acquire_at(AttemptKind::Primary, now).ok().and_then(|total| {
+            let p = upstream.limiter.try_acquire_at(AttemptKind::Primary, now).ok()?;
+            Some((p, Some(total)))
+        }),
+    };
+    if let Some((p, total)) = fast {
+        policy.on_admitted(now);
+        return Ok((Some(p), total));
+    }
+    let queued = async {
+        let total = match dep.total() {
+            None => None,
+            Some(t) => Some(acquire_primary(dep, t, deadline).await?),
+        };
+        let p = acquire_primary(dep, &upstream.limiter, deadline).await?;
+        Ok::<_, Denied>((Some(p), total))
+    };
+    match queued.await {
+        Ok(slots) => {
+            policy.on_admitted(dep.now());
+            Ok(slots)
+        }
+        Err(reason) => {
+            policy.on_primary_refused(reason);
+            Err(reason)
+        }
+    }
+}
+
+/// Sends an admitted attempt down the rest of the chain and returns its response holding its
+/// slots, or how it failed. The breaker's probe is taken here, for first tries and retries
+/// alike; the per-try timeout runs to response headers.
+pub(crate) async fn send(
+    dep: &Dependency,
+    next: Next<'_>,
+    extensions: &mut Extensions,
+    req: Request,
+    slots: Slots,
+    deadline: Option<Timestamp>,
+) -> Result<Response, Failed> {
+    let now = dep.now();
+    let probe = match dep.upstream().breaker.as_ref().map(|b| b.try_acquire(now)) {
+        Some(Err(_)) => {
+            // Open, or half-open with every probe place taken, since this attempt was admitted.
+            drop(slots);
+            dep.policy().counters().denied(Denied::Breaker);
+            let refused = StormguardError::Denied(Denied::Breaker);
+            return Err(Failed::Final(reqwest_middleware::Error::middleware(refused)));
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    let per_try = match (dep.config().per_try_timeout, deadline) {
+        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
+        (Some(t), None) => Some(t),
+        (None, Some(d)) => Some(d.saturating_since(now)),
+        (None, None) => None,
+    };
+    let call = next.run(req, extensions);
+    let result = match per_try {
+        None => call.await,
+        Some(limit) => match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The call is dropped, but the dependency is still working on the request:
+                // its slot is held for timeout_slot_hold.
+                timed_out(dep, slots, probe);
+                return Err(Failed::Timeout);
+            }
+        },
+    };
+    match result {
+        Ok(resp) => {
+            if let Some(p) = probe {
+                let counted = match classify_response(resp.status(), resp.headers()) {
+                    None => AttemptResult::Success,
+                    Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
+                    Some(_) => AttemptResult::NotCounted,
+                };
+                p.record(dep.now(), counted);
+            }
+            dep.apply_limits_at(0, resp.headers());
+            Ok(response::holding(resp, slots, dep))
+        }
+        Err(e) => match classify(&e) {
+            None => {
+                if let Some(p) = probe {
+                    p.record(dep.now(), AttemptResult::NotCounted);
+                }
+                drop(slots);
+                Err(Failed::Final(e))
+            }
+            // reqwest's own timeout: the dependency is still working on it, as after ours.
+            Some(TransportError::Timeout) => {
+                timed_out(dep, slots, probe);
+                Err(Failed::Transport(e, TransportError::Timeout))
+            }
+            Some(kind) => {
+                if let Some(p) = probe {
+                    let (failure, _) = classify_transport(kind);
+                    let counted = if failure.counts_for_breaker() {
+                        AttemptResult::UpstreamFailure
+                    } else {
+                        AttemptResult::NotCounted
+                    };
+                    p.record(dep.now(), counted);
+                }
+                drop(slots);
+                Err(Failed::Transport(e, kind))
+            }
+        },
+    }
+}
+
+/// A timed-out attempt: the breaker counts it, and its slots are held for `timeout_slot_hold`,
+/// since the dependency keeps working on the request its client gave up on.
+fn timed_out(dep: &Dependency, (permit, total): Slots, probe: Option<BreakerPermit>) {
+    if let Some(p) = probe {
+        p.record(dep.now(), AttemptResult::UpstreamFailure);
+    }
+    let hold: Duration = dep.config().timeout_slot_hold;
+    // Dropping a held slot keeps the hold; the limiter gives the slot back when it passes.
+    drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
+}
+
+/// What an error from the rest of the chain was, read by type, never by message; `None` for an
+/// error that is final and not the dependency's doing.
+///
+/// reqwest says itself whether it was connecting (nothing was sent: a connect failure, even
+/// when the connect timed out) or timed out (its own `timeout`); the rest is read from the
+/// error's source chain as the tower layer reads hyper's (`h2`'s `REFUSED_STREAM`, hyper's
+/// parse errors, I/O errors), and anything unknown is a reset: it may have reached the
+/// dependency.
+pub(crate) fn classify(error: &reqwest_middleware::Error) -> Option<TransportError> {
+    match error {
+        reqwest_middleware::Error::Reqwest(e) if e.is_builder() || e.is_redirect() => None,
+        reqwest_middleware::Error::Reqwest(e) if e.is_connect() => Some(TransportError::Connect),
+        reqwest_middleware::Error::Reqwest(e) if e.is_timeout() => Some(TransportError::Timeout),
+        reqwest_middleware::Error::Reqwest(e) => Some(classify_error(e)),
+        reqwest_middleware::Error::Middleware(e) => {
+            match e.downcast_ref::<StormguardError>() {
+                // Another stormguard layer below refused it: final.
+                Some(StormguardError::Denied(_) | StormguardError::CallerBody { .. }) => None,
+                _ => Some(classify_error(&**e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loopback port nobody listens on.
+    fn closed_port() -> String {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        format!("http://{free}/")
+    }
+
+    async fn error_of(req: reqwest::RequestBuilder) -> reqwest_middleware::Error {
+        reqwest_middleware::Error::Reqwest(req.send().await.unwrap_err())
+    }
+
+    #[tokio::test]
+    async fn reads_reqwest_errors_by_what_reqwest_says() {
+        let client = reqwest::Client::new();
+        // Refused while connecting: nothing was sent, so even a POST may go again.
+        let refused = error_of(client.post(closed_port())).await;
+        assert_eq!(classify(&refused), Some(TransportError::Connect));
+        // A request reqwest could not build never left: final, not the dependency's doing.
+        let bad = error_of(client.get("http://[::1")).await;
+        assert_eq!(classify(&bad), None);
+    }
+
+    #[tokio::test]
+    async fn reads_reqwest_timeouts_as_timeouts() {
+        // A server that accepts and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _keep = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(50))
+            .retry(reqwest::retry::never())
+            .build()
+            .unwrap();
+        let err = error_of(client.get(format!("http://{addr}/"))).await;
+        assert_eq!(classify(&err), Some(TransportError::Timeout), "{err:?}");
+    }
+
+    #[test]
+    fn a_refusal_from_a_stormguard_layer_below_is_final() {
+        let below = reqwest_middleware::Error::middleware(StormguardError::Denied(Denied::Queue));
+        assert_eq!(classify(&below), None);
+        // Anything else from a middleware below may have reached the dependency.
+        let other = reqwest_middleware::Error::middleware(std::fmt::Error);
+        assert_eq!(classify(&other), Some(TransportError::Reset));
+    }
+}

@@ -1,0 +1,325 @@
+//! The middleware: the retry decision (docs/rules.md) on each failed attempt, every attempt
+//! under the cap — the tower [`Retry`](stormguard_tower::Retry) layer's order of calls, over
+//! reqwest's types.
+//!
+//! The decision itself is [`RetryPolicy::decide`](stormguard_core::decision::RetryPolicy::decide)
+//! and [`admit`](stormguard_core::decision::RetryPolicy::admit), the same code the tower layer,
+//! the proxy and the simulator run; this module only carries reqwest's requests and responses
+//! through it.
+
+use std::time::SystemTime;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Next, Result};
+use stormguard_core::Denied;
+use stormguard_core::clock::Timestamp;
+use stormguard_core::conditions::AttemptFailure;
+use stormguard_core::decision::{Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState};
+use stormguard_core::limiter::AttemptKind;
+use stormguard_core::scope::Scope;
+use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
+use stormguard_http::stacked::mark_attempt;
+use stormguard_tower::{
+    Deadline, Dependency, FanOutScope, Idempotent, RouteBudget, StormguardError,
+};
+
+use crate::attempt::{self, Failed};
+use crate::response;
+
+/// A [`reqwest_middleware::Middleware`] that puts every attempt to a dependency under its cap
+/// and its retries under its budget. See the [crate docs](crate).
+///
+/// Clones share the [`Dependency`]; so does a tower [`StormguardLayer`](stormguard_tower::StormguardLayer)
+/// built over the same one: a service that calls one dependency through both still has one cap
+/// and one budget.
+///
+/// Request extensions (`RequestBuilder::with_extension`) it reads: [`Idempotent`] (any method
+/// may be retried), [`Deadline`] (the whole request's, shortening the dependency's),
+/// [`RouteBudget`] and [`FanOutScope`].
+#[derive(Clone, Debug)]
+pub struct StormguardMiddleware {
+    dependency: Dependency,
+}
+
+impl StormguardMiddleware {
+    /// The middleware for `dependency`.
+    pub fn new(dependency: Dependency) -> StormguardMiddleware {
+        StormguardMiddleware { dependency }
+    }
+
+    /// The dependency: its counters, limiter and budget (`snapshot`), and the metrics export.
+    pub fn dependency(&self) -> &Dependency {
+        &self.dependency
+    }
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for StormguardMiddleware {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> Result<Response> {
+        run(&self.dependency, req, extensions, next).await
+    }
+}
+
+/// The whole request: the first attempt, then (only after a failure) the decision loop.
+async fn run(
+    dep: &Dependency,
+    req: Request,
+    extensions: &mut Extensions,
+    next: Next<'_>,
+) -> Result<Response> {
+    let config = dep.config();
+    let route = extensions.get::<RouteBudget>().cloned();
+    let asked = extensions.get::<Deadline>().copied();
+    // Read the clock only when something needs the start time.
+    let start =
+        (config.deadline.is_some() || asked.is_some() || route.is_some()).then(|| dep.now());
+    let deadline = start.and_then(|now| {
+        let configured = config.deadline.map(|d| now.saturating_add(d));
+        let asked = asked.map(|d| {
+            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
+        });
+        match (configured, asked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    });
+    if let (Some(r), Some(now)) = (&route, start) {
+        r.0.record_request(now);
+    }
+    // The copy a retry sends: reqwest's own `try_clone`, which has none for a streaming body.
+    // Such a request is sent once, and its retry refused as `body`.
+    let spare = req.try_clone();
+    let facts = RequestFacts {
+        idempotent: is_idempotent(
+            req.method(),
+            req.headers(),
+            &config.idempotency_key,
+            extensions.get::<Idempotent>().is_some(),
+        ),
+        replayable: spare.is_some(),
+        stacked: config.stacked.arrived_as_retry(req.headers()),
+        deadline,
+    };
+    let slots = match attempt::admit_primary(dep, deadline).await {
+        Ok(slots) => slots,
+        Err(reason) => {
+            tracing::trace!(dependency = dep.name(), %reason, "first try refused");
+            return Err(refused(StormguardError::Denied(reason)));
+        }
+    };
+    let result = match attempt::send(dep, next.clone(), extensions, req, slots, deadline).await {
+        Ok(resp) if classify_response(resp.status(), resp.headers()).is_none() => {
+            dep.policy().on_success_with(|| dep.now(), false);
+            return Ok(resp);
+        }
+        other => other,
+    };
+    // A failure: the decision loop. The request is only needed again from here.
+    let Some(req) = spare else { return single(dep, &facts, result) };
+    let mut scopes = Vec::new();
+    if let Some(s) = extensions.get::<FanOutScope>() {
+        scopes.push(Scope::FanOut(s.clone()));
+    }
+    if let Some(r) = route {
+        scopes.push(Scope::Route(r.0));
+    }
+    retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline }, result).await
+}
+
+/// What the decision loop needs besides the request.
+struct Loop {
+    facts: RequestFacts,
+    scopes: Vec<Scope>,
+    deadline: Option<Timestamp>,
+}
+
+/// A request whose body cannot be sent again failed: the decision runs (and counts) as for any
+/// other, with a body that is not replayable, so a retry it would allow is refused as `body`.
+fn single(
+    dep: &Dependency,
+    facts: &RequestFacts,
+    result: std::result::Result<Response, Failed>,
+) -> Result<Response> {
+    // The pushback is read here too: a hold it sets applies to every request's retries.
+    let Some(failed) = failed_attempt(dep, &result) else { return finish(result, None) };
+    let mut state = RetryState::default();
+    let mut rng = dep.request_rng();
+    let decision =
+        dep.policy().decide(dep.now(), dep.upstream(), facts, &mut state, &failed, &[], &mut rng);
+    match decision {
+        Decision::NotRetryable => finish(result, None),
+        Decision::Denied(reason) => finish(result, Some(reason)),
+        // Never: a body that is not replayable is refused in every mode.
+        Decision::Retry(ticket) => {
+            dep.policy().give_up(dep.now(), ticket);
+            finish(result, Some(Denied::Body))
+        }
+    }
+}
+
+/// The failure an attempt's outcome is, as the decision reads it, with what the dependency said
+/// about retrying (`Retry-After` and the other pushback headers): `None` for a success or a final
+/// refusal.
+fn failed_attempt(
+    dep: &Dependency,
+    result: &std::result::Result<Response, Failed>,
+) -> Option<FailedAttempt> {
+    match result {
+        Ok(resp) => {
+            let failure = classify_response(resp.status(), resp.headers())?;
+            let pushback = dep.config().pushback_headers.read_pushback(
+                resp.headers(),
+                resp.status(),
+                SystemTime::now(),
+                dep.header_stats(),
+            );
+            dep.log_malformed_once();
+            Some(FailedAttempt { failure, unsent: false, pushback })
+        }
+        // A local refusal of this attempt: final, and nothing the budget counts.
+        Err(Failed::Final(_)) => None,
+        Err(Failed::Timeout) => Some(AttemptFailure::Timeout.into()),
+        Err(Failed::Transport(_, kind)) => {
+            let (failure, unsent) = classify_transport(*kind);
+            Some(FailedAttempt { failure, unsent, pushback: None })
+        }
+    }
+}
+
+/// The decision loop after the first attempt failed.
+async fn retry_loop(
+    dep: &Dependency,
+    req: Request,
+    extensions: &mut Extensions,
+    next: Next<'_>,
+    Loop { facts, scopes, deadline }: Loop,
+    mut result: std::result::Result<Response, Failed>,
+) -> Result<Response> {
+    let body_limit = dep.config().body_limit;
+    let mut rng = dep.request_rng();
+    let mut state = RetryState::default();
+    let mut charges: Option<RetryCharges> = None;
+    let mut attempt: u32 = 1;
+    loop {
+        let now = dep.now();
+        let Some(failed) = failed_attempt(dep, &result) else {
+            // A success, or a local refusal of this attempt (final, and nothing the budget
+            // counts).
+            if result.is_ok() {
+                dep.policy().on_success(now, attempt > 1);
+                if let Some(c) = charges.as_mut() {
+                    c.succeeded();
+                }
+            }
+            return finish(result, None);
+        };
+        // The failed retry has finished: its budget permit (a concurrency budget's count of
+        // retries in flight) ends here, not when the next retry is admitted.
+        drop(charges.take());
+        let decision = dep.policy().decide(
+            now,
+            dep.upstream(),
+            &facts,
+            &mut state,
+            &failed,
+            &scopes,
+            &mut rng,
+        );
+        let ticket = match decision {
+            Decision::NotRetryable => return finish(result, None),
+            Decision::Denied(reason) => {
+                tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
+                return finish(result, Some(reason));
+            }
+            Decision::Retry(ticket) => ticket,
+        };
+        let Some(mut this) = req.try_clone() else {
+            dep.policy().give_up(now, ticket);
+            return finish(result, Some(Denied::Body));
+        };
+        // Keep the failed response until the retry is sent; reading it to the end also frees
+        // its slot.
+        let kept = match result {
+            Ok(resp) => match response::keep(resp, body_limit).await {
+                Ok(kept) => Ok(kept),
+                Err(partial) => {
+                    // Too large to keep: give the caller this response, not a retry.
+                    dep.policy().give_up(dep.now(), ticket);
+                    return Ok(partial);
+                }
+            },
+            Err(e) => Err(e),
+        };
+        let wait = ticket.wait();
+        tracing::trace!(
+            dependency = dep.name(),
+            attempt,
+            wait_ms = wait.as_millis() as u64,
+            "retrying"
+        );
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        // With a total cap, a retry takes its slot there first, at once or not at all, like
+        // its upstream's.
+        let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(reason)) if dep.policy().enforce() => {
+                dep.policy().give_up(now, ticket);
+                dep.policy().counters().denied(reason);
+                return finish(kept, Some(reason));
+            }
+            Some(Err(reason)) => {
+                dep.policy().counters().shadow_denied(reason);
+                None
+            }
+        };
+        match dep.policy().admit(dep.upstream(), ticket, &mut state) {
+            Ok(mut admitted) => {
+                let slots = (admitted.take_permit(), total);
+                charges = Some(admitted.into_charges());
+                attempt += 1;
+                mark_attempt(this.headers_mut(), attempt);
+                result = attempt::send(dep, next.clone(), extensions, this, slots, deadline).await;
+            }
+            Err(reason) => {
+                tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
+                return finish(kept, Some(reason));
+            }
+        }
+    }
+}
+
+/// Returns the last outcome to the caller, with the reason its retry was refused: in the
+/// response's extensions, or around the error ([`StormguardError::NotRetried`]). An error whose
+/// failure was not retryable goes back as the chain below returned it.
+fn finish(
+    result: std::result::Result<Response, Failed>,
+    reason: Option<Denied>,
+) -> Result<Response> {
+    let (source, reason): (stormguard_tower::BoxError, Denied) = match (result, reason) {
+        (Ok(mut resp), reason) => {
+            if let Some(r) = reason {
+                resp.extensions_mut().insert(r);
+            }
+            return Ok(resp);
+        }
+        (Err(Failed::Final(e)), _) | (Err(Failed::Transport(e, _)), None) => return Err(e),
+        (Err(Failed::Timeout), None) => return Err(refused(StormguardError::Timeout)),
+        (Err(Failed::Transport(e, _)), Some(reason)) => (Box::new(e), reason),
+        (Err(Failed::Timeout), Some(reason)) => (Box::new(StormguardError::Timeout), reason),
+    };
+    Err(refused(StormguardError::NotRetried { reason, source }))
+}
+
+/// stormguard's own error, as reqwest-middleware carries it.
+fn refused(e: StormguardError) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::middleware(e)
+}
