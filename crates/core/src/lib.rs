@@ -31,6 +31,7 @@ pub mod histogram;
 pub mod limiter;
 pub mod plan;
 pub mod random;
+pub mod rate;
 pub mod scope;
 pub mod signals;
 mod sync;
