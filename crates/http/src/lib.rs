@@ -11,4 +11,5 @@
 pub mod body;
 pub mod classify;
 pub mod headers;
+pub mod provider;
 pub mod stacked;
