@@ -39,11 +39,13 @@
 #![warn(missing_docs)]
 
 pub mod load;
+pub mod provider;
 pub mod sampler;
 pub mod script;
 pub mod server;
 pub mod stats;
 
+pub use provider::{ProviderConfig, ProviderKind, UnknownProvider};
 pub use sampler::{Action, Draw, Latency, LatencyError, Sampler};
 pub use script::{
     BadRate, InvalidScript, OnDisconnect, Phase, PhaseError, Rate, RateLimit, Script, ScriptError,

@@ -68,6 +68,9 @@ pub struct ChaosConfig {
     /// The in-flight histogram has one bucket per integer up to this (default 4096); above it the
     /// percentiles fall back to the exact maximum.
     pub in_flight_buckets: u64,
+    /// Serve as a model provider (OpenAI- or Anthropic-shaped, with requests and tokens per
+    /// minute; see [`crate::provider`]). Default none.
+    pub provider: Option<crate::provider::ProviderConfig>,
 }
 
 impl ChaosConfig {
@@ -77,6 +80,7 @@ impl ChaosConfig {
             seed: script.seed.unwrap_or(0),
             on_disconnect: script.on_disconnect.unwrap_or_default(),
             in_flight_buckets: 4096,
+            provider: None,
             script,
         }
     }
@@ -210,6 +214,7 @@ struct Shared {
     epoch: RwLock<Arc<Epoch>>,
     in_flight_buckets: u64,
     stacked: StackedHeaders,
+    provider: Option<crate::provider::Provider>,
 }
 
 impl Shared {
@@ -234,6 +239,7 @@ impl Shared {
             epoch: RwLock::new(Arc::new(Epoch::new(phases.len(), config.in_flight_buckets))),
             in_flight_buckets: config.in_flight_buckets,
             stacked: StackedHeaders::default(),
+            provider: config.provider.map(crate::provider::Provider::new),
             names,
             phases,
         }
@@ -671,6 +677,30 @@ async fn handle(
     guard.record(|c| c.arrive(n, retry));
     let phase = &shared.phases[phase_index];
 
+    // As a model provider: the request's tokens are read from its body, and a request that
+    // would pass the requests or tokens per minute is answered 429, the provider's way.
+    let mut req = Some(req);
+    let mut taken = None;
+    if let Some(provider) = &shared.provider {
+        let body = read_body(req.take().expect("the request").into_body()).await;
+        match provider.take(&body) {
+            Ok(t) => taken = Some(t),
+            Err(wait) => {
+                guard.record(|c| c.event(Event::RateLimited));
+                let mut resp =
+                    respond(guard, StatusCode::TOO_MANY_REQUESTS, provider.limited_body());
+                let h = resp.headers_mut();
+                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                h.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+                let ms = wait.as_millis() + u128::from(wait.subsec_nanos() % 1_000_000 > 0);
+                h.insert(RETRY_AFTER_MS_HEADER.clone(), HeaderValue::from(ms as u64));
+                provider.headers(h);
+                return Ok(resp);
+            }
+        }
+    }
+
     if let Some(limiter) = &shared.limiters[phase_index]
         && let Err(wait) = limiter.try_take()
     {
@@ -694,11 +724,13 @@ async fn handle(
 
     // Read what the client sends, as a real server would; a client that leaves before its
     // request is complete simply drops this future.
-    let mut body = req.into_body();
-    if !body.is_end_stream() {
-        while let Some(frame) = body.frame().await {
-            if frame.is_err() {
-                break;
+    if let Some(req) = req {
+        let mut body = req.into_body();
+        if !body.is_end_stream() {
+            while let Some(frame) = body.frame().await {
+                if frame.is_err() {
+                    break;
+                }
             }
         }
     }
@@ -710,14 +742,14 @@ async fn handle(
             // The work is its own task, so the connection going away cannot cancel it.
             let (tx, rx) = oneshot::channel();
             tokio::spawn(async move {
-                let answer = work(guard, draw, h2, conn_reset, n).await;
+                let answer = work(guard, draw, h2, conn_reset, n, taken).await;
                 if let Err(Ok(resp)) = tx.send(answer) {
                     resp.into_body().client_gone();
                 }
             });
             rx.await.unwrap_or(Err(InjectedReset))
         }
-        _ => work(guard, draw, h2, conn_reset, n).await,
+        _ => work(guard, draw, h2, conn_reset, n, taken).await,
     }
 }
 
@@ -768,6 +800,7 @@ async fn work(
     h2: bool,
     conn_reset: Arc<AtomicBool>,
     n: u64,
+    taken: Option<crate::provider::Taken>,
 ) -> Answer {
     if !draw.latency.is_zero() {
         tokio::time::sleep(draw.latency).await;
@@ -794,9 +827,16 @@ async fn work(
             if truncate {
                 guard.record(|c| c.event(Event::Truncated));
             }
-            let body = shared.bodies[guard.phase].clone();
+            let body = match (&shared.provider, &taken) {
+                (Some(p), Some(t)) => p.ok_body(t.tokens),
+                _ => shared.bodies[guard.phase].clone(),
+            };
             let len = body.len();
             let mut resp = respond(guard, StatusCode::OK, body);
+            if taken.is_some() {
+                resp.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            }
             let b = resp.body_mut();
             if let Some(total) = phase.slow_body {
                 let chunks = len.clamp(1, 10);
@@ -816,7 +856,30 @@ async fn work(
         }
     };
     concurrency_headers(&mut resp, phase, n);
+    if let Some(p) = &shared.provider {
+        p.headers(resp.headers_mut());
+    }
     Ok(resp)
+}
+
+/// A request body, read whole up to 1 MiB (the rest read and dropped): what a provider counts
+/// tokens from.
+async fn read_body(mut body: Incoming) -> Bytes {
+    const MAX: usize = 1 << 20;
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => {
+                if let Ok(data) = f.into_data()
+                    && out.len() < MAX
+                {
+                    out.extend_from_slice(&data[..data.len().min(MAX - out.len())]);
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    out.freeze()
 }
 
 #[cfg(test)]

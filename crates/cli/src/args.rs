@@ -49,6 +49,13 @@ pub fn uri(text: &str) -> Result<Uri, http::uri::InvalidUri> {
     text.parse()
 }
 
+/// A model provider's shape, `openai` or `anthropic` (`chaos --provider`).
+pub fn provider(
+    text: &str,
+) -> Result<stormguard_chaos::ProviderKind, stormguard_chaos::UnknownProvider> {
+    text.parse()
+}
+
 /// A rate such as `200/s` or `5/100ms`.
 pub fn rate(text: &str) -> Result<Rate, BadRate> {
     text.parse()

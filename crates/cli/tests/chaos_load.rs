@@ -150,6 +150,8 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["chaos", "--status", "200"][..], "--status"),
         (&["chaos", "--latency", "soon"][..], "--latency"),
         (&["chaos", "--rate-limit", "lots"][..], "--rate-limit"),
+        (&["chaos", "--provider", "acme"][..], "--provider"),
+        (&["chaos", "--rpm", "10"][..], "--provider"),
         (&["load", "--target", "http://192.0.2.7:80/"][..], "not a loopback address"),
         (&["load", "--target", "http://127.0.0.1:1/", "--rate", "0/s"][..], "--rate"),
         (&["load", "--target", "http://127.0.0.1:1/", "--duration", "2h"][..], "duration"),
@@ -332,8 +334,44 @@ fn stop(child: Child) -> Value {
     let pid = child.id().to_string();
     assert!(StdCommand::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
+    assert!(out.status.success(), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `stormguard chaos --provider openai --rpm 2`: OpenAI-shaped answers with `usage`, its
+/// rate-limit headers, and a 429 past two requests a minute, counted in the printed stats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_binary_plays_a_model_provider() {
+    let (child, addr) = start_chaos(&["--provider", "openai", "--rpm", "2", "--tpm", "100000"]);
+    let client = reqwest_free_post(addr).await;
+    assert_eq!(client.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [200, 200, 429]);
+    let (_, first) = &client[0];
+    assert!(first.contains("\"completion_tokens\":7"), "{first}");
+    let stats = stop(child);
+    assert_eq!(stats["status_counts"]["429"], 1);
+}
+
+/// Three POSTs with `max_tokens = 7`, each on its own connection: (status, body).
+async fn reqwest_free_post(addr: SocketAddr) -> Vec<(u16, String)> {
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post("/v1/chat/completions")
+            .header("host", "chaos")
+            .body(http_body_util::Full::new(Bytes::from_static(br#"{"max_tokens":7}"#)))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        assert!(resp.headers().contains_key("x-ratelimit-remaining-requests"));
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        out.push((status, String::from_utf8_lossy(&body).into_owned()));
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

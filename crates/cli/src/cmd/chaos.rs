@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args, ValueEnum};
 use stormguard_chaos::{
-    ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, Rate, RateLimit, Script,
+    ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, ProviderConfig, ProviderKind, Rate,
+    RateLimit, Script,
 };
 use stormguard_core::decimal::format_duration;
 
@@ -33,6 +34,7 @@ Examples:
 
   # A server with its own limits: 20 in flight, 100 requests per second:
   stormguard chaos --max-concurrency 20 --rate-limit 100/s
+  stormguard chaos --provider openai --rpm 600 --tpm 40000
 
   # Phases over time (healthy, storm, slow, recovery) from a script; --check reads and checks
   # it (exit 2 naming file, line, column and key) and prints the phases without serving:
@@ -109,6 +111,17 @@ pub struct ChaosArgs {
     /// (finish, what real servers do; the default) or stop (cancel).
     #[arg(long, value_enum, value_name = "MODE")]
     pub on_disconnect: Option<Disconnect>,
+    /// Serve as a model provider: `openai` or `anthropic` shaped answers (JSON with `usage`),
+    /// the provider's rate-limit headers on every answer, and 429s past --rpm / --tpm with its
+    /// error body and `retry-after`. Tokens are counted from each request's body.
+    #[arg(long, value_name = "KIND", value_parser = args::provider)]
+    pub provider: Option<ProviderKind>,
+    /// The provider's requests per minute (a bucket of N, refilled continuously).
+    #[arg(long, value_name = "N", requires = "provider")]
+    pub rpm: Option<u64>,
+    /// The provider's tokens per minute, input and output together.
+    #[arg(long, value_name = "N", requires = "provider")]
+    pub tpm: Option<u64>,
     /// Seed for every random draw (default: the script's, or 0).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -226,6 +239,8 @@ pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
         Some(Disconnect::Cancel) => config.on_disconnect = OnDisconnect::Cancel,
         None => {}
     }
+    config.provider =
+        args.provider.map(|kind| ProviderConfig { kind, rpm: args.rpm, tpm: args.tpm });
     Ok(config)
 }
 
@@ -248,6 +263,9 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
             ChaosError::Invalid(m) => Failure::usage(m),
             e @ ChaosError::Bind { .. } => Failure::runtime(e.to_string()),
         })?;
+        // The signals are taken before the address is printed: a script that reads the line and
+        // stops the server at once must find SIGTERM handled (stats printed, exit 0), not fatal.
+        let signals = Signals::new();
         // A closed stderr must not stop the server: these lines are for people.
         let _ = writeln!(
             std::io::stderr(),
@@ -256,7 +274,7 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
             server.local_addr(),
             server.phase()
         );
-        wait_for_stop(&server, stop_after).await;
+        wait_for_stop(&server, signals, stop_after).await;
         let stats = server.stats();
         server.shutdown().await;
         Ok::<_, Failure>(stats)
@@ -294,12 +312,38 @@ fn summarize(args: &ChaosArgs, config: &ChaosConfig, out: &mut dyn Write) -> Res
     Ok(())
 }
 
+/// SIGTERM and SIGUSR1, handled from the moment this is made.
 #[cfg(unix)]
-async fn wait_for_stop(server: &stormguard_chaos::ChaosServer, stop_after: Option<Duration>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut usr1)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::user_defined1()))
-    else {
+struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+#[cfg(unix)]
+impl Signals {
+    fn new() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::terminate()), signal(SignalKind::user_defined1())) {
+            (Ok(term), Ok(usr1)) => Signals(Some((term, usr1))),
+            _ => Signals(None),
+        }
+    }
+}
+
+#[cfg(not(unix))]
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn new() -> Signals {
+        Signals
+    }
+}
+
+#[cfg(unix)]
+async fn wait_for_stop(
+    server: &stormguard_chaos::ChaosServer,
+    signals: Signals,
+    stop_after: Option<Duration>,
+) {
+    let Some((mut term, mut usr1)) = signals.0 else {
         return wait_plain(stop_after).await;
     };
     let deadline = sleep_or_forever(stop_after);
@@ -317,7 +361,11 @@ async fn wait_for_stop(server: &stormguard_chaos::ChaosServer, stop_after: Optio
 }
 
 #[cfg(not(unix))]
-async fn wait_for_stop(_server: &stormguard_chaos::ChaosServer, stop_after: Option<Duration>) {
+async fn wait_for_stop(
+    _server: &stormguard_chaos::ChaosServer,
+    _signals: Signals,
+    stop_after: Option<Duration>,
+) {
     wait_plain(stop_after).await
 }
 
