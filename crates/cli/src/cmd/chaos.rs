@@ -119,6 +119,9 @@ pub struct ChaosArgs {
     /// it is valid, 2 naming the file, line, column and key when not.
     #[arg(long)]
     pub check: bool,
+    /// The log's format.
+    #[command(flatten)]
+    pub log: crate::log::LogArgs,
 }
 
 /// A latency shape fitted to a p50 and a p99.
@@ -248,15 +251,16 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
             ChaosError::Invalid(m) => Failure::usage(m),
             e @ ChaosError::Bind { .. } => Failure::runtime(e.to_string()),
         })?;
-        // A closed stderr must not stop the server: these lines are for people.
-        let _ = writeln!(
-            std::io::stderr(),
-            "stormguard chaos: listening on http://{} (phase {}); GET /stats, POST /stats/reset, \
-             POST /phase/next",
-            server.local_addr(),
-            server.phase()
+        crate::log::status(
+            args.log.log_format,
+            &format!(
+                "stormguard chaos: listening on http://{} (phase {}); GET /stats, POST \
+                 /stats/reset, POST /phase/next",
+                server.local_addr(),
+                server.phase()
+            ),
         );
-        wait_for_stop(&server, stop_after).await;
+        wait_for_stop(&server, stop_after, args.log.log_format).await;
         let stats = server.stats();
         server.shutdown().await;
         Ok::<_, Failure>(stats)
@@ -295,7 +299,11 @@ fn summarize(args: &ChaosArgs, config: &ChaosConfig, out: &mut dyn Write) -> Res
 }
 
 #[cfg(unix)]
-async fn wait_for_stop(server: &stormguard_chaos::ChaosServer, stop_after: Option<Duration>) {
+async fn wait_for_stop(
+    server: &stormguard_chaos::ChaosServer,
+    stop_after: Option<Duration>,
+    format: crate::log::LogFormat,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut usr1)) =
         (signal(SignalKind::terminate()), signal(SignalKind::user_defined1()))
@@ -310,14 +318,18 @@ async fn wait_for_stop(server: &stormguard_chaos::ChaosServer, stop_after: Optio
             _ = term.recv() => break,
             () = &mut deadline => break,
             _ = usr1.recv() => {
-                let _ = writeln!(std::io::stderr(), "stormguard chaos: phase {}", server.next_phase());
+                crate::log::status(format, &format!("stormguard chaos: phase {}", server.next_phase()));
             }
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_stop(_server: &stormguard_chaos::ChaosServer, stop_after: Option<Duration>) {
+async fn wait_for_stop(
+    _server: &stormguard_chaos::ChaosServer,
+    stop_after: Option<Duration>,
+    _format: crate::log::LogFormat,
+) {
     wait_plain(stop_after).await
 }
 

@@ -137,6 +137,15 @@ pub struct ProxyArgs {
     /// Stop after this long (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub duration: Option<Duration>,
+    /// The access log: one line per request (method, path, dependency, route, client, status,
+    /// attempts, denial reason, slot wait, upstream and total time), appended to FILE in the
+    /// --log-format; /dev/stdout for standard output. Off by default, and never mixed into the
+    /// log on stderr.
+    #[arg(long, value_name = "FILE", value_parser = crate::log::access_log)]
+    pub access_log: Option<crate::log::AccessLog>,
+    /// The log's format.
+    #[command(flatten)]
+    pub log: crate::log::LogArgs,
 }
 
 /// Flags of `stormguard check-config`.
@@ -264,39 +273,65 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     runtime.block_on(async {
         let signals = Signals::register();
-        let proxy = stormguard_proxy::start(config).await.map_err(|e| match e {
-            e @ stormguard_proxy::StartError::Invalid(..) => Failure::usage(e.to_string()),
-            e => Failure::runtime(e.to_string()),
-        })?;
+        let proxy = stormguard_proxy::start(config).await.map_err(|e| start_failure(args, e))?;
+        let say = |text: String| crate::log::status(args.log.log_format, &text);
         for a in proxy.listen_addrs() {
-            let _ = writeln!(std::io::stderr(), "stormguard proxy: listening on http://{a}");
+            say(format!("stormguard proxy: listening on http://{a}"));
         }
         if let Some(a) = proxy.admin_addr() {
-            let _ = writeln!(std::io::stderr(), "stormguard proxy: admin on http://{a}");
+            say(format!("stormguard proxy: admin on http://{a}"));
         }
         match wait_for_stop(&proxy, stop_after, signals).await {
             Ending::Elapsed => proxy.shutdown().await,
             Ending::Signal => {
                 // The config in force now: a reload may have changed drain_timeout.
                 let drain_timeout = proxy.config().drain_timeout;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "stormguard proxy: draining (up to {} ms)",
-                    drain_timeout.as_millis()
-                );
+                say(format!("stormguard proxy: draining (up to {} ms)", drain_timeout.as_millis()));
                 let report = proxy.drain(drain_timeout).await;
-                let _ = writeln!(
-                    std::io::stderr(),
+                say(format!(
                     "stormguard proxy: drained in {} ms; {} connection(s) cut at the timeout",
                     report.took.as_millis(),
                     report.cut
-                );
+                ));
             }
         }
         Ok::<_, Failure>(())
     })?;
     runtime.shutdown_background();
     Ok(())
+}
+
+/// A start that failed, said for the command line: a listener that cannot bind names the flag
+/// (or the config key) that moves it.
+fn start_failure(args: &ProxyArgs, e: stormguard_proxy::StartError) -> Failure {
+    use stormguard_proxy::{Listener, StartError};
+    match e {
+        e @ StartError::Invalid(..) => Failure::usage(e.to_string()),
+        StartError::Bind { listener, addr, source } => {
+            let file = args.config.as_ref().map(|p| p.display().to_string());
+            let what = match listener {
+                Listener::Admin => format!("admin listener {addr}"),
+                Listener::Caller { index } if file.is_some() => format!("listener[{index}] {addr}"),
+                Listener::Caller { .. } => format!("listener {addr}"),
+            };
+            let fix = match (listener, &file) {
+                (Listener::Admin, None) => "pass --admin ADDR or --admin off".to_string(),
+                (Listener::Admin, Some(f)) => {
+                    format!("pass --admin ADDR or --admin off, or change `admin` in {f}")
+                }
+                (Listener::Caller { .. }, None) => "pass --listen ADDR".to_string(),
+                (Listener::Caller { index }, Some(f)) => {
+                    format!("change listener[{index}].listen in {f}")
+                }
+            };
+            let problem = match source.kind() {
+                std::io::ErrorKind::AddrInUse => "in use".to_string(),
+                _ => format!("cannot listen ({source})"),
+            };
+            Failure::runtime(format!("{what} {problem}: {fix}"))
+        }
+        e => Failure::runtime(e.to_string()),
+    }
 }
 
 /// Why the proxy stops.
@@ -350,14 +385,11 @@ async fn wait_for_stop(
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ending::Signal,
                     _ = term.recv() => return Ending::Signal,
-                    _ = hup.recv() => match proxy.reload_from_source().await {
-                        Ok(r) => {
-                            let _ = writeln!(std::io::stderr(), "stormguard proxy: reloaded: {r:?}");
-                        }
-                        Err(e) => {
-                            let _ = writeln!(std::io::stderr(), "stormguard proxy: reload refused: {e}");
-                        }
-                    },
+                    // The proxy logs the reload's one line: `config reloaded`, or `reload
+                    // refused` at warn with the reason.
+                    _ = hup.recv() => {
+                        let _ = proxy.reload_from_source().await;
+                    }
                     () = &mut deadline => return Ending::Elapsed,
                 }
             }
