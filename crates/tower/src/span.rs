@@ -43,7 +43,25 @@ pub fn attempt_span<B>(
     upstream: usize,
     resend_count: u32,
 ) -> Span {
-    let method = req.method().as_str();
+    let uri = req.uri();
+    let port = uri.port_u16().or(match uri.scheme_str() {
+        Some("https") => Some(443),
+        Some("http") => Some(80),
+        _ => None,
+    });
+    span_for(dependency, req.method().as_str(), uri.host(), port, upstream, resend_count)
+}
+
+/// [`attempt_span`] from its parts, for request types other than `http::Request`: the method,
+/// the host and port the request goes to (if known), the upstream's index and the resend count.
+pub fn span_for(
+    dependency: &Dependency,
+    method: &str,
+    host: Option<&str>,
+    port: Option<u16>,
+    upstream: usize,
+    resend_count: u32,
+) -> Span {
     let span = tracing::info_span!(
         target: "stormguard::attempt",
         "stormguard.attempt",
@@ -67,16 +85,12 @@ pub fn attempt_span<B>(
     }
     let upstreams = &dependency.config().upstreams;
     if upstreams.len() > 1 {
+        // A failover may rewrite the request below this layer: name the upstream, not a host.
         if let Some(u) = upstreams.get(upstream) {
             span.record("stormguard.upstream", u.name.as_str());
         }
-    } else if let Some(host) = req.uri().host() {
+    } else if let Some(host) = host {
         span.record("server.address", host);
-        let port = req.uri().port_u16().or(match req.uri().scheme_str() {
-            Some("https") => Some(443),
-            Some("http") => Some(80),
-            _ => None,
-        });
         if let Some(port) = port {
             span.record("server.port", port);
         }

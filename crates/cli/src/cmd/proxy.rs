@@ -24,7 +24,7 @@ use crate::args::{self, Admin};
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
-  # One upstream, a cap of 20 and a 25 % retry budget:
+  # One upstream, a cap of 20 and a 25 % retry budget (its dependency is named \"default\"):
   stormguard proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --cap 20 \\
     --budget ratio:percent=0.25,min_per_sec=3 --admin 127.0.0.1:9901
 
@@ -38,8 +38,14 @@ Admin: GET /metrics /healthz /readyz /config /stats.json /dashboard;
   A state change takes Content-Type: application/json and a Host that is the admin address
   (or, with --admin-token, Authorization: Bearer TOKEN):
   curl -X POST -H 'content-type: application/json' -d '{\"enabled\": false}' \\
-    127.0.0.1:9901/dependencies/NAME/retries
-The config format is in docs/proxy.md (limits, timeouts and security included).")]
+    127.0.0.1:9901/dependencies/default/retries
+  Started from flags, the one dependency is named \"default\" (NAME above, and the dependency
+  label of its metrics); a config file names its own.
+
+Logs go to stderr: STORMGUARD_LOG filters them (env-filter syntax, default \"info\"; \"debug\"
+shows each retry decision), --log-format json writes one JSON object a line, --access-log FILE
+writes one line per request apart.
+The config format is in docs/proxy.md (limits, timeouts, security and logs included).")]
 pub struct ProxyArgs {
     /// A TOML config. Beside it, --admin, --record, --shadow, --drain-timeout and the listener
     /// and admin access flags (--header-read-timeout, --idle-timeout, --max-connections,
@@ -54,7 +60,8 @@ pub struct ProxyArgs {
     /// Where callers connect.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// The dependency's address, http://host:port.
+    /// The dependency's address, http://host:port. The dependency is named "default" (the
+    /// `dependency` label of its metrics, /dependencies/default/... on the admin listener).
     #[arg(long, value_name = "URL", required_unless_present = "config", value_parser = args::uri)]
     pub upstream: Option<Uri>,
     /// Attempts in flight at once, first tries and retries.
