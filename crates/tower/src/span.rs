@@ -36,32 +36,29 @@ use crate::dependency::Dependency;
 pub const TARGET: &str = "stormguard::attempt";
 
 /// The span of one attempt of `req` to upstream `upstream`; `resend_count` is 0 for the first
-/// try, n for the nth retry. Disabled when no subscriber wants it.
+/// try, n for the nth retry. Disabled when no subscriber wants it (then nothing else is read).
 pub fn attempt_span<B>(
     dependency: &Dependency,
     req: &Request<B>,
     upstream: usize,
     resend_count: u32,
 ) -> Span {
-    let uri = req.uri();
-    let port = uri.port_u16().or(match uri.scheme_str() {
-        Some("https") => Some(443),
-        Some("http") => Some(80),
-        _ => None,
-    });
-    span_for(dependency, req.method().as_str(), uri.host(), port, upstream, resend_count)
+    let span = span_for(dependency, req.method().as_str(), upstream, resend_count);
+    if !span.is_disabled() && dependency.config().upstreams.len() <= 1 {
+        let uri = req.uri();
+        let port = uri.port_u16().or(match uri.scheme_str() {
+            Some("https") => Some(443),
+            Some("http") => Some(80),
+            _ => None,
+        });
+        record_server(&span, uri.host(), port);
+    }
+    span
 }
 
-/// [`attempt_span`] from its parts, for request types other than `http::Request`: the method,
-/// the host and port the request goes to (if known), the upstream's index and the resend count.
-pub fn span_for(
-    dependency: &Dependency,
-    method: &str,
-    host: Option<&str>,
-    port: Option<u16>,
-    upstream: usize,
-    resend_count: u32,
-) -> Span {
+/// [`attempt_span`] for request types other than `http::Request`: the method, the upstream's
+/// index and the resend count; add where it goes with [`record_server`].
+pub fn span_for(dependency: &Dependency, method: &str, upstream: usize, resend_count: u32) -> Span {
     let span = tracing::info_span!(
         target: "stormguard::attempt",
         "stormguard.attempt",
@@ -84,18 +81,24 @@ pub fn span_for(
         span.record("http.request.resend_count", resend_count);
     }
     let upstreams = &dependency.config().upstreams;
-    if upstreams.len() > 1 {
-        // A failover may rewrite the request below this layer: name the upstream, not a host.
-        if let Some(u) = upstreams.get(upstream) {
-            span.record("stormguard.upstream", u.name.as_str());
-        }
-    } else if let Some(host) = host {
-        span.record("server.address", host);
-        if let Some(port) = port {
-            span.record("server.port", port);
-        }
+    // With several upstreams a failover may rewrite the request below this layer: name the
+    // upstream, not a host.
+    if upstreams.len() > 1
+        && let Some(u) = upstreams.get(upstream)
+    {
+        span.record("stormguard.upstream", u.name.as_str());
     }
     span
+}
+
+/// Records the host and port an attempt goes to (`server.address`, `server.port`).
+pub fn record_server(span: &Span, host: Option<&str>, port: Option<u16>) {
+    if let Some(host) = host {
+        span.record("server.address", host);
+    }
+    if let Some(port) = port {
+        span.record("server.port", port);
+    }
 }
 
 /// Records the status an attempt got, and its failure if it is one.
