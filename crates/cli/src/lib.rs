@@ -1,7 +1,8 @@
 //! The `stormguard` command line: `plan`, `replay`, `proxy`, `check-config`, `chaos`, `load`,
 //! `demo`, `simulate` and `audit`, one module each under [`cmd`].
 //!
-//! `main.rs` only calls [`main_with_args`]; tests call [`run`] with their own output buffers.
+//! `main.rs` only calls [`main_with_args`], which installs the log ([`log`]) and runs; tests
+//! call [`run`] with their own output buffers.
 //! Exit codes: 0 success, 2 bad flags, SPEC, config or input (with one clear sentence on stderr),
 //! 1 anything else.
 
@@ -13,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 pub mod args;
 pub mod cmd;
+pub mod log;
 
 /// stormguard keeps a slow or failing dependency from turning into an outage: every attempt
 /// takes a slot under one concurrency cap, and retries spend a bounded budget.
@@ -95,7 +97,19 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
     }
 }
 
-/// Parses `args`, runs the command against stdout, and reports a failure on stderr.
+/// The log's format and the access log the command asks for (see [`log`]): the long-running
+/// commands have `--log-format`, the proxy `--access-log`; the others log text.
+fn logging(cli: &Cli) -> (log::LogFormat, Option<&log::AccessLog>) {
+    match &cli.command {
+        Command::Proxy(a) => (a.log.log_format, a.access_log.as_ref()),
+        Command::Chaos(a) => (a.log.log_format, None),
+        Command::Demo(a) => (a.log.log_format, None),
+        _ => (log::LogFormat::Text, None),
+    }
+}
+
+/// Parses `args`, installs the log, runs the command against stdout, and reports a failure on
+/// stderr.
 pub fn main_with_args<I, T>(args: I) -> ExitCode
 where
     I: IntoIterator<Item = T>,
@@ -116,6 +130,11 @@ where
         // clap prints help and version to stdout (exit 0) and errors to stderr (exit 2).
         Err(e) => e.exit(),
     };
+    let (format, access) = logging(&cli);
+    if let Err(f) = log::install(format, access) {
+        eprintln!("stormguard: {}", f.message);
+        return ExitCode::from(f.code);
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = run(cli, &mut out).and_then(|()| out.flush().map_err(Failure::from));

@@ -51,6 +51,15 @@
 //! Open becomes half-open by time alone: nothing needs to run when the break ends, and the next
 //! call with a later `now` sees it.
 //!
+//! ## Transitions
+//! The call that moves the state reports it, once, as a [`BreakerTransition`]:
+//! [`BreakerPermit::record`] (and [`Breaker::record`]) return the opening, the closing or the
+//! reopening they made, and [`BreakerPermit::transition`] says whether this permit is the first
+//! probe of a half-open period (so the half-open state is reported when it first admits a probe,
+//! not when the break ends). Of callers racing to move the state, only the one whose
+//! compare-exchange won reports it, so a log line or a counter fed from these sees each change
+//! exactly once. The breaker itself logs nothing.
+//!
 //! ## The state in atomics
 //! Every attempt asks the breaker first, so admission is lock-free. The whole state machine is
 //! one `AtomicU64`: a tripped bit, the probes in flight (16 bits) and the end of the break in
@@ -217,6 +226,55 @@ impl BreakerState {
     }
 }
 
+/// A change of state, reported by the one call that made it (see "Transitions" in the
+/// [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BreakerTransition {
+    /// Closed → open: the failures passed the threshold. Nothing is admitted before `until`.
+    Opened {
+        /// When the break ends and probes may start.
+        until: Timestamp,
+    },
+    /// Open → half-open: the break ended and the first probe of the period was admitted.
+    HalfOpened,
+    /// Half-open → closed: a probe succeeded.
+    Closed,
+    /// Half-open → open: a probe failed. Nothing is admitted before `until`.
+    Reopened {
+        /// When the new break ends.
+        until: Timestamp,
+    },
+}
+
+impl BreakerTransition {
+    /// The state the breaker moved to.
+    pub fn state(self) -> BreakerState {
+        match self {
+            BreakerTransition::Opened { until } | BreakerTransition::Reopened { until } => {
+                BreakerState::Open { until }
+            }
+            BreakerTransition::HalfOpened => BreakerState::HalfOpen,
+            BreakerTransition::Closed => BreakerState::Closed,
+        }
+    }
+
+    /// `closed -> open`, `open -> half-open`, `half-open -> closed` or `half-open -> open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerTransition::Opened { .. } => "closed -> open",
+            BreakerTransition::HalfOpened => "open -> half-open",
+            BreakerTransition::Closed => "half-open -> closed",
+            BreakerTransition::Reopened { .. } => "half-open -> open",
+        }
+    }
+}
+
+impl fmt::Display for BreakerTransition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An attempt was refused by the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum BreakerOpen {
@@ -248,6 +306,9 @@ struct Shared {
     state: AtomicU64,
     /// Failures recorded in a row since the last success.
     run: AtomicU64,
+    /// The end of the last break (ms) whose half-open period has admitted a probe: the first
+    /// probe of each period reports [`BreakerTransition::HalfOpened`].
+    half_opened: AtomicU64,
     successes: [AtomicU64; SLICES],
     failures: [AtomicU64; SLICES],
 }
@@ -261,6 +322,8 @@ struct Shared {
 pub struct BreakerPermit {
     shared: Arc<Shared>,
     kind: Kind,
+    /// The first probe of its half-open period.
+    first_probe: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,6 +374,7 @@ impl Breaker {
                 break_nanos: duration_nanos(config.break_duration),
                 state: AtomicU64::new(0),
                 run: AtomicU64::new(0),
+                half_opened: AtomicU64::new(0),
                 successes: std::array::from_fn(|_| AtomicU64::new(0)),
                 failures: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
@@ -344,7 +408,13 @@ impl Breaker {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    return Ok(self.permit(Kind::Probe { until: until_ms(word) }));
+                    let until = until_ms(word);
+                    // Break ends only grow, so each period is reported once. Relaxed: the
+                    // value orders nothing else.
+                    let first = shared.half_opened.fetch_max(until, Ordering::Relaxed) < until;
+                    let mut permit = self.permit(Kind::Probe { until });
+                    permit.first_probe = first;
+                    return Ok(permit);
                 }
                 Err(actual) => word = actual,
             }
@@ -352,13 +422,14 @@ impl Breaker {
     }
 
     fn permit(&self, kind: Kind) -> BreakerPermit {
-        BreakerPermit { shared: Arc::clone(&self.shared), kind }
+        BreakerPermit { shared: Arc::clone(&self.shared), kind, first_probe: false }
     }
 
     /// Records an attempt sent without a permit. Counts only while the breaker is closed; in the
-    /// other states the attempt should not have been sent, and it decides nothing.
-    pub fn record(&self, now: Timestamp, result: AttemptResult) {
-        self.shared.record_closed(now, result);
+    /// other states the attempt should not have been sent, and it decides nothing. Returns the
+    /// opening when this record tripped the breaker.
+    pub fn record(&self, now: Timestamp, result: AttemptResult) -> Option<BreakerTransition> {
+        self.shared.record_closed(now, result)
     }
 
     /// The state now.
@@ -412,13 +483,13 @@ impl Shared {
         ((s % SLICES as u64) as usize, s as u32)
     }
 
-    fn record_closed(&self, now: Timestamp, result: AttemptResult) {
+    fn record_closed(&self, now: Timestamp, result: AttemptResult) -> Option<BreakerTransition> {
         if result == AttemptResult::NotCounted {
-            return;
+            return None;
         }
         let word = self.state.load(Ordering::Acquire);
         if tripped(word) {
-            return;
+            return None;
         }
         let (idx, tag) = self.slice(now);
         match result {
@@ -432,11 +503,12 @@ impl Shared {
                 add(&self.failures[idx], tag);
                 let run = self.run.fetch_add(1, Ordering::Relaxed).saturating_add(1);
                 if self.should_trip(run, tag) {
-                    self.trip(now, word);
+                    return self.trip(now, word);
                 }
             }
             AttemptResult::NotCounted => {}
         }
+        None
     }
 
     fn should_trip(&self, run: u64, current: u32) -> bool {
@@ -450,21 +522,30 @@ impl Shared {
                 > u128::from(total) * u128::from(self.config.failure_ratio.millionths())
     }
 
-    /// Opens a closed breaker, unless a racing caller already changed its state.
-    fn trip(&self, now: Timestamp, closed: u64) {
-        let open = TRIPPED | self.break_end(now, until_ms(closed));
+    /// Opens a closed breaker, unless a racing caller already changed its state; the opening
+    /// when this call made it.
+    fn trip(&self, now: Timestamp, closed: u64) -> Option<BreakerTransition> {
+        let until = self.break_end(now, until_ms(closed));
         // One winner: a caller that lost the race finds the breaker tripped already.
-        let _ = self.state.compare_exchange(closed, open, Ordering::AcqRel, Ordering::Acquire);
+        self.state
+            .compare_exchange(closed, TRIPPED | until, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| BreakerTransition::Opened { until: Timestamp::from_millis(until) })
     }
 
     /// Applies a probe's result to the half-open period that ended its break at `until`. A probe
-    /// of an earlier period changes nothing.
-    fn finish_probe(&self, now: Timestamp, until: u64, result: AttemptResult) {
+    /// of an earlier period changes nothing. Returns the closing or reopening it made.
+    fn finish_probe(
+        &self,
+        now: Timestamp,
+        until: u64,
+        result: AttemptResult,
+    ) -> Option<BreakerTransition> {
         let mut word = self.state.load(Ordering::Acquire);
         let mut cleared = false;
         loop {
             if !tripped(word) || until_ms(word) != until || probes(word) == 0 {
-                return;
+                return None;
             }
             let next = match result {
                 AttemptResult::Success => {
@@ -482,7 +563,15 @@ impl Shared {
             };
             match self.state.compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => {
+                    return match result {
+                        AttemptResult::Success => Some(BreakerTransition::Closed),
+                        AttemptResult::UpstreamFailure => Some(BreakerTransition::Reopened {
+                            until: Timestamp::from_millis(until_ms(next)),
+                        }),
+                        AttemptResult::NotCounted => None,
+                    };
+                }
                 Err(actual) => word = actual,
             }
         }
@@ -534,15 +623,22 @@ impl BreakerPermit {
         matches!(self.kind, Kind::Probe { .. })
     }
 
+    /// [`BreakerTransition::HalfOpened`] when this permit is the first probe of its half-open
+    /// period (its admission is when the breaker was first seen half-open), else `None`.
+    pub fn transition(&self) -> Option<BreakerTransition> {
+        self.first_probe.then_some(BreakerTransition::HalfOpened)
+    }
+
     /// Records how the attempt ended. Admitted while closed, it counts if the breaker is still
     /// closed. A probe: a success closes the breaker, an upstream failure opens it for another
     /// `break_duration`, and [`NotCounted`](AttemptResult::NotCounted) frees its place and
-    /// decides nothing.
-    pub fn record(mut self, now: Timestamp, result: AttemptResult) {
+    /// decides nothing. Returns the change of state this record made, if it made one (of racing
+    /// records, only the one that made it reports it).
+    pub fn record(mut self, now: Timestamp, result: AttemptResult) -> Option<BreakerTransition> {
         match std::mem::replace(&mut self.kind, Kind::Done) {
             Kind::Closed => self.shared.record_closed(now, result),
             Kind::Probe { until } => self.shared.finish_probe(now, until, result),
-            Kind::Done => {}
+            Kind::Done => None,
         }
     }
 }
@@ -926,6 +1022,66 @@ mod tests {
                 BreakerState::HalfOpen => panic!("a probe result was lost"),
             }
         }
+    }
+
+    /// Each change of state is reported once, by the call that made it: the trip, the first
+    /// probe of a half-open period (not the second), a probe's failure and a probe's success.
+    #[test]
+    fn each_transition_is_reported_once_by_the_call_that_made_it() {
+        let b = breaker(|c| {
+            c.consecutive_failures = Some(3);
+            c.half_open_probes = 2;
+        });
+        let t = ms(1_000);
+        let reports: Vec<_> =
+            (0..5).map(|_| b.try_acquire(t).map_or(None, |p| p.record(t, FAIL))).collect();
+        // The third failure trips it; the last two were refused (open), reporting nothing.
+        assert_eq!(
+            reports,
+            [None, None, Some(BreakerTransition::Opened { until: ms(6_000) }), None, None]
+        );
+        // The break ends: the first probe reports half-open, the second does not.
+        let first = b.try_acquire(ms(6_000)).unwrap();
+        let second = b.try_acquire(ms(6_000)).unwrap();
+        assert_eq!(first.transition(), Some(BreakerTransition::HalfOpened));
+        assert_eq!(second.transition(), None);
+        assert_eq!(
+            first.record(ms(6_001), FAIL),
+            Some(BreakerTransition::Reopened { until: ms(11_001) })
+        );
+        // A probe of the period that just ended reports nothing.
+        assert_eq!(second.record(ms(6_002), FAIL), None);
+        let probe = b.try_acquire(ms(11_001)).unwrap();
+        assert_eq!(probe.transition(), Some(BreakerTransition::HalfOpened));
+        // Given back unjudged, the place is free, and the next probe of the same period is no
+        // longer the first.
+        assert_eq!(probe.record(ms(11_001), SKIP), None);
+        let probe = b.try_acquire(ms(11_002)).unwrap();
+        assert_eq!(probe.transition(), None);
+        assert_eq!(probe.record(ms(11_003), OK), Some(BreakerTransition::Closed));
+        assert_eq!(b.state(ms(11_003)), BreakerState::Closed);
+        assert_eq!(BreakerTransition::Closed.to_string(), "half-open -> closed");
+        assert_eq!(BreakerTransition::Opened { until: ms(1) }.state().as_str(), "open");
+    }
+
+    /// Of many callers failing at once, exactly one reports the trip.
+    #[test]
+    fn a_racing_trip_is_reported_by_one_caller() {
+        let b = breaker(|c| c.consecutive_failures = Some(1));
+        let start = Arc::new(Barrier::new(8));
+        let permits: Vec<_> = (0..8).map(|_| b.try_acquire(ms(0)).unwrap()).collect();
+        let handles: Vec<_> = permits
+            .into_iter()
+            .map(|p| {
+                let start = start.clone();
+                thread::spawn(move || {
+                    start.wait();
+                    p.record(ms(0), FAIL)
+                })
+            })
+            .collect();
+        let reports: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(reports.iter().flatten().count(), 1, "{reports:?}");
     }
 }
 

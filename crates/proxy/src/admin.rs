@@ -204,8 +204,8 @@ impl Admin {
             tracing::warn!(
                 path = req.uri().path(),
                 reason = why.as_str(),
-                host = ?req.headers().get(http::header::HOST),
-                origin = ?req.headers().get(http::header::ORIGIN),
+                host = req.headers().get(http::header::HOST).and_then(|v| v.to_str().ok()),
+                origin = req.headers().get(http::header::ORIGIN).and_then(|v| v.to_str().ok()),
                 "admin state change refused"
             );
             let mut r = reply(status, "text/plain", format!("{text}\n"));

@@ -91,14 +91,49 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
-    /// An address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    /// A listener's address could not be bound (`listener[0] 127.0.0.1:8080: address in use`).
+    #[error("{listener} {addr}: {}", bind_reason(source))]
     Bind {
+        /// Which listener.
+        listener: Listener,
         /// The address asked for.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// Which listener a [`StartError::Bind`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// A caller listener: `[[listener]]` number `index` in the config (the only one, 0, when
+    /// started from flags).
+    Caller {
+        /// Its place in the config's listeners.
+        index: usize,
+    },
+    /// The admin listener (`admin`).
+    Admin,
+}
+
+impl std::fmt::Display for Listener {
+    /// `listener[0]` (the config's key) or `admin listener`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listener::Caller { index } => write!(f, "listener[{index}]"),
+            Listener::Admin => f.write_str("admin listener"),
+        }
+    }
+}
+
+/// Why an address could not be bound, in words: `in use` for the common case.
+fn bind_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => "address in use (another process listens there)".into(),
+        std::io::ErrorKind::AddrNotAvailable => "address not available on this host".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied (a port below 1024?)".into(),
+        _ => format!("cannot listen: {e}"),
+    }
 }
 
 /// A running proxy. Dropping it stops it too (without waiting).
@@ -181,7 +216,7 @@ impl ProxyHandle {
     pub async fn drain(mut self, timeout: Duration) -> DrainReport {
         let started = std::time::Instant::now();
         self.state.draining.store(true, Ordering::SeqCst);
-        tracing::info!(timeout_ms = timeout.as_millis() as u64, "draining");
+        tracing::debug!(timeout_ms = timeout.as_millis() as u64, "draining");
         let _ = self.listeners_stop.send(Stop::Drain);
         let mut tasks = std::mem::take(&mut self.listener_tasks);
         let drained = tokio::time::timeout(timeout, async {
@@ -200,7 +235,7 @@ impl ProxyHandle {
         }
         self.stop_rest().await;
         let took = started.elapsed();
-        tracing::info!(cut, took_ms = took.as_millis() as u64, "drained");
+        tracing::debug!(cut, took_ms = took.as_millis() as u64, "drained");
         DrainReport { cut, took }
     }
 
@@ -249,19 +284,31 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         None => None,
     };
     let mut bound = Vec::new();
-    for l in &config.listeners {
-        let listener = TcpListener::bind(l.listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: l.listen, source })?;
-        let addr =
-            listener.local_addr().map_err(|source| StartError::Bind { addr: l.listen, source })?;
+    for (index, l) in config.listeners.iter().enumerate() {
+        let bind_error = |source| StartError::Bind {
+            listener: Listener::Caller { index },
+            addr: l.listen,
+            source,
+        };
+        let listener = TcpListener::bind(l.listen).await.map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
         bound.push((listener, addr));
     }
+    // Every address is bound before anything starts: a start that fails leaves nothing running.
+    let admin_listener = match config.admin {
+        Some(a) => {
+            let bind_error =
+                |source| StartError::Bind { listener: Listener::Admin, addr: a, source };
+            let listener = TcpListener::bind(a).await.map_err(bind_error)?;
+            let bound_at = listener.local_addr().map_err(bind_error)?;
+            Some((a, listener, bound_at))
+        }
+        None => None,
+    };
     let addrs: Vec<SocketAddr> = bound.iter().map(|(_, a)| *a).collect();
     let max_connections = max_connections(&config);
     let built = reload::build(&config, None, &addrs, trace.as_ref())?;
     let source = config.source.clone();
-    let admin_at = config.admin;
     let (fleets, workers): (Vec<_>, Vec<_>) = built.fleets.into_iter().unzip();
     let state = Arc::new(State::new(built.shared, trace.clone(), source, fleets));
     rebuild_registry(&state);
@@ -306,11 +353,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         }));
     }
     let mut admin_addr = None;
-    if let Some(a) = admin_at {
-        let listener =
-            TcpListener::bind(a).await.map_err(|source| StartError::Bind { addr: a, source })?;
-        let bound_at =
-            listener.local_addr().map_err(|source| StartError::Bind { addr: a, source })?;
+    if let Some((a, listener, bound_at)) = admin_listener {
         admin_addr = Some(bound_at);
         if !a.ip().is_loopback() {
             tracing::warn!(

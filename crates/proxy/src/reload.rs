@@ -1,8 +1,9 @@
 //! Reload: a new config put in force while the proxy runs (SIGHUP, `POST /reload`,
 //! [`ProxyHandle::reload`](crate::ProxyHandle::reload)).
 //!
-//! The new config is validated first; a bad one is refused and logged, and the running one
-//! stays. Connections are not touched: each request is served by the generation of the config
+//! The new config is validated first; a bad one is refused, and the running one stays. Every
+//! reload is one log line: `config reloaded` at `info` with what changed, or `reload refused`
+//! at `warn` with the reason (the file, line, column and key of a bad file). Connections are not touched: each request is served by the generation of the config
 //! that was in force when it arrived, and finishes there. Per dependency:
 //!
 //! - **unchanged** (same settings): kept whole — budget balance, limiter (in flight, queue,
@@ -34,7 +35,8 @@ use crate::record::TraceFile;
 use crate::scopes::TraceScopes;
 use crate::server::{DepRuntime, RouteRuntime, Shared, State};
 
-/// What a reload changed, by dependency name.
+/// What a reload changed, by dependency name. Shown as `changed: a; added: none; removed: none;
+/// unchanged: b, c`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReloadReport {
     /// Kept whole.
@@ -45,6 +47,31 @@ pub struct ReloadReport {
     pub added: Vec<String>,
     /// Gone (requests in flight finish on them).
     pub removed: Vec<String>,
+}
+
+impl std::fmt::Display for ReloadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "changed: {}; added: {}; removed: {}; unchanged: {}",
+            Names(&self.changed),
+            Names(&self.added),
+            Names(&self.removed),
+            Names(&self.unchanged)
+        )
+    }
+}
+
+/// Dependency names for a log line: `a, b`, or `none`.
+struct Names<'a>(&'a [String]);
+
+impl std::fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&self.0.join(", "))
+    }
 }
 
 /// Why a reload was refused. The running config stays in force.
@@ -234,23 +261,28 @@ pub(crate) async fn reload(
 ) -> Result<ReloadReport, ReloadError> {
     let _one_at_a_time = state.reload_lock.lock().await;
     let result = apply(state, config);
-    match &result {
+    account(state, &result);
+    result
+}
+
+/// Counts a reload and writes its one log line.
+fn account(state: &State, result: &Result<ReloadReport, ReloadError>) {
+    match result {
         Ok(r) => {
             state.reloads.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
-                unchanged = ?r.unchanged,
-                changed = ?r.changed,
-                added = ?r.added,
-                removed = ?r.removed,
+                changed = %Names(&r.changed),
+                added = %Names(&r.added),
+                removed = %Names(&r.removed),
+                unchanged = %Names(&r.unchanged),
                 "config reloaded"
             );
         }
         Err(e) => {
             state.reloads_refused.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "reload refused; the running config stays");
+            tracing::warn!(reason = %e, "reload refused; the running config stays");
         }
     }
-    result
 }
 
 fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, ReloadError> {
@@ -292,11 +324,11 @@ fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, Reload
 
 /// Reads the config file again and puts it in force.
 pub(crate) async fn reload_from_source(state: &Arc<State>) -> Result<ReloadReport, ReloadError> {
-    let Some(path) = state.source.clone() else {
-        state.reloads_refused.fetch_add(1, Ordering::Relaxed);
-        return Err(ReloadError::NoSource);
+    let read = match state.source.clone() {
+        None => Err(ReloadError::NoSource),
+        Some(path) => ProxyConfig::load(&path).map_err(ReloadError::File),
     };
-    match ProxyConfig::load(&path) {
+    match read {
         Ok(mut config) => {
             // What the command line set over the file when the proxy started holds over the
             // file as it is now, too.
@@ -304,9 +336,9 @@ pub(crate) async fn reload_from_source(state: &Arc<State>) -> Result<ReloadRepor
             reload(state, config).await
         }
         Err(e) => {
-            state.reloads_refused.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "reload refused; the running config stays");
-            Err(ReloadError::File(e))
+            let refused = Err(e);
+            account(state, &refused);
+            refused
         }
     }
 }

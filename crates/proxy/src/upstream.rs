@@ -87,7 +87,10 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
     http.set_nodelay(true);
     // https:// URIs go through the TLS layer, which needs the TCP connector to accept them.
     http.enforce_http(false);
-    let tls = tls_config(&dep.tls)?;
+    // Roots matter only to a dependency with an https:// upstream: only it warns when there are
+    // none.
+    let https = dep.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
+    let tls = tls_config_for(&dep.tls, https.then_some(dep.name.as_str()))?;
     let builder = HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
     let https = if dep.http2.prior_knowledge {
         // HTTP/2 only: ALPN offers `h2` alone.
@@ -195,8 +198,18 @@ impl TlsError {
 }
 
 /// The rustls client config of a dependency: roots, ALPN (set by the connector), client
-/// certificate.
+/// certificate. Logs nothing (the config check calls it too).
 pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
+    tls_config_for(tls, None)
+}
+
+/// [`tls_config`] for the client of the dependency `needs_roots` names when it has an https://
+/// upstream: with no `ca_file` and no system root, that one logs one warning (every handshake
+/// will fail).
+fn tls_config_for(
+    tls: &TlsConfig,
+    needs_roots: Option<&str>,
+) -> Result<rustls::ClientConfig, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     match &tls.ca_file {
         Some(path) => {
@@ -209,10 +222,13 @@ pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
         None => {
             let native = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(native.certs);
-            if added == 0 {
+            if added == 0
+                && let Some(dependency) = needs_roots
+            {
                 // Not an error here: every handshake will fail, and say so.
                 tracing::warn!(
-                    errors = native.errors.len(),
+                    dependency,
+                    error = native.errors.first().map(tracing::field::display),
                     "no system root certificates found; https upstreams need tls.ca_file"
                 );
             }

@@ -717,9 +717,8 @@ impl FleetWorker {
         let s = &self.shared;
         let c = &s.config;
         self.unreported = 0;
-        if let Some(old) = &self.epoch
-            && *old != grant.epoch
-        {
+        let data_lost = self.epoch.as_ref().is_some_and(|old| *old != grant.epoch);
+        if data_lost {
             s.data_loss.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 dependency = %c.dependency,
@@ -751,8 +750,31 @@ impl FleetWorker {
         s.syncs_ok.fetch_add(1, Ordering::Relaxed);
         let mode = if grant.quiet { FleetMode::Quiet } else { FleetMode::Fleet };
         let was = FleetMode::from_u8(s.mode.swap(mode as u8, Ordering::AcqRel));
-        if was == FleetMode::Fallback {
-            tracing::info!(dependency = %c.dependency, redis = %c.redis, slots = grant.ceiling, "the fleet's Redis answers again: back on fleet leases");
+        // One line per change of mode (the data-loss line above already said why it went quiet).
+        let line = match (was, mode) {
+            (a, b) if a == b => None,
+            (_, FleetMode::Quiet) if data_lost => None,
+            (FleetMode::Fallback, _) => {
+                Some("the fleet's Redis answers again: back on fleet leases")
+            }
+            (FleetMode::Joining, FleetMode::Fleet) => Some("joined the fleet: holding a lease"),
+            (_, FleetMode::Quiet) => {
+                Some("the fleet is quiet: Redis grants nothing new for one lease ttl")
+            }
+            (FleetMode::Quiet, FleetMode::Fleet) => {
+                Some("the fleet's quiet period is over: leases are granted again")
+            }
+            _ => None,
+        };
+        if let Some(line) = line {
+            tracing::info!(
+                dependency = %c.dependency,
+                redis = %c.redis,
+                mode = mode.as_str(),
+                was = was.as_str(),
+                slots = grant.ceiling,
+                "{line}"
+            );
         }
     }
 
@@ -775,6 +797,8 @@ impl FleetWorker {
             tracing::warn!(
                 dependency = %c.dependency,
                 redis = %c.redis,
+                mode = FleetMode::Fallback.as_str(),
+                was = mode.as_str(),
                 error,
                 fallback_slots = fallback,
                 overcommit = c.fallback_overcommit(),

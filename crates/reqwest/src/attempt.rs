@@ -102,7 +102,10 @@ pub(crate) async fn send(
             let refused = StormguardError::Denied(Denied::Breaker);
             return Err(Failed::Final(reqwest_middleware::Error::middleware(refused)));
         }
-        Some(Ok(p)) => Some(p),
+        Some(Ok(p)) => {
+            stormguard_tower::cap::admitted_probe(dep, 0, &p);
+            Some(p)
+        }
         None => None,
     };
     let per_try = match (dep.config().per_try_timeout, deadline) {
@@ -132,7 +135,7 @@ pub(crate) async fn send(
                     Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
                     Some(_) => AttemptResult::NotCounted,
                 };
-                p.record(dep.now(), counted);
+                stormguard_tower::cap::record_probe(dep, 0, p, counted);
             }
             dep.apply_limits_at(0, resp.headers());
             Ok(response::holding(resp, slots, dep))
@@ -140,7 +143,7 @@ pub(crate) async fn send(
         Err(e) => match classify(&e) {
             None => {
                 if let Some(p) = probe {
-                    p.record(dep.now(), AttemptResult::NotCounted);
+                    stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::NotCounted);
                 }
                 drop(slots);
                 Err(Failed::Final(e))
@@ -158,7 +161,7 @@ pub(crate) async fn send(
                     } else {
                         AttemptResult::NotCounted
                     };
-                    p.record(dep.now(), counted);
+                    stormguard_tower::cap::record_probe(dep, 0, p, counted);
                 }
                 drop(slots);
                 Err(Failed::Transport(e, kind))
@@ -171,7 +174,7 @@ pub(crate) async fn send(
 /// since the dependency keeps working on the request its client gave up on.
 fn timed_out(dep: &Dependency, (permit, total): Slots, probe: Option<BreakerPermit>) {
     if let Some(p) = probe {
-        p.record(dep.now(), AttemptResult::UpstreamFailure);
+        stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::UpstreamFailure);
     }
     let hold: Duration = dep.config().timeout_slot_hold;
     // Dropping a held slot keeps the hold; the limiter gives the slot back when it passes.

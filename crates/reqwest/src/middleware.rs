@@ -23,6 +23,7 @@ use stormguard_http::stacked::mark_attempt;
 use stormguard_tower::{
     Deadline, Dependency, FanOutScope, Idempotent, RouteBudget, StormguardError,
 };
+use tracing::Span;
 
 use crate::attempt::{self, Failed};
 use crate::response;
@@ -113,7 +114,8 @@ async fn run(
             return Err(refused(StormguardError::Denied(reason)));
         }
     };
-    let result = match attempt::send(dep, next.clone(), extensions, req, slots, deadline).await {
+    let (span, result) = traced_send(dep, next.clone(), extensions, req, slots, deadline, 0).await;
+    let result = match result {
         Ok(resp) if classify_response(resp.status(), resp.headers()).is_none() => {
             dep.policy().on_success_with(|| dep.now(), false);
             return Ok(resp);
@@ -121,7 +123,7 @@ async fn run(
         other => other,
     };
     // A failure: the decision loop. The request is only needed again from here.
-    let Some(req) = spare else { return single(dep, &facts, result) };
+    let Some(req) = spare else { return single(dep, &facts, &span, result) };
     let mut scopes = Vec::new();
     if let Some(s) = extensions.get::<FanOutScope>() {
         scopes.push(Scope::FanOut(s.clone()));
@@ -129,7 +131,7 @@ async fn run(
     if let Some(r) = route {
         scopes.push(Scope::Route(r.0));
     }
-    retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline }, result).await
+    retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline, span }, result).await
 }
 
 /// What the decision loop needs besides the request.
@@ -137,6 +139,8 @@ struct Loop {
     facts: RequestFacts,
     scopes: Vec<Scope>,
     deadline: Option<Timestamp>,
+    /// The span of the attempt the loop judges next.
+    span: Span,
 }
 
 /// A request whose body cannot be sent again failed: the decision runs (and counts) as for any
@@ -144,21 +148,22 @@ struct Loop {
 fn single(
     dep: &Dependency,
     facts: &RequestFacts,
+    span: &Span,
     result: std::result::Result<Response, Failed>,
 ) -> Result<Response> {
     // The pushback is read here too: a hold it sets applies to every request's retries.
-    let Some(failed) = failed_attempt(dep, &result) else { return finish(result, None) };
+    let Some(failed) = failed_attempt(dep, &result) else { return finish_at(span, result, None) };
     let mut state = RetryState::default();
     let mut rng = dep.request_rng();
     let decision =
         dep.policy().decide(dep.now(), dep.upstream(), facts, &mut state, &failed, &[], &mut rng);
     match decision {
-        Decision::NotRetryable => finish(result, None),
-        Decision::Denied(reason) => finish(result, Some(reason)),
+        Decision::NotRetryable => finish_at(span, result, None),
+        Decision::Denied(reason) => finish_at(span, result, Some(reason)),
         // Never: a body that is not replayable is refused in every mode.
         Decision::Retry(ticket) => {
             dep.policy().give_up(dep.now(), ticket);
-            finish(result, Some(Denied::Body))
+            finish_at(span, result, Some(Denied::Body))
         }
     }
 }
@@ -198,7 +203,7 @@ async fn retry_loop(
     req: Request,
     extensions: &mut Extensions,
     next: Next<'_>,
-    Loop { facts, scopes, deadline }: Loop,
+    Loop { facts, scopes, deadline, mut span }: Loop,
     mut result: std::result::Result<Response, Failed>,
 ) -> Result<Response> {
     let body_limit = dep.config().body_limit;
@@ -217,7 +222,7 @@ async fn retry_loop(
                     c.succeeded();
                 }
             }
-            return finish(result, None);
+            return finish_at(&span, result, None);
         };
         // The failed retry has finished: its budget permit (a concurrency budget's count of
         // retries in flight) ends here, not when the next retry is admitted.
@@ -232,16 +237,16 @@ async fn retry_loop(
             &mut rng,
         );
         let ticket = match decision {
-            Decision::NotRetryable => return finish(result, None),
+            Decision::NotRetryable => return finish_at(&span, result, None),
             Decision::Denied(reason) => {
                 tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
-                return finish(result, Some(reason));
+                return finish_at(&span, result, Some(reason));
             }
             Decision::Retry(ticket) => ticket,
         };
         let Some(mut this) = req.try_clone() else {
             dep.policy().give_up(now, ticket);
-            return finish(result, Some(Denied::Body));
+            return finish_at(&span, result, Some(Denied::Body));
         };
         // Keep the failed response until the retry is sent; reading it to the end also frees
         // its slot.
@@ -274,7 +279,7 @@ async fn retry_loop(
             Some(Err(reason)) if dep.policy().enforce() => {
                 dep.policy().give_up(now, ticket);
                 dep.policy().counters().denied(reason);
-                return finish(kept, Some(reason));
+                return finish_at(&span, kept, Some(reason));
             }
             Some(Err(reason)) => {
                 dep.policy().counters().shadow_denied(reason);
@@ -287,14 +292,65 @@ async fn retry_loop(
                 charges = Some(admitted.into_charges());
                 attempt += 1;
                 mark_attempt(this.headers_mut(), attempt);
-                result = attempt::send(dep, next.clone(), extensions, this, slots, deadline).await;
+                let resend = attempt - 1;
+                (span, result) =
+                    traced_send(dep, next.clone(), extensions, this, slots, deadline, resend).await;
             }
             Err(reason) => {
                 tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
-                return finish(kept, Some(reason));
+                return finish_at(&span, kept, Some(reason));
             }
         }
     }
+}
+
+/// One attempt in its `tracing` span (tower's, named as OpenTelemetry names resends): the span
+/// records where it went, the status or failure, and is returned so a refusal of its retry can
+/// be recorded on it.
+async fn traced_send(
+    dep: &Dependency,
+    next: Next<'_>,
+    extensions: &mut Extensions,
+    req: Request,
+    slots: attempt::Slots,
+    deadline: Option<Timestamp>,
+    resend_count: u32,
+) -> (Span, std::result::Result<Response, Failed>) {
+    use tracing::Instrument;
+    let span = stormguard_tower::span::span_for(dep, req.method().as_str(), 0, resend_count);
+    if !span.is_disabled() {
+        let url = req.url();
+        stormguard_tower::span::record_server(&span, url.host_str(), url.port_or_known_default());
+    }
+    let result =
+        attempt::send(dep, next, extensions, req, slots, deadline).instrument(span.clone()).await;
+    match &result {
+        Ok(resp) => stormguard_tower::span::record_response(
+            &span,
+            resp.status(),
+            classify_response(resp.status(), resp.headers()),
+        ),
+        Err(Failed::Timeout) => {
+            stormguard_tower::span::record_failure(&span, AttemptFailure::Timeout)
+        }
+        Err(Failed::Transport(_, kind)) => {
+            stormguard_tower::span::record_failure(&span, classify_transport(*kind).0)
+        }
+        Err(Failed::Final(_)) => {}
+    }
+    (span, result)
+}
+
+/// [`finish`], the refusal (if any) recorded on the attempt's span.
+fn finish_at(
+    span: &Span,
+    result: std::result::Result<Response, Failed>,
+    reason: Option<Denied>,
+) -> Result<Response> {
+    if let Some(r) = reason {
+        stormguard_tower::span::record_denied(span, r);
+    }
+    finish(result, reason)
 }
 
 /// Returns the last outcome to the caller, with the reason its retry was refused: in the

@@ -33,7 +33,7 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use stormguard_core::Denied;
-use stormguard_core::breaker::{AttemptResult, BreakerState};
+use stormguard_core::breaker::{AttemptResult, BreakerPermit, BreakerState, BreakerTransition};
 use stormguard_core::clock::Timestamp;
 use stormguard_core::limiter::{AttemptKind, Permit};
 use stormguard_core::signals::Abandoned;
@@ -219,7 +219,12 @@ where
             dep.policy().counters().denied(Denied::Breaker);
             return CapFuture::boxed(refused(Denied::Breaker));
         }
-        Some(Ok(p)) => Some(p),
+        Some(Ok(p)) => {
+            if let Some(t) = p.transition() {
+                log_transition(&dep, target, t, now);
+            }
+            Some(p)
+        }
         None => None,
     };
     let per_try = match (dep.config().per_try_timeout, deadline) {
@@ -351,7 +356,7 @@ struct Attempt {
     permit: Option<Permit>,
     /// Its slot under the dependency's total cap, if there is one.
     total: Option<Permit>,
-    probe: Option<stormguard_core::breaker::BreakerPermit>,
+    probe: Option<BreakerPermit>,
     now: Timestamp,
     /// Which upstream.
     target: usize,
@@ -502,7 +507,7 @@ fn hold_slots(
     if let Some(p) = a.probe
         && why == Orphaned::TimedOut
     {
-        p.record(a.dep.now(), AttemptResult::UpstreamFailure);
+        judge(&a.dep, a.target, p, a.dep.now(), AttemptResult::UpstreamFailure);
     }
     (a.permit.map(|p| p.hold(hold)), a.total.map(|p| p.hold(hold)))
 }
@@ -534,7 +539,7 @@ fn finish<RB, E: Into<BoxError>>(
                     Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
                     Some(_) => AttemptResult::NotCounted,
                 };
-                p.record(now, counted);
+                judge(&dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep)))
@@ -557,11 +562,69 @@ fn finish<RB, E: Into<BoxError>>(
                 } else {
                     AttemptResult::NotCounted
                 };
-                p.record(now, counted);
+                judge(&dep, target, p, now, counted);
             }
             drop((permit, total));
             Err(StormguardError::Transport { kind, source: e }.into())
         }
+    }
+}
+
+/// Records an attempt's result on its breaker permit, and logs the change of state that made.
+fn judge(
+    dep: &Dependency,
+    target: usize,
+    probe: BreakerPermit,
+    now: Timestamp,
+    result: AttemptResult,
+) {
+    if let Some(t) = probe.record(now, result) {
+        log_transition(dep, target, t, now);
+    }
+}
+
+/// Records an attempt's result on its breaker probe and logs the change of state it made: for
+/// clients that send attempts outside tower (stormguard-reqwest), so their breaker says the
+/// same lines.
+pub fn record_probe(dep: &Dependency, target: usize, probe: BreakerPermit, result: AttemptResult) {
+    judge(dep, target, probe, dep.now(), result);
+}
+
+/// Logs the change a breaker probe's admission made (the first probe of a half-open period),
+/// for clients that take probes outside tower.
+pub fn admitted_probe(dep: &Dependency, target: usize, probe: &BreakerPermit) {
+    if let Some(t) = probe.transition() {
+        log_transition(dep, target, t, dep.now());
+    }
+}
+
+/// One line per change of a breaker's state: the breaker reports each change once, to the call
+/// that made it. Opening is a `warn` (attempts fail fast from now on); half-open and closed
+/// are `info`.
+fn log_transition(dep: &Dependency, target: usize, t: BreakerTransition, now: Timestamp) {
+    let upstream = dep.config().upstreams.get(target).map(|u| u.name.as_str());
+    match t {
+        BreakerTransition::Opened { until } | BreakerTransition::Reopened { until } => {
+            tracing::warn!(
+                dependency = dep.name(),
+                upstream,
+                transition = %t,
+                open_ms = until.saturating_since(now).as_millis() as u64,
+                "circuit breaker opened: attempts fail fast until the break ends"
+            );
+        }
+        BreakerTransition::HalfOpened => tracing::info!(
+            dependency = dep.name(),
+            upstream,
+            transition = %t,
+            "circuit breaker half-open: probes test the upstream"
+        ),
+        BreakerTransition::Closed => tracing::info!(
+            dependency = dep.name(),
+            upstream,
+            transition = %t,
+            "circuit breaker closed: a probe succeeded"
+        ),
     }
 }
 

@@ -618,9 +618,13 @@ impl Dependency {
         }
         let seen = self.inner.header_stats.snapshot();
         if seen.total() > 0 && !self.inner.malformed_logged.swap(true, Ordering::Relaxed) {
+            let header = stormguard_http::headers::HeaderKind::ALL
+                .into_iter()
+                .find(|k| seen.get(*k) > 0)
+                .map(|k| k.as_str());
             tracing::warn!(
                 dependency = %self.inner.config.name,
-                malformed = ?seen,
+                header,
                 "the dependency sent a malformed header; it was ignored (logged once, counted always)"
             );
         }

@@ -34,6 +34,7 @@ pub mod extensions;
 pub mod metrics;
 pub mod record;
 pub mod retry;
+pub mod span;
 
 pub use cap::{BodyReceived, Cap, CapLayer, PermitBody, TimeLeft};
 pub use dependency::{

@@ -8,6 +8,10 @@
 //! budget — and the first refusal is the reason. The failed response (body up to the body limit)
 //! is kept until the retry is sent, so a caller whose retry is refused gets the last response,
 //! with the reason in its extensions ([`Denied`]).
+//!
+//! Each attempt runs in its own `tracing` span ([`span`](crate::span): OpenTelemetry's
+//! `http.request.resend_count`, the refusal's reason), and each decision is a `debug` event in
+//! the span of the attempt it judged: `retrying`, `retry refused` with its reason, `not retried`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,6 +33,8 @@ use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
 use tower::{Layer, Service, ServiceExt};
+use tracing::Instrument;
+use tracing::instrument::Instrumented;
 
 use crate::cap::BoxFuture;
 use crate::dependency::Dependency;
@@ -36,6 +42,7 @@ use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::{AdmittedSlot, AttemptDeadline, UpstreamTarget};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
+use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
 /// How to send a request body again, and how to read a response. Implement it for request
 /// types other than `http::Request<ReplayBody<B>>` (e.g. a tonic client whose bodies are
@@ -199,13 +206,14 @@ where
         1 => 0,
         _ => dep.primary_target(start.unwrap_or_else(|| dep.now())),
     };
+    let span = attempt_span(&dep, &req, target, 0);
     // The first attempt sends a copy too: the original keeps the body for the next one.
     let Some(body) = policy.clone_body(req.body()) else {
         let mut req = req;
         if target != 0 {
             req.extensions_mut().insert(UpstreamTarget(target));
         }
-        return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline, id)) };
+        return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline, id, span)) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.
@@ -217,7 +225,7 @@ where
         this.extensions_mut().insert(UpstreamTarget(target));
     }
     let spare = first.clone();
-    let attempt = first.call(this);
+    let attempt = span.in_scope(|| first.call(this)).instrument(span);
     RetryFuture::First {
         attempt,
         rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id, target })),
@@ -249,11 +257,11 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
-        /// The first attempt is in flight; `rest` (the service, the policy and the replayable
-        /// request) is used only after a failure.
+        /// The first attempt is in flight, in its span; `rest` (the service, the policy and the
+        /// replayable request) is used only after a failure.
         First {
             #[pin]
-            attempt: S::Future,
+            attempt: Instrumented<S::Future>,
             rest: Option<Box<Rest<S, P, B>>>,
         },
         /// Retrying, or finished without a first attempt.
@@ -289,8 +297,8 @@ where
         loop {
             let next = match self.as_mut().project() {
                 RetryProj::Boxed { fut } => return fut.as_mut().poll(cx),
-                RetryProj::First { attempt, rest } => {
-                    let result = match attempt.poll(cx) {
+                RetryProj::First { mut attempt, rest } => {
+                    let result = match attempt.as_mut().poll(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(r) => r,
                     };
@@ -298,6 +306,7 @@ where
                     if let Ok(resp) = &result
                         && r.policy.classify(resp.status(), resp.headers()).is_none()
                     {
+                        record_response(attempt.span(), resp.status(), None);
                         r.dep.policy().on_success_with(|| r.dep.now(), false);
                         if r.id.is_some() {
                             r.dep.record(r.id, r.dep.now(), TraceOp::Success(false));
@@ -305,7 +314,7 @@ where
                         return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
                     }
                     // A failure: the decision loop, in its own allocation.
-                    Box::pin(after_failure(*r, result))
+                    Box::pin(after_failure(*r, result, attempt.span().clone()))
                 }
             };
             self.set(RetryFuture::Boxed { fut: next });
@@ -313,10 +322,12 @@ where
     }
 }
 
-/// The decision loop after the first attempt failed.
+/// The decision loop after the first attempt failed; `span` is the span of the attempt that
+/// `result` came from.
 async fn after_failure<S, P, B, RB>(
     rest: Rest<S, P, B>,
     mut result: Result<Response<RB>, BoxError>,
+    mut span: tracing::Span,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
@@ -356,6 +367,7 @@ where
         let failed = match &result {
             Ok(resp) => match policy.classify(resp.status(), resp.headers()) {
                 None => {
+                    record_response(&span, resp.status(), None);
                     dep.policy().on_success(now, attempt > 1);
                     if let Some(c) = charges.as_mut() {
                         c.succeeded();
@@ -369,6 +381,7 @@ where
                     return Ok(result?.map(RetryBody::live));
                 }
                 Some(failure) => {
+                    record_response(&span, resp.status(), Some(failure));
                     let pushback = config.pushback_headers.read_pushback(
                         resp.headers(),
                         resp.status(),
@@ -380,14 +393,20 @@ where
                 }
             },
             Err(e) => {
-                if let Some(StormguardError::Denied(_) | StormguardError::CallerBody { .. }) =
-                    e.downcast_ref::<StormguardError>()
-                {
+                match e.downcast_ref::<StormguardError>() {
                     // A local refusal of this attempt (queue, breaker), or the caller's own body
                     // failing: final, and nothing the budget or the breaker counts.
-                    return Err(result.err().expect("an error"));
+                    Some(StormguardError::Denied(reason)) => {
+                        record_denied(&span, *reason);
+                        return Err(result.err().expect("an error"));
+                    }
+                    Some(StormguardError::CallerBody { .. }) => {
+                        return Err(result.err().expect("an error"));
+                    }
+                    _ => {}
                 }
                 let (failure, unsent) = classify_transport(classify_error(&**e));
+                record_failure(&span, failure);
                 FailedAttempt { failure, unsent, pushback: None }
             }
         };
@@ -417,9 +436,14 @@ where
             &scopes,
             &mut rng,
         );
+        let failure = failed.failure;
         let ticket = match decision {
-            Decision::NotRetryable => return finish(result, None),
+            Decision::NotRetryable => {
+                tracing::debug!(parent: &span, dependency = dep.name(), attempt, %failure, "not retried: the failure is not in retry_on");
+                return finish(result, None);
+            }
             Decision::Denied(reason) => {
+                refused(&span, &dep, attempt, failure, reason);
                 if id.is_some() && reached_budget(reason) {
                     dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
                 }
@@ -429,6 +453,7 @@ where
         };
         let Some(next_body) = policy.clone_body(req.body()) else {
             dep.policy().give_up(now, ticket);
+            refused(&span, &dep, attempt, failure, Denied::Body);
             return finish(result, Some(Denied::Body));
         };
         // Keep the failed response until the retry is sent; reading it to the end also frees
@@ -439,15 +464,22 @@ where
                 Err(partial) => {
                     // Too large to keep: give the caller this response, not a retry.
                     dep.policy().give_up(dep.now(), ticket);
+                    tracing::debug!(parent: &span, dependency = dep.name(), attempt, %failure, body_limit = config.body_limit, "not retried: the failed response is larger than body_limit, so it goes to the caller as it is");
                     return Ok(partial);
                 }
             },
             Err(e) => Err(e),
         };
         let wait = ticket.wait();
+        tracing::debug!(parent: &span, dependency = dep.name(), attempt, %failure, backoff_ms = wait.as_millis() as u64, "retrying");
+        // The failed attempt's span ends here: the backoff belongs to no attempt.
+        drop(std::mem::replace(&mut span, tracing::Span::none()));
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
+        // The retry's own span, open from the end of its backoff: a retry refused its slot now
+        // is an attempt that never reached the dependency, with the reason.
+        span = attempt_span(&dep, &req, next, attempt);
         // With a total cap across the upstreams, a retry takes its slot there first, at once
         // or not at all, like its upstream's.
         let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
@@ -456,6 +488,7 @@ where
             Some(Err(reason)) if dep.policy().enforce() => {
                 dep.policy().give_up(now, ticket);
                 dep.policy().counters().denied(reason);
+                refused(&span, &dep, attempt + 1, failure, reason);
                 if id.is_some() {
                     dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
                 }
@@ -486,11 +519,12 @@ where
                 target = next;
                 let mut s = svc.clone();
                 result = match s.ready().await {
-                    Ok(ready) => ready.call(this).await,
+                    Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
                     Err(e) => Err(e),
                 };
             }
             Err(reason) => {
+                refused(&span, &dep, attempt + 1, failure, reason);
                 if id.is_some() && reached_budget(reason) {
                     dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
                 }
@@ -498,6 +532,19 @@ where
             }
         }
     }
+}
+
+/// A refused retry: the reason on the attempt's span, and the `debug` line. `attempt` is the
+/// attempt the span belongs to (the failed one, or the retry refused its slot).
+fn refused(
+    span: &tracing::Span,
+    dep: &Dependency,
+    attempt: u32,
+    failure: AttemptFailure,
+    reason: Denied,
+) {
+    record_denied(span, reason);
+    tracing::debug!(parent: span, dependency = dep.name(), attempt, %failure, %reason, "retry refused");
 }
 
 /// Returns the kept response of the last failed attempt (or its error), marked with the
@@ -516,13 +563,14 @@ fn not_retried(source: BoxError, reason: Denied) -> BoxError {
     StormguardError::NotRetried { reason, source }.into()
 }
 
-/// Sends a request whose body can't be copied, once, with no retry.
+/// Sends a request whose body can't be copied, once, with no retry, in `span`.
 async fn single<S, B, RB>(
     dep: Dependency,
     svc: S,
     mut req: Request<B>,
     deadline: Option<Timestamp>,
     id: Option<u64>,
+    span: tracing::Span,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
@@ -531,21 +579,29 @@ where
     if let Some(d) = deadline {
         req.extensions_mut().insert(AttemptDeadline(d));
     }
-    let resp = match svc.oneshot(req).await {
+    let resp = match svc.oneshot(req).instrument(span.clone()).await {
         Ok(resp) => resp,
         Err(e) => {
-            let refused = matches!(
-                e.downcast_ref(),
-                Some(StormguardError::Denied(_) | StormguardError::CallerBody { .. })
-            );
-            if id.is_some() && !refused {
+            let refused = match e.downcast_ref() {
+                Some(StormguardError::Denied(reason)) => {
+                    record_denied(&span, *reason);
+                    true
+                }
+                Some(StormguardError::CallerBody { .. }) => true,
+                _ => false,
+            };
+            if !refused {
                 let (failure, _) = classify_transport(classify_error(&*e));
-                dep.record(id, dep.now(), TraceOp::Failure(failure.kind()));
+                record_failure(&span, failure);
+                if id.is_some() {
+                    dep.record(id, dep.now(), TraceOp::Failure(failure.kind()));
+                }
             }
             return Err(e);
         }
     };
     let failure = classify_response(resp.status(), resp.headers());
+    record_response(&span, resp.status(), failure);
     if failure.is_none() {
         dep.policy().on_success_with(|| dep.now(), false);
     }

@@ -132,6 +132,9 @@ pub struct ChaosArgs {
     /// it is valid, 2 naming the file, line, column and key when not.
     #[arg(long)]
     pub check: bool,
+    /// The log's format.
+    #[command(flatten)]
+    pub log: crate::log::LogArgs,
 }
 
 /// A latency shape fitted to a p50 and a p99.
@@ -266,15 +269,16 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
         // The signals are taken before the address is printed: a script that reads the line and
         // stops the server at once must find SIGTERM handled (stats printed, exit 0), not fatal.
         let signals = Signals::new();
-        // A closed stderr must not stop the server: these lines are for people.
-        let _ = writeln!(
-            std::io::stderr(),
-            "stormguard chaos: listening on http://{} (phase {}); GET /stats, POST /stats/reset, \
-             POST /phase/next",
-            server.local_addr(),
-            server.phase()
+        crate::log::status(
+            args.log.log_format,
+            &format!(
+                "stormguard chaos: listening on http://{} (phase {}); GET /stats, POST \
+                 /stats/reset, POST /phase/next",
+                server.local_addr(),
+                server.phase()
+            ),
         );
-        wait_for_stop(&server, signals, stop_after).await;
+        wait_for_stop(&server, signals, stop_after, args.log.log_format).await;
         let stats = server.stats();
         server.shutdown().await;
         Ok::<_, Failure>(stats)
@@ -342,6 +346,7 @@ async fn wait_for_stop(
     server: &stormguard_chaos::ChaosServer,
     signals: Signals,
     stop_after: Option<Duration>,
+    format: crate::log::LogFormat,
 ) {
     let Some((mut term, mut usr1)) = signals.0 else {
         return wait_plain(stop_after).await;
@@ -354,7 +359,7 @@ async fn wait_for_stop(
             _ = term.recv() => break,
             () = &mut deadline => break,
             _ = usr1.recv() => {
-                let _ = writeln!(std::io::stderr(), "stormguard chaos: phase {}", server.next_phase());
+                crate::log::status(format, &format!("stormguard chaos: phase {}", server.next_phase()));
             }
         }
     }
@@ -365,6 +370,7 @@ async fn wait_for_stop(
     _server: &stormguard_chaos::ChaosServer,
     _signals: Signals,
     stop_after: Option<Duration>,
+    _format: crate::log::LogFormat,
 ) {
     wait_plain(stop_after).await
 }

@@ -24,7 +24,7 @@ use crate::args::{self, Admin};
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
-  # One upstream, a cap of 20 and a 25 % retry budget:
+  # One upstream, a cap of 20 and a 25 % retry budget (its dependency is named \"default\"):
   stormguard proxy --listen 127.0.0.1:8080 --upstream http://127.0.0.1:9000 --cap 20 \\
     --budget ratio:percent=0.25,min_per_sec=3 --admin 127.0.0.1:9901
 
@@ -38,8 +38,14 @@ Admin: GET /metrics /healthz /readyz /config /stats.json /dashboard;
   A state change takes Content-Type: application/json and a Host that is the admin address
   (or, with --admin-token, Authorization: Bearer TOKEN):
   curl -X POST -H 'content-type: application/json' -d '{\"enabled\": false}' \\
-    127.0.0.1:9901/dependencies/NAME/retries
-The config format is in docs/proxy.md (limits, timeouts and security included).")]
+    127.0.0.1:9901/dependencies/default/retries
+  Started from flags, the one dependency is named \"default\" (NAME above, and the dependency
+  label of its metrics); a config file names its own.
+
+Logs go to stderr: STORMGUARD_LOG filters them (env-filter syntax, default \"info\"; \"debug\"
+shows each retry decision), --log-format json writes one JSON object a line, --access-log FILE
+writes one line per request apart.
+The config format is in docs/proxy.md (limits, timeouts, security and logs included).")]
 pub struct ProxyArgs {
     /// A TOML config. Beside it, --admin, --record, --shadow, --drain-timeout and the listener
     /// and admin access flags (--header-read-timeout, --idle-timeout, --max-connections,
@@ -54,7 +60,8 @@ pub struct ProxyArgs {
     /// Where callers connect.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// The dependency's address, http://host:port.
+    /// The dependency's address, http://host:port. The dependency is named "default" (the
+    /// `dependency` label of its metrics, /dependencies/default/... on the admin listener).
     #[arg(long, value_name = "URL", required_unless_present = "config", value_parser = args::uri)]
     pub upstream: Option<Uri>,
     /// Attempts in flight at once, first tries and retries.
@@ -137,6 +144,15 @@ pub struct ProxyArgs {
     /// Stop after this long (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub duration: Option<Duration>,
+    /// The access log: one line per request (method, path, dependency, route, client, status,
+    /// attempts, denial reason, slot wait, upstream and total time), appended to FILE in the
+    /// --log-format; /dev/stdout for standard output. Off by default, and never mixed into the
+    /// log on stderr.
+    #[arg(long, value_name = "FILE", value_parser = crate::log::access_log)]
+    pub access_log: Option<crate::log::AccessLog>,
+    /// The log's format.
+    #[command(flatten)]
+    pub log: crate::log::LogArgs,
 }
 
 /// Flags of `stormguard check-config`.
@@ -264,39 +280,65 @@ pub fn run(args: &ProxyArgs, _out: &mut dyn Write) -> Result<(), Failure> {
     .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
     runtime.block_on(async {
         let signals = Signals::register();
-        let proxy = stormguard_proxy::start(config).await.map_err(|e| match e {
-            e @ stormguard_proxy::StartError::Invalid(..) => Failure::usage(e.to_string()),
-            e => Failure::runtime(e.to_string()),
-        })?;
+        let proxy = stormguard_proxy::start(config).await.map_err(|e| start_failure(args, e))?;
+        let say = |text: String| crate::log::status(args.log.log_format, &text);
         for a in proxy.listen_addrs() {
-            let _ = writeln!(std::io::stderr(), "stormguard proxy: listening on http://{a}");
+            say(format!("stormguard proxy: listening on http://{a}"));
         }
         if let Some(a) = proxy.admin_addr() {
-            let _ = writeln!(std::io::stderr(), "stormguard proxy: admin on http://{a}");
+            say(format!("stormguard proxy: admin on http://{a}"));
         }
         match wait_for_stop(&proxy, stop_after, signals).await {
             Ending::Elapsed => proxy.shutdown().await,
             Ending::Signal => {
                 // The config in force now: a reload may have changed drain_timeout.
                 let drain_timeout = proxy.config().drain_timeout;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "stormguard proxy: draining (up to {} ms)",
-                    drain_timeout.as_millis()
-                );
+                say(format!("stormguard proxy: draining (up to {} ms)", drain_timeout.as_millis()));
                 let report = proxy.drain(drain_timeout).await;
-                let _ = writeln!(
-                    std::io::stderr(),
+                say(format!(
                     "stormguard proxy: drained in {} ms; {} connection(s) cut at the timeout",
                     report.took.as_millis(),
                     report.cut
-                );
+                ));
             }
         }
         Ok::<_, Failure>(())
     })?;
     runtime.shutdown_background();
     Ok(())
+}
+
+/// A start that failed, said for the command line: a listener that cannot bind names the flag
+/// (or the config key) that moves it.
+fn start_failure(args: &ProxyArgs, e: stormguard_proxy::StartError) -> Failure {
+    use stormguard_proxy::{Listener, StartError};
+    match e {
+        e @ StartError::Invalid(..) => Failure::usage(e.to_string()),
+        StartError::Bind { listener, addr, source } => {
+            let file = args.config.as_ref().map(|p| p.display().to_string());
+            let what = match listener {
+                Listener::Admin => format!("admin listener {addr}"),
+                Listener::Caller { index } if file.is_some() => format!("listener[{index}] {addr}"),
+                Listener::Caller { .. } => format!("listener {addr}"),
+            };
+            let fix = match (listener, &file) {
+                (Listener::Admin, None) => "pass --admin ADDR or --admin off".to_string(),
+                (Listener::Admin, Some(f)) => {
+                    format!("pass --admin ADDR or --admin off, or change `admin` in {f}")
+                }
+                (Listener::Caller { .. }, None) => "pass --listen ADDR".to_string(),
+                (Listener::Caller { index }, Some(f)) => {
+                    format!("change listener[{index}].listen in {f}")
+                }
+            };
+            let problem = match source.kind() {
+                std::io::ErrorKind::AddrInUse => "in use".to_string(),
+                _ => format!("cannot listen ({source})"),
+            };
+            Failure::runtime(format!("{what} {problem}: {fix}"))
+        }
+        e => Failure::runtime(e.to_string()),
+    }
 }
 
 /// Why the proxy stops.
@@ -350,14 +392,11 @@ async fn wait_for_stop(
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ending::Signal,
                     _ = term.recv() => return Ending::Signal,
-                    _ = hup.recv() => match proxy.reload_from_source().await {
-                        Ok(r) => {
-                            let _ = writeln!(std::io::stderr(), "stormguard proxy: reloaded: {r:?}");
-                        }
-                        Err(e) => {
-                            let _ = writeln!(std::io::stderr(), "stormguard proxy: reload refused: {e}");
-                        }
-                    },
+                    // The proxy logs the reload's one line: `config reloaded`, or `reload
+                    // refused` at warn with the reason.
+                    _ = hup.recv() => {
+                        let _ = proxy.reload_from_source().await;
+                    }
                     () = &mut deadline => return Ending::Elapsed,
                 }
             }

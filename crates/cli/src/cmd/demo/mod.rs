@@ -89,6 +89,9 @@ pub struct DemoArgs {
     /// The upstreams' seed: the same seed draws the same errors and latencies.
     #[arg(long, value_name = "N", default_value_t = 7)]
     pub seed: u64,
+    /// The log's format.
+    #[command(flatten)]
+    pub log: crate::log::LogArgs,
 }
 
 use sample::*;
@@ -142,9 +145,11 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Progress on stderr: redrawn in place on a terminal, one line per phase otherwise.
+/// Progress on stderr: redrawn in place on a terminal, one line per phase otherwise (with
+/// `--log-format json`, one log event per phase).
 struct Progress {
     tty: bool,
+    format: crate::log::LogFormat,
 }
 
 impl Progress {
@@ -152,7 +157,7 @@ impl Progress {
         if self.tty {
             eprint!("\r{:100}\r", "");
         }
-        eprintln!("{text}");
+        crate::log::status(self.format, text);
     }
 
     fn status(&self, text: &str) {
@@ -163,7 +168,11 @@ impl Progress {
 }
 
 async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
-    let progress = Progress { tty: std::io::stderr().is_terminal() };
+    let format = args.log.log_format;
+    let progress = Progress {
+        tty: std::io::stderr().is_terminal() && format == crate::log::LogFormat::Text,
+        format,
+    };
     let plan = plan(duration);
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let start = |name: &'static str| {
