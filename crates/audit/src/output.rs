@@ -130,27 +130,14 @@ pub fn to_table(report: &Report) -> String {
             })
             .collect();
         let headers = ["SEVERITY", "LOCATION", "RULE", "RESOURCE"];
-        let mut widths = headers.map(str::len);
-        for r in &rows {
-            for (w, cell) in widths.iter_mut().zip(r) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        let line = |cells: [&str; 4]| {
-            let mut s = String::new();
-            for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-                if i == 3 {
-                    s.push_str(cell);
-                } else {
-                    s.push_str(&format!("{cell:<w$}  "));
-                }
-            }
-            s.push('\n');
-            s
-        };
-        out.push_str(&line(headers));
-        for (r, f) in rows.iter().zip(&report.findings) {
-            out.push_str(&line([&r[0], &r[1], &r[2], &r[3]]));
+        let mut all = vec![headers.map(str::to_string).to_vec()];
+        all.extend(rows.iter().map(|r| r.to_vec()));
+        let lines = stormguard_core::format::table(&all, |_| stormguard_core::format::Align::Left);
+        out.push_str(&lines[0]);
+        out.push('\n');
+        for (line, f) in lines[1..].iter().zip(&report.findings) {
+            out.push_str(line);
+            out.push('\n');
             out.push_str(&format!("    {}\n    fix: {}\n", f.message, f.fix));
         }
     }

@@ -73,6 +73,58 @@ fn fixed(x: f64, decimals: usize) -> String {
     }
 }
 
+/// How a column of a [`table`] is aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Padded on the right.
+    Left,
+    /// Padded on the left (numbers).
+    Right,
+}
+
+/// Rows laid out as text columns: each padded to its widest cell (counted in characters),
+/// two spaces between columns, and each line's trailing spaces trimmed. `align(c)` says how
+/// column `c` is aligned. Returns the lines, without newlines, for the caller to indent.
+///
+/// ```
+/// use stormguard_core::format::{Align, table};
+/// let rows = vec![
+///     vec!["policy".to_string(), "p99".to_string()],
+///     vec!["naive".to_string(), "1250".to_string()],
+///     vec!["stormguard".to_string(), "90".to_string()],
+/// ];
+/// let lines = table(&rows, |c| if c == 0 { Align::Left } else { Align::Right });
+/// assert_eq!(lines, ["policy       p99", "naive       1250", "stormguard    90"]);
+/// ```
+pub fn table(rows: &[Vec<String>], align: impl Fn(usize) -> Align) -> Vec<String> {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|row| {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(widths[c] - cell.chars().count());
+                match align(c) {
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&pad);
+                    }
+                    Align::Right => {
+                        line.push_str(&pad);
+                        line.push_str(cell);
+                    }
+                }
+            }
+            line.trim_end().to_string()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -563,24 +563,9 @@ fn pct3(x: f64) -> String {
 
 /// Columns padded to their widest cell: the first left-aligned, the rest right-aligned.
 fn table(out: &mut dyn Write, rows: &[Vec<String>]) -> io::Result<()> {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
-        .collect();
-    for row in rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let pad = widths[c] - cell.chars().count();
-            if c == 0 {
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad));
-            } else {
-                line.push_str("  ");
-                line.push_str(&" ".repeat(pad));
-                line.push_str(cell);
-            }
-        }
-        writeln!(out, "{}", line.trim_end())?;
+    use format::Align;
+    for line in format::table(rows, |c| if c == 0 { Align::Left } else { Align::Right }) {
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }

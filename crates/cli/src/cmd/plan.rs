@@ -161,19 +161,13 @@ fn table(plan: &Plan) -> String {
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
-        .collect();
-    let line = |cells: &[&str]| {
-        let parts: Vec<String> =
-            cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
-        format!("  {}\n", parts.join("  "))
-    };
+    let mut all = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    all.extend(rows.iter().map(|r| r.to_vec()));
+    let lines = stormguard_core::format::table(&all, |_| stormguard_core::format::Align::Right);
     s.push_str("  in flight at the dependency (cap ");
     let _ = writeln!(s, "{cap}):");
-    s.push_str(&line(&header));
-    for r in &rows {
-        s.push_str(&line(&r.iter().map(String::as_str).collect::<Vec<_>>()));
+    for l in lines {
+        let _ = writeln!(s, "  {l}");
     }
     s.push_str(
         "\n  retry once: every failure retried at once; with budget: retries shed past the cap\n  \
