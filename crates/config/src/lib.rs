@@ -50,6 +50,8 @@
 //! assert!(matches!(err, FileError::Invalid { line: 2, .. }));
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod de;
 
 use std::fmt;

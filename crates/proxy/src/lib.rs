@@ -37,6 +37,8 @@
 //! `admin` (the admin listener and dashboard), `reload`, `fleet`. The narrative is in
 //! docs/proxy.md.
 
+#![warn(missing_docs)]
+
 mod admin;
 mod attempt;
 mod body;

@@ -16,6 +16,7 @@ use stormguard_core::defaults;
 
 use super::Overrides;
 
+/// The admin listener's default address: loopback only.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
 pub const DEFAULT_SCOPE_MAX: usize = defaults::SCOPE_MAX;
