@@ -17,10 +17,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use http_body_util::BodyExt;
 use serde_json::Value;
 use stormguard_chaos::{ChaosConfig, ChaosServer, Phase};
-use support::{stormguard, write};
+use support::{Client, client, send, stormguard, write};
 
 /// The config the reload tests edit: one listener, one dependency `up` with `cap`.
 fn config(admin: &str, cap: &str) -> String {
@@ -113,27 +112,6 @@ impl Drop for Proxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-type Client = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    http_body_util::Full<bytes::Bytes>,
->;
-
-fn client() -> Client {
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
-}
-
-async fn send(c: &Client, method: &str, uri: String) -> (http::StatusCode, String) {
-    let mut req = http::Request::builder().method(method).uri(&uri);
-    if method == "POST" {
-        req = req.header("content-type", "application/json");
-    }
-    let resp = c.request(req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap());
-    let resp = tokio::time::timeout(Duration::from_secs(10), resp).await.unwrap().unwrap();
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(body.to_vec()).unwrap())
 }
 
 /// A bad file by SIGHUP, a change that needs a restart by `POST /reload`, then a good file:

@@ -27,3 +27,30 @@ pub fn write(name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// A plain HTTP client for the proxies the tests start.
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// A new [`Client`].
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+/// One request with an empty body (a POST as JSON, as the admin endpoints require); its status
+/// and body, within 10 s.
+pub async fn send(c: &Client, method: &str, uri: String) -> (http::StatusCode, String) {
+    use http_body_util::BodyExt;
+    let mut req = http::Request::builder().method(method).uri(&uri);
+    if method == "POST" {
+        req = req.header("content-type", "application/json");
+    }
+    let resp = c.request(req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap());
+    let resp =
+        tokio::time::timeout(std::time::Duration::from_secs(10), resp).await.unwrap().unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
