@@ -30,10 +30,16 @@ fn unavailable() -> (u16, Vec<(&'static str, String)>) {
 /// An upstream that answers 503 with `Retry-After: 2` until two seconds after its first answer,
 /// and 200 from then on. Returns it and the instant the 503s stop.
 async fn asks_for_two_seconds() -> (support::Scripted, &'static OnceLock<Instant>) {
+    asks_for(2).await
+}
+
+/// An upstream that answers 503 with `Retry-After: secs` until `secs` seconds after its first
+/// answer, and 200 from then on.
+async fn asks_for(secs: u64) -> (support::Scripted, &'static OnceLock<Instant>) {
     let until: &'static OnceLock<Instant> = Box::leak(Box::new(OnceLock::new()));
     let server = scripted(move |_, arrived| {
-        let until = *until.get_or_init(|| Instant::now() + Duration::from_secs(2));
-        if arrived < until { (503, vec![("retry-after", "2".to_string())]) } else { (200, vec![]) }
+        let until = *until.get_or_init(|| Instant::now() + Duration::from_secs(secs));
+        if arrived < until { (503, vec![("retry-after", secs.to_string())]) } else { (200, vec![]) }
     })
     .await;
     (server, until)
@@ -50,9 +56,10 @@ async fn retry_after_is_honoured_and_reqwest_retry_ignores_it() {
     let until = *until.get().unwrap();
     assert!(seen[1].arrived >= until, "the retry came {:?} early", until - seen[1].arrived);
 
-    // reqwest-retry's backoff does not read Retry-After: its retries come while the upstream
-    // still asks to be left alone.
-    let (server, until) = asks_for_two_seconds().await;
+    // reqwest-retry's backoff does not read Retry-After: its retries (10–100 ms apart) come
+    // while the upstream still asks to be left alone — for a minute, so that only a stall of a
+    // minute could make this half pass for the wrong reason.
+    let (server, until) = asks_for(60).await;
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(10), Duration::from_millis(100))
         .build_with_max_retries(2);
