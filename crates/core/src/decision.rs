@@ -713,7 +713,7 @@ mod tests {
             Decision::NotRetryable
         ));
         assert_eq!(w.policy.counters().snapshot().not_retryable, 1);
-        assert_eq!(w.policy.counters().snapshot().denied, [0; 11]);
+        assert_eq!(w.policy.counters().snapshot().denied, [0; Denied::ALL.len()]);
     }
 
     #[test]
@@ -864,7 +864,7 @@ mod tests {
             (c.shadow_denied(Denied::Budget), c.shadow_denied(Denied::Cap), c.retries),
             (1, 1, 1)
         );
-        assert_eq!(c.denied, [0; 11]);
+        assert_eq!(c.denied, [0; Denied::ALL.len()]);
         // The same facts enforced are denied.
         let mut w = world(RetryConfig::default(), "ratio:percent=0,min_per_sec=0", None);
         assert_eq!(

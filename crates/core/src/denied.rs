@@ -39,13 +39,16 @@ pub enum Denied {
     Budget,
     /// No slot was free (or a primary was waiting) when the retry's backoff ended.
     Cap,
+    /// The provider's requests or tokens per minute had no room: a retry never waits for it,
+    /// and a primary waited past the queue timeout.
+    Rate,
     /// A primary found the queue full, or waited past the queue timeout.
     Queue,
 }
 
 impl Denied {
     /// Every reason, in decision order.
-    pub const ALL: [Denied; 11] = [
+    pub const ALL: [Denied; 12] = [
         Denied::NonIdempotent,
         Denied::Body,
         Denied::Attempts,
@@ -56,6 +59,7 @@ impl Denied {
         Denied::Scope,
         Denied::Budget,
         Denied::Cap,
+        Denied::Rate,
         Denied::Queue,
     ];
 
@@ -72,6 +76,7 @@ impl Denied {
             Denied::Scope => "scope",
             Denied::Budget => "budget",
             Denied::Cap => "cap",
+            Denied::Rate => "rate",
             Denied::Queue => "queue",
         }
     }

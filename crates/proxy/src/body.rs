@@ -64,6 +64,16 @@ impl CallerBody {
         self.rest.is_none()
     }
 
+    /// The bytes received before the attempt (the whole body when [`is_whole`](Self::is_whole)):
+    /// what a request's token cost is estimated from.
+    pub fn head_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(usize::try_from(self.head_len).unwrap_or(0));
+        for b in &self.head {
+            v.extend_from_slice(b);
+        }
+        v
+    }
+
     /// The flag the cap reads, for a body still arriving: set once it has been received whole.
     /// `None` when it was received whole before the attempt.
     pub fn received(&self) -> Option<BodyReceived> {

@@ -335,6 +335,14 @@ pub(crate) async fn handle(
     if let Some(received) = body.received() {
         parts.extensions.insert(received);
     }
+    // Rate admission's token cost: the request's output maximum and its size.
+    if dep.dependency.config().rate.is_on() {
+        let tokens = stormguard_http::provider::estimate(
+            &body.head_bytes(),
+            stormguard_http::provider::Estimator::default(),
+        );
+        parts.extensions.insert(stormguard_tower::extensions::RateCost(tokens.total()));
+    }
     // hyper's client sends no body on a GET or HEAD whose length it does not know unless told
     // to frame it: a body past the replay buffer, with no Content-Length, goes chunked.
     if !body.is_whole()

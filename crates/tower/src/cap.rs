@@ -28,6 +28,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -42,7 +43,7 @@ use tower::{Layer, Service};
 
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{AdmittedSlot, AttemptDeadline, Slots, UpstreamTarget};
+use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, Slots, UpstreamTarget};
 pub use crate::extensions::{BodyReceived, TimeLeft};
 
 /// A boxed, sendable future.
@@ -106,9 +107,20 @@ where
         // Which upstream (with several): the retry layer put it on the request.
         let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
         let upstream = dep.upstream_at(target);
+        let cost = req.extensions().get::<RateCost>().map_or(0, |c| c.0);
         let (permit, total) = match admitted {
-            // A retry: the retry layer took its slots (or, in shadow mode, none).
-            Some(slots) => slots,
+            // A retry: the retry layer took its slots (or, in shadow mode, none). It never
+            // waits for the provider's window either.
+            Some(slots) => {
+                if let Some(r) = dep.rates()
+                    && r.take(now, cost).is_err()
+                {
+                    drop(slots);
+                    dep.policy().counters().denied(Denied::Rate);
+                    return CapFuture::boxed(refused(Denied::Rate));
+                }
+                slots
+            }
             None => {
                 let policy = dep.policy();
                 // Fail fast while open, before waiting in the queue; half-open probes are
@@ -118,6 +130,15 @@ where
                 {
                     policy.on_primary_refused(Denied::Breaker);
                     return CapFuture::boxed(refused(Denied::Breaker));
+                }
+                // The provider's window before the cap: a first try that would pass it waits
+                // for room, then queues for its slot.
+                if let Some(r) = dep.rates()
+                    && let Err(wait) = r.take(now, cost)
+                {
+                    return CapFuture::boxed(Box::pin(rate_waited(
+                        dep, inner, req, deadline, target, cost, wait,
+                    )));
                 }
                 // A free slot and nobody waiting: take it now, without a queue entry or a
                 // timer; otherwise wait in the queue. With a total cap, its slot first.
@@ -149,6 +170,48 @@ where
 
 fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> {
     Box::pin(std::future::ready(Err(StormguardError::Denied(reason).into())))
+}
+
+/// A primary the provider's window had no room for: waits until it has (never past the queue
+/// timeout or the deadline: then it is refused `rate`), then queues for its slot.
+#[allow(clippy::manual_async_fn)]
+fn rate_waited<S, B, RB>(
+    dep: Dependency,
+    inner: S,
+    req: Request<B>,
+    deadline: Option<Timestamp>,
+    target: usize,
+    cost: u64,
+    mut wait: Duration,
+) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
+where
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
+{
+    async move {
+        let start = dep.now();
+        let mut give_up = start.saturating_add(dep.config().limiter.queue_timeout);
+        if let Some(d) = deadline {
+            give_up = give_up.min(d);
+        }
+        let rates = dep.rates().expect("rate admission is on");
+        loop {
+            let now = dep.now();
+            if now.saturating_add(wait) > give_up {
+                dep.policy().on_primary_refused(Denied::Rate);
+                return Err(StormguardError::Denied(Denied::Rate).into());
+            }
+            tokio::time::sleep(wait).await;
+            match rates.take(dep.now(), cost) {
+                Ok(()) => break,
+                Err(w) => wait = w,
+            }
+        }
+        queued(dep, inner, req, deadline, target).await
+    }
 }
 
 /// A primary that found no free slot: waits in the queue, then is sent. (An `async` block,
@@ -542,6 +605,19 @@ fn finish<RB, E: Into<BoxError>>(
                 judge(&dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
+            if let Some(r) = dep.rates() {
+                let too_many = (resp.status() == http::StatusCode::TOO_MANY_REQUESTS).then(|| {
+                    resp.headers().get(http::header::RETRY_AFTER).and_then(|v| {
+                        stormguard_http::headers::parse_retry_after(
+                            v.as_bytes(),
+                            std::time::SystemTime::now(),
+                            Duration::from_secs(3600),
+                        )
+                        .ok()
+                    })
+                });
+                r.observe(now, resp.headers(), too_many);
+            }
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep)))
         }
         Err(e) => {

@@ -101,6 +101,89 @@ pub struct DependencyConfig {
     /// dependency's queue and queue timeout). Every attempt then holds a slot under this cap
     /// and one under its upstream's. Default none: the sum of the upstreams' caps.
     pub total_cap: Option<u64>,
+    /// A model provider's requests and tokens per minute, metered before each attempt is sent
+    /// (see [`RateAdmission`]). Default: off.
+    pub rate: RateAdmission,
+}
+
+/// Rate admission: the provider's requests and tokens per minute, beside the cap. A first try
+/// that would pass a limit waits for room (within the queue timeout, then it is refused
+/// `rate`); a retry never waits (refused `rate`). Limits start from here and are learned from
+/// the provider's own headers (OpenAI's `x-ratelimit-*-requests|tokens`, Anthropic's
+/// `anthropic-ratelimit-*`): its `remaining` is the truth, a stated limit replaces the
+/// configured one, and a 429 holds admission until its `retry-after` and lowers the limit.
+/// A request's token cost is its [`RateCost`](crate::extensions::RateCost) extension (0 when
+/// absent: requests only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateAdmission {
+    /// Requests per minute. `None`: not limited until a provider's header states a limit
+    /// (when `learn`).
+    pub requests_per_minute: Option<u64>,
+    /// Tokens per minute (input and output together). `None`: as for requests.
+    pub tokens_per_minute: Option<u64>,
+    /// Meter even with no configured limit, from what the provider's headers state.
+    pub learn: bool,
+}
+
+impl RateAdmission {
+    /// Whether anything is metered.
+    pub fn is_on(&self) -> bool {
+        self.learn || self.requests_per_minute.is_some() || self.tokens_per_minute.is_some()
+    }
+}
+
+/// A provider's limits as one dependency meters them (upstream 0).
+#[derive(Debug)]
+pub struct Rates {
+    /// Requests per minute.
+    pub requests: stormguard_core::rate::RateLimit,
+    /// Tokens per minute.
+    pub tokens: stormguard_core::rate::RateLimit,
+}
+
+impl Rates {
+    fn new(c: RateAdmission) -> Rates {
+        use stormguard_core::rate::{RateConfig, RateLimit};
+        let minute = Duration::from_secs(60);
+        Rates {
+            requests: RateLimit::new(RateConfig { limit: c.requests_per_minute, window: minute }),
+            tokens: RateLimit::new(RateConfig { limit: c.tokens_per_minute, window: minute }),
+        }
+    }
+
+    /// Takes one request and `tokens` from the limits, or says how long until both fit (the
+    /// request's unit is given back when the tokens do not fit).
+    pub fn take(&self, now: Timestamp, tokens: u64) -> Result<(), Duration> {
+        let request = self.requests.try_acquire(now, 1).map_err(|w| w.wait)?;
+        match self.tokens.try_acquire(now, tokens) {
+            Ok(t) => {
+                request.settle(now, None);
+                t.settle(now, None);
+                Ok(())
+            }
+            Err(w) => {
+                request.settle(now, Some(0));
+                Err(w.wait)
+            }
+        }
+    }
+
+    /// What an answer's headers say of the limits; a 429 holds admission until its
+    /// `retry_after` and lowers the limits.
+    pub fn observe(
+        &self,
+        now: Timestamp,
+        headers: &http::HeaderMap,
+        too_many: Option<Option<Duration>>,
+    ) {
+        let seen = stormguard_http::provider::read_limits(headers);
+        self.requests.observe(now, seen.requests);
+        self.tokens.observe(now, seen.tokens);
+        if let Some(retry_after) = too_many {
+            self.requests.refused(now, retry_after);
+            self.tokens.refused(now, retry_after);
+        }
+    }
 }
 
 /// One upstream of a dependency with several (see [`DependencyConfig::upstreams`]).
@@ -174,6 +257,7 @@ impl DependencyConfig {
             recorder: None,
             upstreams: Vec::new(),
             total_cap: None,
+            rate: RateAdmission::default(),
         }
     }
 }
@@ -200,6 +284,8 @@ struct Inner {
     requests: AtomicU64,
     /// Request numbers in the recorded trace.
     trace_ids: AtomicU64,
+    /// Rate admission, when on.
+    rates: Option<Rates>,
 }
 
 impl fmt::Debug for Dependency {
@@ -379,6 +465,7 @@ impl Dependency {
         trace_ids: u64,
     ) -> Dependency {
         let upstream = upstreams.remove(0);
+        let config_rates = config.rate.is_on().then(|| Rates::new(config.rate));
         Dependency {
             inner: Arc::new(Inner {
                 config,
@@ -392,6 +479,7 @@ impl Dependency {
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
                 requests: AtomicU64::new(0),
                 trace_ids: AtomicU64::new(trace_ids),
+                rates: config_rates,
             }),
         }
     }
@@ -492,6 +580,11 @@ impl Dependency {
         });
         let until = open.into_iter().chain(u.hold.is_held(now)).max()?;
         Some(until.saturating_since(now))
+    }
+
+    /// Rate admission's limits, when it is on.
+    pub fn rates(&self) -> Option<&Rates> {
+        self.inner.rates.as_ref()
     }
 
     /// The total cap across the upstreams, when there are several and `total_cap` is set.

@@ -13,6 +13,7 @@
 //! | `AdmittedSlot` | [`Retry`](crate::Retry), on a retry | [`Cap`](crate::Cap) (taken out) | the slot the retry was admitted with: a retry never queues |
 //! | `AttemptDeadline` | [`Retry`](crate::Retry) | [`Cap`](crate::Cap) | when this attempt must have its response headers |
 //! | [`TimeLeft`] | [`Cap`](crate::Cap) | the client (gRPC's `grpc-timeout`) | the request's time left when the attempt was sent |
+//! | [`RateCost`] | the caller (the proxy, from the body) | [`Cap`](crate::Cap) | the tokens a request will use, for rate admission |
 //! | [`Denied`](crate::Denied) (response) | [`Retry`](crate::Retry) | the caller | why the last failure was not retried |
 
 use std::sync::{Arc, Mutex};
@@ -103,3 +104,8 @@ impl BodyReceived {
         self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 }
+
+/// A request extension: the tokens the request will use (its input and its output maximum),
+/// taken from the provider's tokens per minute by rate admission before it is sent. Absent: 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateCost(pub u64);

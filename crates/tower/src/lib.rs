@@ -38,8 +38,8 @@ pub mod span;
 
 pub use cap::{BodyReceived, Cap, CapLayer, PermitBody, TimeLeft};
 pub use dependency::{
-    Dependency, DependencyConfig, DependencyError, DependencySnapshot, Spawner, UpstreamSnapshot,
-    UpstreamSpec,
+    Dependency, DependencyConfig, DependencyError, DependencySnapshot, RateAdmission, Rates,
+    Spawner, UpstreamSnapshot, UpstreamSpec,
 };
 pub use error::{BoxError, StormguardError};
 pub use extensions::UpstreamTarget;

@@ -129,7 +129,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         "Failed attempts whose condition is not in retry_on.",
         &[(base.clone(), c.not_retryable)],
     )?;
-    let by_reason = |v: &[u64; 11]| -> Vec<(Labels<'_>, u64)> {
+    let by_reason = |v: &[u64; Denied::ALL.len()]| -> Vec<(Labels<'_>, u64)> {
         Denied::ALL
             .iter()
             .map(|d| (vec![("dependency", dep), ("reason", LabelValue(d.as_str()))], v[d.index()]))

@@ -375,3 +375,51 @@ async fn a_failed_retry_stops_counting_before_the_next_is_decided() {
     assert_eq!(svc.calls(), 3);
     assert_eq!(dep.snapshot().counters.denied(Denied::Budget), 0);
 }
+
+/// Rate admission: with one request a minute left, a retry is refused `rate` at once (it never
+/// waits for the window), and the dependency saw one attempt; without rate admission the same
+/// retry is sent.
+#[tokio::test(start_paused = true)]
+async fn a_retry_finds_no_room_in_the_window_and_is_refused_rate() {
+    for rated in [true, false] {
+        let dep = dependency(|c| {
+            if rated {
+                c.rate.requests_per_minute = Some(1);
+            }
+        });
+        let svc = Scripted::new(vec![(503, vec![])]);
+        let result = StormguardLayer::new(dep.clone())
+            .layer(svc.clone())
+            .oneshot(request(Method::GET))
+            .await;
+        if rated {
+            let Err(err) = result else { panic!("the retry was sent") };
+            assert!(
+                matches!(
+                    err.downcast_ref::<StormguardError>(),
+                    Some(StormguardError::Denied(Denied::Rate))
+                ),
+                "{err}"
+            );
+            assert_eq!(svc.calls(), 1, "the dependency saw the first try only");
+            // A first try now waits for the window (a minute), past the queue timeout (1 s):
+            // refused `rate` too, without reaching the dependency.
+            let svc2 = Scripted::new(vec![]);
+            let second = StormguardLayer::new(dep.clone())
+                .layer(svc2.clone())
+                .oneshot(request(Method::GET))
+                .await;
+            assert!(matches!(
+                second.err().and_then(|e| e
+                    .downcast_ref::<StormguardError>()
+                    .map(|e| matches!(e, StormguardError::Denied(Denied::Rate)))),
+                Some(true)
+            ));
+            assert_eq!(svc2.calls(), 0);
+            assert_eq!(dep.snapshot().limiter.in_flight, 0);
+        } else {
+            assert_eq!(result.unwrap().status(), 200);
+            assert_eq!(svc.calls(), 2);
+        }
+    }
+}

@@ -91,6 +91,14 @@ pub struct ProxyArgs {
     /// Primaries that may wait for a slot (0: fail fast).
     #[arg(long, value_name = "N", default_value_t = defaults::QUEUE_LEN)]
     pub queue: u64,
+    /// The provider's requests per minute: first tries wait for room in the window (up to
+    /// --queue-timeout), retries are refused `rate`; learned from the provider's headers.
+    #[arg(long, value_name = "N", conflicts_with = "config")]
+    pub rpm: Option<u64>,
+    /// The provider's tokens per minute (each request's estimated from its body's
+    /// `max_tokens` and size).
+    #[arg(long, value_name = "N", conflicts_with = "config")]
+    pub tpm: Option<u64>,
     /// The longest a primary waits for a slot.
     #[arg(long, value_name = "DURATION", default_value = format_duration(defaults::QUEUE_TIMEOUT), value_parser = args::duration)]
     pub queue_timeout: Duration,
@@ -232,6 +240,8 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     d.deadline = args.deadline;
     d.backoff = args.backoff;
     d.queue = args.queue;
+    d.rate.requests_per_minute = args.rpm;
+    d.rate.tokens_per_minute = args.tpm;
     d.queue_timeout = args.queue_timeout;
     if let Some(t) = args.timeout_slot_hold {
         d.timeout_slot_hold = t;

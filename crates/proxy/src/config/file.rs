@@ -173,6 +173,9 @@ struct DependencyFile {
     max_concurrent_streams: Option<u64>,
     #[serde(default)]
     tls: TlsConfig,
+    requests_per_minute: Option<u64>,
+    tokens_per_minute: Option<u64>,
+    learn_rate_limits: Option<bool>,
 }
 
 impl DependencyFile {
@@ -204,6 +207,9 @@ impl DependencyFile {
             })?),
         };
         d.tls = self.tls;
+        d.rate.requests_per_minute = self.requests_per_minute;
+        d.rate.tokens_per_minute = self.tokens_per_minute;
+        d.rate.learn = self.learn_rate_limits.unwrap_or(false);
         let fleet_keys = [
             ("redis", self.redis.is_some()),
             ("fleet_cap", self.fleet_cap.is_some()),

@@ -300,6 +300,11 @@ pub struct ProxyDependency {
     pub tls: TlsConfig,
     /// HTTP/2 to its upstreams (`http2`, `max_concurrent_streams`).
     pub http2: Http2Config,
+    /// A model provider's requests and tokens per minute (`requests_per_minute`,
+    /// `tokens_per_minute`, `learn_rate_limits`), metered before each attempt: see
+    /// [`stormguard_tower::RateAdmission`]. The request's tokens are estimated from its body
+    /// (its `max_tokens` and its size). Default: off.
+    pub rate: stormguard_tower::RateAdmission,
 }
 
 /// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
@@ -474,6 +479,7 @@ impl ProxyDependency {
             fleet: None,
             tls: TlsConfig::default(),
             http2: Http2Config::default(),
+            rate: stormguard_tower::RateAdmission::default(),
         }
     }
 

@@ -33,6 +33,7 @@ impl ProxyDependency {
         }
         c.remaining_reserve = self.remaining_reserve;
         c.total_cap = self.total_cap;
+        c.rate = self.rate;
         if self.upstreams.len() > 1 {
             c.upstreams = self
                 .upstreams

@@ -124,6 +124,11 @@ pub enum RuleError {
         /// The cap.
         cap: u64,
     },
+    /// Rate admission with several upstreams or a fleet placement (not yet metered there).
+    #[error(
+        "requests_per_minute, tokens_per_minute and learn_rate_limits meter one local upstream for now: not with several upstreams or placement = \"fleet\""
+    )]
+    RateOneUpstream,
     /// `[dependency.tls]` with no `https://` upstream.
     #[error("[dependency.tls] applies to https:// upstreams only")]
     TlsWithoutHttps,
@@ -352,6 +357,18 @@ impl ProxyDependency {
         }
         if let Some(f) = &self.fleet {
             f.validate(self)?;
+        }
+        for (key, limit) in [
+            ("requests_per_minute", self.rate.requests_per_minute),
+            ("tokens_per_minute", self.rate.tokens_per_minute),
+        ] {
+            if let Some(n) = limit {
+                range(key, 1, 1_000_000_000_000, n)?;
+            }
+        }
+        if self.rate.is_on() && (self.upstreams.len() > 1 || self.fleet.is_some()) {
+            let key = if self.fleet.is_some() { "placement" } else { "upstreams" };
+            return Err(at(key, RuleError::RateOneUpstream));
         }
         let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
         if self.tls.is_set() && !https {

@@ -70,6 +70,9 @@ impl ProxyConfig {
                 })),
                 "http2": d.http2.prior_knowledge,
                 "max_concurrent_streams": d.http2.max_concurrent_streams,
+                "requests_per_minute": d.rate.requests_per_minute,
+                "tokens_per_minute": d.rate.tokens_per_minute,
+                "learn_rate_limits": d.rate.learn,
                 "tls": d.tls.is_set().then(|| json!({
                     "ca_file": d.tls.ca_file.as_ref().map(|p| p.display().to_string()),
                     "client_cert": d.tls.client_cert.as_ref().map(|p| p.display().to_string()),
