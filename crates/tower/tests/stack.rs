@@ -423,3 +423,28 @@ async fn a_retry_finds_no_room_in_the_window_and_is_refused_rate() {
         }
     }
 }
+
+/// The upstream's own `x-should-retry: false` (a model provider's "this will not get better")
+/// is obeyed: the 503 is returned with `pushback`, and the dependency saw one attempt; the same
+/// 503 without it is retried.
+#[tokio::test(start_paused = true)]
+async fn the_upstreams_x_should_retry_false_is_obeyed() {
+    for said in [true, false] {
+        let dep = dependency(|_| {});
+        let headers = if said { vec![("x-should-retry", "false")] } else { vec![] };
+        let svc = Scripted::new(vec![(503, headers)]);
+        let resp = StormguardLayer::new(dep.clone())
+            .layer(svc.clone())
+            .oneshot(request(Method::GET))
+            .await;
+        let resp = resp.unwrap_or_else(|e| panic!("{e}"));
+        if said {
+            assert_eq!(resp.status(), 503);
+            assert_eq!(resp.extensions().get::<Denied>(), Some(&Denied::Pushback));
+            assert_eq!(svc.calls(), 1);
+        } else {
+            assert_eq!(resp.status(), 200);
+            assert_eq!(svc.calls(), 2);
+        }
+    }
+}

@@ -66,6 +66,11 @@ pub struct PushbackHeadersConfig {
     pub retry_after_ms: Vec<String>,
     /// gRPC pushback headers, read on any status. Default `["grpc-retry-pushback-ms"]`.
     pub grpc_retry_pushback_ms: Vec<String>,
+    /// Headers by which the server says whether to retry (`true` / `false`, read on any
+    /// status): `false` is "do not retry"; `true` forces nothing (what may be retried stays
+    /// `retry_on`'s). Default `["x-should-retry"]` (OpenAI's and Anthropic's, which their SDKs
+    /// obey).
+    pub should_retry: Vec<String>,
     /// Rate-limit reset headers; the first whose name matches a header decides its format.
     /// Default [`default_reset_headers`].
     pub resets: Vec<ResetHeader>,
@@ -82,6 +87,7 @@ impl Default for PushbackHeadersConfig {
             retry_after: vec!["retry-after".to_string()],
             retry_after_ms: vec!["retry-after-ms".to_string(), "x-ms-retry-after-ms".to_string()],
             grpc_retry_pushback_ms: vec!["grpc-retry-pushback-ms".to_string()],
+            should_retry: vec!["x-should-retry".to_string()],
             resets: default_reset_headers(),
             max_plausible: DEFAULT_MAX_PLAUSIBLE,
         }
@@ -96,6 +102,7 @@ pub struct PushbackHeaders {
     statuses: Vec<StatusCode>,
     retry_after: Vec<HeaderName>,
     retry_after_ms: Vec<HeaderName>,
+    should_retry: Vec<HeaderName>,
     grpc: Vec<HeaderName>,
     resets: Vec<(NamePattern, ResetFormat)>,
 }
@@ -120,6 +127,7 @@ impl PushbackHeaders {
             statuses,
             retry_after: header_names(&config.retry_after)?,
             retry_after_ms: header_names(&config.retry_after_ms)?,
+            should_retry: header_names(&config.should_retry)?,
             grpc: header_names(&config.grpc_retry_pushback_ms)?,
             resets: reset_patterns(&config.resets)?,
             config,
@@ -168,6 +176,16 @@ impl PushbackHeaders {
                 })
             };
             said = stricter(said, Some(pushback));
+        }
+        for name in &self.should_retry {
+            for value in headers.get_all(name) {
+                let v = value.as_bytes().trim_ascii();
+                if v.eq_ignore_ascii_case(b"false") {
+                    said = stricter(said, Some(Pushback::DontRetry));
+                } else if !v.eq_ignore_ascii_case(b"true") {
+                    stats.record(HeaderKind::ShouldRetry);
+                }
+            }
         }
         let on_status = self.statuses.contains(&status);
         if on_status {

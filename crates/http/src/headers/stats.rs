@@ -17,17 +17,20 @@ pub enum HeaderKind {
     Limit,
     /// A remaining-quota header.
     Remaining,
+    /// `x-should-retry` that is neither `true` nor `false` (ignored).
+    ShouldRetry,
 }
 
 impl HeaderKind {
     /// Every kind, in declaration order.
-    pub const ALL: [HeaderKind; 6] = [
+    pub const ALL: [HeaderKind; 7] = [
         HeaderKind::RetryAfter,
         HeaderKind::RetryAfterMs,
         HeaderKind::Reset,
         HeaderKind::GrpcPushback,
         HeaderKind::Limit,
         HeaderKind::Remaining,
+        HeaderKind::ShouldRetry,
     ];
 
     /// A label for metrics.
@@ -39,6 +42,7 @@ impl HeaderKind {
             HeaderKind::GrpcPushback => "grpc-retry-pushback-ms",
             HeaderKind::Limit => "limit",
             HeaderKind::Remaining => "remaining",
+            HeaderKind::ShouldRetry => "x-should-retry",
         }
     }
 
@@ -58,7 +62,7 @@ impl fmt::Display for HeaderKind {
 /// [`snapshot`](HeaderStats::snapshot) as a counter.
 #[derive(Debug, Default)]
 pub struct HeaderStats {
-    malformed: [AtomicU64; 6],
+    malformed: [AtomicU64; HeaderKind::ALL.len()],
 }
 
 impl HeaderStats {
@@ -87,7 +91,7 @@ impl HeaderStats {
 /// A copy of [`HeaderStats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HeaderStatsSnapshot {
-    malformed: [u64; 6],
+    malformed: [u64; HeaderKind::ALL.len()],
 }
 
 impl HeaderStatsSnapshot {

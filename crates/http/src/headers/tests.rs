@@ -387,6 +387,19 @@ fn after(d: Duration) -> Option<Pushback> {
     Some(Pushback::RetryAfter(d))
 }
 
+/// The upstream's own `x-should-retry` (OpenAI's, Anthropic's): `false` is "do not retry" on
+/// any status and beats a wait; `true` asks nothing; anything else is ignored and counted.
+#[test]
+fn x_should_retry_false_is_do_not_retry() {
+    assert_eq!(pushback_of(&[("x-should-retry", "false")], 500).0, Some(Pushback::DontRetry));
+    let both = [("x-should-retry", " FALSE "), ("retry-after", "5")];
+    assert_eq!(pushback_of(&both, 429).0, Some(Pushback::DontRetry));
+    assert_eq!(pushback_of(&[("x-should-retry", "true")], 503).0, None);
+    let (p, stats) = pushback_of(&[("x-should-retry", "maybe")], 503);
+    assert_eq!(p, None);
+    assert_eq!(stats.get(HeaderKind::ShouldRetry), 1);
+}
+
 #[test]
 fn retry_after_counts_on_429_and_503_only() {
     for status in [429, 503] {
@@ -544,6 +557,7 @@ fn configured_names_and_formats() {
         retry_after: vec!["X-Wait".to_string()],
         retry_after_ms: vec![],
         grpc_retry_pushback_ms: vec![],
+        should_retry: vec![],
         resets: vec![
             ResetHeader::new("x-rate-limit-reset", ResetFormat::HttpDate),
             ResetHeader::new("X-Acme-*-Reset", ResetFormat::UnixMillis),
