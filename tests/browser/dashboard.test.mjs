@@ -44,6 +44,24 @@ const url = await new Promise((resolve, reject) => {
 });
 console.log(`dashboard at ${url}`);
 const origin = new URL(url).origin;
+// The demo must still be running, and its dashboard answering, before the browser is pointed
+// at it; if the demo stops, say why (its stderr) instead of a bare connection refused.
+let exited = null;
+demo.on("exit", (code, signal) => { exited = `exited (${code ?? signal})`; });
+for (const until = Date.now() + 10_000; ;) {
+  if (exited) {
+    console.error(`stormguard demo ${exited} after printing its dashboard:\n${demoErr}`);
+    process.exit(1);
+  }
+  try {
+    if ((await fetch(url)).ok) break;
+  } catch {}
+  if (Date.now() > until) {
+    console.error(`the dashboard did not answer within 10 s:\n${demoErr}`);
+    process.exit(1);
+  }
+  await new Promise((r) => setTimeout(r, 100));
+}
 
 const browser = await chromium.launch({
   executablePath,
