@@ -76,23 +76,11 @@ async fn run(
 ) -> Result<Response> {
     let config = dep.config();
     let route = extensions.get::<RouteBudget>().cloned();
-    let asked = extensions.get::<Deadline>().copied();
-    // Read the clock only when something needs the start time.
-    let start =
-        (config.deadline.is_some() || asked.is_some() || route.is_some()).then(|| dep.now());
-    let deadline = start.and_then(|now| {
-        let configured = config.deadline.map(|d| now.saturating_add(d));
-        let asked = asked.map(|d| {
-            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
-        });
-        match (configured, asked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    });
-    if let (Some(r), Some(now)) = (&route, start) {
-        r.0.record_request(now);
-    }
+    let (_, deadline) = stormguard_tower::retry::request_start(
+        dep,
+        route.as_ref(),
+        extensions.get::<Deadline>().copied(),
+    );
     // The copy a retry sends: reqwest's own `try_clone`, which has none for a streaming body.
     // Such a request is sent once, and its retry refused as `body`.
     let spare = req.try_clone();

@@ -44,6 +44,33 @@ pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
+/// A request's start: its start time (read only when something needs it) and its deadline —
+/// the dependency's, or the caller's [`Deadline`] when sooner — with the request counted on its
+/// route's budget. For clients that run the retry loop outside tower (stormguard-reqwest) too.
+pub fn request_start(
+    dep: &Dependency,
+    route: Option<&RouteBudget>,
+    asked: Option<Deadline>,
+) -> (Option<Timestamp>, Option<Timestamp>) {
+    let config = dep.config();
+    let start =
+        (config.deadline.is_some() || asked.is_some() || route.is_some()).then(|| dep.now());
+    let deadline = start.and_then(|now| {
+        let configured = config.deadline.map(|d| now.saturating_add(d));
+        let asked = asked.map(|d| {
+            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
+        });
+        match (configured, asked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    });
+    if let (Some(r), Some(now)) = (route, start) {
+        r.0.record_request(now);
+    }
+    (start, deadline)
+}
+
 /// How to send a request body again, and how to read a response. Implement it for request
 /// types other than `http::Request<ReplayBody<B>>` (e.g. a tonic client whose bodies are
 /// buffered).
@@ -178,25 +205,9 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    let config = dep.config();
-    // Read the clock only when something needs the start time.
     let route = req.extensions().get::<RouteBudget>().cloned();
-    let asked = req.extensions().get::<Deadline>().copied();
-    let start =
-        (config.deadline.is_some() || asked.is_some() || route.is_some()).then(|| dep.now());
-    let deadline = start.and_then(|now| {
-        let configured = config.deadline.map(|d| now.saturating_add(d));
-        let asked = asked.map(|d| {
-            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
-        });
-        match (configured, asked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    });
-    if let (Some(r), Some(now)) = (&route, start) {
-        r.0.record_request(now);
-    }
+    let (start, deadline) =
+        request_start(&dep, route.as_ref(), req.extensions().get::<Deadline>().copied());
     let id = dep.trace_id();
     if id.is_some() {
         dep.record(id, start.unwrap_or_else(|| dep.now()), TraceOp::Request);
