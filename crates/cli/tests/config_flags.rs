@@ -10,7 +10,6 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::sync::mpsc;
 use std::time::Duration;
 use support::{Client, client, send, stormguard, write};
@@ -104,15 +103,7 @@ impl Proxy {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = support::stderr_lines(&mut child);
         let mut p =
             Proxy { child, lines, seen: Vec::new(), listen: String::new(), admin: String::new() };
         p.listen = p.wait_for("stormguard proxy: listening on ");

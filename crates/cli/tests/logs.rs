@@ -11,7 +11,6 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::mpsc;
@@ -56,15 +55,7 @@ impl Proxy {
             None => cmd.env_remove("STORMGUARD_LOG"),
         };
         let mut child = cmd.spawn().unwrap();
-        let (tx, lines) = mpsc::channel();
-        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = support::stderr_lines(&mut child);
         let mut p = Proxy { child, lines, seen: Vec::new(), listen: String::new(), admin: None };
         p.listen =
             p.wait_for(|t| t.strip_prefix("stormguard proxy: listening on ").map(str::to_string));

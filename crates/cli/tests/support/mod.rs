@@ -54,3 +54,19 @@ pub async fn send(c: &Client, method: &str, uri: String) -> (http::StatusCode, S
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8(body.to_vec()).unwrap())
 }
+
+/// A child's stderr, line by line, read on a thread of its own (so the child never blocks on a
+/// full pipe).
+pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
