@@ -29,8 +29,9 @@ const guard = setTimeout(() => {
   process.exit(1);
 }, 90_000);
 
-// The demo: its stderr carries the dashboard URL.
-const demo = spawn(bin, ["demo", "--duration", "25s", "--report", "off"], { stdio: ["ignore", "ignore", "pipe"] });
+// The demo: its stderr carries the dashboard URL. It runs longer than this test may (the 90 s
+// guard), and is stopped at the end: a slow browser start must not outlast the dashboard.
+const demo = spawn(bin, ["demo", "--duration", "120s", "--report", "off"], { stdio: ["ignore", "ignore", "pipe"] });
 let demoErr = "";
 const url = await new Promise((resolve, reject) => {
   const t = setTimeout(() => reject(new Error(`no dashboard URL within 20 s:\n${demoErr}`)), 20_000);
