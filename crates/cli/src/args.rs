@@ -56,6 +56,13 @@ pub fn provider(
     text.parse()
 }
 
+/// The proxy's provider preset: `openai`, `anthropic` or `generic`.
+pub fn provider_preset(
+    text: &str,
+) -> Result<stormguard_tower::Provider, stormguard_tower::rate::UnknownProvider> {
+    text.parse()
+}
+
 /// A rate such as `200/s` or `5/100ms`.
 pub fn rate(text: &str) -> Result<Rate, BadRate> {
     text.parse()

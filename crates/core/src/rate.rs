@@ -114,6 +114,23 @@ impl State {
         }
     }
 
+    /// The cost as taken (at most the whole limit) and the wait before the bucket holds it:
+    /// after the hold, and after the refill covers every unit booked before.
+    fn turn(&self, now: Timestamp, cost: u64) -> (u64, Duration) {
+        let mut wait = self.held_until.saturating_since(now);
+        let Some(l) = self.limit else { return (cost, wait) };
+        let cost = cost.min(l);
+        let need = self.units(cost);
+        if self.level < need {
+            // The refill at `l` units per window brings the level to `need` in this many
+            // nanoseconds, rounded up.
+            let short = (need - self.level) as u128;
+            let nanos = short.div_ceil(u128::from(l.max(1)));
+            wait = wait.max(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)));
+        }
+        (cost, wait)
+    }
+
     fn units(&self, n: u64) -> i128 {
         i128::from(n) * self.window_nanos as i128
     }
@@ -146,29 +163,55 @@ impl RateLimit {
     /// there. A cost above the whole limit is taken as the whole limit (it could never fit
     /// otherwise); while a 429's hold lasts nothing is taken.
     pub fn try_acquire(&self, now: Timestamp, cost: u64) -> Result<RatePermit, RateWait> {
+        self.reserve(now, cost, Duration::ZERO).map(|(p, _)| p)
+    }
+
+    /// Takes `cost` units now, or books them: when the bucket will hold them within
+    /// `max_wait` — after every booking made before this one, and after a 429's hold — they
+    /// are taken now (the level goes below zero) and the permit comes with the wait before the
+    /// request may be sent. Callers served in the order they booked: a FIFO queue with no
+    /// queue, each waiter's turn fixed when it arrived. When the turn is further than
+    /// `max_wait`, nothing is taken and the error says how far it is. A booking given up before
+    /// its turn is refunded with [`RatePermit::refund`].
+    pub fn reserve(
+        &self,
+        now: Timestamp,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<(RatePermit, Duration), RateWait> {
         let mut s = self.state.lock();
         s.refill(now);
-        if now < s.held_until {
-            return Err(RateWait { wait: s.held_until.saturating_since(now) });
+        let (cost, wait) = s.turn(now, cost);
+        if wait > max_wait {
+            return Err(RateWait { wait });
         }
-        let cost = match s.limit {
-            None => cost,
-            Some(l) => cost.min(l),
-        };
-        if let Some(l) = s.limit {
-            let need = s.units(cost);
-            if s.level < need {
-                // The refill at `l` units per window brings the level to `need` in this many
-                // nanoseconds, rounded up.
-                let short = (need - s.level) as u128;
-                let nanos = short.div_ceil(u128::from(l.max(1)));
-                let wait = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
-                return Err(RateWait { wait });
-            }
-            s.level -= need;
+        if s.limit.is_some() {
+            s.level -= s.units(cost);
         }
         s.outstanding += cost;
-        Ok(RatePermit { limit: self.clone(), cost, settled: false })
+        Ok((RatePermit { limit: self.clone(), cost, settled: false }, wait))
+    }
+
+    /// How long a request of `cost` units would wait for its turn now (zero: it fits), without
+    /// taking anything.
+    pub fn wait_for(&self, now: Timestamp, cost: u64) -> Duration {
+        let mut s = self.state.lock();
+        s.refill(now);
+        s.turn(now, cost).1
+    }
+
+    /// How long a 429's hold (or a cool-down) lasts from `now`, if one does.
+    pub fn held(&self, now: Timestamp) -> Option<Duration> {
+        let s = self.state.lock();
+        (now < s.held_until).then(|| s.held_until.saturating_since(now))
+    }
+
+    /// Holds the limit for `d` from `now` without lowering it: nothing is taken until then (an
+    /// overloaded provider cooling down, or a quota spent). A longer hold already in force
+    /// stays.
+    pub fn hold(&self, now: Timestamp, d: Duration) {
+        let mut s = self.state.lock();
+        s.held_until = s.held_until.max(now.saturating_add(d));
     }
 
     /// What a response said: a stated limit replaces the one in force; a stated `remaining`
@@ -261,6 +304,14 @@ impl RatePermit {
     }
 }
 
+impl RatePermit {
+    /// Gives every unit back: the request was never sent (refused, or given up before its
+    /// turn).
+    pub fn refund(self, now: Timestamp) {
+        self.settle(now, Some(0));
+    }
+}
+
 impl Drop for RatePermit {
     fn drop(&mut self) {
         if !self.settled {
@@ -331,6 +382,49 @@ mod tests {
                 assert!(sent > most, "unmetered, the provider would see {sent}");
             }
         }
+    }
+
+    /// Bookings are served in the order they were made: each waiter's turn is one refill
+    /// after the one before, a booking past `max_wait` takes nothing, and a refunded booking
+    /// gives its turn back.
+    #[test]
+    fn bookings_are_first_come_first_served() {
+        let rpm = per_minute(60); // one a second
+        rpm.observe(at(0), Observed { limit: None, remaining: Some(0) });
+        let mut turns = Vec::new();
+        let mut permits = Vec::new();
+        for _ in 0..3 {
+            let (p, wait) = rpm.reserve(at(0), 1, Duration::from_secs(5)).unwrap();
+            turns.push(wait);
+            permits.push(p);
+        }
+        assert_eq!(turns, [1, 2, 3].map(Duration::from_secs));
+        // The fourth, fifth… would wait 4 s, 5 s: past a 3.5 s bound, refused, nothing taken.
+        assert_eq!(
+            rpm.reserve(at(0), 1, Duration::from_millis(3_500)).unwrap_err().wait,
+            Duration::from_secs(4)
+        );
+        assert_eq!(rpm.snapshot(at(0)).outstanding, 3);
+        // The last booking gives up: the next one takes its turn.
+        permits.pop().unwrap().refund(at(0));
+        let (_p, wait) = rpm.reserve(at(0), 1, Duration::from_secs(5)).unwrap();
+        assert_eq!(wait, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_hold_delays_every_booking_without_lowering_the_limit() {
+        let rpm = per_minute(600);
+        rpm.hold(at(0), Duration::from_secs(2));
+        assert_eq!(rpm.held(at(500)), Some(Duration::from_millis(1_500)));
+        assert!(rpm.try_acquire(at(500), 1).is_err());
+        let (_p, wait) = rpm.reserve(at(500), 1, Duration::from_secs(2)).unwrap();
+        assert_eq!(wait, Duration::from_millis(1_500));
+        assert_eq!(rpm.snapshot(at(0)).limit, Some(600));
+        assert_eq!(rpm.held(at(2_000)), None);
+        // A shorter hold does not cut a longer one.
+        rpm.hold(at(0), Duration::from_secs(10));
+        rpm.hold(at(1_000), Duration::from_secs(1));
+        assert_eq!(rpm.held(at(5_000)), Some(Duration::from_secs(5)));
     }
 
     #[test]

@@ -38,6 +38,7 @@
 //! docs/proxy.md.
 
 #![warn(missing_docs)]
+#![recursion_limit = "256"]
 
 mod admin;
 mod attempt;
@@ -48,6 +49,7 @@ mod forward;
 pub mod grpc;
 mod hop;
 mod listener;
+mod provider;
 mod pushback;
 mod record;
 mod reload;

@@ -335,13 +335,25 @@ pub(crate) async fn handle(
     if let Some(received) = body.received() {
         parts.extensions.insert(received);
     }
-    // Rate admission's token cost: the request's output maximum and its size.
-    if dep.dependency.config().rate.is_on() {
-        let tokens = stormguard_http::provider::estimate(
-            &body.head_bytes(),
-            stormguard_http::provider::Estimator::default(),
-        );
-        parts.extensions.insert(stormguard_tower::extensions::RateCost(tokens.total()));
+    // Rate admission's token cost: the request's output maximum and its size, when tokens
+    // are metered (or may be learned).
+    let rate = &dep.dependency.config().rate;
+    if rate.is_on()
+        && (rate.learn
+            || rate.provider.is_some()
+            || rate.tokens_per_minute.is_some()
+            || rate.input_tokens_per_minute.is_some()
+            || rate.output_tokens_per_minute.is_some())
+    {
+        let estimator = stormguard_http::provider::Estimator {
+            bytes_per_token: dep.config.0.bytes_per_token,
+            ..Default::default()
+        };
+        let tokens = stormguard_http::provider::estimate(&body.head_bytes(), estimator);
+        parts.extensions.insert(stormguard_tower::extensions::RateCost {
+            input: tokens.input,
+            output: tokens.output,
+        });
     }
     // hyper's client sends no body on a GET or HEAD whose length it does not know unless told
     // to frame it: a body past the replay buffer, with no Content-Length, goes chunked.

@@ -50,6 +50,7 @@ pub fn stack(
     // Each HTTP/2 peer's stream limit lowers its upstream's cap.
     peer.attach(dependency);
     let dep = dependency.clone();
+    let provider = dependency.config().rate.provider;
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,
         // 504, 502 with the reason), so every caller gets exactly one answer.
@@ -72,6 +73,8 @@ pub fn stack(
         .map_request(attempt::grpc_deadline)
         // with the cap held under the HTTP/2 peer's streams,
         .map_request(move |req| peer.hold_cap(&dep, req))
+        // an OpenAI 429's body read for a spent quota,
+        .then(move |r| crate::provider::inspect(provider, r))
         // and an upgrade nobody asked for refused.
         .map_result(attempt::no_upgrade)
         .service(client);

@@ -43,8 +43,9 @@ use tower::{Layer, Service};
 
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, Slots, UpstreamTarget};
+use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
 pub use crate::extensions::{BodyReceived, TimeLeft};
+use crate::rate::{RateReservation, UsageTap};
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -107,17 +108,21 @@ where
         // Which upstream (with several): the retry layer put it on the request.
         let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
         let upstream = dep.upstream_at(target);
-        let cost = req.extensions().get::<RateCost>().map_or(0, |c| c.0);
+        let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
+        let mut rate = None;
         let (permit, total) = match admitted {
             // A retry: the retry layer took its slots (or, in shadow mode, none). It never
             // waits for the provider's window either.
             Some(slots) => {
-                if let Some(r) = dep.rates()
-                    && r.take(now, cost).is_err()
-                {
-                    drop(slots);
-                    dep.policy().counters().denied(Denied::Rate);
-                    return CapFuture::boxed(refused(Denied::Rate));
+                if let Some(r) = dep.rates_at(target) {
+                    match r.reserve(now, cost, Duration::ZERO) {
+                        Ok((booked, _)) => rate = Some(booked),
+                        Err(_) => {
+                            drop(slots);
+                            dep.policy().counters().denied(Denied::Rate);
+                            return CapFuture::boxed(refused(Denied::Rate));
+                        }
+                    }
                 }
                 slots
             }
@@ -131,14 +136,25 @@ where
                     policy.on_primary_refused(Denied::Breaker);
                     return CapFuture::boxed(refused(Denied::Breaker));
                 }
-                // The provider's window before the cap: a first try that would pass it waits
-                // for room, then queues for its slot.
-                if let Some(r) = dep.rates()
-                    && let Err(wait) = r.take(now, cost)
-                {
-                    return CapFuture::boxed(Box::pin(rate_waited(
-                        dep, inner, req, deadline, target, cost, wait,
-                    )));
+                // The provider's window before the cap: a first try books its turn, waits for
+                // it (within the queue timeout and the deadline), then queues for its slot.
+                if let Some(r) = dep.rates_at(target) {
+                    let mut max_wait = dep.config().limiter.queue_timeout;
+                    if let Some(d) = deadline {
+                        max_wait = max_wait.min(d.saturating_since(now));
+                    }
+                    match r.reserve(now, cost, max_wait) {
+                        Ok((booked, wait)) if wait.is_zero() => rate = Some(booked),
+                        Ok((booked, wait)) => {
+                            return CapFuture::boxed(Box::pin(rate_waited(
+                                dep, inner, req, deadline, target, booked, wait,
+                            )));
+                        }
+                        Err(_) => {
+                            policy.on_primary_refused(Denied::Rate);
+                            return CapFuture::boxed(refused(Denied::Rate));
+                        }
+                    }
                 }
                 // A free slot and nobody waiting: take it now, without a queue entry or a
                 // timer; otherwise wait in the queue. With a total cap, its slot first.
@@ -147,7 +163,7 @@ where
                     Some(Ok(p)) => Some(p),
                     Some(Err(_)) => {
                         return CapFuture::boxed(Box::pin(queued(
-                            dep, inner, req, deadline, target,
+                            dep, inner, req, deadline, target, rate,
                         )));
                     }
                 };
@@ -158,13 +174,13 @@ where
                     }
                     Err(_) => {
                         return CapFuture::boxed(Box::pin(queued(
-                            dep, inner, req, deadline, target,
+                            dep, inner, req, deadline, target, rate,
                         )));
                     }
                 }
             }
         };
-        send(dep, inner, req, (permit, total), deadline, now, target)
+        send(dep, inner, req, (permit, total, rate), deadline, now, target)
     }
 }
 
@@ -172,8 +188,9 @@ fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> 
     Box::pin(std::future::ready(Err(StormguardError::Denied(reason).into())))
 }
 
-/// A primary the provider's window had no room for: waits until it has (never past the queue
-/// timeout or the deadline: then it is refused `rate`), then queues for its slot.
+/// A primary that booked a later turn in the provider's window: waits for it (and for any
+/// hold a 429 or a cool-down put on the upstream meanwhile, never past the queue timeout or the
+/// deadline: then its booking is refunded and it is refused `rate`), then queues for its slot.
 #[allow(clippy::manual_async_fn)]
 fn rate_waited<S, B, RB>(
     dep: Dependency,
@@ -181,7 +198,7 @@ fn rate_waited<S, B, RB>(
     req: Request<B>,
     deadline: Option<Timestamp>,
     target: usize,
-    cost: u64,
+    booked: RateReservation,
     mut wait: Duration,
 ) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
 where
@@ -197,20 +214,20 @@ where
         if let Some(d) = deadline {
             give_up = give_up.min(d);
         }
-        let rates = dep.rates().expect("rate admission is on");
         loop {
-            let now = dep.now();
-            if now.saturating_add(wait) > give_up {
-                dep.policy().on_primary_refused(Denied::Rate);
-                return Err(StormguardError::Denied(Denied::Rate).into());
-            }
             tokio::time::sleep(wait).await;
-            match rates.take(dep.now(), cost) {
-                Ok(()) => break,
-                Err(w) => wait = w,
+            let now = dep.now();
+            match dep.rates_at(target).and_then(|r| r.held(now)) {
+                None => break,
+                Some(held) if now.saturating_add(held) <= give_up => wait = held,
+                Some(_) => {
+                    booked.refund(now);
+                    dep.policy().on_primary_refused(Denied::Rate);
+                    return Err(StormguardError::Denied(Denied::Rate).into());
+                }
             }
         }
-        queued(dep, inner, req, deadline, target).await
+        queued(dep, inner, req, deadline, target, Some(booked)).await
     }
 }
 
@@ -224,6 +241,7 @@ fn queued<S, B, RB>(
     req: Request<B>,
     deadline: Option<Timestamp>,
     target: usize,
+    rate: Option<RateReservation>,
 ) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
@@ -246,11 +264,14 @@ where
         };
         let now = dep.now();
         match r {
-            Ok(slots) => {
+            Ok((permit, total)) => {
                 dep.policy().on_admitted(now);
-                send(dep, inner, req, slots, deadline, now, target).await
+                send(dep, inner, req, (permit, total, rate), deadline, now, target).await
             }
             Err(reason) => {
+                if let Some(r) = rate {
+                    r.refund(now);
+                }
                 dep.policy().on_primary_refused(reason);
                 Err(StormguardError::Denied(reason).into())
             }
@@ -264,7 +285,7 @@ fn send<S, B, RB>(
     dep: Dependency,
     mut inner: S,
     mut req: Request<B>,
-    (permit, total): Slots,
+    (permit, total, rate): (Option<Permit>, Option<Permit>, Option<RateReservation>),
     deadline: Option<Timestamp>,
     now: Timestamp,
     target: usize,
@@ -279,6 +300,9 @@ where
         Some(Err(_)) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
             drop((permit, total));
+            if let Some(r) = rate {
+                r.refund(now);
+            }
             dep.policy().counters().denied(Denied::Breaker);
             return CapFuture::boxed(refused(Denied::Breaker));
         }
@@ -305,7 +329,7 @@ where
     let body = timer.as_ref().and_then(|_| req.extensions().get::<BodyReceived>().cloned());
     let call = inner.call(req);
     let movable = dep.config().background.is_some();
-    let attempt = Attempt { dep, permit, total, probe, now, target, body };
+    let attempt = Attempt { dep, permit, total, probe, now, target, body, rate };
     if movable {
         // A call that outlives its caller (a timeout, a dropped future) runs on in the
         // background until the dependency answers: box it so it can be moved there.
@@ -426,6 +450,9 @@ struct Attempt {
     /// Whether the caller's body has been received, when someone tracks it (and a per-try
     /// timer runs).
     body: Option<BodyReceived>,
+    /// Its booking in the provider's window, under rate admission. Dropped with the attempt
+    /// (a timeout, an abandoned caller), the estimate stays charged.
+    rate: Option<RateReservation>,
 }
 
 impl Attempt {
@@ -583,6 +610,10 @@ fn caller_too_slow(a: Attempt) -> BoxError {
         p.record(a.dep.now(), AttemptResult::NotCounted);
     }
     drop((a.permit, a.total));
+    if let Some(r) = a.rate {
+        // The provider never had the whole request.
+        r.refund(a.dep.now());
+    }
     StormguardError::CallerBody { source: Box::new(crate::error::CallerTooSlow) }.into()
 }
 
@@ -591,7 +622,7 @@ fn finish<RB, E: Into<BoxError>>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
-    let Attempt { dep, permit, total, probe, now, target, .. } = attempt;
+    let Attempt { dep, permit, total, probe, now, target, rate, .. } = attempt;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
     match result {
@@ -605,20 +636,10 @@ fn finish<RB, E: Into<BoxError>>(
                 judge(&dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
-            if let Some(r) = dep.rates() {
-                let too_many = (resp.status() == http::StatusCode::TOO_MANY_REQUESTS).then(|| {
-                    resp.headers().get(http::header::RETRY_AFTER).and_then(|v| {
-                        stormguard_http::headers::parse_retry_after(
-                            v.as_bytes(),
-                            std::time::SystemTime::now(),
-                            Duration::from_secs(3600),
-                        )
-                        .ok()
-                    })
-                });
-                r.observe(now, resp.headers(), too_many);
+            if let Some(r) = dep.rates_at(target) {
+                crate::rate::answered(&dep, r, target, &resp);
             }
-            Ok(resp.map(|body| PermitBody::new(body, permit, total, dep)))
+            Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {
             let e: BoxError = e.into();
@@ -641,6 +662,14 @@ fn finish<RB, E: Into<BoxError>>(
                 judge(&dep, target, p, now, counted);
             }
             drop((permit, total));
+            if let Some(r) = rate {
+                // Never sent (a refused connection): given back. Sent and failed: the
+                // provider may have counted it, so the estimate stays.
+                match stormguard_http::classify::classify_transport(kind).1 {
+                    true => r.refund(dep.now()),
+                    false => drop(r),
+                }
+            }
             Err(StormguardError::Transport { kind, source: e }.into())
         }
     }
@@ -750,6 +779,8 @@ pin_project! {
         permit: Option<Permit>,
         total: Option<Permit>,
         dependency: Option<Dependency>,
+        // Rate admission's booking, settled from the usage the body states when it ends.
+        rate: Option<Box<(RateReservation, UsageTap)>>,
     }
 }
 
@@ -770,12 +801,20 @@ impl<B> PermitBody<B> {
         total: Option<Permit>,
         dependency: Dependency,
     ) -> PermitBody<B> {
-        PermitBody { inner, permit, total, dependency: Some(dependency) }
+        PermitBody { inner, permit, total, dependency: Some(dependency), rate: None }
+    }
+
+    /// The body also carries the attempt's booking in the provider's window (see
+    /// [`crate::rate`]): settled from the `usage` the body states when it ends, kept at its
+    /// estimate when it fails or is dropped.
+    pub fn with_rate(mut self, rate: Option<RateReservation>) -> PermitBody<B> {
+        self.rate = rate.map(|r| Box::new((r, UsageTap::default())));
+        self
     }
 
     /// A body that holds no slot.
     pub fn without_permit(inner: B) -> PermitBody<B> {
-        PermitBody { inner, permit: None, total: None, dependency: None }
+        PermitBody { inner, permit: None, total: None, dependency: None, rate: None }
     }
 
     /// Whether the body still holds its attempt's slot.
@@ -804,6 +843,20 @@ where
             None | Some(Err(_)) => true,
             Some(Ok(_)) => this.inner.is_end_stream(),
         };
+        if let Some(rate) = this.rate.as_mut() {
+            if let Some(Ok(frame)) = &r
+                && let Some(data) = frame.data_ref()
+            {
+                rate.1.feed(bytes::Buf::chunk(data));
+            }
+            if done && let Some(rate) = this.rate.take() {
+                let (booked, tap) = *rate;
+                match (&r, this.dependency.as_ref()) {
+                    (Some(Err(_)), _) | (_, None) => drop(booked),
+                    (_, Some(d)) => booked.settle(d.now(), tap.usage()),
+                }
+            }
+        }
         if done && let Some(p) = this.permit.take() {
             let total = this.total.take();
             match this.dependency {

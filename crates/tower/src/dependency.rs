@@ -1,6 +1,7 @@
 //! A dependency: everything its callers share — the limiter (the cap), the retry budget, the
 //! breaker, the pushback hold, the counters — built once and cloned into every layer.
 
+use crate::extensions::RateCost;
 pub use crate::extensions::UpstreamTarget;
 use std::fmt;
 use std::sync::Arc;
@@ -106,85 +107,7 @@ pub struct DependencyConfig {
     pub rate: RateAdmission,
 }
 
-/// Rate admission: the provider's requests and tokens per minute, beside the cap. A first try
-/// that would pass a limit waits for room (within the queue timeout, then it is refused
-/// `rate`); a retry never waits (refused `rate`). Limits start from here and are learned from
-/// the provider's own headers (OpenAI's `x-ratelimit-*-requests|tokens`, Anthropic's
-/// `anthropic-ratelimit-*`): its `remaining` is the truth, a stated limit replaces the
-/// configured one, and a 429 holds admission until its `retry-after` and lowers the limit.
-/// A request's token cost is its [`RateCost`](crate::extensions::RateCost) extension (0 when
-/// absent: requests only).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RateAdmission {
-    /// Requests per minute. `None`: not limited until a provider's header states a limit
-    /// (when `learn`).
-    pub requests_per_minute: Option<u64>,
-    /// Tokens per minute (input and output together). `None`: as for requests.
-    pub tokens_per_minute: Option<u64>,
-    /// Meter even with no configured limit, from what the provider's headers state.
-    pub learn: bool,
-}
-
-impl RateAdmission {
-    /// Whether anything is metered.
-    pub fn is_on(&self) -> bool {
-        self.learn || self.requests_per_minute.is_some() || self.tokens_per_minute.is_some()
-    }
-}
-
-/// A provider's limits as one dependency meters them (upstream 0).
-#[derive(Debug)]
-pub struct Rates {
-    /// Requests per minute.
-    pub requests: stormguard_core::rate::RateLimit,
-    /// Tokens per minute.
-    pub tokens: stormguard_core::rate::RateLimit,
-}
-
-impl Rates {
-    fn new(c: RateAdmission) -> Rates {
-        use stormguard_core::rate::{RateConfig, RateLimit};
-        let minute = Duration::from_secs(60);
-        Rates {
-            requests: RateLimit::new(RateConfig { limit: c.requests_per_minute, window: minute }),
-            tokens: RateLimit::new(RateConfig { limit: c.tokens_per_minute, window: minute }),
-        }
-    }
-
-    /// Takes one request and `tokens` from the limits, or says how long until both fit (the
-    /// request's unit is given back when the tokens do not fit).
-    pub fn take(&self, now: Timestamp, tokens: u64) -> Result<(), Duration> {
-        let request = self.requests.try_acquire(now, 1).map_err(|w| w.wait)?;
-        match self.tokens.try_acquire(now, tokens) {
-            Ok(t) => {
-                request.settle(now, None);
-                t.settle(now, None);
-                Ok(())
-            }
-            Err(w) => {
-                request.settle(now, Some(0));
-                Err(w.wait)
-            }
-        }
-    }
-
-    /// What an answer's headers say of the limits; a 429 holds admission until its
-    /// `retry_after` and lowers the limits.
-    pub fn observe(
-        &self,
-        now: Timestamp,
-        headers: &http::HeaderMap,
-        too_many: Option<Option<Duration>>,
-    ) {
-        let seen = stormguard_http::provider::read_limits(headers);
-        self.requests.observe(now, seen.requests);
-        self.tokens.observe(now, seen.tokens);
-        if let Some(retry_after) = too_many {
-            self.requests.refused(now, retry_after);
-            self.tokens.refused(now, retry_after);
-        }
-    }
-}
+pub use crate::rate::{RateAdmission, Rates};
 
 /// One upstream of a dependency with several (see [`DependencyConfig::upstreams`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,8 +207,8 @@ struct Inner {
     requests: AtomicU64,
     /// Request numbers in the recorded trace.
     trace_ids: AtomicU64,
-    /// Rate admission, when on.
-    rates: Option<Rates>,
+    /// Rate admission, per upstream, when on (else empty).
+    rates: Vec<Rates>,
 }
 
 impl fmt::Debug for Dependency {
@@ -376,6 +299,14 @@ impl DependencyError {
     }
 }
 
+/// Rate admission's limits for each upstream, fresh from `config` (none when it is off).
+fn fresh_rates(config: &DependencyConfig) -> Vec<Rates> {
+    match config.rate.is_on() {
+        true => (0..config.upstreams.len().max(1)).map(|_| Rates::new(&config.rate)).collect(),
+        false => Vec::new(),
+    }
+}
+
 fn check_body_limit(config: &DependencyConfig) -> Result<(), DependencyError> {
     if config.body_limit > 64 * 1024 * 1024 {
         return Err(DependencyError::BodyLimit { got: config.body_limit });
@@ -451,7 +382,8 @@ impl Dependency {
             .map(|i| Upstream::new(upstream_limiter(&config, i), config.breaker, clock.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let total = total_limiter(&config, &clock)?;
-        Ok(Dependency::assemble(config, (clock, tokio_clock), upstreams, total, policy, 0))
+        let rates = fresh_rates(&config);
+        Ok(Dependency::assemble(config, (clock, tokio_clock), upstreams, total, policy, 0, rates))
     }
 
     /// The dependency made of these parts (`upstreams` holds at least one); its recorded
@@ -463,9 +395,9 @@ impl Dependency {
         total: Option<Limiter>,
         policy: RetryPolicy,
         trace_ids: u64,
+        rates: Vec<Rates>,
     ) -> Dependency {
         let upstream = upstreams.remove(0);
-        let config_rates = config.rate.is_on().then(|| Rates::new(config.rate));
         Dependency {
             inner: Arc::new(Inner {
                 config,
@@ -479,7 +411,7 @@ impl Dependency {
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
                 requests: AtomicU64::new(0),
                 trace_ids: AtomicU64::new(trace_ids),
-                rates: config_rates,
+                rates,
             }),
         }
     }
@@ -536,8 +468,23 @@ impl Dependency {
         };
         // The recorded trace's request numbers go on from the old ones.
         let trace_ids = old.trace_ids.load(Ordering::Relaxed);
+        // Each upstream's rates (what was learned, what is booked) by name, while rate
+        // admission's configuration is unchanged.
+        let rates = if config.rate == old.config.rate && config.rate.is_on() {
+            (0..config.upstreams.len().max(1))
+                .map(|i| {
+                    let name = config.upstreams.get(i).map(|u| u.name.as_str());
+                    (0..old.config.upstreams.len().max(1))
+                        .find(|&j| old_name(j) == name)
+                        .and_then(|j| old.rates.get(j).cloned())
+                        .unwrap_or_else(|| Rates::new(&config.rate))
+                })
+                .collect()
+        } else {
+            fresh_rates(&config)
+        };
         let clocks = (old.clock.clone(), old.tokio_clock);
-        Ok(Dependency::assemble(config, clocks, upstreams, total, policy, trace_ids))
+        Ok(Dependency::assemble(config, clocks, upstreams, total, policy, trace_ids, rates))
     }
 
     /// The configuration it was built with.
@@ -582,9 +529,14 @@ impl Dependency {
         Some(until.saturating_since(now))
     }
 
-    /// Rate admission's limits, when it is on.
+    /// Rate admission's limits on the first upstream, when it is on.
     pub fn rates(&self) -> Option<&Rates> {
-        self.inner.rates.as_ref()
+        self.inner.rates.first()
+    }
+
+    /// Rate admission's limits on upstream `i`, when it is on.
+    pub fn rates_at(&self, i: usize) -> Option<&Rates> {
+        self.inner.rates.get(i)
     }
 
     /// The total cap across the upstreams, when there are several and `total_cap` is set.
@@ -597,17 +549,34 @@ impl Dependency {
         1 + self.inner.more.len()
     }
 
-    /// Where a primary goes: the first upstream whose breaker is not open (the first when
-    /// every one is: its breaker refuses it).
-    pub fn primary_target(&self, now: Timestamp) -> usize {
-        (0..self.upstream_count()).find(|&i| self.allows(i, now)).unwrap_or(0)
+    /// Where a primary costing `cost` goes: the first upstream whose breaker is not open and,
+    /// under rate admission, whose window has room for it now (not held by a 429's reset or a
+    /// spent quota) and that is not cooling down after an overloaded answer; else the first whose breaker is not open (it waits
+    /// there for its turn); else the first (its breaker refuses it).
+    pub fn primary_target(&self, now: Timestamp, cost: RateCost) -> usize {
+        let n = self.upstream_count();
+        (0..n)
+            .find(|&i| self.allows(i, now) && self.has_room(i, now, cost))
+            .or_else(|| (0..n).find(|&i| self.allows(i, now)))
+            .unwrap_or(0)
     }
 
     /// Where a retry of an attempt that failed on `failed` goes: the next upstream, in order
-    /// and wrapping around, whose breaker is not open (`failed` itself when none is).
-    pub fn failover_target(&self, failed: usize, now: Timestamp) -> usize {
+    /// and wrapping around, whose breaker is not open and whose window has room (a retry never
+    /// waits for one); else the next whose breaker is not open; else `failed` itself.
+    pub fn failover_target(&self, failed: usize, now: Timestamp, cost: RateCost) -> usize {
         let n = self.upstream_count();
-        (1..n).map(|k| (failed + k) % n).find(|&i| self.allows(i, now)).unwrap_or(failed)
+        let next = || (1..n).map(move |k| (failed + k) % n);
+        next()
+            .find(|&i| self.allows(i, now) && self.has_room(i, now, cost))
+            .or_else(|| next().find(|&i| self.allows(i, now)))
+            .unwrap_or(failed)
+    }
+
+    /// Whether upstream `i`'s rate window takes `cost` now and it is not cooling down
+    /// (always, without rate admission).
+    fn has_room(&self, i: usize, now: Timestamp, cost: RateCost) -> bool {
+        self.rates_at(i).is_none_or(|r| !r.cooling(now) && r.wait_for(now, cost).is_zero())
     }
 
     fn allows(&self, i: usize, now: Timestamp) -> bool {

@@ -105,7 +105,20 @@ impl BodyReceived {
     }
 }
 
-/// A request extension: the tokens the request will use (its input and its output maximum),
-/// taken from the provider's tokens per minute by rate admission before it is sent. Absent: 0.
+/// A request extension: the tokens the request will use (its input, and its output maximum),
+/// booked in the provider's tokens per minute by rate admission before it is sent. Absent: no
+/// tokens (requests only).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RateCost(pub u64);
+pub struct RateCost {
+    /// Input (prompt) tokens, estimated.
+    pub input: u64,
+    /// Output tokens at most (the request's `max_tokens`).
+    pub output: u64,
+}
+
+/// A response extension: the provider said the account's quota is spent (OpenAI's
+/// `insufficient_quota`), not that a rate was passed. The answer is never retried, and rate
+/// admission holds its upstream for the quota hold. Set by whoever reads the answer's body
+/// below the cap (the proxy does, for `provider = "openai"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaExhausted;

@@ -32,6 +32,7 @@ pub mod error;
 pub mod extensions;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod rate;
 pub mod record;
 pub mod retry;
 pub mod span;
@@ -43,6 +44,7 @@ pub use dependency::{
 };
 pub use error::{BoxError, StormguardError};
 pub use extensions::UpstreamTarget;
+pub use rate::Provider;
 pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{
     AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, Retry, RetryBody, RetryLayer,

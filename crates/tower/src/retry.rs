@@ -23,6 +23,7 @@ use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
+use stormguard_core::backoff::Pushback;
 use stormguard_core::budget::RetryBudget;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
@@ -39,7 +40,7 @@ use tracing::instrument::Instrumented;
 use crate::cap::BoxFuture;
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{AdmittedSlot, AttemptDeadline, UpstreamTarget};
+use crate::extensions::{AdmittedSlot, AttemptDeadline, QuotaExhausted, RateCost, UpstreamTarget};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
@@ -215,7 +216,10 @@ where
     // With several upstreams, the first whose breaker is not open.
     let target = match dep.upstream_count() {
         1 => 0,
-        _ => dep.primary_target(start.unwrap_or_else(|| dep.now())),
+        _ => dep.primary_target(
+            start.unwrap_or_else(|| dep.now()),
+            req.extensions().get::<RateCost>().copied().unwrap_or_default(),
+        ),
     };
     let span = attempt_span(&dep, &req, target, 0);
     // The first attempt sends a copy too: the original keeps the body for the next one.
@@ -393,14 +397,22 @@ where
                 }
                 Some(failure) => {
                     record_response(&span, resp.status(), Some(failure));
-                    let pushback = config.pushback_headers.read_pushback(
+                    let mut pushback = config.pushback_headers.read_pushback(
                         resp.headers(),
                         resp.status(),
                         SystemTime::now(),
                         dep.header_stats(),
                     );
                     dep.log_malformed_once();
-                    FailedAttempt { failure, unsent: false, pushback }
+                    // A spent quota is not a rate: no retry helps.
+                    if resp.extensions().get::<QuotaExhausted>().is_some() {
+                        pushback = Some(Pushback::DontRetry);
+                    }
+                    // A provider that refused the request before processing it (a rate limit,
+                    // an overload): it was not run, so retrying it cannot run it twice.
+                    let unsent =
+                        config.rate.provider.is_some_and(|p| p.refused_unprocessed(resp.status()));
+                    FailedAttempt { failure, unsent, pushback }
                 }
             },
             Err(e) => {
@@ -436,7 +448,11 @@ where
         // hold and, at admission, a slot under its cap.
         let next = match dep.upstream_count() {
             1 => 0,
-            _ => dep.failover_target(target, now),
+            _ => dep.failover_target(
+                target,
+                now,
+                req.extensions().get::<RateCost>().copied().unwrap_or_default(),
+            ),
         };
         let decision = dep.policy().decide(
             now,

@@ -73,9 +73,11 @@ pub struct ProxyArgs {
     /// The admin listener, or "off" [default: 127.0.0.1:9901, or the config's `admin`].
     #[arg(long, value_name = "ADDR", value_parser = args::admin)]
     pub admin: Option<Admin>,
-    /// What may be retried (a timeout, a reset or a 5xx only for an idempotent request).
-    #[arg(long, value_name = "LIST", default_value = defaults::RETRY_ON, value_parser = args::retry_on)]
-    pub retry_on: RetryOn,
+    /// What may be retried (a timeout, a reset or a 5xx only for an idempotent request)
+    /// [default: 5xx,reset,connect-failure,refused-stream,timeout; with --provider openai or
+    /// anthropic, also 408, 409 and 429, as their SDKs retry].
+    #[arg(long, value_name = "LIST", value_parser = args::retry_on)]
+    pub retry_on: Option<RetryOn>,
     /// Retries per request, 0 to 10.
     #[arg(long, value_name = "N", default_value_t = defaults::MAX_RETRIES)]
     pub max_retries: u32,
@@ -99,6 +101,12 @@ pub struct ProxyArgs {
     /// `max_tokens` and size).
     #[arg(long, value_name = "N", conflicts_with = "config")]
     pub tpm: Option<u64>,
+    /// The provider whose answers these are, `openai`, `anthropic` or `generic`: its limits are
+    /// learned from its headers, a spent quota (`insufficient_quota`) is never retried and holds
+    /// the upstream, an overloaded answer (529) cools it down, and a 429 or 529 may be retried
+    /// even for a POST (the provider did not run it). See docs/providers.md.
+    #[arg(long, value_name = "KIND", conflicts_with = "config", value_parser = args::provider_preset)]
+    pub provider: Option<stormguard_tower::Provider>,
     /// The longest a primary waits for a slot.
     #[arg(long, value_name = "DURATION", default_value = format_duration(defaults::QUEUE_TIMEOUT), value_parser = args::duration)]
     pub queue_timeout: Duration,
@@ -234,7 +242,12 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     let mut d = ProxyDependency::new("default", uri);
     d.cap = args.cap;
     d.budget = args.budget;
-    d.retry_on = args.retry_on.clone();
+    d.retry_on = match (&args.retry_on, args.provider) {
+        (Some(r), _) => r.clone(),
+        (None, Some(p)) => p.retry_on(),
+        (None, None) => RetryOn::default(),
+    };
+    d.rate.provider = args.provider;
     d.max_retries = args.max_retries;
     d.per_try_timeout = args.per_try_timeout;
     d.deadline = args.deadline;

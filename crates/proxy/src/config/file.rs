@@ -175,12 +175,25 @@ struct DependencyFile {
     tls: TlsConfig,
     requests_per_minute: Option<u64>,
     tokens_per_minute: Option<u64>,
+    input_tokens_per_minute: Option<u64>,
+    output_tokens_per_minute: Option<u64>,
     learn_rate_limits: Option<bool>,
+    #[serde(default, deserialize_with = "sde::option_from_str")]
+    provider: Option<stormguard_tower::Provider>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
+    quota_hold: Option<Duration>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
+    overload_cool_down: Option<Duration>,
+    bytes_per_token: Option<u64>,
 }
 
 impl DependencyFile {
     fn into_model(self) -> Result<ProxyDependency, RuleViolation> {
         let mut d = ProxyDependency::new(self.name, Uri::from_static("http://unset"));
+        // A provider's preset retries what its own SDKs retry, unless retry_on says otherwise.
+        if let Some(p) = self.provider {
+            d.retry_on = p.retry_on();
+        }
         (d.upstreams, d.upstream_caps) = self.upstreams.into_iter().map(|u| (u.url, u.cap)).unzip();
         set!(d, self; cap, queue, queue_timeout, budget, retry_on, max_retries, backoff, enforce,
             scope_retries, scope_header, timeout_slot_hold, abandon_hold, body_limit,
@@ -209,7 +222,13 @@ impl DependencyFile {
         d.tls = self.tls;
         d.rate.requests_per_minute = self.requests_per_minute;
         d.rate.tokens_per_minute = self.tokens_per_minute;
+        d.rate.input_tokens_per_minute = self.input_tokens_per_minute;
+        d.rate.output_tokens_per_minute = self.output_tokens_per_minute;
         d.rate.learn = self.learn_rate_limits.unwrap_or(false);
+        d.rate.provider = self.provider;
+        set!(d.rate, self; quota_hold, overload_cool_down);
+        set!(d, self; bytes_per_token);
+
         let fleet_keys = [
             ("redis", self.redis.is_some()),
             ("fleet_cap", self.fleet_cap.is_some()),

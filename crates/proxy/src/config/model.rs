@@ -305,6 +305,9 @@ pub struct ProxyDependency {
     /// [`stormguard_tower::RateAdmission`]. The request's tokens are estimated from its body
     /// (its `max_tokens` and its size). Default: off.
     pub rate: stormguard_tower::RateAdmission,
+    /// Request body bytes per input token, for rate admission's estimate of a request's tokens
+    /// (`bytes_per_token`). Default 4.
+    pub bytes_per_token: u64,
 }
 
 /// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
@@ -480,6 +483,7 @@ impl ProxyDependency {
             tls: TlsConfig::default(),
             http2: Http2Config::default(),
             rate: stormguard_tower::RateAdmission::default(),
+            bytes_per_token: stormguard_http::provider::Estimator::default().bytes_per_token,
         }
     }
 

@@ -124,11 +124,11 @@ pub enum RuleError {
         /// The cap.
         cap: u64,
     },
-    /// Rate admission with several upstreams or a fleet placement (not yet metered there).
+    /// Rate admission with a fleet placement (not yet metered fleet-wide).
     #[error(
-        "requests_per_minute, tokens_per_minute and learn_rate_limits meter one local upstream for now: not with several upstreams or placement = \"fleet\""
+        "rate admission (requests_per_minute, tokens_per_minute, learn_rate_limits, provider) meters this instance's own upstreams for now: not with placement = \"fleet\""
     )]
-    RateOneUpstream,
+    RateNotFleet,
     /// `[dependency.tls]` with no `https://` upstream.
     #[error("[dependency.tls] applies to https:// upstreams only")]
     TlsWithoutHttps,
@@ -361,14 +361,16 @@ impl ProxyDependency {
         for (key, limit) in [
             ("requests_per_minute", self.rate.requests_per_minute),
             ("tokens_per_minute", self.rate.tokens_per_minute),
+            ("input_tokens_per_minute", self.rate.input_tokens_per_minute),
+            ("output_tokens_per_minute", self.rate.output_tokens_per_minute),
         ] {
             if let Some(n) = limit {
                 range(key, 1, 1_000_000_000_000, n)?;
             }
         }
-        if self.rate.is_on() && (self.upstreams.len() > 1 || self.fleet.is_some()) {
-            let key = if self.fleet.is_some() { "placement" } else { "upstreams" };
-            return Err(at(key, RuleError::RateOneUpstream));
+        range("bytes_per_token", 1, 1_000_000, self.bytes_per_token)?;
+        if self.rate.is_on() && self.fleet.is_some() {
+            return Err(at("placement", RuleError::RateNotFleet));
         }
         let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
         if self.tls.is_set() && !https {

@@ -72,7 +72,13 @@ impl ProxyConfig {
                 "max_concurrent_streams": d.http2.max_concurrent_streams,
                 "requests_per_minute": d.rate.requests_per_minute,
                 "tokens_per_minute": d.rate.tokens_per_minute,
+                "input_tokens_per_minute": d.rate.input_tokens_per_minute,
+                "output_tokens_per_minute": d.rate.output_tokens_per_minute,
                 "learn_rate_limits": d.rate.learn,
+                "provider": d.rate.provider.map(|p| p.as_str()),
+                "quota_hold": dur(Some(d.rate.quota_hold)),
+                "overload_cool_down": dur(Some(d.rate.overload_cool_down)),
+                "bytes_per_token": d.bytes_per_token,
                 "tls": d.tls.is_set().then(|| json!({
                     "ca_file": d.tls.ca_file.as_ref().map(|p| p.display().to_string()),
                     "client_cert": d.tls.client_cert.as_ref().map(|p| p.display().to_string()),

@@ -1,0 +1,473 @@
+//! Rate admission: a model provider's requests and tokens per minute, metered per upstream
+//! beside the cap.
+//!
+//! Each upstream gets its own [`Rates`] — requests, tokens, and (where the provider splits
+//! them, as Anthropic does) input and output tokens — each a core
+//! [`RateLimit`](stormguard_core::rate::RateLimit). A first try books its request and its
+//! estimated tokens ([`RateCost`](crate::extensions::RateCost)) before it queues for its slot:
+//! when the window has no room it waits for its turn (first come, first served; within the
+//! queue timeout and the deadline, else refused `rate`). A retry never waits: no room now is a
+//! refusal `rate`. The booking ([`RateReservation`]) rides with the attempt and is settled
+//! when the answer ends, from the `usage` the provider counted ([`UsageTap`]); an attempt that
+//! never reached the provider is refunded; one that failed or was abandoned keeps its estimate
+//! (the provider may have counted it). Every answer's rate-limit headers correct the estimate
+//! (the provider's `remaining` is the truth), a 429 holds the upstream until its reset, and the
+//! provider presets ([`Provider`]) add what each provider's answers mean.
+
+use std::time::Duration;
+
+use http::{HeaderMap, Response, StatusCode};
+use stormguard_core::backoff::Pushback;
+use stormguard_core::clock::Timestamp;
+use stormguard_core::rate::{RateConfig, RateLimit, RatePermit, RateSnapshot};
+use stormguard_http::provider::Tokens;
+
+use crate::Dependency;
+use crate::extensions::{QuotaExhausted, RateCost};
+
+/// Which provider's answers the dependency speaks to, for what its statuses and bodies mean.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Provider {
+    /// Only the generic rules: rate-limit headers read, 429 held until its reset.
+    #[default]
+    Generic,
+    /// OpenAI: a 429 whose error is `insufficient_quota` (the account's quota or billing, not a
+    /// rate) is never retried and holds the upstream for [`RateAdmission::quota_hold`].
+    OpenAi,
+    /// Anthropic: a 529 (`overloaded_error`) is retried under the budget and cools the
+    /// upstream down for [`RateAdmission::overload_cool_down`] (another upstream is preferred
+    /// meanwhile).
+    Anthropic,
+}
+
+impl Provider {
+    /// Its name in configuration: `generic`, `openai`, `anthropic`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Generic => "generic",
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+
+    /// Whether a status from this provider means the request was refused before it was
+    /// processed — a rate limit (429), or an overloaded provider (529, and 503 from OpenAI) —
+    /// so that even a request that is not idempotent (a `POST` of a completion) can be retried
+    /// without being run twice, as the providers' own SDKs do.
+    pub fn refused_unprocessed(self, status: http::StatusCode) -> bool {
+        match self {
+            Provider::Generic => false,
+            Provider::OpenAi => matches!(status.as_u16(), 429 | 503),
+            Provider::Anthropic => matches!(status.as_u16(), 429 | 529),
+        }
+    }
+
+    /// What the preset retries when `retry_on` is not set: what the providers' own SDKs
+    /// retry — 408, 409, 429, every 5xx (529 included), a reset, a refused connection or
+    /// stream, a timeout. Generic: the usual default.
+    pub fn retry_on(self) -> stormguard_core::conditions::RetryOn {
+        match self {
+            Provider::Generic => stormguard_core::conditions::RetryOn::default(),
+            Provider::OpenAi | Provider::Anthropic => {
+                PROVIDER_RETRY_ON.parse().expect("PROVIDER_RETRY_ON is a valid retry_on")
+            }
+        }
+    }
+
+    /// Whether a status means the provider is overloaded (not this caller's rate): the upstream
+    /// cools down.
+    pub fn overloaded(self, status: http::StatusCode) -> bool {
+        match self {
+            Provider::Generic => false,
+            Provider::OpenAi => status.as_u16() == 503,
+            Provider::Anthropic => status.as_u16() == 529,
+        }
+    }
+}
+
+/// The `retry_on` of the OpenAI and Anthropic presets.
+pub const PROVIDER_RETRY_ON: &str = "5xx,408,409,429,reset,connect-failure,refused-stream,timeout";
+
+/// A provider name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a provider (expected openai, anthropic or generic)")]
+pub struct UnknownProvider(pub String);
+
+impl std::str::FromStr for Provider {
+    type Err = UnknownProvider;
+
+    fn from_str(s: &str) -> Result<Provider, UnknownProvider> {
+        match s {
+            "generic" => Ok(Provider::Generic),
+            "openai" => Ok(Provider::OpenAi),
+            "anthropic" => Ok(Provider::Anthropic),
+            other => Err(UnknownProvider(other.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Rate admission: the provider's requests and tokens per minute, beside the cap. A first try
+/// that would pass a limit waits for its turn (within the queue timeout, then it is refused
+/// `rate`); a retry never waits (refused `rate`). Limits start from here and are learned from
+/// the provider's own headers (OpenAI's `x-ratelimit-*-requests|tokens`, Anthropic's
+/// `anthropic-ratelimit-*`): its `remaining` is the truth, a stated limit replaces the
+/// configured one, and a 429 holds admission until its reset and lowers the limit. Each
+/// upstream is metered apart (providers limit per key). A request's token cost is its
+/// [`RateCost`] extension (none: requests only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateAdmission {
+    /// Requests per minute. `None`: not limited until a provider's header states a limit
+    /// (when `learn`).
+    pub requests_per_minute: Option<u64>,
+    /// Tokens per minute (input and output together). `None`: as for requests.
+    pub tokens_per_minute: Option<u64>,
+    /// Input tokens per minute (Anthropic counts them apart). `None`: as for requests.
+    pub input_tokens_per_minute: Option<u64>,
+    /// Output tokens per minute (Anthropic counts them apart). `None`: as for requests.
+    pub output_tokens_per_minute: Option<u64>,
+    /// Meter even with no configured limit, from what the provider's headers state.
+    pub learn: bool,
+    /// Whose answers these are; `None`: rate admission's generic rules only.
+    pub provider: Option<Provider>,
+    /// How long a spent quota (OpenAI's `insufficient_quota`) holds the upstream. Default 60 s.
+    pub quota_hold: Duration,
+    /// How long an overloaded answer (Anthropic's 529, OpenAI's 503) cools the upstream down:
+    /// first tries and failovers go to another upstream meanwhile, when there is one. Default
+    /// 1 s.
+    pub overload_cool_down: Duration,
+}
+
+impl Default for RateAdmission {
+    fn default() -> RateAdmission {
+        RateAdmission {
+            requests_per_minute: None,
+            tokens_per_minute: None,
+            input_tokens_per_minute: None,
+            output_tokens_per_minute: None,
+            learn: false,
+            provider: None,
+            quota_hold: Duration::from_secs(60),
+            overload_cool_down: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RateAdmission {
+    /// Whether anything is metered: a limit configured, learning on, or a provider named (a
+    /// provider preset learns).
+    pub fn is_on(&self) -> bool {
+        self.learn
+            || self.provider.is_some()
+            || self.requests_per_minute.is_some()
+            || self.tokens_per_minute.is_some()
+            || self.input_tokens_per_minute.is_some()
+            || self.output_tokens_per_minute.is_some()
+    }
+}
+
+/// A provider's limits as one upstream meters them.
+#[derive(Debug, Clone)]
+pub struct Rates {
+    /// Until when (nanoseconds on the dependency's clock) the upstream cools down after an
+    /// overloaded answer: first tries and failovers go to another upstream meanwhile.
+    cool_until: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Requests per minute.
+    pub requests: RateLimit,
+    /// Tokens per minute (input and output together).
+    pub tokens: RateLimit,
+    /// Input tokens per minute.
+    pub input_tokens: RateLimit,
+    /// Output tokens per minute.
+    pub output_tokens: RateLimit,
+}
+
+/// One upstream's limits at an instant, for metrics and the dashboard.
+#[derive(Debug, Clone, Copy)]
+pub struct RatesSnapshot {
+    /// Requests per minute.
+    pub requests: RateSnapshot,
+    /// Tokens per minute.
+    pub tokens: RateSnapshot,
+    /// Input tokens per minute.
+    pub input_tokens: RateSnapshot,
+    /// Output tokens per minute.
+    pub output_tokens: RateSnapshot,
+}
+
+impl Rates {
+    /// Full buckets of the configured limits (unknown ones admit everything until learned).
+    pub fn new(c: &RateAdmission) -> Rates {
+        let limit = |limit| RateLimit::new(RateConfig { limit, window: Duration::from_secs(60) });
+        Rates {
+            cool_until: Default::default(),
+            requests: limit(c.requests_per_minute),
+            tokens: limit(c.tokens_per_minute),
+            input_tokens: limit(c.input_tokens_per_minute),
+            output_tokens: limit(c.output_tokens_per_minute),
+        }
+    }
+
+    fn each(&self, cost: RateCost) -> [(&RateLimit, u64); 4] {
+        [
+            (&self.requests, 1),
+            (&self.tokens, cost.input.saturating_add(cost.output)),
+            (&self.input_tokens, cost.input),
+            (&self.output_tokens, cost.output),
+        ]
+    }
+
+    /// Books one request and its tokens in every limit, to be sent after the returned wait
+    /// (zero: now), or says how long the turn would be when it is past `max_wait` (nothing is
+    /// then taken).
+    pub fn reserve(
+        &self,
+        now: Timestamp,
+        cost: RateCost,
+        max_wait: Duration,
+    ) -> Result<(RateReservation, Duration), Duration> {
+        let mut taken: Vec<RatePermit> = Vec::with_capacity(4);
+        let mut wait = Duration::ZERO;
+        for (limit, units) in self.each(cost) {
+            match limit.reserve(now, units, max_wait) {
+                Ok((p, w)) => {
+                    taken.push(p);
+                    wait = wait.max(w);
+                }
+                Err(w) => {
+                    for p in taken {
+                        p.refund(now);
+                    }
+                    return Err(w.wait);
+                }
+            }
+        }
+        let mut it = taken.into_iter();
+        let mut next = || it.next().expect("four limits");
+        let r = RateReservation {
+            requests: next(),
+            tokens: next(),
+            input_tokens: next(),
+            output_tokens: next(),
+        };
+        Ok((r, wait))
+    }
+
+    /// How long a request of `cost` would wait for its turn now, without booking anything.
+    pub fn wait_for(&self, now: Timestamp, cost: RateCost) -> Duration {
+        self.each(cost)
+            .into_iter()
+            .map(|(l, units)| l.wait_for(now, units))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// How long the upstream is held (a 429's reset, a spent quota, a cool-down), if it is.
+    pub fn held(&self, now: Timestamp) -> Option<Duration> {
+        self.each(RateCost::default()).into_iter().filter_map(|(l, _)| l.held(now)).max()
+    }
+
+    /// The upstream cools down for `d` from `now`: another upstream is preferred meanwhile
+    /// (an overloaded provider gets a rest; with one upstream nothing changes, and its
+    /// retries stay under the budget and the backoff).
+    pub fn cool_down(&self, now: Timestamp, d: Duration) {
+        let until = now.saturating_add(d).as_nanos();
+        self.cool_until.fetch_max(until, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the upstream is cooling down at `now`.
+    pub fn cooling(&self, now: Timestamp) -> bool {
+        now.as_nanos() < self.cool_until.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Holds every limit for `d` without lowering it.
+    pub fn hold(&self, now: Timestamp, d: Duration) {
+        for (l, _) in self.each(RateCost::default()) {
+            l.hold(now, d);
+        }
+    }
+
+    /// What an answer's headers say of the limits; a 429 (`too_many`, with the wait it named)
+    /// holds admission until then and lowers the limits.
+    pub fn observe(&self, now: Timestamp, headers: &HeaderMap, too_many: Option<Option<Duration>>) {
+        let seen = stormguard_http::provider::read_limits(headers);
+        self.requests.observe(now, seen.requests);
+        self.tokens.observe(now, seen.tokens);
+        self.input_tokens.observe(now, seen.input_tokens);
+        self.output_tokens.observe(now, seen.output_tokens);
+        if let Some(retry_after) = too_many {
+            self.requests.refused(now, retry_after);
+            self.tokens.refused(now, retry_after);
+            self.input_tokens.refused(now, retry_after);
+            self.output_tokens.refused(now, retry_after);
+        }
+    }
+
+    /// The limits now.
+    pub fn snapshot(&self, now: Timestamp) -> RatesSnapshot {
+        RatesSnapshot {
+            requests: self.requests.snapshot(now),
+            tokens: self.tokens.snapshot(now),
+            input_tokens: self.input_tokens.snapshot(now),
+            output_tokens: self.output_tokens.snapshot(now),
+        }
+    }
+}
+
+/// What an answer from upstream `target` tells rate admission: the limits its headers state; a
+/// 429 holds the upstream until the reset it names (read as the retry layer reads pushback:
+/// `retry-after`, `retry-after-ms`, an exhausted window's reset) and lowers the limits; a spent
+/// quota ([`QuotaExhausted`]) holds it for the quota hold; an overloaded answer cools it down.
+pub(crate) fn answered<B>(dep: &Dependency, rates: &Rates, target: usize, resp: &Response<B>) {
+    let now = dep.now();
+    let status = resp.status();
+    let config = &dep.config().rate;
+    let too_many = (status == StatusCode::TOO_MANY_REQUESTS).then(|| {
+        // Malformed values are counted once, by the retry layer's reading.
+        let uncounted = stormguard_http::headers::HeaderStats::new();
+        let said = dep.config().pushback_headers.read_pushback(
+            resp.headers(),
+            status,
+            std::time::SystemTime::now(),
+            &uncounted,
+        );
+        match said {
+            Some(Pushback::RetryAfter(d)) => Some(d),
+            _ => None,
+        }
+    });
+    rates.observe(now, resp.headers(), too_many);
+    if resp.extensions().get::<QuotaExhausted>().is_some() {
+        rates.hold(now, config.quota_hold);
+        tracing::warn!(
+            dependency = dep.name(),
+            upstream = target,
+            hold_s = config.quota_hold.as_secs(),
+            "the provider says the quota is spent: no retry, and no attempt to this upstream until the hold ends"
+        );
+    } else if config.provider.is_some_and(|p| p.overloaded(status)) {
+        rates.cool_down(now, config.overload_cool_down);
+        tracing::debug!(
+            dependency = dep.name(),
+            upstream = target,
+            cool_down_ms = config.overload_cool_down.as_millis() as u64,
+            "the provider is overloaded: the upstream cools down"
+        );
+    }
+}
+
+/// One attempt's booking in its upstream's limits. Settled from what the provider counted when
+/// the answer ends ([`settle`](RateReservation::settle)), refunded when the attempt was never
+/// sent ([`refund`](RateReservation::refund)); dropped otherwise (a failed or abandoned
+/// attempt), its estimate stays charged and its units leave the outstanding count.
+#[derive(Debug)]
+pub struct RateReservation {
+    requests: RatePermit,
+    tokens: RatePermit,
+    input_tokens: RatePermit,
+    output_tokens: RatePermit,
+}
+
+impl RateReservation {
+    /// Settles the booking with what the provider counted (`None`: keep the estimate). The
+    /// request itself stays counted.
+    pub fn settle(self, now: Timestamp, used: Option<Tokens>) {
+        self.requests.settle(now, None);
+        self.tokens.settle(now, used.map(Tokens::total));
+        self.input_tokens.settle(now, used.map(|u| u.input));
+        self.output_tokens.settle(now, used.map(|u| u.output));
+    }
+
+    /// Gives everything back: the attempt never reached the provider.
+    pub fn refund(self, now: Timestamp) {
+        self.requests.refund(now);
+        self.tokens.refund(now);
+        self.input_tokens.refund(now);
+        self.output_tokens.refund(now);
+    }
+}
+
+/// What an answer's body says the provider counted: its first and last few KiB are kept as
+/// they stream past (a JSON answer's `usage` is near its end; a streamed answer's input count
+/// is in its first event and its output count in its last), and read when it ends.
+#[derive(Debug, Default)]
+pub struct UsageTap {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+/// How much of each end of an answer is kept.
+const TAP_KEEP: usize = 4096;
+
+impl UsageTap {
+    /// Notes one chunk of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if self.head.len() < TAP_KEEP {
+            let n = (TAP_KEEP - self.head.len()).min(chunk.len());
+            self.head.extend_from_slice(&chunk[..n]);
+        }
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > 2 * TAP_KEEP {
+            self.tail.drain(..self.tail.len() - TAP_KEEP);
+        }
+    }
+
+    /// The usage the body stated, if it stated one: the larger count of each kind from either
+    /// end.
+    pub fn usage(&self) -> Option<Tokens> {
+        use stormguard_http::provider::usage;
+        match (usage(&self.head), usage(&self.tail)) {
+            (Some(a), Some(b)) => {
+                Some(Tokens { input: a.input.max(b.input), output: a.output.max(b.output) })
+            }
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(rpm: u64, tpm: u64) -> Rates {
+        Rates::new(&RateAdmission {
+            requests_per_minute: Some(rpm),
+            tokens_per_minute: Some(tpm),
+            ..RateAdmission::default()
+        })
+    }
+
+    #[test]
+    fn a_booking_takes_from_every_limit_or_from_none() {
+        let r = rates(600, 1_000);
+        let cost = RateCost { input: 100, output: 500 };
+        let (b, wait) = r.reserve(Timestamp::ZERO, cost, Duration::ZERO).unwrap();
+        assert_eq!(wait, Duration::ZERO);
+        let s = r.snapshot(Timestamp::ZERO);
+        assert_eq!((s.requests.available, s.tokens.available), (599, 400));
+        // The tokens do not fit now: the request's unit is not taken either.
+        assert!(r.reserve(Timestamp::ZERO, cost, Duration::ZERO).is_err());
+        assert_eq!(r.snapshot(Timestamp::ZERO).requests.available, 599);
+        // Settled at what was used: 600 reserved, 250 counted.
+        b.settle(Timestamp::ZERO, Some(Tokens { input: 50, output: 200 }));
+        let s = r.snapshot(Timestamp::ZERO);
+        assert_eq!((s.requests.available, s.tokens.available, s.tokens.outstanding), (599, 750, 0));
+    }
+
+    #[test]
+    fn the_tap_reads_usage_from_either_end_of_a_long_stream() {
+        let mut tap = UsageTap::default();
+        tap.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n");
+        for _ in 0..1_000 {
+            tap.feed(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"hello\"}}\n\n");
+        }
+        tap.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":1000}}\n\n");
+        assert_eq!(tap.usage(), Some(Tokens { input: 25, output: 1_000 }));
+        assert!(tap.head.len() <= TAP_KEEP && tap.tail.len() <= 2 * TAP_KEEP);
+    }
+}
