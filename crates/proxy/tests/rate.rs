@@ -1,8 +1,12 @@
-//! Rate admission, judged at the provider: chaos plays an OpenAI-shaped API with 120 requests a
-//! minute (a bucket of 120, refilled at 2 a second). After a burst that empties its bucket, an
-//! open loop at twice the limit goes through the proxy: with rate admission the provider
-//! answers almost nothing with 429 (the proxy follows the `remaining` it states and holds first
-//! tries back), and serves about its limit; without it, about half of what reaches it is a 429.
+//! Rate admission, judged at the provider: chaos plays an OpenAI-shaped API with its own
+//! requests or tokens per minute (a bucket of the limit, refilled continuously). After a burst
+//! that empties its bucket (and teaches the proxy what is left), an open loop at twice the
+//! limit runs for 20 s through the proxy: with rate admission the provider answers at most 1 %
+//! of what reaches it with a 429 (the proxy follows the `remaining` it states and holds first
+//! tries back in FIFO order) and serves at least 90 % of what its limit allows; without it,
+//! about half of what reaches the provider is a 429. Three ways the limit binds: requests with
+//! the limit configured, requests learned only from the headers, tokens (large `max_tokens`)
+//! learned only from the headers.
 
 mod common;
 
@@ -17,16 +21,49 @@ use stormguard_chaos::{ChaosConfig, ChaosServer, Phase, ProviderConfig, Provider
 use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 
-const RPM: u64 = 120;
+/// How long the open loop runs.
+const SECS: u64 = 20;
 
-async fn provider() -> ChaosServer {
+/// Which limit binds, and what the proxy is told of it.
+#[derive(Clone, Copy)]
+struct Case {
+    /// The provider's requests and tokens per minute.
+    rpm: Option<u64>,
+    tpm: Option<u64>,
+    /// Each request's `max_tokens` (its cost: that plus its body's size in tokens).
+    max_tokens: u64,
+    /// The proxy is configured with the provider's limits; else it learns them from headers.
+    configured: bool,
+}
+
+impl Case {
+    fn body(&self) -> Bytes {
+        Bytes::from(format!(r#"{{"max_tokens":{}}}"#, self.max_tokens))
+    }
+
+    /// Tokens a request costs, counted as chaos and the proxy count them (4 bytes a token).
+    fn tokens(&self) -> u64 {
+        (self.body().len() as u64).div_ceil(4) + self.max_tokens
+    }
+
+    /// Requests a minute the binding limit allows.
+    fn per_minute(&self) -> u64 {
+        let by_tokens = self.tpm.map(|t| t / self.tokens());
+        match (self.rpm, by_tokens) {
+            (Some(r), Some(t)) => r.min(t),
+            (r, t) => r.or(t).expect("a limit"),
+        }
+    }
+}
+
+async fn provider(case: Case) -> ChaosServer {
     let mut config = ChaosConfig::single(Phase::default());
     config.provider =
-        Some(ProviderConfig { kind: ProviderKind::OpenAi, rpm: Some(RPM), tpm: None });
+        Some(ProviderConfig { kind: ProviderKind::OpenAi, rpm: case.rpm, tpm: case.tpm });
     stormguard_chaos::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
-async fn proxy(upstream: &ChaosServer, admission: bool) -> ProxyHandle {
+async fn proxy(upstream: &ChaosServer, case: Case, admission: bool) -> ProxyHandle {
     let mut d = ProxyDependency::new("llm", upstream.url("").parse().unwrap());
     d.cap = 200;
     d.queue = 1_000;
@@ -34,17 +71,22 @@ async fn proxy(upstream: &ChaosServer, admission: bool) -> ProxyHandle {
     // A 429 is not retried here: the count at the provider is of first tries.
     d.max_retries = 0;
     if admission {
-        d.rate.learn = true;
+        if case.configured {
+            d.rate.requests_per_minute = case.rpm;
+            d.rate.tokens_per_minute = case.tpm;
+        } else {
+            d.rate.learn = true;
+        }
     }
     let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
     c.admin = None;
     start(c).await.unwrap()
 }
 
-async fn post(addr: std::net::SocketAddr) -> u16 {
+async fn post(addr: std::net::SocketAddr, body: Bytes) -> u16 {
     let req = Request::post(format!("http://{addr}/v1/chat/completions"))
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(br#"{"max_tokens":1}"#)))
+        .body(Full::new(body))
         .unwrap();
     match tokio::time::timeout(Duration::from_secs(30), client().request(req)).await {
         Ok(Ok(r)) => r.status().as_u16(),
@@ -52,22 +94,21 @@ async fn post(addr: std::net::SocketAddr) -> u16 {
     }
 }
 
-/// (429s at the provider, 200s at the provider) for an open loop at twice the limit for
-/// `secs` seconds, after a burst of the whole bucket.
-async fn run(admission: bool, secs: u64) -> (u64, u64) {
-    let upstream = provider().await;
-    let p = proxy(&upstream, admission).await;
+/// (429s at the provider, 200s at the provider) for an open loop at twice the binding limit
+/// for [`SECS`] seconds, after a burst that empties the provider's bucket.
+async fn run(case: Case, admission: bool) -> (u64, u64) {
+    let upstream = provider(case).await;
+    let p = proxy(&upstream, case, admission).await;
     let addr = p.listen_addrs()[0];
-    // Empty the provider's bucket (and teach the proxy its limit and what is left).
-    for _ in 0..RPM {
-        post(addr).await;
+    for _ in 0..case.per_minute() {
+        post(addr, case.body()).await;
     }
     upstream.reset();
     let mut tasks = Vec::new();
-    let every = Duration::from_secs(60) / (2 * RPM as u32);
-    for _ in 0..(secs * 2 * RPM / 60) {
+    let every = Duration::from_secs(60) / (2 * case.per_minute() as u32);
+    for _ in 0..(SECS * 2 * case.per_minute() / 60) {
         let at = tokio::time::Instant::now();
-        tasks.push(tokio::spawn(post(addr)));
+        tasks.push(tokio::spawn(post(addr, case.body())));
         tokio::time::sleep_until(at + every).await;
     }
     for t in tasks {
@@ -78,17 +119,32 @@ async fn run(admission: bool, secs: u64) -> (u64, u64) {
     (seen.get(&429).copied().unwrap_or(0), seen.get(&200).copied().unwrap_or(0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twice_the_request_limit_draws_no_429s_with_rate_admission_and_many_without() {
-    let secs = 6;
-    let (limited, served) = run(true, secs).await;
+async fn judge(case: Case) {
+    let (limited, served) = run(case, true).await;
     let reached = limited + served;
     eprintln!("with rate admission: {served} served, {limited} 429s at the provider");
     assert!(limited * 100 <= reached.max(1), "{limited} 429s of {reached} at the provider");
-    // What the refill allows over the run: 2 a second.
-    let refill = secs * RPM / 60;
+    // What the refill allows over the run.
+    let refill = SECS * case.per_minute() / 60;
     assert!(served * 10 >= refill * 9, "{served} served, the limit allows {refill}");
-    let (limited, served) = run(false, secs).await;
+    let (limited, served) = run(case, false).await;
     eprintln!("without: {served} served, {limited} 429s at the provider");
-    assert!(limited * 3 >= (limited + served), "{limited} 429s of {}", limited + served);
+    assert!(limited * 10 >= (limited + served) * 4, "{limited} 429s of {}", limited + served);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_request_limit_configured() {
+    judge(Case { rpm: Some(600), tpm: None, max_tokens: 1, configured: true }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_request_limit_learned_from_headers_only() {
+    judge(Case { rpm: Some(600), tpm: None, max_tokens: 1, configured: false }).await;
+}
+
+/// 36 000 tokens a minute at 300 tokens a request: 120 requests a minute, far below the
+/// requests per minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_token_limit_learned_from_headers_only() {
+    judge(Case { rpm: Some(100_000), tpm: Some(36_000), max_tokens: 295, configured: false }).await;
 }
