@@ -128,11 +128,16 @@ fn bad_scenarios_exit_2_naming_file_line_and_key() {
 
 #[test]
 fn list_and_print_scenario() {
+    stormguard().args(["simulate", "--list"]).assert().success().stdout(
+        predicate::str::contains("metastable")
+            .and(predicate::str::contains("fleet"))
+            .and(predicate::str::contains("model-provider")),
+    );
     stormguard()
-        .args(["simulate", "--list"])
+        .args(["simulate", "--help"])
         .assert()
         .success()
-        .stdout(predicate::str::contains("metastable").and(predicate::str::contains("fleet")));
+        .stdout(predicate::str::contains("model-provider"));
     let out = simulate(&["--builtin", "worked-example", "--print-scenario"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("[[policy]]") && text.contains("cap = 20"));

@@ -12,17 +12,20 @@
 //! retry N times) are written here, because they are what stormguard replaces.
 //!
 //! The dependency knows nothing of clients: `capacity` servers, a FIFO queue (bounded or not),
-//! an outcome drawn when an attempt arrives and a service time drawn when it starts. A client
+//! an outcome drawn when an attempt arrives and a service time drawn when it starts, and, for
+//! a model provider, requests per minute counted at its door (the `rate` module, which also
+//! keeps the client's rate admission: here only what waits and what is refused). A client
 //! that times out does not take its attempt back: the server still serves it, which is how
 //! a storm feeds itself.
 //!
 //! State is kept only for what is in flight (slabs of actions, requests and attempts, reused as
 //! they finish) plus fixed aggregates, so memory follows concurrency, not run length.
 //!
-//! This file is one engine on purpose (about 1 000 lines of code, above the project's ~800): the
+//! This file is one engine on purpose (about 1 150 lines of code, above the project's ~800): the
 //! event loop, the client's and the dependency's handlers and the aggregates share one state and
 //! one clock, and split apart they would pass that state through every call. What is not the
-//! loop lives beside it: the scenario (`scenario/`), the distributions (`dist`), the report.
+//! loop lives beside it: the scenario (`scenario/`), the distributions (`dist`), the rate
+//! limits (`rate`), the report.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
@@ -31,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use stormguard_core::backoff::{Backoff, PushbackHold};
+use stormguard_core::backoff::{Backoff, Pushback, PushbackHold};
 use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerState};
 use stormguard_core::budget::{BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
@@ -43,9 +46,11 @@ use stormguard_core::decision::{
 use stormguard_core::denied::Denied;
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
 use stormguard_core::random::{RandomSource, SplitMix64};
+use stormguard_core::rate::RateLimit;
 use stormguard_core::scope::{FanOutScope, Scope};
 
 use crate::dist::{self, ServiceTime, Stream, mix, nanos};
+use crate::rate::{self, Provider};
 use crate::scenario::{Arrivals, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario, Share};
 use crate::stats::RunStats;
 
@@ -132,6 +137,10 @@ enum Ev {
     Done(Ref),
     /// The dependency's queue was full: a 503 at once.
     Reject(Ref),
+    /// The provider's requests per minute were used up: its 429 reaches the client.
+    Limited(Ref),
+    /// A first try's wait for room under the client's rate admission ended.
+    RateDue(Ref),
     /// An attempt's per-try timeout.
     Timeout(Ref),
     /// A request's backoff ended.
@@ -211,6 +220,8 @@ struct Seg {
 struct Unit {
     /// The cap (with the breaker and the pushback hold), if the policy has one.
     upstream: Option<Upstream>,
+    /// Rate admission's meter of the provider's requests per minute, if the policy has it.
+    rate: Option<RateLimit>,
     /// A separate retry pool, if the policy has one (sharing the breaker and the hold).
     retry_upstream: Option<Upstream>,
     breaker: Option<Breaker>,
@@ -260,6 +271,8 @@ struct Rare {
     charges: Option<RetryCharges>,
     ticket: Option<RetryTicket>,
     acquire: Option<(Acquire, Waker)>,
+    /// A first try waiting for room under rate admission gives up past this (virtual ns).
+    rate_give_up: u64,
 }
 
 impl Call {
@@ -286,6 +299,8 @@ struct Attempt {
     probe: Option<BreakerPermit>,
     /// A timed-out attempt's slot, held until the dependency answers or the hold passes.
     held: Option<HeldSlot>,
+    /// The provider's retry-after, when it answers this attempt 429.
+    limited: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -336,6 +351,8 @@ pub(crate) struct Run<'s> {
     calls: Slab<Call>,
     attempts: Slab<Attempt>,
     dep: Dependency,
+    /// The provider's requests per minute, if the dependency has them.
+    provider: Option<Provider>,
     arrival_rngs: Vec<SplitMix64>,
     instance_actions: Vec<u64>,
     attempt_seed: u64,
@@ -450,6 +467,7 @@ impl<'s> Run<'s> {
                 bound: sc.dependency.queue,
                 in_flight: 0,
             },
+            provider: sc.dependency.rate.as_ref().map(Provider::new),
             arrival_rngs: (0..instances)
                 .map(|i| SplitMix64::new(mix(arrival_seed, i as u64)))
                 .collect(),
@@ -552,7 +570,7 @@ impl<'s> Run<'s> {
     #[inline]
     fn push(&mut self, at: u64, ev: Ev) {
         self.seq += 1;
-        let rank = if matches!(ev, Ev::Done(_)) { 0 } else { RANK_BIT };
+        let rank = if matches!(ev, Ev::Done(_) | Ev::Limited(_)) { 0 } else { RANK_BIT };
         self.heap.push(Entry { at, order: rank | self.seq, ev });
         self.max_events = self.max_events.max(self.heap.len());
     }
@@ -621,6 +639,8 @@ impl<'s> Run<'s> {
                     self.answered(a, false);
                 }
             }
+            Ev::Limited(a) => self.limited(a),
+            Ev::RateDue(c) => self.rate_due(c),
             Ev::Timeout(a) => self.timed_out(a),
             Ev::RetryDue(c) => self.retry_due(c),
             Ev::QueueDeadline(u) => self.queue_deadline(u),
@@ -682,6 +702,58 @@ impl<'s> Run<'s> {
             self.primary_refused(call, Denied::Breaker);
             return;
         }
+        // The provider's window before the cap: a first try that would pass it waits for
+        // room, then queues for its slot.
+        if let Some(meter) = &u.rate
+            && let Err(wait) = rate::take(meter, ts)
+        {
+            let give_up = self.deadline.min(self.queue_timeout(unit));
+            self.rate_wait(call, now + give_up, wait);
+            return;
+        }
+        self.enter_cap(call);
+    }
+
+    /// The cap's timeout for a primary's wait (in the limiter's queue, or for rate admission's
+    /// room), in virtual nanoseconds.
+    fn queue_timeout(&self, unit: u32) -> u64 {
+        self.units[unit as usize]
+            .upstream
+            .as_ref()
+            .map_or(0, |up| nanos(up.limiter.config().queue_timeout))
+    }
+
+    /// A first try that found no room waits `wait` for it, unless that would pass `give_up`
+    /// (its queue timeout or deadline): then it is refused `rate` at once.
+    fn rate_wait(&mut self, call: Ref, give_up: u64, wait: Duration) {
+        let at = self.now.saturating_add(nanos(wait));
+        if at > give_up {
+            self.primary_refused(call, Denied::Rate);
+            return;
+        }
+        if let Some(c) = self.calls.get_mut(call) {
+            c.rare().rate_give_up = give_up;
+        }
+        self.push(at, Ev::RateDue(call));
+    }
+
+    /// A first try's wait for room ended: it takes its request, or waits again.
+    fn rate_due(&mut self, call: Ref) {
+        let ts = self.ts();
+        let Some(c) = self.calls.get(call) else { return };
+        let give_up = c.rare.as_ref().map_or(0, |r| r.rate_give_up);
+        let meter = self.units[c.unit as usize].rate.as_ref().expect("a rate wait has a meter");
+        match rate::take(meter, ts) {
+            Ok(()) => self.enter_cap(call),
+            Err(wait) => self.rate_wait(call, give_up, wait),
+        }
+    }
+
+    /// A first try asks the cap for its slot: now if one is free, else in the queue.
+    fn enter_cap(&mut self, call: Ref) {
+        let ts = self.ts();
+        let Some(unit) = self.calls.get(call).map(|c| c.unit) else { return };
+        let u = &mut self.units[unit as usize];
         let Some(up) = &u.upstream else {
             self.send(call, None, false, false);
             return;
@@ -854,10 +926,27 @@ impl<'s> Run<'s> {
             permit,
             probe,
             held: None,
+            limited: None,
         });
         self.stats.sent(retry);
         self.sent += 1;
         let now = self.now;
+        // The provider counts every attempt at its door, before its queue and servers.
+        if let Some(provider) = &self.provider {
+            let counted = provider.arrive(ts);
+            self.stats.at_provider(counted.is_ok());
+            if let Err(retry_after) = counted {
+                if let Some(a) = self.attempts.get_mut(att) {
+                    a.limited = Some(retry_after);
+                }
+                let answer = nanos(rate::LIMITED_ANSWER);
+                self.push(now + answer, Ev::Limited(att));
+                if answer > limit {
+                    self.push(now + limit, Ev::Timeout(att));
+                }
+                return;
+            }
+        }
         if self.dep.busy < capacity {
             let done = self.start_service(att);
             self.dep_in_flight(1);
@@ -902,7 +991,7 @@ impl<'s> Run<'s> {
             }
         }
         self.stats.timeouts += 1;
-        self.attempt_failed(call, AttemptFailure::Timeout);
+        self.attempt_failed(call, AttemptFailure::Timeout, None);
     }
 
     /// The client has the attempt's answer (or the dependency's refusal).
@@ -914,15 +1003,55 @@ impl<'s> Run<'s> {
         if let Some(p) = a.probe {
             p.record(ts, if ok { AttemptResult::Success } else { AttemptResult::UpstreamFailure });
         }
+        self.hear_limits(a.unit, None);
         if ok {
             self.succeeded(a.call);
         } else {
             self.stats.errors += 1;
-            self.attempt_failed(a.call, AttemptFailure::Status(503));
+            self.attempt_failed(a.call, AttemptFailure::Status(503), None);
         }
     }
 
-    fn attempt_failed(&mut self, call: Ref, failure: AttemptFailure) {
+    /// Rate admission hears what an answer states of the provider's limit (every answer
+    /// carries it, as the provider's headers do), and a 429's retry-after.
+    fn hear_limits(&mut self, unit: u32, too_many: Option<Duration>) {
+        let ts = self.ts();
+        if let Some(meter) = &self.units[unit as usize].rate {
+            let seen = self.provider.as_ref().map(|p| p.headers(ts)).unwrap_or_default();
+            rate::heard(meter, ts, seen, too_many);
+        }
+    }
+
+    /// The provider's 429 reaches the client: a failure the retry decision may retry, after
+    /// the retry-after it states (a budget policy's pushback; naive policies do not read it).
+    /// It says nothing of the dependency's health, so the breaker does not count it.
+    fn limited(&mut self, att: Ref) {
+        let Some(mut a) = self.attempts.remove(att) else { return };
+        if !a.waiting {
+            if let Some(held) = a.held.take() {
+                held.upstream_answered();
+            }
+            return;
+        }
+        let ts = self.ts();
+        if let Some(p) = a.permit {
+            p.release_at(ts);
+        }
+        if let Some(p) = a.probe {
+            p.record(ts, AttemptResult::NotCounted);
+        }
+        self.hear_limits(a.unit, a.limited);
+        self.attempt_failed(a.call, AttemptFailure::Status(429), a.limited);
+    }
+
+    /// A failed attempt goes to the retry decision; `retry_after` is the dependency's word on
+    /// when to retry (a 429's).
+    fn attempt_failed(
+        &mut self,
+        call: Ref,
+        failure: AttemptFailure,
+        retry_after: Option<Duration>,
+    ) {
         let ts = self.ts();
         let now = self.now;
         let Some(c) = self.calls.get_mut(call) else { return };
@@ -971,7 +1100,11 @@ impl<'s> Run<'s> {
                         Some(s) => std::slice::from_ref(s),
                         None => &[],
                     };
-                let failed = FailedAttempt::from(failure);
+                let failed = FailedAttempt {
+                    failure,
+                    unsent: false,
+                    pushback: retry_after.map(Pushback::RetryAfter),
+                };
                 match policy.decide(
                     ts,
                     upstream,
@@ -1012,6 +1145,7 @@ impl<'s> Run<'s> {
     /// A budgeted retry after its wait: `RetryPolicy::admit` takes the slot with
     /// `try_acquire` (refused `cap`, refunding the budget, if none is free).
     fn admit(&mut self, call: Ref, ticket: RetryTicket) {
+        let ts = self.ts();
         let Some(c) = self.calls.get_mut(call) else { return };
         let u = &self.units[c.unit as usize];
         let policy = u.policy.as_ref().expect("a budget policy has a RetryPolicy");
@@ -1021,6 +1155,18 @@ impl<'s> Run<'s> {
         match policy.admit(upstream, ticket, &mut c.state) {
             Ok(mut admitted) => {
                 let permit = admitted.take_permit();
+                // A retry never waits for the provider's window. As in the tower layer, its
+                // slot comes back and its budget charge stands.
+                if let Some(meter) = &u.rate
+                    && rate::take(meter, ts).is_err()
+                {
+                    if let Some(p) = permit {
+                        p.release_at(ts);
+                    }
+                    policy.counters().denied(Denied::Rate);
+                    self.deny(call, Denied::Rate);
+                    return;
+                }
                 c.rare().charges = Some(admitted.into_charges());
                 self.send(call, permit, true, pooled);
             }
@@ -1045,6 +1191,16 @@ impl<'s> Run<'s> {
                 }
             },
         };
+        // Under rate admission a retry never waits for the provider's window.
+        if let Some(meter) = &u.rate
+            && rate::take(meter, ts).is_err()
+        {
+            if let Some(p) = permit {
+                p.release_at(ts);
+            }
+            self.deny(call, Denied::Rate);
+            return;
+        }
         self.send(call, permit, true, pooled);
     }
 
@@ -1206,6 +1362,7 @@ fn build_units(
             };
             Ok(Unit {
                 upstream,
+                rate: p.rate.as_ref().map(rate::client_limit),
                 retry_upstream,
                 breaker,
                 policy,

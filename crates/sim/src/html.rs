@@ -182,6 +182,7 @@ pub fn render(report: &Report) -> String {
     }
     h.push_str("</p>\n");
     summary_table(&mut h, report);
+    rate_table(&mut h, report);
     let by_phase = {
         let mut t = String::new();
         phase_table(&mut t, report);
@@ -309,6 +310,32 @@ fn summary_table(h: &mut String, report: &Report) {
             p.latency_ms.p50,
             p.latency_ms.p99,
             recovery
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+/// What reached the dependency's requests per minute, when it has them.
+fn rate_table(h: &mut String, report: &Report) {
+    let Some(limit) = report.policies.iter().find_map(|p| p.rate_limit).map(|r| r.limit_per_min)
+    else {
+        return;
+    };
+    let _ = writeln!(
+        h,
+        "<h2>At the dependency's limit of {limit} requests/min</h2>\n<table><tr><th>policy</th>\
+         <th>reached it</th><th>429s</th><th>429 share</th><th>accepted / min</th></tr>"
+    );
+    for p in &report.policies {
+        let Some(r) = p.rate_limit else { continue };
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
+            esc(&p.name),
+            r.accepted + r.limited,
+            r.limited,
+            format::percent(r.limited_share, 1),
+            r.accepted_per_min
         );
     }
     h.push_str("</table>\n");

@@ -37,6 +37,7 @@ pub mod builtin;
 mod dist;
 mod engine;
 pub mod html;
+mod rate;
 mod report;
 pub mod scenario;
 mod stats;
@@ -47,7 +48,9 @@ use std::time::Duration;
 
 pub use dist::{ServiceTime, ServiceTimeError};
 pub use engine::{Footprint, RunError};
-pub use report::{InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, Report, Series};
+pub use report::{
+    InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, RateLimitReport, Report, Series,
+};
 pub use scenario::{InvalidScenario, Scenario, ScenarioError};
 
 /// A scenario that could not be run: its policies could not be built (scenarios read with

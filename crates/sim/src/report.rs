@@ -67,6 +67,21 @@ pub struct InFlight {
     pub cap: Option<u64>,
 }
 
+/// The dependency's requests per minute, as one policy met them.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct RateLimitReport {
+    /// The provider's limit, requests per minute.
+    pub limit_per_min: u64,
+    /// Attempts it counted (and served, whatever their outcome).
+    pub accepted: u64,
+    /// Attempts it answered 429 because its requests per minute were used up.
+    pub limited: u64,
+    /// `limited` over every attempt that reached it.
+    pub limited_share: f64,
+    /// Attempts counted before the end of arrivals, per minute of the run.
+    pub accepted_per_min: f64,
+}
+
 /// User-visible latency of actions (successful or not), in milliseconds.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Latency {
@@ -115,6 +130,10 @@ pub struct PolicyReport {
     pub timeouts: u64,
     /// Attempts the dependency refused at once because its queue was full.
     pub rejected: u64,
+    /// The dependency's requests per minute: what it counted and what it answered 429 (only
+    /// when it has `requests_per_minute`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitReport>,
     /// User-visible latency of actions.
     pub latency_ms: Latency,
     /// Seconds from the end of the trigger until every later bucket's goodput is at least
@@ -317,6 +336,13 @@ impl PolicyReport {
             primaries_denied_by: by_reason(&s.primaries_denied),
             timeouts: s.timeouts,
             rejected: s.rejected,
+            rate_limit: sc.dependency.rate.map(|r| RateLimitReport {
+                limit_per_min: r.requests_per_minute,
+                accepted: s.rate_accepted,
+                limited: s.rate_limited,
+                limited_share: r4(ratio(s.rate_limited, s.rate_accepted + s.rate_limited)),
+                accepted_per_min: r4(s.rate_accepted_in_run as f64 * 60.0 / duration_s),
+            }),
             latency_ms: Latency { p50: ms(0.5), p99: ms(0.99) },
             recovery_s,
             fast_actions: sc.client.fast_within.map(|_| r4(ratio(s.actions_fast, s.actions))),
@@ -345,8 +371,18 @@ impl Report {
         };
         let d = &sc.dependency;
         let fmt_d = stormguard_core::decimal::format_duration;
+        let rate = match d.rate {
+            None => String::new(),
+            Some(r) if r.requests_remaining == r.requests_per_minute => {
+                format!(", {} requests/min", r.requests_per_minute)
+            }
+            Some(r) => format!(
+                ", {} requests/min ({} left at the start)",
+                r.requests_per_minute, r.requests_remaining
+            ),
+        };
         let setup = format!(
-            "{} instance(s) × {load}, fan-out {}; dependency: {} servers, queue {}, {}; client: per-try timeout {}, deadline {}",
+            "{} instance(s) × {load}, fan-out {}; dependency: {} servers, queue {}, {}{rate}; client: per-try timeout {}, deadline {}",
             sc.fleet.instances,
             sc.fleet.fan_out,
             d.base.capacity,
@@ -500,6 +536,29 @@ impl Report {
                 "first tries refused before the dependency: {}",
                 primaries_refused.join("; ")
             )?;
+        }
+        if let Some(limit) =
+            self.policies.iter().find_map(|p| p.rate_limit).map(|r| r.limit_per_min)
+        {
+            writeln!(out, "\nat the dependency's limit of {limit} requests/min")?;
+            let mut rows = vec![vec![
+                "policy".to_string(),
+                "reached it".into(),
+                "429s".into(),
+                "429 share".into(),
+                "accepted/min".into(),
+            ]];
+            for p in &self.policies {
+                let Some(r) = p.rate_limit else { continue };
+                rows.push(vec![
+                    p.name.clone(),
+                    (r.accepted + r.limited).to_string(),
+                    r.limited.to_string(),
+                    pct(r.limited_share),
+                    format!("{:.1}", r.accepted_per_min),
+                ]);
+            }
+            table(out, &rows)?;
         }
         if self.phases.len() > 1 {
             for (title, cell) in [

@@ -119,6 +119,11 @@ pub(crate) struct RunStats {
     pub timeouts: u64,
     pub rejected: u64,
     pub errors: u64,
+    /// Attempts the provider's requests per minute counted, and those it answered 429.
+    pub rate_accepted: u64,
+    pub rate_limited: u64,
+    /// Of `rate_accepted`, those before the end of arrivals.
+    pub rate_accepted_in_run: u64,
     pub retries_denied: [u64; Denied::ALL.len()],
     pub primaries_denied: [u64; Denied::ALL.len()],
 }
@@ -150,6 +155,9 @@ impl RunStats {
             timeouts: 0,
             rejected: 0,
             errors: 0,
+            rate_accepted: 0,
+            rate_limited: 0,
+            rate_accepted_in_run: 0,
             retries_denied: [0; Denied::ALL.len()],
             primaries_denied: [0; Denied::ALL.len()],
         }
@@ -229,6 +237,17 @@ impl RunStats {
                 self.buckets[b].primaries += 1;
                 self.segments[s].primaries += 1;
             }
+        }
+    }
+
+    /// An attempt reached the provider's requests per minute: counted (`true`) or answered 429.
+    #[inline]
+    pub(crate) fn at_provider(&mut self, counted: bool) {
+        if counted {
+            self.rate_accepted += 1;
+            self.rate_accepted_in_run += u64::from(self.current().is_some());
+        } else {
+            self.rate_limited += 1;
         }
     }
 

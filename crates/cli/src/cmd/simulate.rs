@@ -24,6 +24,7 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
   metastable       a short trigger leaves naive retries stuck; budgets recover
   fan-out          5 parallel calls per action: per-hop versus per-action budgets
   fleet            50 instances: per-instance versus fleet-shared caps and floors; breakers
+  model-provider   requests per minute at twice the limit: 429s without rate admission, ~0 with it
 
 Examples:
   stormguard simulate --builtin metastable --html report.html

@@ -90,6 +90,8 @@ pub(super) struct DependencyFile {
     #[serde(default, deserialize_with = "de::option_from_str")]
     pub error_time: Option<ServiceTime>,
     pub queue: Option<Queue>,
+    pub requests_per_minute: Option<u64>,
+    pub requests_remaining: Option<u64>,
 }
 
 /// `[[phase]]`.
@@ -155,6 +157,8 @@ pub(super) struct PolicyFile {
     pub breaker: Option<ScalarOrTable<bool, BreakerFile>>,
     pub share: Option<Share>,
     pub scope_retries: Option<u64>,
+    pub requests_per_minute: Option<u64>,
+    pub learn_rate_limits: Option<bool>,
 }
 
 /// `breaker = { ... }` or `[policy.breaker]`.
@@ -234,7 +238,7 @@ impl Scenario {
 
 #[cfg(test)]
 mod tests {
-    use super::super::InvalidScenario;
+    use super::super::{InvalidScenario, RateAdmissionConfig};
     use super::*;
 
     const BASE: &str = "[fleet]\nrate = 10\n[dependency]\ncapacity = 4\nservice_time = \"10ms\"\n\
@@ -309,5 +313,77 @@ mod tests {
             e.to_string().starts_with("s.toml:5:14: dependency.error_time: `soon` is not"),
             "{e}"
         );
+    }
+
+    /// The provider's limit and rate admission read like every key, and refuse in the same
+    /// shape: a wrong value, a wrong type, a key that needs another.
+    #[test]
+    fn rate_keys_read_and_refuse_in_the_same_shape() {
+        let with = |dep: &str, policy: &str| {
+            Scenario::parse(
+                "s.toml",
+                &format!(
+                    "{}{policy}",
+                    BASE.replace("capacity = 4\n", &format!("capacity = 4\n{dep}\n"))
+                ),
+            )
+        };
+        let s = with("requests_per_minute = 600", "budget = \"ratio\"\nlearn_rate_limits = true\n")
+            .unwrap();
+        let rate = s.dependency.rate.unwrap();
+        assert_eq!((rate.requests_per_minute, rate.requests_remaining), (600, 600));
+        assert_eq!(s.policies[1].rate, Some(RateAdmissionConfig { requests_per_minute: None }));
+        assert_eq!(s.policies[1].name, "b");
+        let s = with(
+            "requests_per_minute = 600\nrequests_remaining = 0",
+            "cap = 5\nrequests_per_minute = 300\n",
+        )
+        .unwrap();
+        assert_eq!(s.dependency.rate.unwrap().requests_remaining, 0);
+        assert_eq!(s.policies[1].rate.unwrap().requests_per_minute, Some(300));
+        // `learn_rate_limits = false` alone leaves admission off, as in the proxy.
+        let s = with("", "cap = 5\nlearn_rate_limits = false\n").unwrap();
+        assert_eq!(s.policies[1].rate, None);
+
+        let e = with("requests_per_minute = 0", "").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml:5:23: dependency.requests_per_minute: must be between 1 and 1000000000000, got 0"
+        );
+        let e = with("requests_per_minute = 600\nrequests_remaining = 601", "").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml:6:22: dependency.requests_remaining: must be between 0 and 600, got 601"
+        );
+        let e = with("requests_remaining = 5", "").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml:5:22: dependency.requests_remaining: needs requests_per_minute (the provider's limit)"
+        );
+        assert_eq!(e.rule::<InvalidScenario>(), Some(&InvalidScenario::NeedsProviderLimit));
+        let e = with("requests_per_minute = \"600/min\"", "").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml:5:23: dependency.requests_per_minute: invalid type: string \"600/min\", expected u64"
+        );
+        let e = with("", "learn_rate_limits = \"yes\"\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml:11:21: policy[1].learn_rate_limits: invalid type: string \"yes\", expected a boolean"
+        );
+        let e = with("", "requests_per_minute = 600\n").unwrap_err();
+        assert_eq!(e.to_string(), "s.toml:11:23: policy[1].requests_per_minute: needs a cap");
+        let e = with("", "cap = 5\nrequests_per_minute = 0\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml:12:23: policy[1].requests_per_minute: must be between 1 and 1000000000000, got 0"
+        );
+        let e = with("", "budget = \"ratio\"\nlearn_rate_limits = true\nshare = \"fleet\"\n")
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with("s.toml:13:9: policy[1].share: rate admission meters each"),
+            "{e}"
+        );
+        assert_eq!(e.rule::<InvalidScenario>(), Some(&InvalidScenario::RateWithFleetShare));
     }
 }

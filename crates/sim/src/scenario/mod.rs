@@ -205,7 +205,7 @@ pub struct Conditions {
     pub error_time: Option<ServiceTime>,
 }
 
-/// The dependency: its baseline conditions and its queue.
+/// The dependency: its baseline conditions, its queue and its rate limit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimDependency {
     /// Attempts that may wait for a server; a full queue answers 503 at once. `None`:
@@ -213,6 +213,21 @@ pub struct SimDependency {
     pub queue: Option<u32>,
     /// The conditions outside every phase.
     pub base: Conditions,
+    /// A model provider's requests per minute, if it has one.
+    pub rate: Option<ProviderRate>,
+}
+
+/// A provider's requests per minute, counted the way OpenAI and Anthropic describe theirs: a
+/// bucket of `requests_per_minute` refilled continuously over a minute. An attempt that
+/// arrives when the bucket holds less than one request is answered 429 at once, with the
+/// time until one request has refilled as its retry-after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderRate {
+    /// Requests per minute, 1..=10^12.
+    pub requests_per_minute: u64,
+    /// What is left of them when the run starts (other callers used the rest), from 0 to
+    /// `requests_per_minute`. Default: all of them (a full bucket).
+    pub requests_remaining: u64,
 }
 
 /// A stretch of the timeline with its own conditions.
@@ -246,6 +261,20 @@ pub struct PolicyConfig {
     pub share: Share,
     /// Whole retries per user action, shared by its calls (on top of the budget), if any.
     pub scope_retries: Option<u64>,
+    /// Rate admission against the provider's requests per minute, if any (needs a cap).
+    pub rate: Option<RateAdmissionConfig>,
+}
+
+/// Rate admission, as the proxy's `requests_per_minute` and `learn_rate_limits` configure it:
+/// core's `RateLimit` in front of the cap. A first try that finds no room waits for it (at most
+/// the cap's `queue_timeout`, and never past its deadline; then it is refused `rate`), then
+/// queues for its slot; a retry never waits (refused `rate`). Every answer's limit and
+/// remaining are observed, and a 429 holds admission for its retry-after and lowers the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateAdmissionConfig {
+    /// The starting limit, requests per minute (1..=10^12). `None`: everything is admitted
+    /// until an answer states the provider's limit.
+    pub requests_per_minute: Option<u64>,
 }
 
 /// How a policy retries.
@@ -406,6 +435,9 @@ impl PolicyConfig {
         if let Some(n) = self.scope_retries {
             name.push_str(&format!("+scope{n}"));
         }
+        if self.rate.is_some() {
+            name.push_str("+rate");
+        }
         if self.breaker.is_some() {
             name.push_str("+breaker");
         }
@@ -447,6 +479,11 @@ impl PolicyConfig {
         }
         if let Some(n) = self.scope_retries {
             parts.push(format!("{n} retries per user action"));
+        }
+        match self.rate.map(|r| r.requests_per_minute) {
+            None => {}
+            Some(None) => parts.push("rate admission learned from the answers".to_string()),
+            Some(Some(n)) => parts.push(format!("rate admission from {n} requests/min")),
         }
         if let Some(b) = &self.breaker {
             parts.push(format!(
@@ -585,12 +622,21 @@ pub enum InvalidScenario {
     /// More than 32 policies.
     #[error("at most 32 policies")]
     TooManyPolicies,
-    /// `queue`, `queue_timeout` or `retry_pool` on a policy without a cap.
+    /// `queue`, `queue_timeout`, `retry_pool` or rate admission on a policy without a cap.
     #[error("needs a cap")]
     NeedsCap,
     /// `scope_retries` on a policy without a budget.
     #[error("scopes are charged by RetryPolicy: give the policy a budget")]
     ScopeWithoutBudget,
+    /// `requests_remaining` without `requests_per_minute` on the dependency.
+    #[error("needs requests_per_minute (the provider's limit)")]
+    NeedsProviderLimit,
+    /// Rate admission with `share = "fleet"`: the proxy meters one instance's requests.
+    #[error(
+        "rate admission meters each instance's own requests, as the proxy does: not with \
+         share = \"fleet\""
+    )]
+    RateWithFleetShare,
     /// An empty policy name.
     #[error("must not be empty")]
     EmptyName,
@@ -696,7 +742,8 @@ mod tests {
         let s = parse(
             "[[policy]]\nretries = 1\n[[policy]]\nretries = 3\nbackoff = \"10ms..100ms\"\n\
              [[policy]]\nbudget = \"ratio:percent=0.25\"\ncap = 20\nbreaker = true\nshare = \"fleet\"\n\
-             [[policy]]\nbudget = \"ratio\"\ncap = 20\nretry_pool = 4\n[[policy]]\nretries = 1\ncap = 20\n",
+             [[policy]]\nbudget = \"ratio\"\ncap = 20\nretry_pool = 4\n[[policy]]\nretries = 1\ncap = 20\n\
+             [[policy]]\nbudget = \"ratio\"\nlearn_rate_limits = true\n",
         )
         .unwrap();
         let names: Vec<_> = s.policies.iter().map(|p| p.name.as_str()).collect();
@@ -707,7 +754,8 @@ mod tests {
                 "retry-3-backoff",
                 "ratio-budget+breaker/fleet",
                 "ratio-budget+retry-pool4",
-                "retry-once+cap20"
+                "retry-once+cap20",
+                "ratio-budget+rate"
             ]
         );
     }

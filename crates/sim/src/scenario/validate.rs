@@ -19,8 +19,12 @@ use super::file::{
 };
 use super::{
     Arrivals, CapConfig, ClientConfig, Conditions, Fleet, HeldSlotRelease, InvalidScenario, Load,
-    MAX_ATTEMPTS, Phase, PolicyConfig, RetryRule, Scenario, Share, SimDependency,
+    MAX_ATTEMPTS, Phase, PolicyConfig, ProviderRate, RateAdmissionConfig, RetryRule, Scenario,
+    Share, SimDependency,
 };
+
+/// The most requests per minute a limit may state (the proxy's bound).
+const MAX_PER_MINUTE: u64 = 1_000_000_000_000;
 
 type Rule<T> = Result<T, Invalid<InvalidScenario>>;
 
@@ -221,7 +225,21 @@ impl DependencyFile {
             None | Some(Queue::Unbounded) => None,
             Some(Queue::Bounded(n)) => t.range32("queue", Some(n), 0, 10_000_000)?,
         };
-        Ok(SimDependency { queue, base: self.conditions().check(t, None)? })
+        let base = self.conditions().check(t, None)?;
+        let limit = t.range("requests_per_minute", self.requests_per_minute, 1, MAX_PER_MINUTE)?;
+        let rate = match (limit, self.requests_remaining) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(t.fail("requests_remaining", InvalidScenario::NeedsProviderLimit));
+            }
+            (Some(limit), remaining) => Some(ProviderRate {
+                requests_per_minute: limit,
+                requests_remaining: t
+                    .range("requests_remaining", remaining, 0, limit)?
+                    .unwrap_or(limit),
+            }),
+        };
+        Ok(SimDependency { queue, base, rate })
     }
 }
 
@@ -389,6 +407,19 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
     if scope_retries.is_some() && !budgeted {
         return Err(t.fail("scope_retries", InvalidScenario::ScopeWithoutBudget));
     }
+    // Rate admission is part of stormguard's cap, as in the tower layer and the proxy.
+    let rpm = t.range("requests_per_minute", f.requests_per_minute, 1, MAX_PER_MINUTE)?;
+    let rate = (rpm.is_some() || f.learn_rate_limits == Some(true))
+        .then_some(RateAdmissionConfig { requests_per_minute: rpm });
+    if rate.is_some() {
+        let key = if rpm.is_some() { "requests_per_minute" } else { "learn_rate_limits" };
+        if cap.is_none() {
+            return Err(t.fail(key, InvalidScenario::NeedsCap));
+        }
+        if f.share == Some(Share::Fleet) {
+            return Err(t.fail("share", InvalidScenario::RateWithFleetShare));
+        }
+    }
     let breaker = match &f.breaker {
         None | Some(ScalarOrTable::Scalar(false)) => None,
         Some(ScalarOrTable::Scalar(true)) => Some(BreakerConfig::default()),
@@ -401,6 +432,7 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
         breaker,
         share: f.share.unwrap_or(Share::Instance),
         scope_retries,
+        rate,
     };
     p.name = match &f.name {
         Some(n) if n.trim().is_empty() => return Err(t.fail("name", InvalidScenario::EmptyName)),
