@@ -238,7 +238,9 @@ impl RateLimit {
     /// A 429 arrived anyway: nothing more is taken until `retry_after` has passed (or one
     /// unit's refill when the provider named no time), the level is emptied, and a known limit
     /// is lowered by a tenth (at least 1 left): the provider's real limit is below the one in
-    /// force.
+    /// force. A 429 that arrives while a hold is in force lowers nothing more (it answers an
+    /// attempt sent before the first 429 came back); a limit the provider states again restores
+    /// it.
     pub fn refused(&self, now: Timestamp, retry_after: Option<Duration>) {
         let mut s = self.state.lock();
         s.refill(now);
@@ -248,11 +250,15 @@ impl RateLimit {
             ),
             None => Duration::from_secs(1),
         });
-        s.held_until = s.held_until.max(now.saturating_add(hold));
-        s.level = s.level.min(0);
-        if let Some(l) = s.limit {
+        // 429s that arrive together (attempts sent before the first came back) are one
+        // refusal: the limit is lowered once per hold.
+        if now >= s.held_until
+            && let Some(l) = s.limit
+        {
             s.limit = Some((l - l / 10).max(1));
         }
+        s.held_until = s.held_until.max(now.saturating_add(hold));
+        s.level = s.level.min(0);
     }
 
     /// The state now.

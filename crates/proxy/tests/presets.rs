@@ -31,7 +31,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
 const RATE: &str = r#"{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
-const OVERLOADED: &str = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+const OVERLOADED: &str =
+    r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
 const CHAT: &str = r#"{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
 
 /// What the caller got: status, headers, and the body (or why it broke).
@@ -95,7 +96,11 @@ async fn a_spent_quota_is_never_retried_and_holds_the_upstream() {
         // Keyed, so that even an idempotent request is not retried into a spent quota.
         let first = post(addr, true).await;
         assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(first.body.as_deref().unwrap(), QUOTA.as_bytes(), "the body reaches the caller whole");
+        assert_eq!(
+            first.body.as_deref().unwrap(),
+            QUOTA.as_bytes(),
+            "the body reaches the caller whole"
+        );
         let mut later = Vec::new();
         for _ in 0..4 {
             later.push(post(addr, true).await);
@@ -169,7 +174,11 @@ async fn an_overload_burst_is_retried_within_the_budget() {
             move |_req| {
                 let overloaded = burst.load(Ordering::SeqCst);
                 async move {
-                    if overloaded { json(529, OVERLOADED) } else { json(200, r#"{"usage":{"input_tokens":5,"output_tokens":3}}"#) }
+                    if overloaded {
+                        json(529, OVERLOADED)
+                    } else {
+                        json(200, r#"{"usage":{"input_tokens":5,"output_tokens":3}}"#)
+                    }
                 }
             }
         })
@@ -197,11 +206,17 @@ async fn an_overload_burst_is_retried_within_the_budget() {
         ends.await.unwrap();
         let retries = handled(&up.counts) - REQUESTS;
         p.shutdown().await;
-        eprintln!("budget {percent}: {retries} retries reached the upstream, {ok} of {REQUESTS} succeeded");
+        eprintln!(
+            "budget {percent}: {retries} retries reached the upstream, {ok} of {REQUESTS} succeeded"
+        );
         assert!(ok >= REQUESTS / 2 - 5, "the requests after the burst succeed: {ok}");
         if percent == "0.2" {
             assert!(retries > 0, "the burst was retried");
-            assert!(retries <= REQUESTS / 5 + 1, "{retries} retries, the budget allows {}", REQUESTS / 5);
+            assert!(
+                retries <= REQUESTS / 5 + 1,
+                "{retries} retries, the budget allows {}",
+                REQUESTS / 5
+            );
         } else {
             assert!(retries > REQUESTS / 5 + 1, "unbudgeted: {retries}");
         }
