@@ -246,6 +246,8 @@ pub struct DependencySnapshot {
     /// With several upstreams: the second and later ones (the fields above describe the
     /// first). Empty with one upstream.
     pub others: Vec<UpstreamSnapshot>,
+    /// Rate admission's limits, per upstream in order (empty when it is off).
+    pub rates: Vec<crate::rate::RatesSnapshot>,
     /// The time of the snapshot on the dependency's clock.
     pub at: Timestamp,
 }
@@ -726,6 +728,7 @@ impl Dependency {
                     hold_until: u.hold.is_held(now),
                 })
                 .collect(),
+            rates: self.inner.rates.iter().map(|r| r.snapshot(now)).collect(),
             at: now,
         }
     }

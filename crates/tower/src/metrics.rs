@@ -280,6 +280,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     if !s.others.is_empty() {
         upstreams(s, &mut enc)?;
     }
+    rates(s, &mut enc)?;
     Ok(())
 }
 
@@ -319,6 +320,84 @@ fn signal_histograms(
             histogram_series(&mut m, labels, pick(l), scale)?;
         }
     }
+    Ok(())
+}
+
+/// Rate admission: each upstream's limits per minute (configured or learned from the
+/// provider's headers), what is available and reserved now, and any hold, labelled `upstream`
+/// (its name, or its index with one unnamed upstream) and `quantity` (`requests`, `tokens`,
+/// `input_tokens`, `output_tokens`; a limit not known yet has no series).
+fn rates(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    if s.rates.is_empty() {
+        return Ok(());
+    }
+    let dep = LabelValue(&s.name);
+    let names: Vec<String> = std::iter::once(s.upstream_name.clone().unwrap_or_else(|| "0".into()))
+        .chain(s.others.iter().map(|u| u.name.clone()))
+        .collect();
+    let mut limit = Vec::new();
+    let mut available = Vec::new();
+    let mut reserved = Vec::new();
+    let mut held = Vec::new();
+    let mut cooling = Vec::new();
+    for (r, name) in s.rates.iter().zip(&names) {
+        let upstream = LabelValue(name);
+        let mut hold = 0.0f64;
+        for (quantity, q) in [
+            ("requests", &r.requests),
+            ("tokens", &r.tokens),
+            ("input_tokens", &r.input_tokens),
+            ("output_tokens", &r.output_tokens),
+        ] {
+            let Some(l) = q.limit else { continue };
+            let labels = vec![
+                ("dependency", dep),
+                ("upstream", upstream),
+                ("quantity", LabelValue(quantity)),
+            ];
+            limit.push((labels.clone(), l as f64));
+            available.push((labels.clone(), q.available as f64));
+            reserved.push((labels, q.outstanding as f64));
+            if let Some(t) = q.held_until {
+                hold = hold.max(t.saturating_since(s.at).as_secs_f64());
+            }
+        }
+        held.push((vec![("dependency", dep), ("upstream", upstream)], hold));
+        cooling.push((
+            vec![("dependency", dep), ("upstream", upstream)],
+            f64::from(u8::from(r.cooling)),
+        ));
+    }
+    gauge(
+        enc,
+        "stormguard_rate_limit_per_minute",
+        "Each upstream's rate limit per minute in force: configured, or learned from the provider's headers.",
+        &limit,
+    )?;
+    gauge(
+        enc,
+        "stormguard_rate_available",
+        "Units of each rate limit available now (the provider's remaining, or less).",
+        &available,
+    )?;
+    gauge(
+        enc,
+        "stormguard_rate_reserved",
+        "Units booked by attempts whose answer has not ended.",
+        &reserved,
+    )?;
+    gauge(
+        enc,
+        "stormguard_rate_held_seconds",
+        "Time left of a hold on first tries to each upstream (a 429's reset, a spent quota).",
+        &held,
+    )?;
+    gauge(
+        enc,
+        "stormguard_rate_cooling",
+        "1 while an upstream cools down after an overloaded answer.",
+        &cooling,
+    )?;
     Ok(())
 }
 
@@ -428,6 +507,42 @@ impl Collector for DependencyCollector {
 mod tests {
     use super::*;
     use crate::dependency::DependencyConfig;
+
+    /// A learned limit is exported once the provider states it, with what is available and
+    /// booked; before that the limit has no series.
+    #[tokio::test]
+    async fn exports_rate_limits_as_the_provider_states_them() {
+        let mut c = DependencyConfig::new("llm");
+        c.rate.requests_per_minute = Some(600);
+        c.rate.learn = true;
+        let dep = Dependency::try_new(c).unwrap();
+        let encode = |dep: &Dependency| {
+            let mut registry = Registry::default();
+            register(&mut registry, dep);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        let text = encode(&dep);
+        let requests = "dependency=\"llm\",upstream=\"0\",quantity=\"requests\"";
+        assert!(
+            text.contains(&format!("stormguard_rate_limit_per_minute{{{requests}}} 600")),
+            "{text}"
+        );
+        assert!(!text.contains("quantity=\"tokens\""), "no token limit known yet");
+        let mut h = http::HeaderMap::new();
+        h.insert("x-ratelimit-limit-tokens", "40000".parse().unwrap());
+        h.insert("x-ratelimit-remaining-tokens", "39000".parse().unwrap());
+        dep.rates().unwrap().observe(dep.now(), &h, None);
+        let text = encode(&dep);
+        let tokens = "dependency=\"llm\",upstream=\"0\",quantity=\"tokens\"";
+        assert!(
+            text.contains(&format!("stormguard_rate_limit_per_minute{{{tokens}}} 40000")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("stormguard_rate_available{{{tokens}}} 39000")), "{text}");
+        assert!(text.contains("stormguard_rate_held_seconds{dependency=\"llm\",upstream=\"0\"} 0"));
+    }
 
     #[tokio::test]
     async fn exports_every_signal_with_bounded_labels() {

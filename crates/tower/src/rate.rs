@@ -190,6 +190,8 @@ pub struct Rates {
 /// One upstream's limits at an instant, for metrics and the dashboard.
 #[derive(Debug, Clone, Copy)]
 pub struct RatesSnapshot {
+    /// Whether the upstream is cooling down after an overloaded answer.
+    pub cooling: bool,
     /// Requests per minute.
     pub requests: RateSnapshot,
     /// Tokens per minute.
@@ -311,6 +313,7 @@ impl Rates {
     /// The limits now.
     pub fn snapshot(&self, now: Timestamp) -> RatesSnapshot {
         RatesSnapshot {
+            cooling: self.cooling(now),
             requests: self.requests.snapshot(now),
             tokens: self.tokens.snapshot(now),
             input_tokens: self.input_tokens.snapshot(now),
