@@ -16,7 +16,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Uri};
 use stormguard_audit::{BadIstioVersion, IstioVersion, Severity, UnknownSeverity};
-use stormguard_chaos::{BadRate, Rate};
+use stormguard_chaos::{BadRate, BadWindow, Rate, Window};
 use stormguard_core::ConfigError;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::{BudgetSpec, SpecError};
@@ -53,6 +53,11 @@ pub fn uri(text: &str) -> Result<Uri, http::uri::InvalidUri> {
 pub fn provider(
     text: &str,
 ) -> Result<stormguard_chaos::ProviderKind, stormguard_chaos::UnknownProvider> {
+    text.parse()
+}
+
+/// A span of time since the start, `FROM..TO`, such as `2s..4s` (`chaos --overloaded`).
+pub fn window(text: &str) -> Result<Window, BadWindow> {
     text.parse()
 }
 
