@@ -516,3 +516,33 @@ async fn a_provider_setting_that_breaks_a_rule_stops_the_server_from_starting() 
          anthropic, not openai"
     );
 }
+
+/// Over h2 a broken stream is a reset of that stream only: the connection carries the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_h2_a_broken_stream_resets_that_stream_and_the_connection_goes_on() {
+    let options = ProviderOptions { stream_break_rate: 1.0, ..Default::default() };
+    let server =
+        serve_provider(ProviderKind::OpenAi, None, options, Script::single(Phase::default())).await;
+    let tcp = TcpStream::connect(server.local_addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for body in [STREAM, PLAIN] {
+        let req = http::Request::post("http://chaos/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        let mut resp = sender.send_request(req).await.unwrap().into_body();
+        let got = frames(&mut resp).await;
+        if body == STREAM {
+            assert_eq!(got.unwrap_err().len(), 1, "one event, then the stream's reset");
+        } else {
+            assert!(String::from_utf8_lossy(&got.unwrap().concat()).contains("\"usage\""));
+        }
+    }
+    let c = settled(&server).await;
+    assert_eq!((c.ok, c.streams_started, c.streams_broken), (2, 1, 1));
+}
