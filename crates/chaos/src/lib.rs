@@ -11,6 +11,8 @@
 //! - [`sampler`]: the seeded draws (error, reset, truncation, latency) for request `k`;
 //! - [`server`]: the server; [`spawn`] starts one in-process;
 //! - [`stats`]: what it saw, as served on `GET /stats`;
+//! - [`provider`]: chaos as an OpenAI- or Anthropic-shaped model API (limits per minute,
+//!   streams, overload bursts, an exhausted quota);
 //! - [`load`]: the load generator behind `stormguard load` (closed and open loop), with the
 //!   assertions that prove a budget held.
 //!
@@ -45,11 +47,11 @@ pub mod script;
 pub mod server;
 pub mod stats;
 
-pub use provider::{ProviderConfig, ProviderKind, UnknownProvider};
+pub use provider::{ProviderConfig, ProviderError, ProviderKind, ProviderOptions, UnknownProvider};
 pub use sampler::{Action, Draw, Latency, LatencyError, Sampler};
 pub use script::{
-    BadRate, InvalidScript, OnDisconnect, Phase, PhaseError, Rate, RateLimit, Script, ScriptError,
-    UnknownOnDisconnect,
+    BadRate, BadWindow, InvalidScript, OnDisconnect, Phase, PhaseError, Rate, RateLimit, Script,
+    ScriptError, UnknownOnDisconnect, Window,
 };
 pub use server::{ChaosConfig, ChaosError, ChaosServer, spawn};
-pub use stats::{Counts, InFlightStats, PhaseStats, Stats};
+pub use stats::{Counts, InFlightStats, PhaseStats, ProviderCounts, Stats};

@@ -166,8 +166,12 @@ pub enum Action {
     /// Reset instead of answering: the connection (HTTP/1.1) or the stream (h2).
     Reset,
     /// Answer 200, send half the body, then cut it: the HTTP/1.1 connection closes short of its
-    /// `Content-Length`, the h2 stream is reset.
+    /// `Content-Length`, the h2 stream is reset. A streamed provider answer is cut after half
+    /// its events.
     Truncate,
+    /// Answer at once that the provider is overloaded: Anthropic's 529 `overloaded_error`, or
+    /// OpenAI's 503 when chaos plays OpenAI (see [`crate::provider`]).
+    Overloaded,
 }
 
 /// One request's draw: what happens to it and how long the server waits first.
@@ -216,6 +220,7 @@ impl Sampler {
     }
 
     /// Request `k`'s draw under `phase`: one uniform for the action, one for the latency.
+    /// `overloaded_rate` is the last band, so a script without it draws what it always drew.
     pub fn draw(&self, phase: &Phase, k: u64) -> Draw {
         let mut rng = self.rng_for(k);
         let u = unit(&mut rng);
@@ -226,11 +231,27 @@ impl Sampler {
             Action::Error
         } else if u < phase.reset_rate + phase.error_rate + phase.truncate_rate {
             Action::Truncate
+        } else if u < phase.reset_rate
+            + phase.error_rate
+            + phase.truncate_rate
+            + phase.overloaded_rate
+        {
+            Action::Overloaded
         } else {
             Action::Respond
         };
         let latency = phase.latency.quantile(unit(&mut rng)).min(phase.latency_max);
         Draw { action, latency }
+    }
+
+    /// Whether request `k`'s streamed answer is cut after its first event, at `rate` (a
+    /// fraction in `[0, 1]`): the third uniform of `k`'s generator, after the two of
+    /// [`Sampler::draw`], so it never changes the action or the latency.
+    pub fn breaks_stream(&self, k: u64, rate: f64) -> bool {
+        let mut rng = self.rng_for(k);
+        rng.next_u64();
+        rng.next_u64();
+        unit(&mut rng) < rate
     }
 }
 
@@ -346,6 +367,28 @@ mod tests {
         assert!((frac(Action::Reset) - 0.05).abs() < 0.015, "{}", frac(Action::Reset));
         assert!((frac(Action::Truncate) - 0.1).abs() < 0.015, "{}", frac(Action::Truncate));
         assert!((frac(Action::Respond) - 0.55).abs() < 0.015, "{}", frac(Action::Respond));
+        assert_eq!(frac(Action::Overloaded), 0.0);
+    }
+
+    #[test]
+    fn overloaded_is_a_band_of_its_own_and_leaves_other_draws_alone() {
+        let base = Phase { error_rate: 0.3, ..Phase::default() };
+        let over = Phase { overloaded_rate: 0.2, ..base.clone() };
+        let (a, b) = (draws(&base, 3), draws(&over, 3));
+        let frac =
+            |d: &[Draw], x: Action| d.iter().filter(|y| y.action == x).count() as f64 / N as f64;
+        assert!((frac(&b, Action::Overloaded) - 0.2).abs() < 0.015);
+        // Every error stays an error; only answers become overloaded.
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.latency, y.latency);
+            if x.action != Action::Respond {
+                assert_eq!(x.action, y.action);
+            }
+        }
+        let s = Sampler::new(3);
+        let broken = (0..N).filter(|&k| s.breaks_stream(k, 0.1)).count() as f64 / N as f64;
+        assert!((broken - 0.1).abs() < 0.015, "{broken}");
+        assert!((0..N).all(|k| !s.breaks_stream(k, 0.0) && s.breaks_stream(k, 1.0)));
     }
 
     #[test]

@@ -3,15 +3,18 @@
 //! Each traffic request, in order:
 //! 1. arrives: it takes a sequence number and the in-flight count goes up by one (the value it
 //!    sees, itself included, is recorded);
-//! 2. meets the phase's limits: an empty rate-limit bucket or a full concurrency limit answers
+//! 2. as a model provider, has its body read and meets the provider first: its quota, an
+//!    overloaded draw and its buckets per minute answer at once (see [`crate::provider`]);
+//!    without a provider, an overloaded draw is answered at once here too;
+//! 3. meets the phase's limits: an empty rate-limit bucket or a full concurrency limit answers
 //!    429 at once;
-//! 3. has its request body read (a real server reads what it is sent);
-//! 4. gets its draw from the seeded sampler: reset, error, truncated body or a normal answer,
+//! 4. has its request body read (a real server reads what it is sent);
+//! 5. gets its draw from the seeded sampler: reset, error, truncated body or a normal answer,
 //!    and a latency;
-//! 5. waits out the latency — in a task of its own with `on_disconnect = finish`, so a client
+//! 6. waits out the latency — in a task of its own with `on_disconnect = finish`, so a client
 //!    that leaves does not stop the work; inside the connection's future with `cancel`, so it
 //!    stops with it;
-//! 6. answers, and leaves the in-flight count when its body's last byte has been produced (or the
+//! 7. answers, and leaves the in-flight count when its body's last byte has been produced (or the
 //!    work is abandoned), never later: a client that has the whole response can rely on the
 //!    upstream having already counted that request out.
 //!
@@ -43,8 +46,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 
+use crate::provider::{Provider, ProviderConfig, ProviderOptions, Taken};
 use crate::sampler::{Action, Draw, Sampler};
-use crate::script::{OnDisconnect, Phase, RateLimit, Script};
+use crate::script::{InvalidScript, OnDisconnect, Phase, RateLimit, Script};
 use crate::stats::{Counters, Epoch, Event, Stats};
 
 /// `X-Concurrency-Limit-Limit`: the server's concurrency limit, on every traffic response.
@@ -69,8 +73,11 @@ pub struct ChaosConfig {
     /// percentiles fall back to the exact maximum.
     pub in_flight_buckets: u64,
     /// Serve as a model provider (OpenAI- or Anthropic-shaped, with requests and tokens per
-    /// minute; see [`crate::provider`]). Default none.
-    pub provider: Option<crate::provider::ProviderConfig>,
+    /// minute; see [`crate::provider`]). Default: the script's, or none.
+    pub provider: Option<ProviderConfig>,
+    /// The provider's split token limits, streams and quota; used only with `provider`.
+    /// Default: the script's, or [`ProviderOptions::default`].
+    pub provider_options: ProviderOptions,
 }
 
 impl ChaosConfig {
@@ -80,7 +87,8 @@ impl ChaosConfig {
             seed: script.seed.unwrap_or(0),
             on_disconnect: script.on_disconnect.unwrap_or_default(),
             in_flight_buckets: 4096,
-            provider: None,
+            provider: script.provider,
+            provider_options: script.provider_options,
             script,
         }
     }
@@ -88,6 +96,16 @@ impl ChaosConfig {
     /// One phase, forever.
     pub fn single(phase: Phase) -> ChaosConfig {
         ChaosConfig::new(Script::single(phase))
+    }
+
+    /// Checks the script's phases and the provider in force.
+    pub fn validate(&self) -> Result<(), InvalidScript> {
+        let script = Script { provider: None, ..self.script.clone() };
+        script.validate()?;
+        match &self.provider {
+            Some(p) => p.validate(&self.provider_options).map_err(InvalidScript::Provider),
+            None => Ok(()),
+        }
     }
 }
 
@@ -131,7 +149,7 @@ pub struct ChaosServer {
 impl ChaosServer {
     /// See [`spawn`].
     pub async fn spawn(config: ChaosConfig, addr: SocketAddr) -> Result<ChaosServer, ChaosError> {
-        config.script.validate().map_err(|e| ChaosError::Invalid(e.to_string()))?;
+        config.validate().map_err(|e| ChaosError::Invalid(e.to_string()))?;
         let listener =
             TcpListener::bind(addr).await.map_err(|source| ChaosError::Bind { addr, source })?;
         let local = listener.local_addr().map_err(|source| ChaosError::Bind { addr, source })?;
@@ -175,6 +193,12 @@ impl ChaosServer {
         self.shared.names[self.shared.clock.current()].clone()
     }
 
+    /// What the model provider answered since the last reset, by kind: the totals' `provider`
+    /// counts (per phase they are in [`ChaosServer::stats`]).
+    pub fn provider_counts(&self) -> crate::stats::ProviderCounts {
+        self.shared.stats().total.provider
+    }
+
     /// Requests in flight now.
     pub fn in_flight(&self) -> u64 {
         self.shared.in_flight.load(Ordering::Acquire)
@@ -214,7 +238,7 @@ struct Shared {
     epoch: RwLock<Arc<Epoch>>,
     in_flight_buckets: u64,
     stacked: StackedHeaders,
-    provider: Option<crate::provider::Provider>,
+    provider: Option<Provider>,
 }
 
 impl Shared {
@@ -239,7 +263,7 @@ impl Shared {
             epoch: RwLock::new(Arc::new(Epoch::new(phases.len(), config.in_flight_buckets))),
             in_flight_buckets: config.in_flight_buckets,
             stacked: StackedHeaders::default(),
-            provider: config.provider.map(crate::provider::Provider::new),
+            provider: config.provider.map(|p| Provider::new(p, config.provider_options)),
             names,
             phases,
         }
@@ -430,6 +454,21 @@ pub(crate) struct ChaosBody {
     /// Truncation: bytes still to send before the cut.
     cut_after: Option<usize>,
     guard: Option<InFlight>,
+    /// A streamed answer, sent one event a frame instead of `data`.
+    stream: Option<Stream>,
+}
+
+/// A streamed answer's events and where it stands.
+#[derive(Debug)]
+struct Stream {
+    events: std::collections::VecDeque<Bytes>,
+    /// The pause before each event after the first.
+    delay: Duration,
+    /// Events still to send before the connection is cut.
+    cut_after: Option<usize>,
+    started: bool,
+    /// Its end (completed or cut) is counted.
+    ended: bool,
 }
 
 impl ChaosBody {
@@ -442,7 +481,70 @@ impl ChaosBody {
             sleep: None,
             cut_after: None,
             guard: None,
+            stream: None,
         }
+    }
+
+    /// Sends `events` instead of the body, one a frame, `delay` apart; cut (a body error)
+    /// after `cut_after` of them when set.
+    fn stream(&mut self, events: Vec<Bytes>, delay: Duration, cut_after: Option<usize>) {
+        self.data.clear();
+        self.len = 0;
+        self.stream =
+            Some(Stream { events: events.into(), delay, cut_after, started: false, ended: false });
+    }
+
+    fn record(&self, e: Event) {
+        if let Some(g) = &self.guard {
+            g.record(|c| c.event(e));
+        }
+    }
+
+    /// The next event of a stream: its frame, the cut, or the end.
+    fn poll_event(&mut self) -> Option<Result<Frame<Bytes>, InjectedReset>> {
+        let s = self.stream.as_mut()?;
+        if s.ended {
+            return None;
+        }
+        if s.cut_after == Some(0) {
+            s.ended = true;
+            s.events.clear();
+            self.record(Event::StreamBroken);
+            self.finish();
+            return Some(Err(InjectedReset));
+        }
+        let Some(event) = s.events.pop_front() else {
+            s.ended = true;
+            self.record(Event::StreamCompleted);
+            self.finish();
+            return None;
+        };
+        let first = !s.started;
+        s.started = true;
+        if let Some(left) = s.cut_after.as_mut() {
+            *left -= 1;
+        }
+        let last = s.events.is_empty();
+        let cut_next = s.cut_after == Some(0) && !last;
+        let delay = s.delay;
+        if last {
+            s.ended = true;
+        }
+        if first {
+            self.record(Event::StreamStarted);
+        }
+        if last {
+            // Counted out before the last event is handed over, as a whole body is.
+            self.record(Event::StreamCompleted);
+            self.finish();
+        } else if cut_next {
+            // Long enough for the server to flush the event before the cut drops what is
+            // unflushed.
+            self.sleep = Some(Box::pin(tokio::time::sleep(delay.max(Duration::from_millis(2)))));
+        } else if !delay.is_zero() {
+            self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
+        }
+        Some(Ok(Frame::data(event)))
     }
 
     fn finish(&mut self) {
@@ -471,6 +573,9 @@ impl Body for ChaosBody {
         if let Some(sleep) = this.sleep.as_mut() {
             ready!(sleep.as_mut().poll(cx));
             this.sleep = None;
+        }
+        if this.stream.is_some() {
+            return Poll::Ready(this.poll_event());
         }
         if this.cut_after == Some(0) {
             this.cut_after = None;
@@ -503,10 +608,17 @@ impl Body for ChaosBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_empty() && self.cut_after.is_none() && self.guard.is_none()
+        self.data.is_empty()
+            && self.cut_after.is_none()
+            && self.guard.is_none()
+            && self.stream.as_ref().is_none_or(|s| s.ended)
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.stream.is_some() {
+            // Events are sent as they come (chunked on HTTP/1.1).
+            return SizeHint::default();
+        }
         // Exact even when the body will be cut: the declared length is what makes the cut
         // detectable as a truncation rather than a short answer.
         SizeHint::with_exact(self.len)
@@ -515,6 +627,16 @@ impl Body for ChaosBody {
 
 impl Drop for ChaosBody {
     fn drop(&mut self) {
+        if let Some(s) = &self.stream {
+            // A stream whose client left: it still ends as one thing, broken if a cut was
+            // coming (the client left first), else abandoned. The guard, dropped unfinished,
+            // counts the client gone.
+            if s.started && !s.ended {
+                let cut = s.cut_after.is_some();
+                self.record(if cut { Event::StreamBroken } else { Event::StreamAbandoned });
+            }
+            return;
+        }
         // An empty body that was never polled was still delivered in full.
         if self.data.is_empty() && self.cut_after.is_none() {
             self.finish();
@@ -676,29 +798,41 @@ async fn handle(
     let guard = InFlight { shared: shared.clone(), epoch, phase: phase_index, done: false };
     guard.record(|c| c.arrive(n, retry));
     let phase = &shared.phases[phase_index];
+    // The draw is a pure function of the sequence number: made now, so an overloaded provider
+    // can shed at the door; its action and latency are used after the limits.
+    let mut draw = shared.sampler.draw(phase, seq);
 
-    // As a model provider: the request's tokens are read from its body, and a request that
-    // would pass the requests or tokens per minute is answered 429, the provider's way.
+    // As a model provider: the request's tokens are read from its body, then the quota, an
+    // overloaded draw and the buckets per minute answer at once, the provider's way.
     let mut req = Some(req);
     let mut taken = None;
     if let Some(provider) = &shared.provider {
         let body = read_body(req.take().expect("the request").into_body()).await;
-        match provider.take(&body) {
-            Ok(t) => taken = Some(t),
-            Err(wait) => {
+        let asked = Provider::read(&body);
+        if provider.quota_exhausted() {
+            guard.record(|c| c.event(Event::QuotaExhausted));
+            return Ok(shaped(guard, Some(provider), provider.quota_answer()));
+        }
+        if draw.action == Action::Overloaded {
+            return Ok(overloaded(guard, Some(provider)));
+        }
+        match provider.take(asked) {
+            Ok(mut t) => {
+                t.break_stream = asked.stream
+                    && shared.sampler.breaks_stream(seq, provider.options.stream_break_rate);
+                taken = Some(t);
+            }
+            Err(refused) => {
                 guard.record(|c| c.event(Event::RateLimited));
-                let mut resp =
-                    respond(guard, StatusCode::TOO_MANY_REQUESTS, provider.limited_body());
-                let h = resp.headers_mut();
-                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-                h.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
-                let ms = wait.as_millis() + u128::from(wait.subsec_nanos() % 1_000_000 > 0);
-                h.insert(RETRY_AFTER_MS_HEADER.clone(), HeaderValue::from(ms as u64));
-                provider.headers(h);
+                guard.record(|c| c.event(Event::ProviderRateLimited));
+                let body = provider.limited_body(refused.quantity);
+                let mut resp = shaped(guard, Some(provider), (StatusCode::TOO_MANY_REQUESTS, body));
+                retry_after(resp.headers_mut(), refused.wait);
                 return Ok(resp);
             }
         }
+    } else if draw.action == Action::Overloaded {
+        return Ok(overloaded(guard, None));
     }
 
     if let Some(limiter) = &shared.limiters[phase_index]
@@ -706,10 +840,7 @@ async fn handle(
     {
         guard.record(|c| c.event(Event::RateLimited));
         let mut resp = respond(guard, StatusCode::TOO_MANY_REQUESTS, rate_limited_body());
-        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-        resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
-        let ms = wait.as_millis() + u128::from(wait.subsec_nanos() % 1_000_000 > 0);
-        resp.headers_mut().insert(RETRY_AFTER_MS_HEADER.clone(), HeaderValue::from(ms as u64));
+        retry_after(resp.headers_mut(), wait);
         concurrency_headers(&mut resp, phase, n);
         return Ok(resp);
     }
@@ -735,7 +866,6 @@ async fn handle(
         }
     }
 
-    let mut draw = shared.sampler.draw(phase, seq);
     draw.latency = stretched(draw.latency, n, phase);
     match shared.on_disconnect {
         OnDisconnect::Finish if !draw.latency.is_zero() => {
@@ -762,6 +892,38 @@ fn stretched(latency: Duration, in_flight: u64, phase: &Phase) -> Duration {
         }
         _ => latency,
     }
+}
+
+/// `Retry-After` in whole seconds (rounded up, at least 1) and `retry-after-ms`.
+fn retry_after(h: &mut http::HeaderMap, wait: Duration) {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    h.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    let ms = wait.as_millis() + u128::from(!wait.subsec_nanos().is_multiple_of(1_000_000));
+    h.insert(
+        RETRY_AFTER_MS_HEADER.clone(),
+        HeaderValue::from(u64::try_from(ms).unwrap_or(u64::MAX)),
+    );
+}
+
+/// A provider's JSON answer (or, without a provider, one in Anthropic's shape), with the
+/// provider's rate-limit headers.
+fn shaped(
+    guard: InFlight,
+    provider: Option<&Provider>,
+    (status, body): crate::provider::Shaped,
+) -> Response<ChaosBody> {
+    let mut resp = respond(guard, status, body);
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(p) = provider {
+        p.headers(resp.headers_mut());
+    }
+    resp
+}
+
+/// The overloaded answer: 529 (or 503 for OpenAI), counted.
+fn overloaded(guard: InFlight, provider: Option<&Provider>) -> Response<ChaosBody> {
+    guard.record(|c| c.event(Event::Overloaded));
+    shaped(guard, provider, crate::provider::overloaded(provider.map(Provider::kind)))
 }
 
 fn rate_limited_body() -> Bytes {
@@ -800,7 +962,7 @@ async fn work(
     h2: bool,
     conn_reset: Arc<AtomicBool>,
     n: u64,
-    taken: Option<crate::provider::Taken>,
+    taken: Option<Taken>,
 ) -> Answer {
     if !draw.latency.is_zero() {
         tokio::time::sleep(draw.latency).await;
@@ -822,13 +984,26 @@ async fn work(
                 StatusCode::from_u16(phase.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             respond(guard, status, Bytes::from_static(b"injected error\n"))
         }
+        // Never here in practice: `handle` answers an overloaded draw at the door.
+        Action::Overloaded => overloaded(guard, shared.provider.as_ref()),
         Action::Respond | Action::Truncate => {
             let truncate = draw.action == Action::Truncate;
             if truncate {
                 guard.record(|c| c.event(Event::Truncated));
             }
+            if let (Some(p), Some(t)) = (&shared.provider, &taken)
+                && t.asked.stream
+            {
+                let mut resp = streamed(guard, p, t, truncate);
+                concurrency_headers(&mut resp, phase, n);
+                p.headers(resp.headers_mut());
+                return Ok(resp);
+            }
             let body = match (&shared.provider, &taken) {
-                (Some(p), Some(t)) => p.ok_body(t.tokens),
+                (Some(p), Some(t)) => {
+                    guard.record(|c| c.event(Event::ProviderOk));
+                    p.ok_body(t.asked.tokens)
+                }
                 _ => shared.bodies[guard.phase].clone(),
             };
             let len = body.len();
@@ -860,6 +1035,21 @@ async fn work(
         p.headers(resp.headers_mut());
     }
     Ok(resp)
+}
+
+/// A provider's 200 as server-sent events, one body frame per event.
+fn streamed(guard: InFlight, p: &Provider, t: &Taken, truncate: bool) -> Response<ChaosBody> {
+    guard.record(|c| c.event(Event::ProviderOk));
+    let events = p.stream_events(t.asked.tokens);
+    // A truncation cuts after half the events; a drawn break, after the first.
+    let cut_after =
+        if truncate { Some((events.len() / 2).max(1)) } else { t.break_stream.then_some(1) };
+    let mut resp = respond(guard, StatusCode::OK, Bytes::new());
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp.body_mut().stream(events, p.options.stream_event_delay, cut_after);
+    resp
 }
 
 /// A request body, read whole up to 1 MiB (the rest read and dropped): what a provider counts

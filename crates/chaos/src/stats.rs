@@ -9,6 +9,11 @@
 //! handler is really done (the body's last byte produced, or the work abandoned). The maximum is
 //! kept exactly with `fetch_max`, and the value each arriving request sees (itself included) goes
 //! into a histogram with one bucket per integer, from which the p50/p95/p99 are read.
+//!
+//! As a model provider it also counts its answers by kind ([`ProviderCounts`]): a rate 429 and
+//! a quota 429 apart, the overloaded answers, and each stream's fate. A stream is counted when
+//! its first event is produced and when it ends, so one whose client left halfway is still
+//! there, as abandoned.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,12 +56,43 @@ pub struct Counts {
     pub resets: u64,
     /// 200 responses cut off halfway through the body.
     pub truncated: u64,
-    /// 429s from the rate limit.
+    /// 429s from a rate limit: the phase's, or the provider's per minute.
     pub rate_limited: u64,
     /// 429s from the concurrency limit.
     pub concurrency_limited: u64,
     /// Requests whose client left before the whole response was delivered.
     pub client_gone: u64,
+    /// What the model provider answered, by kind: zero unless chaos plays one (an overloaded
+    /// draw without a provider still counts in `overloaded`).
+    #[serde(default)]
+    pub provider: ProviderCounts,
+}
+
+/// The model provider's answers by kind, counted at chaos. Every streamed answer that started
+/// ends as exactly one of completed, broken or abandoned (or is still going): `streams_started
+/// = streams_completed + streams_broken + streams_abandoned` once nothing is in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProviderCounts {
+    /// 200s: the JSON answer, or a stream's head.
+    pub ok: u64,
+    /// 429s past the requests, tokens, input or output tokens per minute (also counted in
+    /// [`Counts::rate_limited`]).
+    pub rate_limited: u64,
+    /// Refused past the quota: OpenAI's 429 `insufficient_quota`, Anthropic's 400 credit
+    /// balance.
+    pub quota_exhausted: u64,
+    /// Overloaded answers: Anthropic's 529 (also without a provider), OpenAI's 503.
+    pub overloaded: u64,
+    /// Streamed answers whose first event was produced.
+    pub streams_started: u64,
+    /// Streams whose last event was produced.
+    pub streams_completed: u64,
+    /// Streams cut on purpose (`stream_break_rate`, or a truncation): counted when cut, or
+    /// when their client left before the cut came.
+    pub streams_broken: u64,
+    /// Streams whose client left before the last event.
+    pub streams_abandoned: u64,
 }
 
 /// Reads `{"200": n}` into numeric keys, also behind `#[serde(flatten)]` (where serde_json
@@ -115,6 +151,8 @@ pub(crate) struct Counters {
     client_gone: AtomicU64,
     in_flight_max: AtomicU64,
     in_flight: Histogram,
+    /// [`ProviderCounts`], in its field order.
+    provider: [AtomicU64; 8],
 }
 
 /// Which extra counter an event bumps.
@@ -125,6 +163,15 @@ pub(crate) enum Event {
     RateLimited,
     ConcurrencyLimited,
     ClientGone,
+    /// The provider events, each its [`ProviderCounts`] field.
+    ProviderOk,
+    ProviderRateLimited,
+    QuotaExhausted,
+    Overloaded,
+    StreamStarted,
+    StreamCompleted,
+    StreamBroken,
+    StreamAbandoned,
 }
 
 // Relaxed everywhere: each counter is independent, and a snapshot that sees one increment before
@@ -142,6 +189,7 @@ impl Counters {
             client_gone: AtomicU64::new(0),
             in_flight_max: AtomicU64::new(0),
             in_flight: Histogram::linear(in_flight_buckets),
+            provider: Default::default(),
         }
     }
 
@@ -167,6 +215,14 @@ impl Counters {
             Event::RateLimited => &self.rate_limited,
             Event::ConcurrencyLimited => &self.concurrency_limited,
             Event::ClientGone => &self.client_gone,
+            Event::ProviderOk => &self.provider[0],
+            Event::ProviderRateLimited => &self.provider[1],
+            Event::QuotaExhausted => &self.provider[2],
+            Event::Overloaded => &self.provider[3],
+            Event::StreamStarted => &self.provider[4],
+            Event::StreamCompleted => &self.provider[5],
+            Event::StreamBroken => &self.provider[6],
+            Event::StreamAbandoned => &self.provider[7],
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -194,6 +250,28 @@ impl Counters {
             rate_limited: self.rate_limited.load(Ordering::Relaxed),
             concurrency_limited: self.concurrency_limited.load(Ordering::Relaxed),
             client_gone: self.client_gone.load(Ordering::Relaxed),
+            provider: {
+                let [
+                    ok,
+                    rate_limited,
+                    quota_exhausted,
+                    overloaded,
+                    started,
+                    completed,
+                    broken,
+                    abandoned,
+                ] = self.provider.each_ref().map(|c| c.load(Ordering::Relaxed));
+                ProviderCounts {
+                    ok,
+                    rate_limited,
+                    quota_exhausted,
+                    overloaded,
+                    streams_started: started,
+                    streams_completed: completed,
+                    streams_broken: broken,
+                    streams_abandoned: abandoned,
+                }
+            },
         }
     }
 }
@@ -288,7 +366,12 @@ mod tests {
         assert_eq!(v["status_counts"]["200"], 1);
         assert_eq!(v["phases"][0]["name"], "only");
         assert_eq!(v["phases"][0]["status_counts"]["200"], 1);
+        assert_eq!(v["provider"]["streams_started"], 0);
         let back: Stats = serde_json::from_value(v).unwrap();
         assert_eq!(back.total.status_counts[&200], 1);
+        // Stats written before the provider counts existed still read.
+        let mut old = serde_json::to_value(e.snapshot(&["only".into()], 0, 0)).unwrap();
+        old.as_object_mut().unwrap().remove("provider");
+        assert_eq!(serde_json::from_value::<Stats>(old).unwrap().total.provider.ok, 0);
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Uri};
 use stormguard_audit::{BadIstioVersion, IstioVersion, Severity, UnknownSeverity};
-use stormguard_chaos::{BadRate, Rate};
+use stormguard_chaos::{BadRate, BadWindow, Rate, Window};
 use stormguard_core::ConfigError;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::budget::{BudgetSpec, SpecError};
@@ -60,6 +60,11 @@ pub fn provider(
 pub fn provider_preset(
     text: &str,
 ) -> Result<stormguard_tower::Provider, stormguard_tower::rate::UnknownProvider> {
+    text.parse()
+}
+
+/// A span of time since the start, `FROM..TO`, such as `2s..4s` (`chaos --overloaded`).
+pub fn window(text: &str) -> Result<Window, BadWindow> {
     text.parse()
 }
 

@@ -103,6 +103,15 @@ fn help_tells_a_newcomer_what_to_do() {
         "/stats/reset",
         "/phase/next",
         "docs/chaos-and-load.md",
+        "--provider",
+        "--itpm",
+        "--otpm",
+        "--stream-event-delay",
+        "--stream-break-rate",
+        "--overloaded",
+        "--overloaded-rate",
+        "--quota-exhausted-after",
+        "insufficient_quota",
     ] {
         assert!(text.contains(needle), "chaos --help lacks {needle}");
     }
@@ -152,6 +161,13 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["chaos", "--rate-limit", "lots"][..], "--rate-limit"),
         (&["chaos", "--provider", "acme"][..], "--provider"),
         (&["chaos", "--rpm", "10"][..], "--provider"),
+        (&["chaos", "--stream-break-rate", "0.5"][..], "--stream-break-rate needs --provider"),
+        (&["chaos", "--provider", "openai", "--otpm", "10"][..], "--otpm: input and output"),
+        (&["chaos", "--provider", "openai", "--rpm", "0"][..], "--rpm: must be at least 1"),
+        (&["chaos", "--provider", "openai", "--stream-break-rate", "2"][..], "--stream-break-rate"),
+        (&["chaos", "--overloaded-rate", "1.5"][..], "--overloaded-rate"),
+        (&["chaos", "--overloaded", "4s..2s"][..], "--overloaded"),
+        (&["chaos", "--overloaded", "1s..3s", "--overloaded", "2s..4s"][..], "overlaps"),
         (&["load", "--target", "http://192.0.2.7:80/"][..], "not a loopback address"),
         (&["load", "--target", "http://127.0.0.1:1/", "--rate", "0/s"][..], "--rate"),
         (&["load", "--target", "http://127.0.0.1:1/", "--duration", "2h"][..], "duration"),
@@ -349,6 +365,95 @@ async fn the_chaos_binary_plays_a_model_provider() {
     assert!(first.contains("\"completion_tokens\":7"), "{first}");
     let stats = stop(child);
     assert_eq!(stats["status_counts"]["429"], 1);
+}
+
+/// The provider flags on top of a script's `[provider]`, and overload windows as phases, in
+/// `--check`'s summary.
+#[test]
+fn provider_flags_override_the_script_and_bursts_are_phases() {
+    let out = stormguard()
+        .args(["chaos", "--provider", "anthropic", "--otpm", "800", "--overloaded", "2s..4s"])
+        .args(["--quota-exhausted-after", "9", "--check"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "the flags: ok (3 phases, seed 0, on_disconnect finish)",
+            "  phase[0] flags: 2s, no injected errors",
+            "  phase[1] overloaded: 2s, no injected errors, overloaded_rate 1",
+            "  phase[2] flags: until advanced, no injected errors",
+            "  provider anthropic: streams 5ms an event, otpm 800, quota_exhausted_after 9",
+        ]
+    );
+    let dir = std::env::temp_dir().join(format!("stormguard-provider-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("provider.toml");
+    std::fs::write(&path, "[[phase]]\n\n[provider]\nkind = \"anthropic\"\nrpm = 50\nitpm = 100\n")
+        .unwrap();
+    let out = stormguard()
+        .arg("chaos")
+        .arg("--script")
+        .arg(&path)
+        .args(["--rpm", "60", "--stream-break-rate", "0.5", "--check"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "provider anthropic: streams 5ms an event, rpm 60, itpm 100, stream_break_rate 0.5"
+        ),
+        "{text}"
+    );
+    // A bad provider key in the script: file, line, column and key, exit 2.
+    std::fs::write(&path, "[[phase]]\n\n[provider]\nkind = \"openai\"\nitpm = 100\n").unwrap();
+    let out = stormguard().arg("chaos").arg("--script").arg(&path).output().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("provider.toml:5:8: provider.itpm: input and output tokens"), "{err}");
+}
+
+/// `stormguard chaos --provider openai --quota-exhausted-after 1 --stream-break-rate 1`: the
+/// stream is cut after its first event, the next request is refused for want of quota, and the
+/// printed stats count both by kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_binary_breaks_streams_and_runs_out_of_quota() {
+    let (child, addr) = start_chaos(&[
+        "--provider",
+        "openai",
+        "--quota-exhausted-after",
+        "1",
+        "--stream-break-rate",
+        "1",
+    ]);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "chaos")
+            .body(Full::new(Bytes::from_static(br#"{"stream":true,"max_tokens":7}"#)))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+        got.push((status, body));
+    }
+    assert_eq!(got[0].0, 200);
+    assert!(got[0].1.is_err(), "the stream is cut: {:?}", got[0].1);
+    assert_eq!(got[1].0, 429);
+    let refused = got[1].1.as_ref().unwrap();
+    assert!(String::from_utf8_lossy(refused).contains("insufficient_quota"));
+    let stats = stop(child);
+    assert_eq!(stats["provider"]["streams_started"], 1);
+    assert_eq!(stats["provider"]["streams_broken"], 1);
+    assert_eq!(stats["provider"]["quota_exhausted"], 1);
 }
 
 /// Three POSTs with `max_tokens = 7`, each on its own connection: (status, body).

@@ -13,6 +13,7 @@ use super::{
     DEFAULT_STATUS, InvalidScript, OnDisconnect, Phase, PhaseError, Rate, RateLimit, Script,
     ScriptError,
 };
+use crate::provider::{ProviderConfig, ProviderKind, ProviderOptions};
 use crate::sampler::Latency;
 
 #[derive(Debug, Deserialize)]
@@ -25,6 +26,39 @@ struct ScriptFile {
     on_disconnect: Option<OnDisconnect>,
     #[serde(default)]
     phase: Vec<PhaseFile>,
+    provider: Option<ProviderFile>,
+}
+
+/// `[provider]`: `kind` and any of the rest (see [`ProviderOptions`] for each one's meaning).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderFile {
+    #[serde(deserialize_with = "de::from_str")]
+    kind: ProviderKind,
+    rpm: Option<u64>,
+    tpm: Option<u64>,
+    itpm: Option<u64>,
+    otpm: Option<u64>,
+    #[serde(default, deserialize_with = "de::option_duration")]
+    stream_event_delay: Option<Duration>,
+    stream_break_rate: Option<f64>,
+    quota_exhausted_after: Option<u64>,
+}
+
+impl ProviderFile {
+    fn into_provider(self) -> (ProviderConfig, ProviderOptions) {
+        let defaults = ProviderOptions::default();
+        (
+            ProviderConfig { kind: self.kind, rpm: self.rpm, tpm: self.tpm },
+            ProviderOptions {
+                itpm: self.itpm,
+                otpm: self.otpm,
+                stream_event_delay: self.stream_event_delay.unwrap_or(defaults.stream_event_delay),
+                stream_break_rate: self.stream_break_rate.unwrap_or(defaults.stream_break_rate),
+                quota_exhausted_after: self.quota_exhausted_after,
+            },
+        )
+    }
 }
 
 /// A `[[phase]]`: every key optional (see [`Phase`] for each one's meaning and default).
@@ -38,6 +72,7 @@ struct PhaseFile {
     status: Option<u64>,
     reset_rate: Option<f64>,
     truncate_rate: Option<f64>,
+    overloaded_rate: Option<f64>,
     latency: Option<ScalarOrTable<FixedLatency, LatencyTable>>,
     #[serde(default, deserialize_with = "de::option_duration")]
     latency_p50: Option<Duration>,
@@ -159,11 +194,22 @@ impl Script {
             let key = KeyPath::root().key("phase");
             return Err(doc.invalid(Invalid::new(key, InvalidScript::NoPhases)));
         }
+        let (provider, provider_options) = match file.provider.map(ProviderFile::into_provider) {
+            Some((config, options)) => {
+                config.validate(&options).map_err(|e| {
+                    doc.invalid(Invalid::new(KeyPath::root().key("provider").key(e.key()), e))
+                })?;
+                (Some(config), options)
+            }
+            None => (None, ProviderOptions::default()),
+        };
         Ok(Script {
             phases,
             repeat: file.repeat,
             seed: file.seed,
             on_disconnect: file.on_disconnect,
+            provider,
+            provider_options,
         })
     }
 }
@@ -184,6 +230,7 @@ impl PhaseFile {
             },
             reset_rate: self.reset_rate.unwrap_or(defaults.reset_rate),
             truncate_rate: self.truncate_rate.unwrap_or(defaults.truncate_rate),
+            overloaded_rate: self.overloaded_rate.unwrap_or(defaults.overloaded_rate),
             latency: match self.latency {
                 None => defaults.latency,
                 Some(ScalarOrTable::Scalar(FixedLatency(d))) => Latency::Fixed(d),
@@ -525,6 +572,68 @@ latency = "5ms"
         assert!(!e.contains("phase[0]"), "{e}");
         let e = err("[[phase]\n");
         assert!(e.starts_with("s.toml:1:"), "{e}");
+    }
+
+    #[test]
+    fn provider_keys_and_their_mistakes() {
+        let s = Script::parse(
+            "[[phase]]\nduration = \"1s\"\n[[phase]]\noverloaded_rate = 1.0\n\n\
+             [provider]\nkind = \"anthropic\"\nrpm = 50\ntpm = 9000\nitpm = 3000\n\
+             otpm = 800\nstream_event_delay = \"20ms\"\nstream_break_rate = 0.25\n\
+             quota_exhausted_after = 7\n",
+            "s.toml",
+        )
+        .unwrap();
+        assert_eq!(s.phases[1].overloaded_rate, 1.0);
+        assert_eq!(
+            s.provider,
+            Some(ProviderConfig { kind: ProviderKind::Anthropic, rpm: Some(50), tpm: Some(9000) })
+        );
+        assert_eq!(
+            s.provider_options,
+            ProviderOptions {
+                itpm: Some(3000),
+                otpm: Some(800),
+                stream_event_delay: Duration::from_millis(20),
+                stream_break_rate: 0.25,
+                quota_exhausted_after: Some(7),
+            }
+        );
+        let s = Script::parse("[[phase]]\n[provider]\nkind = \"openai\"\n", "s.toml").unwrap();
+        assert_eq!(s.provider_options, ProviderOptions::default());
+        assert_eq!(Script::parse("[[phase]]\n", "s.toml").unwrap().provider, None);
+
+        let e = err("[[phase]]\n[provider]\nkind = \"acme\"\n");
+        assert_eq!(
+            e,
+            "s.toml:3:8: provider.kind: `acme` is not a provider (expected openai or anthropic)"
+        );
+        let e = err("[[phase]]\n[provider]\nrpm = 5\n");
+        assert!(e.starts_with("s.toml:2:1: provider: missing field `kind`"), "{e}");
+        let e = err("[[phase]]\n[provider]\nkind = \"openai\"\nitpm = 100\n");
+        assert_eq!(
+            e,
+            "s.toml:4:8: provider.itpm: input and output tokens are metered apart by anthropic, \
+             not openai"
+        );
+        let e = err("[[phase]]\n[provider]\nkind = \"openai\"\nrpm = 0\n");
+        assert_eq!(e, "s.toml:4:7: provider.rpm: must be at least 1 (leave it out for no limit)");
+        let e = err("[[phase]]\n[provider]\nkind = \"openai\"\nstream_break_rate = 2\n");
+        assert_eq!(
+            e,
+            "s.toml:4:21: provider.stream_break_rate: must be a fraction between 0 and 1, got 2"
+        );
+        let e = err("[[phase]]\n[provider]\nkind = \"openai\"\nstream_event_delay = 5\n");
+        assert!(e.starts_with("s.toml:4:22: provider.stream_event_delay: invalid type"), "{e}");
+        let e = err("[[phase]]\n[provider]\nkind = \"openai\"\nrpn = 5\n");
+        assert!(e.starts_with("s.toml:4:1: provider.rpn: unknown field `rpn`"), "{e}");
+        let e = err("[[phase]]\noverloaded_rate = 1.5\n");
+        assert_eq!(
+            e,
+            "s.toml:2:19: phase[0].overloaded_rate: must be a fraction between 0 and 1, got 1.5"
+        );
+        let e = err("[[phase]]\nerror_rate = 0.5\noverloaded_rate = 0.6\n");
+        assert!(e.contains("+ overloaded_rate must be at most 1, got 1.1"), "{e}");
     }
 
     #[test]

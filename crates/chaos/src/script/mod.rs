@@ -23,6 +23,17 @@
 //! status = 503
 //! latency = { dist = "pareto", p50 = "50ms", p99 = "2s" }
 //! max_concurrency = 20
+//!
+//! [[phase]]
+//! name = "overloaded"       # a provider's burst of 529s (needs [provider] to shape them)
+//! duration = "2s"
+//! overloaded_rate = 1.0
+//!
+//! [provider]                # serve as a model provider (see crate::provider)
+//! kind = "anthropic"
+//! rpm = 50
+//! itpm = 30000
+//! otpm = 8000
 //! ```
 //!
 //! Every key is documented on [`Phase`] and in `docs/chaos-and-load.md`. The file is read by
@@ -53,6 +64,7 @@ use std::time::Duration;
 
 use stormguard_core::decimal::parse_duration;
 
+use crate::provider::{ProviderConfig, ProviderError, ProviderOptions};
 use crate::sampler::{Latency, LatencyError};
 
 /// The default error status: 503, the one a struggling dependency sends most.
@@ -198,8 +210,13 @@ pub struct Phase {
     pub reset_rate: f64,
     /// Fraction of requests answered 200 whose body stops halfway (HTTP/1.1: the connection
     /// closes short of the declared length; h2: the stream is reset). TOML `truncate_rate`;
-    /// default 0. The sum of the three rates is at most 1.
+    /// default 0.
     pub truncate_rate: f64,
+    /// Fraction of requests answered at once that the provider is overloaded (Anthropic's 529
+    /// `overloaded_error`; OpenAI's 503 when chaos plays OpenAI), before any limit or bucket is
+    /// touched. A burst is a phase with `overloaded_rate = 1` and a `duration`. TOML
+    /// `overloaded_rate`; default 0. The sum of the four rates is at most 1.
+    pub overloaded_rate: f64,
     /// How long the server works before answering. TOML `latency = "50ms"` (fixed),
     /// `latency_p50` + `latency_p99` (log-normal fitted to them; `latency_dist = "pareto"` fits a
     /// Pareto tail instead), or `latency = { dist = "uniform", min = "10ms", max = "30ms" }`,
@@ -238,6 +255,7 @@ impl Default for Phase {
             status: DEFAULT_STATUS,
             reset_rate: 0.0,
             truncate_rate: 0.0,
+            overloaded_rate: 0.0,
             latency: Latency::default(),
             latency_max: DEFAULT_LATENCY_MAX,
             max_concurrency: None,
@@ -258,13 +276,15 @@ pub enum PhaseError {
     /// A rate outside `[0, 1]`.
     #[error("must be a fraction between 0 and 1, got {got}")]
     NotAFraction {
-        /// `error_rate`, `reset_rate` or `truncate_rate`.
+        /// `error_rate`, `reset_rate`, `truncate_rate` or `overloaded_rate`.
         key: &'static str,
         /// The value given.
         got: f64,
     },
-    /// The three rates add up to more than 1.
-    #[error("error_rate + reset_rate + truncate_rate must be at most 1, got {sum}")]
+    /// The four rates add up to more than 1.
+    #[error(
+        "error_rate + reset_rate + truncate_rate + overloaded_rate must be at most 1, got {sum}"
+    )]
     RatesAboveOne {
         /// Their sum.
         sum: f64,
@@ -387,6 +407,9 @@ pub enum InvalidScript {
         /// Which rule.
         error: PhaseError,
     },
+    /// The provider breaks a rule.
+    #[error("provider.{key}: {0}", key = .0.key())]
+    Provider(ProviderError),
 }
 
 fn fraction(key: &'static str, got: f64) -> Result<(), PhaseError> {
@@ -399,7 +422,8 @@ impl Phase {
         fraction("error_rate", self.error_rate)?;
         fraction("reset_rate", self.reset_rate)?;
         fraction("truncate_rate", self.truncate_rate)?;
-        let sum = self.error_rate + self.reset_rate + self.truncate_rate;
+        fraction("overloaded_rate", self.overloaded_rate)?;
+        let sum = self.error_rate + self.reset_rate + self.truncate_rate + self.overloaded_rate;
         if sum > 1.0 + 1e-12 {
             return Err(PhaseError::RatesAboveOne { sum });
         }
@@ -443,15 +467,77 @@ pub struct Script {
     pub seed: Option<u64>,
     /// The disconnect behaviour, when the script sets one (TOML `on_disconnect`).
     pub on_disconnect: Option<OnDisconnect>,
+    /// The model provider chaos plays, when the script sets one (TOML `[provider]`, `kind`,
+    /// `rpm`, `tpm`).
+    pub provider: Option<ProviderConfig>,
+    /// The rest of the provider's behaviour (TOML `[provider]`, `itpm`, `otpm`,
+    /// `stream_event_delay`, `stream_break_rate`, `quota_exhausted_after`); the defaults when
+    /// the script has no `[provider]`.
+    pub provider_options: ProviderOptions,
 }
 
 impl Script {
     /// A script of one phase that lasts forever.
     pub fn single(phase: Phase) -> Script {
-        Script { phases: vec![phase], repeat: false, seed: None, on_disconnect: None }
+        Script {
+            phases: vec![phase],
+            repeat: false,
+            seed: None,
+            on_disconnect: None,
+            provider: None,
+            provider_options: ProviderOptions::default(),
+        }
     }
 
-    /// Checks every phase.
+    /// `base` forever, except during `windows` (times since the server's start), when every
+    /// request is answered overloaded: the phases `base`, `overloaded`, `base`, ... with the
+    /// durations the windows give. In a burst the other injected faults are off (their rates
+    /// would pass 1 with `overloaded_rate = 1`); latency and limits are `base`'s. `base`'s own
+    /// `duration` is not used: the last phase lasts until the server stops. What
+    /// `stormguard chaos --overloaded 2s..4s` serves.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard_chaos::{Phase, Script, Window};
+    ///
+    /// let s = Script::overloaded_during(Phase::default(), &["2s..4s".parse().unwrap()]).unwrap();
+    /// let names: Vec<&str> = s.phases.iter().map(|p| p.name.as_str()).collect();
+    /// assert_eq!(names, ["phase-1", "overloaded", "phase-1"]);
+    /// assert_eq!(s.phases[1].duration, Some(Duration::from_secs(2)));
+    /// assert_eq!(s.phases[1].overloaded_rate, 1.0);
+    /// assert_eq!(s.phases[2].duration, None);
+    /// ```
+    pub fn overloaded_during(base: Phase, windows: &[Window]) -> Result<Script, BadWindow> {
+        let mut sorted = windows.to_vec();
+        sorted.sort_by_key(|w| w.start);
+        let mut phases = Vec::with_capacity(2 * sorted.len() + 1);
+        let mut at = Duration::ZERO;
+        for w in &sorted {
+            if w.end <= w.start {
+                return Err(BadWindow::Empty(*w));
+            }
+            if w.start < at {
+                return Err(BadWindow::Overlap(*w));
+            }
+            if w.start > at {
+                phases.push(Phase { duration: Some(w.start - at), ..base.clone() });
+            }
+            phases.push(Phase {
+                name: "overloaded".to_string(),
+                duration: Some(w.end - w.start),
+                error_rate: 0.0,
+                reset_rate: 0.0,
+                truncate_rate: 0.0,
+                overloaded_rate: 1.0,
+                ..base.clone()
+            });
+            at = w.end;
+        }
+        phases.push(Phase { duration: None, ..base });
+        Ok(Script { phases, ..Script::single(Phase::default()) })
+    }
+
+    /// Checks every phase, and the provider when the script sets one.
     pub fn validate(&self) -> Result<(), InvalidScript> {
         if self.phases.is_empty() {
             return Err(InvalidScript::NoPhases);
@@ -459,7 +545,57 @@ impl Script {
         for (index, p) in self.phases.iter().enumerate() {
             p.validate().map_err(|error| InvalidScript::Phase { index, error })?;
         }
+        if let Some(provider) = &self.provider {
+            provider.validate(&self.provider_options).map_err(InvalidScript::Provider)?;
+        }
         Ok(())
+    }
+}
+
+/// A span of time since the server's start, written `2s..4s`: when a burst lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// When it starts.
+    pub start: Duration,
+    /// When it ends (after `start`).
+    pub end: Duration,
+}
+
+/// Why a text or a list is not a set of [`Window`]s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadWindow {
+    /// Not `FROM..TO` with two durations.
+    #[error("`{0}` is not a window like 2s..4s")]
+    Syntax(String),
+    /// A window that ends where (or before) it starts.
+    #[error("the window {0} ends before it starts")]
+    Empty(Window),
+    /// A window that starts inside an earlier one.
+    #[error("the window {0} overlaps another")]
+    Overlap(Window),
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use stormguard_core::decimal::format_duration;
+        write!(f, "{}..{}", format_duration(self.start), format_duration(self.end))
+    }
+}
+
+impl FromStr for Window {
+    type Err = BadWindow;
+
+    fn from_str(text: &str) -> Result<Window, BadWindow> {
+        let syntax = || BadWindow::Syntax(text.to_string());
+        let (start, end) = text.split_once("..").ok_or_else(syntax)?;
+        let start = parse_duration(start.trim()).map_err(|_| syntax())?;
+        let end = parse_duration(end.trim()).map_err(|_| syntax())?;
+        let w = Window { start, end };
+        if end <= start {
+            return Err(BadWindow::Empty(w));
+        }
+        Ok(w)
     }
 }
 

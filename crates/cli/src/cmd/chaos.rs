@@ -4,7 +4,8 @@
 //! on stderr (`listening on http://ADDR`, so `--listen 127.0.0.1:0` can be used from scripts),
 //! serves `GET /stats`, `POST /stats/reset` and `POST /phase/next` on the same listener, moves to
 //! the next phase on SIGUSR1, and on exit (Ctrl-C, SIGTERM or `--duration`) prints its final
-//! stats as JSON on stdout.
+//! stats as JSON on stdout. With `--provider` (or a script's `[provider]`) it plays a model
+//! API; the provider flags override the script's keys one by one.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, ValueEnum};
 use stormguard_chaos::{
     ChaosConfig, ChaosError, Latency, OnDisconnect, Phase, ProviderConfig, ProviderKind, Rate,
-    RateLimit, Script,
+    RateLimit, Script, Window,
 };
 use stormguard_core::decimal::format_duration;
 
@@ -34,7 +35,15 @@ Examples:
 
   # A server with its own limits: 20 in flight, 100 requests per second:
   stormguard chaos --max-concurrency 20 --rate-limit 100/s
+
+  # A model provider: OpenAI-shaped answers (streamed when the body asks \"stream\": true),
+  # 600 requests and 40000 tokens a minute, 429s past them:
   stormguard chaos --provider openai --rpm 600 --tpm 40000
+
+  # Anthropic with input and output tokens metered apart, 10 % of streams cut after their
+  # first event, overloaded (529) from 20 s to 30 s, out of credit after 1000 requests:
+  stormguard chaos --provider anthropic --rpm 50 --itpm 30000 --otpm 8000 \\
+      --stream-break-rate 0.1 --overloaded 20s..30s --quota-exhausted-after 1000
 
   # Phases over time (healthy, storm, slow, recovery) from a script; --check reads and checks
   # it (exit 2 naming file, line, column and key) and prints the phases without serving:
@@ -43,6 +52,7 @@ Examples:
 
 While it runs:
   curl -s localhost:9000/stats              what it saw: requests, retries, in_flight, status_counts
+                                            (as a provider, also its answers by kind: provider.*)
   curl -s -X POST localhost:9000/stats/reset   start a new count
   curl -s -X POST localhost:9000/phase/next    move to the next phase (or: kill -USR1 PID)
 
@@ -107,21 +117,56 @@ pub struct ChaosArgs {
     /// Spread the 200 body over this long (in up to 10 chunks).
     #[arg(long, value_name = "DURATION", group = "one_phase", value_parser = args::duration)]
     pub slow_body: Option<Duration>,
+    /// Fraction of requests answered at once as overloaded: Anthropic's 529 overloaded_error
+    /// (OpenAI's 503 "engine is currently overloaded" with --provider openai), before any
+    /// limit is met.
+    #[arg(long, value_name = "FRACTION", group = "one_phase")]
+    pub overloaded_rate: Option<f64>,
+    /// An overload burst, FROM..TO since the start (e.g. 2s..4s): every request in it is
+    /// answered overloaded. Repeat for several bursts; each is a phase in /stats.
+    #[arg(
+        long,
+        value_name = "FROM..TO",
+        group = "one_phase",
+        value_parser = args::window
+    )]
+    pub overloaded: Vec<Window>,
     /// What to do with a request whose client left: keep working and count it in flight
     /// (finish, what real servers do; the default) or stop (cancel).
     #[arg(long, value_enum, value_name = "MODE")]
     pub on_disconnect: Option<Disconnect>,
-    /// Serve as a model provider: `openai` or `anthropic` shaped answers (JSON with `usage`),
-    /// the provider's rate-limit headers on every answer, and 429s past --rpm / --tpm with its
-    /// error body and `retry-after`. Tokens are counted from each request's body.
+    /// Serve as a model provider: `openai` or `anthropic` shaped answers (JSON with `usage`,
+    /// or server-sent events when the body asks "stream": true), the provider's rate-limit
+    /// headers on every answer, and 429s past --rpm / --tpm with its error body and
+    /// `retry-after`. Tokens are counted from each request's body. Overrides a script's
+    /// [provider] kind.
     #[arg(long, value_name = "KIND", value_parser = args::provider)]
     pub provider: Option<ProviderKind>,
     /// The provider's requests per minute (a bucket of N, refilled continuously).
-    #[arg(long, value_name = "N", requires = "provider")]
+    #[arg(long, value_name = "N")]
     pub rpm: Option<u64>,
     /// The provider's tokens per minute, input and output together.
-    #[arg(long, value_name = "N", requires = "provider")]
+    #[arg(long, value_name = "N")]
     pub tpm: Option<u64>,
+    /// Input tokens per minute, metered apart (anthropic-ratelimit-input-tokens-*; anthropic
+    /// only).
+    #[arg(long, value_name = "N")]
+    pub itpm: Option<u64>,
+    /// Output tokens per minute, metered apart from each request's max_tokens
+    /// (anthropic-ratelimit-output-tokens-*; anthropic only).
+    #[arg(long, value_name = "N")]
+    pub otpm: Option<u64>,
+    /// The pause between a streamed answer's events [default: 5ms].
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub stream_event_delay: Option<Duration>,
+    /// Fraction of streamed answers cut after their first event (the connection or h2 stream
+    /// is reset mid-body).
+    #[arg(long, value_name = "FRACTION")]
+    pub stream_break_rate: Option<f64>,
+    /// Let N requests through, then refuse every later one for want of credit: OpenAI's 429
+    /// insufficient_quota (no retry-after), Anthropic's 400 "credit balance is too low".
+    #[arg(long, value_name = "N")]
+    pub quota_exhausted_after: Option<u64>,
     /// Seed for every random draw (default: the script's, or 0).
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -162,6 +207,7 @@ fn flag_of(key: &str) -> &'static str {
         "status" => "--status",
         "reset_rate" => "--reset-rate",
         "truncate_rate" => "--truncate-rate",
+        "overloaded_rate" => "--overloaded-rate",
         "latency" => "--latency",
         "max_concurrency" => "--max-concurrency",
         "workers" => "--workers",
@@ -186,6 +232,9 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
     }
     if let Some(r) = args.truncate_rate {
         p.truncate_rate = r;
+    }
+    if let Some(r) = args.overloaded_rate {
+        p.overloaded_rate = r;
     }
     if let Some(latency) = args.latency {
         p.latency = match (latency, args.latency_p99) {
@@ -231,7 +280,9 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
 pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
     let script = match &args.script {
         Some(path) => Script::load(path).map_err(|e| Failure::usage(e.to_string()))?,
-        None => Script::single(phase_from_flags(args)?),
+        None if args.overloaded.is_empty() => Script::single(phase_from_flags(args)?),
+        None => Script::overloaded_during(phase_from_flags(args)?, &args.overloaded)
+            .map_err(|e| Failure::usage(format!("--overloaded: {e}")))?,
     };
     let mut config = ChaosConfig::new(script);
     if let Some(seed) = args.seed {
@@ -242,9 +293,47 @@ pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
         Some(Disconnect::Cancel) => config.on_disconnect = OnDisconnect::Cancel,
         None => {}
     }
-    config.provider =
-        args.provider.map(|kind| ProviderConfig { kind, rpm: args.rpm, tpm: args.tpm });
+    provider_from_args(args, &mut config)?;
     Ok(config)
+}
+
+/// The provider flags over the script's `[provider]`, key by key.
+fn provider_from_args(args: &ChaosArgs, config: &mut ChaosConfig) -> Result<(), Failure> {
+    let Some(kind) = args.provider.or(config.provider.map(|p| p.kind)) else {
+        let given = [
+            ("--rpm", args.rpm.is_some()),
+            ("--tpm", args.tpm.is_some()),
+            ("--itpm", args.itpm.is_some()),
+            ("--otpm", args.otpm.is_some()),
+            ("--stream-event-delay", args.stream_event_delay.is_some()),
+            ("--stream-break-rate", args.stream_break_rate.is_some()),
+            ("--quota-exhausted-after", args.quota_exhausted_after.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            return Err(Failure::usage(format!(
+                "{flag} needs --provider (or a script with a [provider] table)"
+            )));
+        }
+        return Ok(());
+    };
+    let script = config.provider.unwrap_or(ProviderConfig { kind, rpm: None, tpm: None });
+    let provider =
+        ProviderConfig { kind, rpm: args.rpm.or(script.rpm), tpm: args.tpm.or(script.tpm) };
+    let o = &mut config.provider_options;
+    o.itpm = args.itpm.or(o.itpm);
+    o.otpm = args.otpm.or(o.otpm);
+    o.stream_event_delay = args.stream_event_delay.unwrap_or(o.stream_event_delay);
+    o.stream_break_rate = args.stream_break_rate.unwrap_or(o.stream_break_rate);
+    o.quota_exhausted_after = args.quota_exhausted_after.or(o.quota_exhausted_after);
+    provider.validate(o).map_err(|e| {
+        let flag = match e.key() {
+            "stream_break_rate" => "--stream-break-rate".to_string(),
+            key => format!("--{key}"),
+        };
+        Failure::usage(format!("{flag}: {e}"))
+    })?;
+    config.provider = Some(provider);
+    Ok(())
 }
 
 /// Runs `stormguard chaos` until Ctrl-C, SIGTERM or `--duration` (or, with `--check`, only
@@ -254,7 +343,7 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let stop_after = args.duration;
     if args.check {
         // What the server would refuse at start (an empty script) is refused here too.
-        config.script.validate().map_err(|e| Failure::usage(e.to_string()))?;
+        config.validate().map_err(|e| Failure::usage(e.to_string()))?;
         return summarize(args, &config, out);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -311,7 +400,36 @@ fn summarize(args: &ChaosArgs, config: &ChaosConfig, out: &mut dyn Write) -> Res
         } else {
             "no injected errors".to_string()
         };
-        writeln!(out, "  phase[{i}] {}: {lasts}, {errors}", p.name)?;
+        let overloaded = if p.overloaded_rate > 0.0 {
+            format!(", overloaded_rate {}", p.overloaded_rate)
+        } else {
+            String::new()
+        };
+        writeln!(out, "  phase[{i}] {}: {lasts}, {errors}{overloaded}", p.name)?;
+    }
+    if let Some(p) = &config.provider {
+        let o = &config.provider_options;
+        let per_minute = |name: &str, n: Option<u64>| n.map(|n| format!(", {name} {n}"));
+        let mut line = format!(
+            "  provider {}: streams {} an event",
+            p.kind,
+            format_duration(o.stream_event_delay)
+        );
+        for part in [
+            per_minute("rpm", p.rpm),
+            per_minute("tpm", p.tpm),
+            per_minute("itpm", o.itpm),
+            per_minute("otpm", o.otpm),
+            (o.stream_break_rate > 0.0)
+                .then(|| format!(", stream_break_rate {}", o.stream_break_rate)),
+            o.quota_exhausted_after.map(|n| format!(", quota_exhausted_after {n}")),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            line.push_str(&part);
+        }
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }

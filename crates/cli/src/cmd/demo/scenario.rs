@@ -93,6 +93,7 @@ pub(super) fn script(plan: &[PhasePlan], seed: u64) -> Script {
         seed: Some(seed),
         // The dependency does not know its client gave up: a timed-out request keeps it busy.
         on_disconnect: Some(OnDisconnect::Finish),
+        ..Script::single(Phase::default())
     }
 }
 
