@@ -14,7 +14,10 @@
 //! - `limiter_permit`: `Limiter::try_acquire(Retry)` + drop, reading a `MonotonicClock` (the
 //!   limiter reads its own clock, twice); `limiter_permit_manual_clock` is the same over a
 //!   `ManualClock`, to show what the clock reads cost; `limiter_permit_time_passed_in` is
-//!   `try_acquire_at(Retry, now)` + `release_at(now)`, the way the tower layer calls it.
+//!   `try_acquire_at(Retry, now)` + `release_at(now)`, the way the tower layer calls it;
+//! - `rate_request`: rate admission's decision for one request, `RateLimit::try_acquire(now, 1)`
+//!   + `settle`; `rate_request_tokens`: a request and its tokens booked in two buckets and
+//!   settled from a stated usage (what a model provider's request pays).
 //!
 //! Two groups run the same items: `single` (one thread, `iters` operations in a timed loop) and
 //! `contended_2t` (two threads sharing one instance). In `contended_2t` each thread runs `iters` operations after a barrier and
@@ -42,6 +45,7 @@ use stormguard_core::decision::{
 use stormguard_core::denied::Denied;
 use stormguard_core::limiter::{AttemptKind, Limiter, LimiterConfig};
 use stormguard_core::random::SplitMix64;
+use stormguard_core::rate::{RateConfig, RateLimit};
 use tower::retry::budget::{Budget, TpsBudget};
 
 /// The time passed to every rule: fixed, so the policy is measured and not the clock.
@@ -180,6 +184,34 @@ fn limiter_time_passed_in() -> impl Fn(&Refusals) + Sync {
     }
 }
 
+/// Rate admission's decision for one request, time passed in: `RateLimit::try_acquire(now, 1)`
+/// + `settle(now, None)` on a requests-per-minute bucket that never runs dry.
+fn rate_request() -> impl Fn(&Refusals) + Sync {
+    let rpm = RateLimit::new(RateConfig { limit: Some(1 << 50), window: Duration::from_secs(60) });
+    move |refusals| match rpm.try_acquire(black_box(NOW), 1) {
+        Ok(p) => p.settle(NOW, None),
+        Err(_) => refusals.refused(),
+    }
+}
+
+/// The same with tokens, as a model provider's request pays it: `reserve` in the requests and
+/// the tokens buckets, then both settled (the tokens from a stated usage).
+fn rate_request_tokens() -> impl Fn(&Refusals) + Sync {
+    let minute = Duration::from_secs(60);
+    let rpm = RateLimit::new(RateConfig { limit: Some(1 << 50), window: minute });
+    let tpm = RateLimit::new(RateConfig { limit: Some(1 << 50), window: minute });
+    move |refusals| {
+        let now = black_box(NOW);
+        match (rpm.reserve(now, 1, Duration::ZERO), tpm.reserve(now, 300, Duration::ZERO)) {
+            (Ok((r, _)), Ok((t, _))) => {
+                r.settle(now, None);
+                t.settle(now, Some(black_box(250)));
+            }
+            _ => refusals.refused(),
+        }
+    }
+}
+
 /// Every item, built fresh for each group (so the groups share no state).
 macro_rules! each_item {
     ($group:expr, $run:ident) => {
@@ -194,6 +226,8 @@ macro_rules! each_item {
         $run($group, "limiter_permit", limiter(Arc::new(MonotonicClock::new())));
         $run($group, "limiter_permit_manual_clock", limiter(Arc::new(ManualClock::new())));
         $run($group, "limiter_permit_time_passed_in", limiter_time_passed_in());
+        $run($group, "rate_request", rate_request());
+        $run($group, "rate_request_tokens", rate_request_tokens());
     };
 }
 
@@ -249,7 +283,7 @@ fn benches(c: &mut Criterion) {
 
 criterion_group! {
     name = core;
-    // 20 items at about 1 s warm-up + 3 s measuring each: the run stays near 2 minutes.
+    // 24 items at about 1 s warm-up + 3 s measuring each: the run stays near 2 minutes.
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))

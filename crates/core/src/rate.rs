@@ -95,16 +95,24 @@ struct State {
     at: Timestamp,
     held_until: Timestamp,
     outstanding: u64,
+    /// How many instances share the limit (a fleet's live instances): this one meters
+    /// `limit / share`. 1 alone.
+    share: u64,
 }
 
 impl State {
+    /// The units per window this instance meters: its share of the limit (at least 1).
+    fn rate(&self) -> Option<u64> {
+        self.limit.map(|l| (l / self.share.max(1)).max(1))
+    }
+
     fn capacity(&self) -> Option<i128> {
-        self.limit.map(|l| i128::from(l) * self.window_nanos as i128)
+        self.rate().map(|l| i128::from(l) * self.window_nanos as i128)
     }
 
     fn refill(&mut self, now: Timestamp) {
         if now > self.at {
-            if let (Some(l), Some(cap)) = (self.limit, self.capacity()) {
+            if let (Some(l), Some(cap)) = (self.rate(), self.capacity()) {
                 let elapsed = i128::try_from(now.saturating_since(self.at).as_nanos())
                     .unwrap_or(i128::MAX / 4);
                 self.level =
@@ -118,7 +126,7 @@ impl State {
     /// after the hold, and after the refill covers every unit booked before.
     fn turn(&self, now: Timestamp, cost: u64) -> (u64, Duration) {
         let mut wait = self.held_until.saturating_since(now);
-        let Some(l) = self.limit else { return (cost, wait) };
+        let Some(l) = self.rate() else { return (cost, wait) };
         let cost = cost.min(l);
         let need = self.units(cost);
         if self.level < need {
@@ -154,6 +162,7 @@ impl RateLimit {
             at: Timestamp::ZERO,
             held_until: Timestamp::ZERO,
             outstanding: 0,
+            share: 1,
         };
         s.level = s.capacity().unwrap_or(0);
         RateLimit { state: Arc::new(Mutex::new(s)) }
@@ -200,6 +209,18 @@ impl RateLimit {
         s.turn(now, cost).1
     }
 
+    /// The limit is shared by `share` instances (a fleet's live instances, each metering its
+    /// own bucket): from `now` this one refills at `limit / share` and holds at most that. The
+    /// provider's `remaining`, which counts the whole key, still caps the level.
+    pub fn set_share(&self, now: Timestamp, share: u64) {
+        let mut s = self.state.lock();
+        s.refill(now);
+        s.share = share.max(1);
+        if let Some(cap) = s.capacity() {
+            s.level = s.level.min(cap);
+        }
+    }
+
     /// How long a 429's hold (or a cool-down) lasts from `now`, if one does.
     pub fn held(&self, now: Timestamp) -> Option<Duration> {
         let s = self.state.lock();
@@ -244,7 +265,7 @@ impl RateLimit {
     pub fn refused(&self, now: Timestamp, retry_after: Option<Duration>) {
         let mut s = self.state.lock();
         s.refill(now);
-        let hold = retry_after.unwrap_or_else(|| match s.limit {
+        let hold = retry_after.unwrap_or_else(|| match s.rate() {
             Some(l) => Duration::from_nanos(
                 u64::try_from(s.window_nanos / u128::from(l.max(1))).unwrap_or(u64::MAX),
             ),
@@ -431,6 +452,24 @@ mod tests {
         rpm.hold(at(0), Duration::from_secs(10));
         rpm.hold(at(1_000), Duration::from_secs(1));
         assert_eq!(rpm.held(at(5_000)), Some(Duration::from_secs(5)));
+    }
+
+    /// Two instances share a key's 600 a minute: each holds and refills at 300 a minute.
+    #[test]
+    fn a_shared_limit_is_metered_by_its_share() {
+        let rpm = per_minute(600);
+        rpm.set_share(at(0), 2);
+        assert_eq!(rpm.snapshot(at(0)).available, 300);
+        assert_eq!(rpm.snapshot(at(0)).limit, Some(600), "the key's limit is still shown");
+        for _ in 0..300 {
+            rpm.try_acquire(at(0), 1).unwrap().settle(at(0), None);
+        }
+        // One unit at 300 a minute: 200 ms.
+        assert_eq!(rpm.try_acquire(at(0), 1).unwrap_err().wait, Duration::from_millis(200));
+        // Alone again: the refill is at the whole limit, the bucket as large.
+        rpm.set_share(at(0), 1);
+        assert_eq!(rpm.try_acquire(at(0), 1).unwrap_err().wait, Duration::from_millis(100));
+        assert_eq!(rpm.snapshot(at(60_000)).available, 600);
     }
 
     #[test]

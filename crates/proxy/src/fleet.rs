@@ -44,6 +44,13 @@ pub(crate) fn build(
     let budget = fleet.budget(&d.budget).map_err(|e| invalid(fleet_error(e)))?;
     let dependency =
         Dependency::try_new_with_budget(tower, Arc::new(budget)).map_err(tower_error)?;
-    let worker = fleet.worker(dependency.upstream().limiter.clone());
+    let mut worker = fleet.worker(dependency.upstream().limiter.clone());
+    // A provider's rate limits are per key: the fleet's, divided among its live instances.
+    worker.share_rates(
+        (0..dependency.upstream_count())
+            .filter_map(|i| dependency.rates_at(i))
+            .map(|r| r.share())
+            .collect(),
+    );
     Ok((dependency, Some((fleet, worker))))
 }

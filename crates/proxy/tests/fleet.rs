@@ -191,3 +191,91 @@ async fn three_proxies_at_low_traffic_retry_one_reserve_not_three() {
         // The fleet's reserve window outlives this run; the next test round is local anyway.
     }
 }
+
+/// A provider's requests per minute are per key, so the fleet's: two proxies placed in one
+/// fleet, each learning the provider's 600 a minute from its headers, meter 300 each (the limit
+/// divided by the live instances), and the provider — its bucket emptied first — answers at
+/// most 1 % of an open loop at twice its limit (10 a second through each proxy, 10 s) with a
+/// 429. The same two proxies placed locally each meter the whole 600: together twice the limit,
+/// and the provider refuses a good part of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_share_one_providers_requests_per_minute() {
+    use bytes::Bytes;
+    use stormguard_chaos::{ChaosConfig, ProviderConfig, ProviderKind};
+    const RPM: u64 = 600;
+    const SECS: u64 = 10;
+    let redis = RedisProcess::start();
+    established(&redis).await;
+    let post = |addr: std::net::SocketAddr| async move {
+        let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from_static(br#"{"max_tokens":1}"#)))
+            .unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(30), client().request(req)).await;
+    };
+    for fleet in [true, false] {
+        let mut config = ChaosConfig::single(Phase::default());
+        config.provider =
+            Some(ProviderConfig { kind: ProviderKind::OpenAi, rpm: Some(RPM), tpm: None });
+        let upstream =
+            stormguard_chaos::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let mut proxies = Vec::new();
+        for i in 0..2 {
+            let mut d = ProxyDependency::new("upstream", upstream.url("").parse().unwrap());
+            d.cap = 200;
+            d.queue = 1_000;
+            d.queue_timeout = Duration::from_secs(5);
+            d.max_retries = 0;
+            d.rate.learn = true;
+            if fleet {
+                let mut f = FleetPlacement::new(2);
+                f.redis = RedisSource::Target(redis.target());
+                f.lease_ttl = ms(1_000);
+                f.interval = ms(100);
+                f.instance = Some(format!("llm-{i}"));
+                d.fleet = Some(f);
+            }
+            let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+            c.admin = None;
+            proxies.push(start(c).await.unwrap());
+        }
+        let addrs: Vec<_> = proxies.iter().map(|p| p.listen_addrs()[0]).collect();
+        // Empty the provider's bucket, and teach both proxies what is left.
+        for k in 0..RPM {
+            post(addrs[k as usize % 2]).await;
+        }
+        upstream.reset();
+        let mut tasks = Vec::new();
+        let every = Duration::from_secs(60) / (2 * RPM as u32);
+        for k in 0..(SECS * 2 * RPM / 60) {
+            let at = tokio::time::Instant::now();
+            tasks.push(tokio::spawn(post(addrs[k as usize % 2])));
+            tokio::time::sleep_until(at + every).await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let seen = upstream.stats().total.status_counts;
+        for p in proxies {
+            p.shutdown().await;
+        }
+        let limited = seen.get(&429).copied().unwrap_or(0);
+        let served = seen.get(&200).copied().unwrap_or(0);
+        eprintln!("fleet={fleet}: {served} served, {limited} 429s at the provider");
+        if fleet {
+            assert!(
+                limited * 100 <= (limited + served).max(1),
+                "{limited} 429s of {}",
+                limited + served
+            );
+            let refill = SECS * RPM / 60;
+            assert!(served * 10 >= refill * 9, "{served} served, the limit allows {refill}");
+        } else {
+            assert!(
+                limited * 10 >= (limited + served),
+                "local: {limited} 429s of {}",
+                limited + served
+            );
+        }
+    }
+}

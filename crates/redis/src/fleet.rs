@@ -434,6 +434,7 @@ impl Fleet {
             unreported: 0,
             spent_last: 0,
             refill_at: now,
+            rate_shares: Vec::new(),
         }
     }
 
@@ -602,6 +603,9 @@ pub struct FleetWorker {
     spent_last: u64,
     /// When the fallback reserve share refills next.
     refill_at: Timestamp,
+    /// Where the count of instances sharing a provider's rate limits goes (see
+    /// [`FleetWorker::share_rates`]).
+    rate_shares: Vec<Arc<AtomicU64>>,
 }
 
 impl fmt::Debug for FleetWorker {
@@ -713,6 +717,27 @@ impl FleetWorker {
         parse_grant(reply)
     }
 
+    /// A provider's requests and tokens per minute are per key, so the fleet's: each instance
+    /// meters `limit / n`, where the worker stores `n` in each of `shares` — the live instances
+    /// at each renewal, `max_instances` until the first one and while Redis does not answer.
+    /// (The shares are even, not by demand as the slots are; an instance that joins is counted
+    /// by the others at their next renewal, so for at most one interval the fleet may meter a
+    /// little more than the limit — the provider's `remaining`, which every instance follows,
+    /// bounds that.)
+    pub fn share_rates(&mut self, shares: Vec<Arc<AtomicU64>>) {
+        let n = self.shared.config.max_instances.max(1);
+        for s in &shares {
+            s.store(n, Ordering::Relaxed);
+        }
+        self.rate_shares = shares;
+    }
+
+    fn set_rate_shares(&self, n: u64) {
+        for s in &self.rate_shares {
+            s.store(n.max(1), Ordering::Relaxed);
+        }
+    }
+
     fn apply(&mut self, sent: Timestamp, tokens_before: u64, grant: Grant) {
         let s = &self.shared;
         let c = &s.config;
@@ -746,6 +771,7 @@ impl FleetWorker {
         }
         s.tokens_until.store(until.as_nanos(), Ordering::Release);
         s.instances.store(grant.instances, Ordering::Relaxed);
+        self.set_rate_shares(grant.instances);
         s.last_ok.store(self.limiter.now().as_nanos(), Ordering::Release);
         s.syncs_ok.fetch_add(1, Ordering::Relaxed);
         let mode = if grant.quiet { FleetMode::Quiet } else { FleetMode::Fleet };
@@ -793,6 +819,7 @@ impl FleetWorker {
             // The limiter already fell back on its own when the lease expired; a joining
             // instance had no lease yet.
             self.limiter.set_lease(fallback, Timestamp::ZERO, fallback);
+            self.set_rate_shares(c.max_instances);
             self.refill_at = now;
             tracing::warn!(
                 dependency = %c.dependency,

@@ -391,3 +391,34 @@ async fn reserve_tokens_fleet_grants_one_reserve_not_three() {
     assert!(fleet_granted >= 20, "the fleet's reserve was usable: {fleet_granted}");
     assert_eq!(local_granted, 90, "three local reserves");
 }
+
+/// A provider's rate limits are divided among the fleet's live instances: each worker stores
+/// the count of live instances in the share it was given (`max_instances` before its first
+/// renewal), and `max_instances` again when Redis stops answering — never fewer instances than
+/// may really be metering the key. A second instance joining is counted at the next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_share_follows_the_live_instances_and_falls_back_to_max_instances() {
+    let mut redis = RedisProcess::start();
+    established(&redis).await;
+    let share = |i: &mut Instance| {
+        let s = Arc::new(std::sync::atomic::AtomicU64::new(1));
+        i.worker.share_rates(vec![s.clone()]);
+        s
+    };
+    let mut a = instance(&redis, "a", 20, 4, 600, 100);
+    let share_a = share(&mut a);
+    assert_eq!(share_a.load(Ordering::SeqCst), 4, "before its first renewal: max_instances");
+    a.worker.tick().await;
+    assert_eq!(share_a.load(Ordering::SeqCst), 1, "alone in the fleet");
+    let mut b = instance(&redis, "b", 20, 4, 600, 100);
+    let share_b = share(&mut b);
+    b.worker.tick().await;
+    a.worker.tick().await;
+    assert_eq!((share_a.load(Ordering::SeqCst), share_b.load(Ordering::SeqCst)), (2, 2));
+    redis.kill();
+    // The lease runs out (600 ms) with no renewal answered.
+    tokio::time::sleep(ms(700)).await;
+    a.worker.tick().await;
+    assert_eq!(a.fleet.mode(), FleetMode::Fallback);
+    assert_eq!(share_a.load(Ordering::SeqCst), 4, "without Redis: max_instances");
+}

@@ -14,6 +14,8 @@
 //! (the provider's `remaining` is the truth), a 429 holds the upstream until its reset, and the
 //! provider presets ([`Provider`]) add what each provider's answers mean.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{HeaderMap, Response, StatusCode};
@@ -176,7 +178,11 @@ impl RateAdmission {
 pub struct Rates {
     /// Until when (nanoseconds on the dependency's clock) the upstream cools down after an
     /// overloaded answer: first tries and failovers go to another upstream meanwhile.
-    cool_until: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    cool_until: Arc<AtomicU64>,
+    /// How many instances share the provider's limits (see [`Rates::share`]), and the count
+    /// the buckets were last told.
+    share: Arc<AtomicU64>,
+    applied: Arc<AtomicU64>,
     /// Requests per minute.
     pub requests: RateLimit,
     /// Tokens per minute (input and output together).
@@ -208,10 +214,30 @@ impl Rates {
         let limit = |limit| RateLimit::new(RateConfig { limit, window: Duration::from_secs(60) });
         Rates {
             cool_until: Default::default(),
+            share: Arc::new(AtomicU64::new(1)),
+            applied: Arc::new(AtomicU64::new(1)),
             requests: limit(c.requests_per_minute),
             tokens: limit(c.tokens_per_minute),
             input_tokens: limit(c.input_tokens_per_minute),
             output_tokens: limit(c.output_tokens_per_minute),
+        }
+    }
+
+    /// The count of instances that share this upstream's limits (provider limits are per key,
+    /// not per instance): each meters `limit / share`. 1 alone; with `placement = "fleet"` the
+    /// fleet's lease worker stores its live instances here (`max_instances` while it falls back
+    /// or joins).
+    pub fn share(&self) -> Arc<AtomicU64> {
+        self.share.clone()
+    }
+
+    /// Tells the buckets a changed share before they are read.
+    fn apply_share(&self, now: Timestamp) {
+        let n = self.share.load(Ordering::Relaxed).max(1);
+        if self.applied.swap(n, Ordering::Relaxed) != n {
+            for (l, _) in self.each(RateCost::default()) {
+                l.set_share(now, n);
+            }
         }
     }
 
@@ -233,6 +259,7 @@ impl Rates {
         cost: RateCost,
         max_wait: Duration,
     ) -> Result<(RateReservation, Duration), Duration> {
+        self.apply_share(now);
         let mut taken: Vec<RatePermit> = Vec::with_capacity(4);
         let mut wait = Duration::ZERO;
         for (limit, units) in self.each(cost) {
@@ -262,6 +289,7 @@ impl Rates {
 
     /// How long a request of `cost` would wait for its turn now, without booking anything.
     pub fn wait_for(&self, now: Timestamp, cost: RateCost) -> Duration {
+        self.apply_share(now);
         self.each(cost)
             .into_iter()
             .map(|(l, units)| l.wait_for(now, units))
@@ -312,6 +340,7 @@ impl Rates {
 
     /// The limits now.
     pub fn snapshot(&self, now: Timestamp) -> RatesSnapshot {
+        self.apply_share(now);
         RatesSnapshot {
             cooling: self.cooling(now),
             requests: self.requests.snapshot(now),

@@ -124,11 +124,6 @@ pub enum RuleError {
         /// The cap.
         cap: u64,
     },
-    /// Rate admission with a fleet placement (not yet metered fleet-wide).
-    #[error(
-        "rate admission (requests_per_minute, tokens_per_minute, learn_rate_limits, provider) meters this instance's own upstreams for now: not with placement = \"fleet\""
-    )]
-    RateNotFleet,
     /// `[dependency.tls]` with no `https://` upstream.
     #[error("[dependency.tls] applies to https:// upstreams only")]
     TlsWithoutHttps,
@@ -369,9 +364,6 @@ impl ProxyDependency {
             }
         }
         range("bytes_per_token", 1, 1_000_000, self.bytes_per_token)?;
-        if self.rate.is_on() && self.fleet.is_some() {
-            return Err(at("placement", RuleError::RateNotFleet));
-        }
         let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
         if self.tls.is_set() && !https {
             return Err(at("tls", RuleError::TlsWithoutHttps));
