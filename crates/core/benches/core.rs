@@ -16,7 +16,7 @@
 //!   `ManualClock`, to show what the clock reads cost; `limiter_permit_time_passed_in` is
 //!   `try_acquire_at(Retry, now)` + `release_at(now)`, the way the tower layer calls it;
 //! - `rate_request`: rate admission's decision for one request, `RateLimit::try_acquire(now, 1)`
-//!   + `settle`; `rate_request_tokens`: a request and its tokens booked in two buckets and
+//!   then `settle`; `rate_request_tokens`: a request and its tokens booked in two buckets and
 //!   settled from a stated usage (what a model provider's request pays).
 //!
 //! Two groups run the same items: `single` (one thread, `iters` operations in a timed loop) and
@@ -185,7 +185,7 @@ fn limiter_time_passed_in() -> impl Fn(&Refusals) + Sync {
 }
 
 /// Rate admission's decision for one request, time passed in: `RateLimit::try_acquire(now, 1)`
-/// + `settle(now, None)` on a requests-per-minute bucket that never runs dry.
+/// then `settle(now, None)` on a requests-per-minute bucket that never runs dry.
 fn rate_request() -> impl Fn(&Refusals) + Sync {
     let rpm = RateLimit::new(RateConfig { limit: Some(1 << 50), window: Duration::from_secs(60) });
     move |refusals| match rpm.try_acquire(black_box(NOW), 1) {
