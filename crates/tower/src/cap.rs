@@ -146,6 +146,7 @@ where
                     match r.reserve(now, cost, max_wait) {
                         Ok((booked, wait)) if wait.is_zero() => rate = Some(booked),
                         Ok((booked, wait)) => {
+                            r.note_wait(wait);
                             return CapFuture::boxed(Box::pin(rate_waited(
                                 dep, inner, req, deadline, target, booked, wait,
                             )));

@@ -340,6 +340,7 @@ fn rates(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Resul
     let mut reserved = Vec::new();
     let mut held = Vec::new();
     let mut cooling = Vec::new();
+    let mut waits = Vec::new();
     for (r, name) in s.rates.iter().zip(&names) {
         let upstream = LabelValue(name);
         let mut hold = 0.0f64;
@@ -367,6 +368,7 @@ fn rates(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Resul
             vec![("dependency", dep), ("upstream", upstream)],
             f64::from(u8::from(r.cooling)),
         ));
+        waits.push((vec![("dependency", dep), ("upstream", upstream)], r.waits, r.waited));
     }
     gauge(
         enc,
@@ -398,6 +400,22 @@ fn rates(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Resul
         "1 while an upstream cools down after an overloaded answer.",
         &cooling,
     )?;
+    let counts: Vec<_> = waits.iter().map(|(l, n, _)| (l.clone(), *n)).collect();
+    counter(
+        enc,
+        "stormguard_rate_waits",
+        "First tries that waited for their turn in a provider's window.",
+        &counts,
+    )?;
+    let mut m = enc.encode_descriptor(
+        "stormguard_rate_wait_seconds",
+        "The waits first tries booked in a provider's window, in all.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (labels, _, waited) in &waits {
+        ConstCounter::new(waited.as_secs_f64()).encode(m.encode_family(labels)?)?;
+    }
     Ok(())
 }
 

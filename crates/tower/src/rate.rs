@@ -183,6 +183,10 @@ pub struct Rates {
     /// the buckets were last told.
     share: Arc<AtomicU64>,
     applied: Arc<AtomicU64>,
+    /// First tries that waited for their turn, and how long they were told to wait in all
+    /// (nanoseconds).
+    waits: Arc<AtomicU64>,
+    waited_nanos: Arc<AtomicU64>,
     /// Requests per minute.
     pub requests: RateLimit,
     /// Tokens per minute (input and output together).
@@ -198,6 +202,10 @@ pub struct Rates {
 pub struct RatesSnapshot {
     /// Whether the upstream is cooling down after an overloaded answer.
     pub cooling: bool,
+    /// First tries that waited for their turn in the window, since the start.
+    pub waits: u64,
+    /// The waits they booked, in all.
+    pub waited: Duration,
     /// Requests per minute.
     pub requests: RateSnapshot,
     /// Tokens per minute.
@@ -216,6 +224,8 @@ impl Rates {
             cool_until: Default::default(),
             share: Arc::new(AtomicU64::new(1)),
             applied: Arc::new(AtomicU64::new(1)),
+            waits: Default::default(),
+            waited_nanos: Default::default(),
             requests: limit(c.requests_per_minute),
             tokens: limit(c.tokens_per_minute),
             input_tokens: limit(c.input_tokens_per_minute),
@@ -287,6 +297,13 @@ impl Rates {
         Ok((r, wait))
     }
 
+    /// A first try booked a turn `wait` from now and waits for it.
+    pub(crate) fn note_wait(&self, wait: Duration) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.waited_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
     /// How long a request of `cost` would wait for its turn now, without booking anything.
     pub fn wait_for(&self, now: Timestamp, cost: RateCost) -> Duration {
         self.apply_share(now);
@@ -343,6 +360,8 @@ impl Rates {
         self.apply_share(now);
         RatesSnapshot {
             cooling: self.cooling(now),
+            waits: self.waits.load(Ordering::Relaxed),
+            waited: Duration::from_nanos(self.waited_nanos.load(Ordering::Relaxed)),
             requests: self.requests.snapshot(now),
             tokens: self.tokens.snapshot(now),
             input_tokens: self.input_tokens.snapshot(now),

@@ -137,3 +137,55 @@ async fn bookings_balance_to_zero_after_10_000_requests() {
     }
     assert_eq!(dep.snapshot().limiter.in_flight, 0);
 }
+
+/// First tries that find the window empty wait for their turns, first come first served:
+/// three at once on a 60-a-minute limit whose bucket the provider said is empty reach the
+/// provider one second apart, in the order they came, and the waits are counted. Without rate
+/// admission all three are sent at once.
+#[tokio::test(start_paused = true)]
+async fn first_tries_wait_their_turns_in_order() {
+    for rated in [true, false] {
+        let mut c = DependencyConfig::new("llm");
+        c.limiter.queue_timeout = Duration::from_secs(5);
+        if rated {
+            c.rate.requests_per_minute = Some(60);
+        }
+        let dep = Dependency::try_new(c).unwrap();
+        if let Some(r) = dep.rates() {
+            let mut h = http::HeaderMap::new();
+            h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+            r.observe(dep.now(), &h, None);
+        }
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let svc = tower::service_fn({
+            let seen = seen.clone();
+            let start = tokio::time::Instant::now();
+            move |req: Req| {
+                let n = req.headers()["x-n"].to_str().unwrap().to_string();
+                seen.lock().unwrap().push((n, start.elapsed().as_millis()));
+                async { Ok::<_, BoxError>(Response::new(Full::new(Bytes::new()))) }
+            }
+        });
+        let svc = StormguardLayer::new(dep.clone()).layer(svc);
+        let mut calls = Vec::new();
+        for n in 0..3 {
+            let mut req = request();
+            req.headers_mut().insert("x-n", n.to_string().parse().unwrap());
+            calls.push(tokio::spawn(svc.clone().oneshot(req)));
+            tokio::task::yield_now().await;
+        }
+        for c in calls {
+            assert_eq!(c.await.unwrap().unwrap().status(), 200);
+        }
+        let seen = seen.lock().unwrap().clone();
+        if rated {
+            let want: Vec<(String, u128)> =
+                vec![("0".into(), 1_000), ("1".into(), 2_000), ("2".into(), 3_000)];
+            assert_eq!(seen, want);
+            let s = dep.rates().unwrap().snapshot(dep.now());
+            assert_eq!((s.waits, s.waited), (3, Duration::from_secs(6)));
+        } else {
+            assert!(seen.iter().all(|(_, at)| *at == 0), "{seen:?}");
+        }
+    }
+}
