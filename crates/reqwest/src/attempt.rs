@@ -13,6 +13,8 @@ use stormguard_core::limiter::{AttemptKind, Permit};
 use stormguard_http::classify::{TransportError, classify_response, classify_transport};
 use stormguard_tower::cap::acquire_primary;
 use stormguard_tower::error::classify_error;
+use stormguard_tower::extensions::RateCost;
+use stormguard_tower::rate::RateReservation;
 use stormguard_tower::{Dependency, StormguardError};
 
 use crate::response;
@@ -41,7 +43,8 @@ pub(crate) enum Failed {
 pub(crate) async fn admit_primary(
     dep: &Dependency,
     deadline: Option<Timestamp>,
-) -> Result<Slots, Denied> {
+    cost: RateCost,
+) -> Result<(Slots, Option<RateReservation>), Denied> {
     let now = dep.now();
     let upstream = dep.upstream();
     let policy = dep.policy();
@@ -51,6 +54,31 @@ pub(crate) async fn admit_primary(
         policy.on_primary_refused(Denied::Breaker);
         return Err(Denied::Breaker);
     }
+    // The provider's window before the cap, as the tower layer books it: a turn now, or later
+    // (waited for), or a refusal `rate` (counted by the booking).
+    let booked = match stormguard_tower::rate::book_first_try(dep, 0, cost, deadline, now)? {
+        None => None,
+        Some((booked, wait)) if wait.is_zero() => Some(booked),
+        Some((booked, wait)) => {
+            Some(stormguard_tower::rate::wait_turn(dep, 0, booked, wait, deadline).await?)
+        }
+    };
+    match admit_slots(dep, deadline).await {
+        Ok(slots) => Ok((slots, booked)),
+        Err(reason) => {
+            if let Some(b) = booked {
+                b.refund(dep.now());
+            }
+            Err(reason)
+        }
+    }
+}
+
+/// A primary's slots: a free one at once when nobody waits, else the queue.
+async fn admit_slots(dep: &Dependency, deadline: Option<Timestamp>) -> Result<Slots, Denied> {
+    let now = dep.now();
+    let upstream = dep.upstream();
+    let policy = dep.policy();
     let fast = match dep.total() {
         None => upstream.limiter.try_acquire_at(AttemptKind::Primary, now).ok().map(|p| (p, None)),
         Some(t) => t.try_acquire_at(AttemptKind::Primary, now).ok().and_then(|total| {
@@ -90,14 +118,21 @@ pub(crate) async fn send(
     next: Next<'_>,
     extensions: &mut Extensions,
     req: Request,
-    slots: Slots,
+    (slots, rate): (Slots, Option<RateReservation>),
     deadline: Option<Timestamp>,
 ) -> Result<Response, Failed> {
     let now = dep.now();
+    // Never sent: the booking comes back.
+    let refund = |rate: Option<RateReservation>| {
+        if let Some(r) = rate {
+            r.refund(dep.now());
+        }
+    };
     let probe = match dep.upstream().breaker.as_ref().map(|b| b.try_acquire(now)) {
         Some(Err(_)) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
             drop(slots);
+            refund(rate);
             dep.policy().counters().denied(Denied::Breaker);
             let refused = StormguardError::Denied(Denied::Breaker);
             return Err(Failed::Final(reqwest_middleware::Error::middleware(refused)));
@@ -138,7 +173,8 @@ pub(crate) async fn send(
                 stormguard_tower::cap::record_probe(dep, 0, p, counted);
             }
             dep.apply_limits_at(0, resp.headers());
-            Ok(response::holding(resp, slots, dep))
+            stormguard_tower::rate::answered(dep, 0, resp.status(), resp.headers(), false);
+            Ok(response::holding(resp, slots, rate, dep))
         }
         Err(e) => match classify(&e) {
             None => {
@@ -146,6 +182,7 @@ pub(crate) async fn send(
                     stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::NotCounted);
                 }
                 drop(slots);
+                refund(rate);
                 Err(Failed::Final(e))
             }
             // reqwest's own timeout: the dependency is still working on it, as after ours.
@@ -164,6 +201,11 @@ pub(crate) async fn send(
                     stormguard_tower::cap::record_probe(dep, 0, p, counted);
                 }
                 drop(slots);
+                // A refused connection sent nothing; anything else may have been counted.
+                match classify_transport(kind).1 {
+                    true => refund(rate),
+                    false => drop(rate),
+                }
                 Err(Failed::Transport(e, kind))
             }
         },

@@ -20,6 +20,7 @@ use stormguard_core::limiter::AttemptKind;
 use stormguard_core::scope::Scope;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
+use stormguard_tower::extensions::RateCost;
 use stormguard_tower::{
     Deadline, Dependency, FanOutScope, Idempotent, RouteBudget, StormguardError,
 };
@@ -95,7 +96,8 @@ async fn run(
         stacked: config.stacked.arrived_as_retry(req.headers()),
         deadline,
     };
-    let slots = match attempt::admit_primary(dep, deadline).await {
+    let cost = rate_cost(dep, &req, extensions);
+    let slots = match attempt::admit_primary(dep, deadline, cost).await {
         Ok(slots) => slots,
         Err(reason) => {
             tracing::trace!(dependency = dep.name(), %reason, "first try refused");
@@ -119,7 +121,33 @@ async fn run(
     if let Some(r) = route {
         scopes.push(Scope::Route(r.0));
     }
-    retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline, span }, result).await
+    retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline, span, cost }, result)
+        .await
+}
+
+/// A request's token cost for rate admission: the caller's [`RateCost`] extension, or, when
+/// tokens are metered (or may be learned), the estimate from its body (`max_tokens`, its size:
+/// [`stormguard_http::provider::estimate`]) when the body is in memory. None otherwise.
+fn rate_cost(dep: &Dependency, req: &Request, extensions: &Extensions) -> RateCost {
+    if let Some(c) = extensions.get::<RateCost>() {
+        return *c;
+    }
+    let rate = &dep.config().rate;
+    let tokens = rate.learn
+        || rate.provider.is_some()
+        || rate.tokens_per_minute.is_some()
+        || rate.input_tokens_per_minute.is_some()
+        || rate.output_tokens_per_minute.is_some();
+    match req.body().and_then(reqwest::Body::as_bytes) {
+        Some(body) if tokens => {
+            let t = stormguard_http::provider::estimate(
+                body,
+                stormguard_http::provider::Estimator::default(),
+            );
+            RateCost { input: t.input, output: t.output }
+        }
+        _ => RateCost::default(),
+    }
 }
 
 /// What the decision loop needs besides the request.
@@ -127,6 +155,8 @@ struct Loop {
     facts: RequestFacts,
     scopes: Vec<Scope>,
     deadline: Option<Timestamp>,
+    /// The request's cost in the provider's window (each retry books it again).
+    cost: RateCost,
     /// The span of the attempt the loop judges next.
     span: Span,
 }
@@ -191,7 +221,7 @@ async fn retry_loop(
     req: Request,
     extensions: &mut Extensions,
     next: Next<'_>,
-    Loop { facts, scopes, deadline, mut span }: Loop,
+    Loop { facts, scopes, deadline, mut span, cost }: Loop,
     mut result: std::result::Result<Response, Failed>,
 ) -> Result<Response> {
     let body_limit = dep.config().body_limit;
@@ -278,6 +308,16 @@ async fn retry_loop(
             Ok(mut admitted) => {
                 let slots = (admitted.take_permit(), total);
                 charges = Some(admitted.into_charges());
+                // The provider's window: room now, or no retry (it never waits).
+                let rate = match stormguard_tower::rate::book_retry(dep, 0, cost, dep.now()) {
+                    Ok(rate) => rate,
+                    Err(reason) => {
+                        drop(slots);
+                        tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
+                        return finish_at(&span, kept, Some(reason));
+                    }
+                };
+                let slots = (slots, rate);
                 attempt += 1;
                 mark_attempt(this.headers_mut(), attempt);
                 let resend = attempt - 1;
@@ -300,7 +340,7 @@ async fn traced_send(
     next: Next<'_>,
     extensions: &mut Extensions,
     req: Request,
-    slots: attempt::Slots,
+    slots: (attempt::Slots, Option<stormguard_tower::rate::RateReservation>),
     deadline: Option<Timestamp>,
     resend_count: u32,
 ) -> (Span, std::result::Result<Response, Failed>) {

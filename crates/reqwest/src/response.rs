@@ -33,14 +33,19 @@ where
 }
 
 /// The response of an admitted attempt, holding its slots until its body ends, fails or is
-/// dropped: a caller slowly reading a large body is still load on the dependency.
+/// dropped: a caller slowly reading a large body is still load on the dependency. Its booking
+/// in the provider's window, under rate admission, is settled from the `usage` the body states.
 pub(crate) fn holding(
     resp: reqwest::Response,
     (permit, total): (Option<Permit>, Option<Permit>),
+    rate: Option<stormguard_tower::rate::RateReservation>,
     dep: &Dependency,
 ) -> reqwest::Response {
     let (url, resp) = into_http(resp);
-    from_http(url, resp.map(|body| PermitBody::new(body, permit, total, dep.clone())))
+    from_http(
+        url,
+        resp.map(|body| PermitBody::new(body, permit, total, dep.clone()).with_rate(rate)),
+    )
 }
 
 /// Reads a failed response to the end if it fits `limit` (which frees its slot) and keeps it

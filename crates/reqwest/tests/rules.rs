@@ -313,3 +313,57 @@ async fn reqwest_and_tower_over_one_dependency_share_one_cap() {
     let req = http::Request::new(ReplayBody::new(Full::new(Bytes::new()), 1024));
     assert!(tower_client.oneshot(req).await.is_ok());
 }
+
+/// Rate admission through reqwest, judged at the upstream: a provider that says a minute's 60
+/// requests are spent (and states its token limit). The next first try would wait a second for
+/// its turn, past a 100 ms queue timeout: refused `rate` without reaching the upstream; a 503's
+/// retry finds no room either. Tokens are estimated from the JSON body (`max_tokens`) and
+/// settled from the answer. Without rate admission both reach the upstream.
+#[tokio::test]
+async fn a_provider_window_that_is_spent_holds_first_tries_and_retries_back() {
+    for rated in [true, false] {
+        let server = scripted(|n, _| {
+            let status = if n == 1 { 503 } else { 200 };
+            let headers = vec![
+                ("x-ratelimit-limit-requests", "60".to_string()),
+                ("x-ratelimit-remaining-requests", if n == 0 { "1" } else { "0" }.to_string()),
+                ("x-ratelimit-limit-tokens", "100000".to_string()),
+            ];
+            (status, headers)
+        })
+        .await;
+        let dep = dependency(|c| {
+            c.budget = RICH.parse().unwrap();
+            c.limiter.queue_timeout = ms(100);
+            c.rate.learn = rated;
+        });
+        let client = guarded(&dep);
+        let body = r#"{"model":"m","max_tokens":50,"messages":[]}"#;
+        let post = || client.post(server.url("/v1/chat/completions")).body(body).send();
+        // The first: one request left, and the provider says so.
+        assert_eq!(post().await.unwrap().status(), 200);
+        if rated {
+            // Learned: the window holds one request, booked now.
+            let s = dep.rates().unwrap().snapshot(dep.now());
+            assert_eq!(s.requests.limit, Some(60));
+            assert_eq!(s.tokens.outstanding, 0, "the answer's body ended: settled");
+        }
+        // The second (a 503 whose retry would follow), keyed so that it may be retried.
+        let second = client
+            .post(server.url("/v1/chat/completions"))
+            .header("idempotency-key", "k")
+            .body(body)
+            .send()
+            .await;
+        if rated {
+            assert_eq!(second.unwrap().status(), 503, "its retry found no room: not sent");
+            let third = post().await.unwrap_err();
+            assert_eq!(third.denied(), Some(Denied::Rate), "{third:?}");
+            assert_eq!(server.count(), 2, "the refused retry and first try never reached it");
+        } else {
+            assert_eq!(second.unwrap().status(), 200, "retried");
+            assert_eq!(post().await.unwrap().status(), 200);
+            assert_eq!(server.count(), 4);
+        }
+    }
+}

@@ -113,19 +113,16 @@ where
         let (permit, total) = match admitted {
             // A retry: the retry layer took its slots (or, in shadow mode, none). It never
             // waits for the provider's window either.
-            Some(slots) => {
-                if let Some(r) = dep.rates_at(target) {
-                    match r.reserve(now, cost, Duration::ZERO) {
-                        Ok((booked, _)) => rate = Some(booked),
-                        Err(_) => {
-                            drop(slots);
-                            dep.policy().counters().denied(Denied::Rate);
-                            return CapFuture::boxed(refused(Denied::Rate));
-                        }
-                    }
+            Some(slots) => match crate::rate::book_retry(&dep, target, cost, now) {
+                Ok(booked) => {
+                    rate = booked;
+                    slots
                 }
-                slots
-            }
+                Err(reason) => {
+                    drop(slots);
+                    return CapFuture::boxed(refused(reason));
+                }
+            },
             None => {
                 let policy = dep.policy();
                 // Fail fast while open, before waiting in the queue; half-open probes are
@@ -138,24 +135,15 @@ where
                 }
                 // The provider's window before the cap: a first try books its turn, waits for
                 // it (within the queue timeout and the deadline), then queues for its slot.
-                if let Some(r) = dep.rates_at(target) {
-                    let mut max_wait = dep.config().limiter.queue_timeout;
-                    if let Some(d) = deadline {
-                        max_wait = max_wait.min(d.saturating_since(now));
+                match crate::rate::book_first_try(&dep, target, cost, deadline, now) {
+                    Ok(None) => {}
+                    Ok(Some((booked, wait))) if wait.is_zero() => rate = Some(booked),
+                    Ok(Some((booked, wait))) => {
+                        return CapFuture::boxed(Box::pin(rate_waited(
+                            dep, inner, req, deadline, target, booked, wait,
+                        )));
                     }
-                    match r.reserve(now, cost, max_wait) {
-                        Ok((booked, wait)) if wait.is_zero() => rate = Some(booked),
-                        Ok((booked, wait)) => {
-                            r.note_wait(wait);
-                            return CapFuture::boxed(Box::pin(rate_waited(
-                                dep, inner, req, deadline, target, booked, wait,
-                            )));
-                        }
-                        Err(_) => {
-                            policy.on_primary_refused(Denied::Rate);
-                            return CapFuture::boxed(refused(Denied::Rate));
-                        }
-                    }
+                    Err(reason) => return CapFuture::boxed(refused(reason)),
                 }
                 // A free slot and nobody waiting: take it now, without a queue entry or a
                 // timer; otherwise wait in the queue. With a total cap, its slot first.
@@ -200,7 +188,7 @@ fn rate_waited<S, B, RB>(
     deadline: Option<Timestamp>,
     target: usize,
     booked: RateReservation,
-    mut wait: Duration,
+    wait: Duration,
 ) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
@@ -210,25 +198,10 @@ where
     RB: Body + Send + 'static,
 {
     async move {
-        let start = dep.now();
-        let mut give_up = start.saturating_add(dep.config().limiter.queue_timeout);
-        if let Some(d) = deadline {
-            give_up = give_up.min(d);
+        match crate::rate::wait_turn(&dep, target, booked, wait, deadline).await {
+            Ok(booked) => queued(dep, inner, req, deadline, target, Some(booked)).await,
+            Err(reason) => Err(StormguardError::Denied(reason).into()),
         }
-        loop {
-            tokio::time::sleep(wait).await;
-            let now = dep.now();
-            match dep.rates_at(target).and_then(|r| r.held(now)) {
-                None => break,
-                Some(held) if now.saturating_add(held) <= give_up => wait = held,
-                Some(_) => {
-                    booked.refund(now);
-                    dep.policy().on_primary_refused(Denied::Rate);
-                    return Err(StormguardError::Denied(Denied::Rate).into());
-                }
-            }
-        }
-        queued(dep, inner, req, deadline, target, Some(booked)).await
     }
 }
 
@@ -637,9 +610,8 @@ fn finish<RB, E: Into<BoxError>>(
                 judge(&dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
-            if let Some(r) = dep.rates_at(target) {
-                crate::rate::answered(&dep, r, target, &resp);
-            }
+            let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
+            crate::rate::answered(&dep, target, resp.status(), resp.headers(), quota);
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {

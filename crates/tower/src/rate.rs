@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, StatusCode};
 use stormguard_core::backoff::Pushback;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::rate::{RateConfig, RateLimit, RatePermit, RateSnapshot};
 use stormguard_http::provider::Tokens;
 
 use crate::Dependency;
-use crate::extensions::{QuotaExhausted, RateCost};
+use crate::extensions::RateCost;
 
 /// Which provider's answers the dependency speaks to, for what its statuses and bodies mean.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -370,19 +370,103 @@ impl Rates {
     }
 }
 
+/// A first try's booking on upstream `target`, as the cap makes it before queueing for a slot:
+/// `Ok(None)` without rate admission; the booking and the wait before its turn (zero: now);
+/// or `Err(Denied::Rate)`, counted as a refused first try, when the turn is past the queue
+/// timeout or the deadline. Public for clients that admit attempts outside tower
+/// (stormguard-reqwest).
+pub fn book_first_try(
+    dep: &Dependency,
+    target: usize,
+    cost: RateCost,
+    deadline: Option<Timestamp>,
+    now: Timestamp,
+) -> Result<Option<(RateReservation, Duration)>, stormguard_core::Denied> {
+    let Some(r) = dep.rates_at(target) else { return Ok(None) };
+    let mut max_wait = dep.config().limiter.queue_timeout;
+    if let Some(d) = deadline {
+        max_wait = max_wait.min(d.saturating_since(now));
+    }
+    match r.reserve(now, cost, max_wait) {
+        Ok((booked, wait)) => {
+            if !wait.is_zero() {
+                r.note_wait(wait);
+            }
+            Ok(Some((booked, wait)))
+        }
+        Err(_) => {
+            dep.policy().on_primary_refused(stormguard_core::Denied::Rate);
+            Err(stormguard_core::Denied::Rate)
+        }
+    }
+}
+
+/// Waits for a first try's booked turn, `wait` from now, and for any hold a 429 or a spent
+/// quota put on the upstream meanwhile — never past the queue timeout from now or the
+/// deadline: then the booking is refunded and the first try refused `rate` (counted).
+pub async fn wait_turn(
+    dep: &Dependency,
+    target: usize,
+    booked: RateReservation,
+    mut wait: Duration,
+    deadline: Option<Timestamp>,
+) -> Result<RateReservation, stormguard_core::Denied> {
+    let mut give_up = dep.now().saturating_add(dep.config().limiter.queue_timeout);
+    if let Some(d) = deadline {
+        give_up = give_up.min(d);
+    }
+    loop {
+        tokio::time::sleep(wait).await;
+        let now = dep.now();
+        match dep.rates_at(target).and_then(|r| r.held(now)) {
+            None => return Ok(booked),
+            Some(held) if now.saturating_add(held) <= give_up => wait = held,
+            Some(_) => {
+                booked.refund(now);
+                dep.policy().on_primary_refused(stormguard_core::Denied::Rate);
+                return Err(stormguard_core::Denied::Rate);
+            }
+        }
+    }
+}
+
+/// A retry's booking on upstream `target`: now or never (no room is `Err(Denied::Rate)`,
+/// counted as a denial). `Ok(None)` without rate admission.
+pub fn book_retry(
+    dep: &Dependency,
+    target: usize,
+    cost: RateCost,
+    now: Timestamp,
+) -> Result<Option<RateReservation>, stormguard_core::Denied> {
+    let Some(r) = dep.rates_at(target) else { return Ok(None) };
+    match r.reserve(now, cost, Duration::ZERO) {
+        Ok((booked, _)) => Ok(Some(booked)),
+        Err(_) => {
+            dep.policy().counters().denied(stormguard_core::Denied::Rate);
+            Err(stormguard_core::Denied::Rate)
+        }
+    }
+}
+
 /// What an answer from upstream `target` tells rate admission: the limits its headers state; a
 /// 429 holds the upstream until the reset it names (read as the retry layer reads pushback:
 /// `retry-after`, `retry-after-ms`, an exhausted window's reset) and lowers the limits; a spent
 /// quota ([`QuotaExhausted`]) holds it for the quota hold; an overloaded answer cools it down.
-pub(crate) fn answered<B>(dep: &Dependency, rates: &Rates, target: usize, resp: &Response<B>) {
+pub fn answered(
+    dep: &Dependency,
+    target: usize,
+    status: StatusCode,
+    headers: &HeaderMap,
+    quota_exhausted: bool,
+) {
+    let Some(rates) = dep.rates_at(target) else { return };
     let now = dep.now();
-    let status = resp.status();
     let config = &dep.config().rate;
     let too_many = (status == StatusCode::TOO_MANY_REQUESTS).then(|| {
         // Malformed values are counted once, by the retry layer's reading.
         let uncounted = stormguard_http::headers::HeaderStats::new();
         let said = dep.config().pushback_headers.read_pushback(
-            resp.headers(),
+            headers,
             status,
             std::time::SystemTime::now(),
             &uncounted,
@@ -392,8 +476,8 @@ pub(crate) fn answered<B>(dep: &Dependency, rates: &Rates, target: usize, resp: 
             _ => None,
         }
     });
-    rates.observe(now, resp.headers(), too_many);
-    if resp.extensions().get::<QuotaExhausted>().is_some() {
+    rates.observe(now, headers, too_many);
+    if quota_exhausted {
         rates.hold(now, config.quota_hold);
         tracing::warn!(
             dependency = dep.name(),
