@@ -126,3 +126,30 @@ fn plan_and_audit_read_the_same_defaults() {
     };
     assert_eq!((floor(defaults::CAP), floor(defaults::CAP + 1)), (false, true));
 }
+
+/// `--provider` on the flags is the file's `provider`: the same preset `retry_on` and rate
+/// admission; `--retry-on` still wins over the preset.
+#[test]
+fn the_provider_flag_is_the_files_provider_key() {
+    let parse = |args: &[&str]| {
+        let mut all = vec!["stormguard", "proxy", "--upstream", "http://127.0.0.1:9000"];
+        all.extend_from_slice(args);
+        let cli = Cli::try_parse_from(all).unwrap();
+        let stormguard::Command::Proxy(args) = cli.command else { panic!("proxy") };
+        config_from_args(&args).unwrap().dependencies[0].clone()
+    };
+    let file =
+        ProxyConfig::parse(&format!("{EMPTY_CONFIG}provider = \"openai\"\n"), "p.toml").unwrap();
+    let (flags, file) = (parse(&["--provider", "openai"]), &file.dependencies[0]);
+    assert_eq!((&flags.retry_on, flags.rate), (&file.retry_on, file.rate));
+    assert_eq!(parse(&["--provider", "openai", "--retry-on", "5xx"]).retry_on.to_string(), "5xx");
+    let bad = Cli::try_parse_from([
+        "stormguard",
+        "proxy",
+        "--upstream",
+        "http://127.0.0.1:9000",
+        "--provider",
+        "azure",
+    ]);
+    assert!(bad.unwrap_err().to_string().contains("`azure` is not a provider"));
+}

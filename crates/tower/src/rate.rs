@@ -88,7 +88,7 @@ impl Provider {
 }
 
 /// The `retry_on` of the OpenAI and Anthropic presets.
-pub const PROVIDER_RETRY_ON: &str = "5xx,408,409,429,reset,connect-failure,refused-stream,timeout";
+pub const PROVIDER_RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream,timeout,408,409,429";
 
 /// A provider name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

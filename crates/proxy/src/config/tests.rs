@@ -313,3 +313,50 @@ fn admin_tokens_are_long_enough() {
 fn redacts_credentials() {
     assert_eq!(redact(&"http://user:pw@h:1/".parse().unwrap()), "http://[redacted]@h:1/");
 }
+
+/// The provider keys: read into rate admission with the preset's `retry_on` (unless set), and
+/// each mistake at its line, column and key.
+#[test]
+fn provider_keys_read_and_their_mistakes_are_located() {
+    let text = format!(
+        "{BASE}provider = \"anthropic\"\ninput_tokens_per_minute = 40000\noutput_tokens_per_minute = 8000\n\
+             quota_hold = \"2m\"\noverload_cool_down = \"500ms\"\nbytes_per_token = 3\n"
+    );
+    let c = ProxyConfig::parse(&text, "f.toml").unwrap();
+    let d = &c.dependencies[0];
+    assert_eq!(d.rate.provider, Some(stormguard_tower::Provider::Anthropic));
+    assert!(d.rate.is_on(), "a provider learns its limits");
+    assert_eq!(
+        (d.rate.input_tokens_per_minute, d.rate.output_tokens_per_minute),
+        (Some(40_000), Some(8_000))
+    );
+    assert_eq!(
+        (d.rate.quota_hold, d.rate.overload_cool_down),
+        (Duration::from_secs(120), Duration::from_millis(500))
+    );
+    assert_eq!(d.bytes_per_token, 3);
+    assert_eq!(d.retry_on.to_string(), stormguard_tower::rate::PROVIDER_RETRY_ON);
+    // retry_on set: it wins over the preset.
+    let c =
+        ProxyConfig::parse(&format!("{BASE}provider = \"openai\"\nretry_on = \"5xx\"\n"), "f.toml")
+            .unwrap();
+    assert_eq!(c.dependencies[0].retry_on.to_string(), "5xx");
+    assert!(
+        err(&format!("{BASE}provider = \"azure\"\n"))
+            .starts_with("f.toml:8:12: dependency[0].provider: `azure` is not a provider"),
+        "{}",
+        err(&format!("{BASE}provider = \"azure\"\n"))
+    );
+    assert!(
+        err(&format!("{BASE}bytes_per_token = 0\n"))
+            .starts_with("f.toml:8:19: dependency[0].bytes_per_token: "),
+        "{}",
+        err(&format!("{BASE}bytes_per_token = 0\n"))
+    );
+    assert!(
+        err(&format!("{BASE}output_tokens_per_minute = 0\n"))
+            .starts_with("f.toml:8:28: dependency[0].output_tokens_per_minute: "),
+        "{}",
+        err(&format!("{BASE}output_tokens_per_minute = 0\n"))
+    );
+}
