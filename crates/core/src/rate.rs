@@ -98,9 +98,22 @@ struct State {
     /// How many instances share the limit (a fleet's live instances): this one meters
     /// `limit / share`. 1 alone.
     share: u64,
+    /// When the limit was last lowered by a 429 (see [`RateLimit::refused_attempt`]).
+    lowered_at: Option<Timestamp>,
 }
 
 impl State {
+    /// One unit's refill at this instance's rate (a second when the limit is unknown): how long
+    /// a 429 that named no time holds.
+    fn unit_refill(&self) -> Duration {
+        match self.rate() {
+            Some(l) => Duration::from_nanos(
+                u64::try_from(self.window_nanos / u128::from(l.max(1))).unwrap_or(u64::MAX),
+            ),
+            None => Duration::from_secs(1),
+        }
+    }
+
     /// The units per window this instance meters: its share of the limit (at least 1).
     fn rate(&self) -> Option<u64> {
         self.limit.map(|l| (l / self.share.max(1)).max(1))
@@ -163,6 +176,7 @@ impl RateLimit {
             held_until: Timestamp::ZERO,
             outstanding: 0,
             share: 1,
+            lowered_at: None,
         };
         s.level = s.capacity().unwrap_or(0);
         RateLimit { state: Arc::new(Mutex::new(s)) }
@@ -194,11 +208,12 @@ impl RateLimit {
         if wait > max_wait {
             return Err(RateWait { wait });
         }
-        if s.limit.is_some() {
+        let metered = s.limit.is_some();
+        if metered {
             s.level -= s.units(cost);
         }
         s.outstanding += cost;
-        Ok((RatePermit { limit: self.clone(), cost, settled: false }, wait))
+        Ok((RatePermit { limit: self.clone(), cost, metered, settled: false }, wait))
     }
 
     /// How long a request of `cost` units would wait for its turn now (zero: it fits), without
@@ -265,18 +280,36 @@ impl RateLimit {
     pub fn refused(&self, now: Timestamp, retry_after: Option<Duration>) {
         let mut s = self.state.lock();
         s.refill(now);
-        let hold = retry_after.unwrap_or_else(|| match s.rate() {
-            Some(l) => Duration::from_nanos(
-                u64::try_from(s.window_nanos / u128::from(l.max(1))).unwrap_or(u64::MAX),
-            ),
-            None => Duration::from_secs(1),
-        });
+        let hold = retry_after.unwrap_or_else(|| s.unit_refill());
         // 429s that arrive together (attempts sent before the first came back) are one
         // refusal: the limit is lowered once per hold.
         if now >= s.held_until
             && let Some(l) = s.limit
         {
             s.limit = Some((l - l / 10).max(1));
+        }
+        s.held_until = s.held_until.max(now.saturating_add(hold));
+        s.level = s.level.min(0);
+    }
+
+    /// A 429 for an attempt sent at `sent_at`: as [`refused`](RateLimit::refused), but the
+    /// limit is lowered only when the attempt was sent after the last lowering — 429s that
+    /// answer attempts already on their way when the first came back say nothing new, however
+    /// long they took (a model's answer can take longer than the hold).
+    pub fn refused_attempt(
+        &self,
+        now: Timestamp,
+        sent_at: Timestamp,
+        retry_after: Option<Duration>,
+    ) {
+        let mut s = self.state.lock();
+        s.refill(now);
+        let hold = retry_after.unwrap_or_else(|| s.unit_refill());
+        if s.lowered_at.is_none_or(|t| sent_at >= t)
+            && let Some(l) = s.limit
+        {
+            s.limit = Some((l - l / 10).max(1));
+            s.lowered_at = Some(now);
         }
         s.held_until = s.held_until.max(now.saturating_add(hold));
         s.level = s.level.min(0);
@@ -295,14 +328,16 @@ impl RateLimit {
         }
     }
 
-    fn settle(&self, now: Timestamp, cost: u64, actual: Option<u64>) {
+    fn settle(&self, now: Timestamp, cost: u64, metered: bool, actual: Option<u64>) {
         let mut s = self.state.lock();
         s.refill(now);
         s.outstanding = s.outstanding.saturating_sub(cost);
         if let (Some(actual), Some(cap)) = (actual, s.capacity()) {
             // A refund of what was reserved but not used, or a charge for what was used
-            // beyond it (debt, paid back by the refill).
-            let diff = s.units(cost) - s.units(actual);
+            // beyond it (debt, paid back by the refill). Booked while the limit was unknown,
+            // nothing was taken: only what was used is charged.
+            let taken = if metered { s.units(cost) } else { 0 };
+            let diff = taken - s.units(actual);
             s.level = s.level.saturating_add(diff).min(cap);
         }
     }
@@ -314,6 +349,8 @@ impl RateLimit {
 pub struct RatePermit {
     limit: RateLimit,
     cost: u64,
+    /// Whether the cost was taken from the level (the limit was known when it was booked).
+    metered: bool,
     settled: bool,
 }
 
@@ -327,7 +364,7 @@ impl RatePermit {
     /// `None` to keep the charge as estimated.
     pub fn settle(mut self, now: Timestamp, actual: Option<u64>) {
         self.settled = true;
-        self.limit.settle(now, self.cost, actual);
+        self.limit.settle(now, self.cost, self.metered, actual);
     }
 }
 
@@ -470,6 +507,30 @@ mod tests {
         rpm.set_share(at(0), 1);
         assert_eq!(rpm.try_acquire(at(0), 1).unwrap_err().wait, Duration::from_millis(100));
         assert_eq!(rpm.snapshot(at(60_000)).available, 600);
+    }
+
+    /// 429s for attempts sent before the limit was last lowered lower it no further, however
+    /// late they arrive; one for an attempt sent after does.
+    #[test]
+    fn a_limit_is_lowered_once_per_wave_of_429s() {
+        let rpm = per_minute(600);
+        rpm.refused_attempt(at(5_000), at(0), Some(Duration::from_millis(5)));
+        // Sent at 1 s, answered at 9 s: long after the 5 ms hold, still the same wave.
+        rpm.refused_attempt(at(9_000), at(1_000), Some(Duration::from_millis(5)));
+        assert_eq!(rpm.snapshot(at(9_000)).limit, Some(540));
+        rpm.refused_attempt(at(12_000), at(10_000), None);
+        assert_eq!(rpm.snapshot(at(12_000)).limit, Some(486));
+    }
+
+    /// A booking made while the limit was unknown took nothing: settled after the limit is
+    /// learned, only what was used is charged.
+    #[test]
+    fn a_booking_made_before_the_limit_was_known_refunds_nothing() {
+        let tpm = RateLimit::new(RateConfig::default());
+        let p = tpm.try_acquire(at(0), 800).unwrap();
+        tpm.observe(at(0), Observed { limit: Some(1_000), remaining: Some(1_000) });
+        p.settle(at(0), Some(300));
+        assert_eq!(tpm.snapshot(at(0)).available, 700);
     }
 
     #[test]

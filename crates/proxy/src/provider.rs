@@ -25,12 +25,14 @@ pub(crate) const READ_AT_MOST: usize = 64 * 1024;
 #[derive(Debug)]
 pub(crate) struct ProviderBody {
     head: Option<Bytes>,
+    /// Trailers read with the head (the body had ended).
+    trailers: Option<http::HeaderMap>,
     rest: Option<Incoming>,
 }
 
 impl ProviderBody {
     fn untouched(body: Incoming) -> ProviderBody {
-        ProviderBody { head: None, rest: Some(body) }
+        ProviderBody { head: None, trailers: None, rest: Some(body) }
     }
 }
 
@@ -46,13 +48,15 @@ impl Body for ProviderBody {
             return Poll::Ready(Some(Ok(Frame::data(head))));
         }
         match self.rest.as_mut() {
-            None => Poll::Ready(None),
+            None => Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t)))),
             Some(rest) => Pin::new(rest).poll_frame(cx).map(|f| f.map(|r| r.map_err(Into::into))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.head.is_none() && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        self.head.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -84,27 +88,35 @@ pub(crate) async fn inspect(
     }
     let (mut parts, mut body) = resp.into_parts();
     let mut read = BytesMut::new();
-    let ended = read_some(&mut body, &mut read).await?;
+    let mut trailers = None;
+    let ended = read_some(&mut body, &mut read, &mut trailers).await?;
     if says_quota_spent(&read) {
         parts.extensions.insert(QuotaExhausted);
     }
     let head = (!read.is_empty()).then(|| read.freeze());
-    Ok(Response::from_parts(parts, ProviderBody { head, rest: (!ended).then_some(body) }))
+    let rest = (!ended).then_some(body);
+    Ok(Response::from_parts(parts, ProviderBody { head, trailers, rest }))
 }
 
-/// Reads `body` into `read` up to [`READ_AT_MOST`] bytes: `true` when it ended (trailers, which
-/// an error answer does not carry, are dropped), `false` when more is left.
-async fn read_some(body: &mut Incoming, read: &mut BytesMut) -> Result<bool, BoxError> {
+/// Reads `body` into `read` up to [`READ_AT_MOST`] bytes (and its trailers, if it ends with
+/// some): `true` when it ended, `false` when more is left.
+async fn read_some(
+    body: &mut Incoming,
+    read: &mut BytesMut,
+    trailers: &mut Option<http::HeaderMap>,
+) -> Result<bool, BoxError> {
     use http_body_util::BodyExt;
     while read.len() < READ_AT_MOST {
         match body.frame().await {
             None => return Ok(true),
             Some(Err(e)) => return Err(e.into()),
-            Some(Ok(f)) => {
-                if let Ok(d) = f.into_data() {
-                    read.extend_from_slice(&d);
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => read.extend_from_slice(&d),
+                Err(f) => {
+                    *trailers = f.into_trailers().ok();
+                    return Ok(true);
                 }
-            }
+            },
         }
     }
     Ok(body.is_end_stream())

@@ -60,18 +60,13 @@ pub(crate) async fn admit_primary(
         None => None,
         Some((booked, wait)) if wait.is_zero() => Some(booked),
         Some((booked, wait)) => {
-            Some(stormguard_tower::rate::wait_turn(dep, 0, booked, wait, deadline).await?)
+            Some(stormguard_tower::rate::wait_turn(dep, 0, cost, booked, wait, deadline).await?)
         }
     };
-    match admit_slots(dep, deadline).await {
-        Ok(slots) => Ok((slots, booked)),
-        Err(reason) => {
-            if let Some(b) = booked {
-                b.refund(dep.now());
-            }
-            Err(reason)
-        }
-    }
+    // Dropped while it queues (the caller left) or refused its slot: the booking comes back.
+    let booked = stormguard_tower::rate::Unsent::new(dep, booked);
+    let slots = admit_slots(dep, deadline).await?;
+    Ok((slots, booked.sent()))
 }
 
 /// A primary's slots: a free one at once when nobody waits, else the queue.
@@ -173,7 +168,7 @@ pub(crate) async fn send(
                 stormguard_tower::cap::record_probe(dep, 0, p, counted);
             }
             dep.apply_limits_at(0, resp.headers());
-            stormguard_tower::rate::answered(dep, 0, resp.status(), resp.headers(), false);
+            stormguard_tower::rate::answered(dep, 0, now, resp.status(), resp.headers(), false);
             Ok(response::holding(resp, slots, rate, dep))
         }
         Err(e) => match classify(&e) {

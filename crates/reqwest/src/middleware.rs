@@ -203,7 +203,11 @@ fn failed_attempt(
                 dep.header_stats(),
             );
             dep.log_malformed_once();
-            Some(FailedAttempt { failure, unsent: false, pushback })
+            // A provider that refused the request before running it (a rate limit, an
+            // overload): a POST may be sent again.
+            let unsent =
+                dep.config().rate.provider.is_some_and(|p| p.refused_unprocessed(resp.status()));
+            Some(FailedAttempt { failure, unsent, pushback })
         }
         // A local refusal of this attempt: final, and nothing the budget counts.
         Err(Failed::Final(_)) => None,
@@ -304,20 +308,27 @@ async fn retry_loop(
                 None
             }
         };
+        // The provider's window: room now, or no retry (it never waits), decided before the
+        // budget is charged.
+        let booked = match stormguard_tower::rate::book_retry(dep, 0, cost, dep.now()) {
+            Ok(booked) => booked,
+            Err(reason) if dep.policy().enforce() => {
+                dep.policy().give_up(now, ticket);
+                drop(total);
+                dep.policy().counters().denied(reason);
+                tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
+                return finish_at(&span, kept, Some(reason));
+            }
+            Err(reason) => {
+                dep.policy().counters().shadow_denied(reason);
+                None
+            }
+        };
+        let booked = stormguard_tower::rate::Unsent::new(dep, booked);
         match dep.policy().admit(dep.upstream(), ticket, &mut state) {
             Ok(mut admitted) => {
-                let slots = (admitted.take_permit(), total);
+                let slots = ((admitted.take_permit(), total), booked.sent());
                 charges = Some(admitted.into_charges());
-                // The provider's window: room now, or no retry (it never waits).
-                let rate = match stormguard_tower::rate::book_retry(dep, 0, cost, dep.now()) {
-                    Ok(rate) => rate,
-                    Err(reason) => {
-                        drop(slots);
-                        tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
-                        return finish_at(&span, kept, Some(reason));
-                    }
-                };
-                let slots = (slots, rate);
                 attempt += 1;
                 mark_attempt(this.headers_mut(), attempt);
                 let resend = attempt - 1;

@@ -113,16 +113,12 @@ where
         let (permit, total) = match admitted {
             // A retry: the retry layer took its slots (or, in shadow mode, none). It never
             // waits for the provider's window either.
-            Some(slots) => match crate::rate::book_retry(&dep, target, cost, now) {
-                Ok(booked) => {
-                    rate = booked;
-                    slots
-                }
-                Err(reason) => {
-                    drop(slots);
-                    return CapFuture::boxed(refused(reason));
-                }
-            },
+            // Its booking in the provider's window too (now or never: made by the retry
+            // layer before the budget is charged).
+            Some((slots, booked)) => {
+                rate = booked.sent();
+                slots
+            }
             None => {
                 let policy = dep.policy();
                 // Fail fast while open, before waiting in the queue; half-open probes are
@@ -140,7 +136,13 @@ where
                     Ok(Some((booked, wait))) if wait.is_zero() => rate = Some(booked),
                     Ok(Some((booked, wait))) => {
                         return CapFuture::boxed(Box::pin(rate_waited(
-                            dep, inner, req, deadline, target, booked, wait,
+                            dep,
+                            inner,
+                            req,
+                            deadline,
+                            target,
+                            (cost, booked),
+                            wait,
                         )));
                     }
                     Err(reason) => return CapFuture::boxed(refused(reason)),
@@ -187,7 +189,7 @@ fn rate_waited<S, B, RB>(
     req: Request<B>,
     deadline: Option<Timestamp>,
     target: usize,
-    booked: RateReservation,
+    (cost, booked): (RateCost, RateReservation),
     wait: Duration,
 ) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
 where
@@ -198,7 +200,7 @@ where
     RB: Body + Send + 'static,
 {
     async move {
-        match crate::rate::wait_turn(&dep, target, booked, wait, deadline).await {
+        match crate::rate::wait_turn(&dep, target, cost, booked, wait, deadline).await {
             Ok(booked) => queued(dep, inner, req, deadline, target, Some(booked)).await,
             Err(reason) => Err(StormguardError::Denied(reason).into()),
         }
@@ -225,6 +227,8 @@ where
     RB: Body + Send + 'static,
 {
     async move {
+        // Dropped while it waits (the caller left) or refused, the booking comes back.
+        let rate = crate::rate::Unsent::new(&dep, rate);
         // With a total cap, its slot first, then the upstream's (always in this order).
         let total = match dep.total() {
             None => Ok(None),
@@ -239,13 +243,28 @@ where
         let now = dep.now();
         match r {
             Ok((permit, total)) => {
+                // A hold that began while it queued (a 429, a spent quota) is waited out while
+                // the queue timeout allows, holding the slot; past it, refused `rate`.
+                let now = match dep.rates_at(target).and_then(|r| r.held(now)) {
+                    None => now,
+                    Some(held)
+                        if held <= dep.config().limiter.queue_timeout
+                            && deadline.is_none_or(|d| now.saturating_add(held) <= d) =>
+                    {
+                        tokio::time::sleep(held).await;
+                        dep.now()
+                    }
+                    Some(_) => {
+                        drop((permit, total, rate));
+                        dep.policy().on_primary_refused(Denied::Rate);
+                        return Err(StormguardError::Denied(Denied::Rate).into());
+                    }
+                };
                 dep.policy().on_admitted(now);
-                send(dep, inner, req, (permit, total, rate), deadline, now, target).await
+                send(dep, inner, req, (permit, total, rate.sent()), deadline, now, target).await
             }
             Err(reason) => {
-                if let Some(r) = rate {
-                    r.refund(now);
-                }
+                drop(rate);
                 dep.policy().on_primary_refused(reason);
                 Err(StormguardError::Denied(reason).into())
             }
@@ -364,12 +383,25 @@ where
     };
     let dep = a.dep.clone();
     let target = a.target;
+    let sent_at = a.now;
     let (held, total) = hold_slots(a, hold, why);
+    let on_answer = dep.clone();
     spawner.spawn(Box::pin(async move {
         let answered = tokio::time::timeout(hold, async move {
             // The error (a transport failure: nothing more comes) is dropped at once.
             let resp = call.await.ok();
             if let Some(resp) = resp {
+                // Its headers still tell rate admission what the provider said (a 429 among
+                // them holds the upstream).
+                let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
+                crate::rate::answered(
+                    &on_answer,
+                    target,
+                    sent_at,
+                    resp.status(),
+                    resp.headers(),
+                    quota,
+                );
                 let mut body = std::pin::pin!(resp.into_body());
                 // Each frame dropped where it is read, so no frame is held across an await.
                 while std::future::poll_fn(|cx| {
@@ -597,6 +629,7 @@ fn finish<RB, E: Into<BoxError>>(
     result: Result<Response<RB>, E>,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
     let Attempt { dep, permit, total, probe, now, target, rate, .. } = attempt;
+    let sent_at = now;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
     match result {
@@ -611,7 +644,7 @@ fn finish<RB, E: Into<BoxError>>(
             }
             dep.apply_limits_at(target, resp.headers());
             let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
-            crate::rate::answered(&dep, target, resp.status(), resp.headers(), quota);
+            crate::rate::answered(&dep, target, sent_at, resp.status(), resp.headers(), quota);
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {
@@ -622,6 +655,10 @@ fn finish<RB, E: Into<BoxError>>(
                     p.record(now, AttemptResult::NotCounted);
                 }
                 drop((permit, total));
+                if let Some(r) = rate {
+                    // The provider never had the whole request.
+                    r.refund(dep.now());
+                }
                 return Err(StormguardError::CallerBody { source: e }.into());
             }
             let kind = classify_error(&*e);

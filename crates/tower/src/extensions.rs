@@ -55,20 +55,25 @@ impl std::fmt::Debug for RouteBudget {
 pub struct UpstreamTarget(pub usize);
 
 /// The slot the retry layer took for a retry (`Some(None)`: a shadow-mode retry sent without
-/// one). Cap takes it out of the request's extensions.
+/// one), and its booking in the provider's window under rate admission. Cap takes it out of
+/// the request's extensions.
 #[derive(Clone, Debug)]
-pub(crate) struct AdmittedSlot(Arc<Mutex<Option<Slots>>>);
+pub(crate) struct AdmittedSlot(Arc<Mutex<Option<(Slots, crate::rate::Unsent)>>>);
 
 /// What an attempt holds: its slot under its upstream's cap, and one under the dependency's
 /// total cap when there is one (`None`s in shadow mode).
 pub(crate) type Slots = (Option<Permit>, Option<Permit>);
 
 impl AdmittedSlot {
-    pub(crate) fn new(permit: Option<Permit>, total: Option<Permit>) -> AdmittedSlot {
-        AdmittedSlot(Arc::new(Mutex::new(Some((permit, total)))))
+    pub(crate) fn new(
+        permit: Option<Permit>,
+        total: Option<Permit>,
+        rate: crate::rate::Unsent,
+    ) -> AdmittedSlot {
+        AdmittedSlot(Arc::new(Mutex::new(Some(((permit, total), rate)))))
     }
 
-    pub(crate) fn take(&self) -> Option<Slots> {
+    pub(crate) fn take(&self) -> Option<(Slots, crate::rate::Unsent)> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }

@@ -183,6 +183,7 @@ pub struct Rates {
     /// the buckets were last told.
     share: Arc<AtomicU64>,
     applied: Arc<AtomicU64>,
+    applying: Arc<std::sync::Mutex<()>>,
     /// First tries that waited for their turn, and how long they were told to wait in all
     /// (nanoseconds).
     waits: Arc<AtomicU64>,
@@ -224,6 +225,7 @@ impl Rates {
             cool_until: Default::default(),
             share: Arc::new(AtomicU64::new(1)),
             applied: Arc::new(AtomicU64::new(1)),
+            applying: Default::default(),
             waits: Default::default(),
             waited_nanos: Default::default(),
             requests: limit(c.requests_per_minute),
@@ -243,11 +245,18 @@ impl Rates {
 
     /// Tells the buckets a changed share before they are read.
     fn apply_share(&self, now: Timestamp) {
+        if self.share.load(Ordering::Relaxed).max(1) == self.applied.load(Ordering::Acquire) {
+            return;
+        }
+        // Under the lock, with the share read again: a change stored meanwhile is the one
+        // applied, and the last to take the lock applies the latest.
+        let _one = self.applying.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = self.share.load(Ordering::Relaxed).max(1);
-        if self.applied.swap(n, Ordering::Relaxed) != n {
+        if self.applied.load(Ordering::Acquire) != n {
             for (l, _) in self.each(RateCost::default()) {
                 l.set_share(now, n);
             }
+            self.applied.store(n, Ordering::Release);
         }
     }
 
@@ -355,6 +364,15 @@ impl Rates {
         }
     }
 
+    /// A 429 answered an attempt sent at `sent_at`: every limit is held until `retry_after` (one
+    /// unit's refill when it names none) and lowered by a tenth, once per wave of 429s (see
+    /// [`RateLimit::refused_attempt`]).
+    pub fn refused(&self, now: Timestamp, sent_at: Timestamp, retry_after: Option<Duration>) {
+        for (l, _) in self.each(RateCost::default()) {
+            l.refused_attempt(now, sent_at, retry_after);
+        }
+    }
+
     /// The limits now.
     pub fn snapshot(&self, now: Timestamp) -> RatesSnapshot {
         self.apply_share(now);
@@ -404,9 +422,15 @@ pub fn book_first_try(
 /// Waits for a first try's booked turn, `wait` from now, and for any hold a 429 or a spent
 /// quota put on the upstream meanwhile — never past the queue timeout from now or the
 /// deadline: then the booking is refunded and the first try refused `rate` (counted).
+///
+/// A hold found at the turn does not send every waiter at its end at once: the booking is given
+/// back and made again, so the new turn is after the hold and after every booking made before
+/// it — the waiters stay spaced by the refill. Dropped before its turn (the caller left), the
+/// booking is refunded: nothing was sent.
 pub async fn wait_turn(
     dep: &Dependency,
     target: usize,
+    cost: RateCost,
     booked: RateReservation,
     mut wait: Duration,
     deadline: Option<Timestamp>,
@@ -415,23 +439,66 @@ pub async fn wait_turn(
     if let Some(d) = deadline {
         give_up = give_up.min(d);
     }
+    let mut booked = Unsent::new(dep, Some(booked));
     loop {
         tokio::time::sleep(wait).await;
         let now = dep.now();
-        match dep.rates_at(target).and_then(|r| r.held(now)) {
-            None => return Ok(booked),
-            Some(held) if now.saturating_add(held) <= give_up => wait = held,
-            Some(_) => {
-                booked.refund(now);
+        let Some(rates) = dep.rates_at(target) else { break };
+        if rates.held(now).is_none() {
+            break;
+        }
+        if let Some(b) = booked.take() {
+            b.refund(now);
+        }
+        match rates.reserve(now, cost, give_up.saturating_since(now)) {
+            Ok((again, w)) => {
+                booked = Unsent::new(dep, Some(again));
+                wait = w;
+            }
+            Err(_) => {
                 dep.policy().on_primary_refused(stormguard_core::Denied::Rate);
                 return Err(stormguard_core::Denied::Rate);
             }
         }
     }
+    Ok(booked.sent().expect("a booking"))
 }
 
-/// A retry's booking on upstream `target`: now or never (no room is `Err(Denied::Rate)`,
-/// counted as a denial). `Ok(None)` without rate admission.
+/// A booking not sent yet: refunded if dropped (the caller went away, or the attempt was
+/// refused before it was sent), handed over with [`Unsent::sent`] when the attempt goes out.
+#[derive(Debug)]
+pub struct Unsent {
+    booked: Option<RateReservation>,
+    dep: Dependency,
+}
+
+impl Unsent {
+    /// Guards `booked` (none: nothing to guard).
+    pub fn new(dep: &Dependency, booked: Option<RateReservation>) -> Unsent {
+        Unsent { booked, dep: dep.clone() }
+    }
+
+    fn take(&mut self) -> Option<RateReservation> {
+        self.booked.take()
+    }
+
+    /// The attempt is sent: the booking is its now.
+    pub fn sent(mut self) -> Option<RateReservation> {
+        self.booked.take()
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(b) = self.booked.take() {
+            b.refund(self.dep.now());
+        }
+    }
+}
+
+/// A retry's booking on upstream `target`: now or never (no room is `Err(Denied::Rate)`, for
+/// the caller to count as a denial, or a shadow denial). `Ok(None)` without rate admission.
+/// Made before the retry is admitted, so a refusal charges no budget.
 pub fn book_retry(
     dep: &Dependency,
     target: usize,
@@ -441,10 +508,7 @@ pub fn book_retry(
     let Some(r) = dep.rates_at(target) else { return Ok(None) };
     match r.reserve(now, cost, Duration::ZERO) {
         Ok((booked, _)) => Ok(Some(booked)),
-        Err(_) => {
-            dep.policy().counters().denied(stormguard_core::Denied::Rate);
-            Err(stormguard_core::Denied::Rate)
-        }
+        Err(_) => Err(stormguard_core::Denied::Rate),
     }
 }
 
@@ -455,6 +519,7 @@ pub fn book_retry(
 pub fn answered(
     dep: &Dependency,
     target: usize,
+    sent_at: Timestamp,
     status: StatusCode,
     headers: &HeaderMap,
     quota_exhausted: bool,
@@ -476,7 +541,11 @@ pub fn answered(
             _ => None,
         }
     });
-    rates.observe(now, headers, too_many);
+    rates.observe(now, headers, None);
+    // A spent quota says nothing of the rate: held, not lowered.
+    if let (Some(retry_after), false) = (too_many, quota_exhausted) {
+        rates.refused(now, sent_at, retry_after);
+    }
     if quota_exhausted {
         rates.hold(now, config.quota_hold);
         tracing::warn!(

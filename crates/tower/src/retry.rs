@@ -526,12 +526,33 @@ where
                 None
             }
         };
+        // The provider's window, under rate admission: room now, or no retry (it never waits),
+        // decided before the budget is charged.
+        let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
+        let booked = match crate::rate::book_retry(&dep, next, cost, dep.now()) {
+            Ok(booked) => booked,
+            Err(reason) if dep.policy().enforce() => {
+                dep.policy().give_up(now, ticket);
+                drop(total);
+                dep.policy().counters().denied(reason);
+                refused(&span, &dep, attempt + 1, failure, reason);
+                if id.is_some() {
+                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
+                }
+                return finish_kept(kept, reason);
+            }
+            Err(reason) => {
+                dep.policy().counters().shadow_denied(reason);
+                None
+            }
+        };
+        let booked = crate::rate::Unsent::new(&dep, booked);
         match dep.policy().admit(dep.upstream_at(next), ticket, &mut state) {
             Ok(mut admitted) => {
                 if id.is_some() {
                     dep.record(id, now, TraceOp::Retry(kind, None));
                 }
-                let slot = AdmittedSlot::new(admitted.take_permit(), total);
+                let slot = AdmittedSlot::new(admitted.take_permit(), total, booked);
                 charges = Some(admitted.into_charges());
                 attempt += 1;
                 let mut this = copy_request(&req, next_body);

@@ -189,3 +189,46 @@ async fn first_tries_wait_their_turns_in_order() {
         }
     }
 }
+
+/// A first try whose caller leaves while it waits for its turn gives the turn back: the next
+/// caller's turn comes a refill sooner (at 2 s, beside the one booked before it, not at 3 s),
+/// and the provider never sees more than the refill allows.
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_leaves_before_its_turn_gives_it_back() {
+    let mut c = DependencyConfig::new("llm");
+    c.limiter.queue_timeout = Duration::from_secs(5);
+    c.rate.requests_per_minute = Some(60);
+    let dep = Dependency::try_new(c).unwrap();
+    let mut h = http::HeaderMap::new();
+    h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+    dep.rates().unwrap().observe(dep.now(), &h, None);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let start = tokio::time::Instant::now();
+    let svc = tower::service_fn({
+        let seen = seen.clone();
+        move |req: Req| {
+            let n = req.headers()["x-n"].to_str().unwrap().to_string();
+            seen.lock().unwrap().push((n, start.elapsed().as_millis()));
+            async { Ok::<_, BoxError>(Response::new(Full::new(Bytes::new()))) }
+        }
+    });
+    let svc = StormguardLayer::new(dep.clone()).layer(svc);
+    let call = |n: &str| {
+        let mut req = request();
+        req.headers_mut().insert("x-n", n.parse().unwrap());
+        tokio::spawn(svc.clone().oneshot(req))
+    };
+    let leaves = call("a"); // turn at 1 s
+    tokio::task::yield_now().await;
+    let b = call("b"); // turn at 2 s
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    leaves.abort();
+    let _ = leaves.await;
+    let c = call("c");
+    b.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![("b".to_string(), 2_000), ("c".to_string(), 2_000)]);
+    assert_eq!(dep.rates().unwrap().snapshot(dep.now()).requests.outstanding, 0);
+}

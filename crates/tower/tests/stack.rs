@@ -377,7 +377,7 @@ async fn a_failed_retry_stops_counting_before_the_next_is_decided() {
 }
 
 /// Rate admission: with one request a minute left, a retry is refused `rate` at once (it never
-/// waits for the window), and the dependency saw one attempt; without rate admission the same
+/// waits for the window, and the budget is not charged), and the dependency saw one attempt; without rate admission the same
 /// retry is sent.
 #[tokio::test(start_paused = true)]
 async fn a_retry_finds_no_room_in_the_window_and_is_refused_rate() {
@@ -393,15 +393,13 @@ async fn a_retry_finds_no_room_in_the_window_and_is_refused_rate() {
             .oneshot(request(Method::GET))
             .await;
         if rated {
-            let Err(err) = result else { panic!("the retry was sent") };
-            assert!(
-                matches!(
-                    err.downcast_ref::<StormguardError>(),
-                    Some(StormguardError::Denied(Denied::Rate))
-                ),
-                "{err}"
-            );
+            // The caller gets the failed attempt's answer, marked with why it was not retried
+            // (as for a spent budget), and the budget was not charged for it.
+            let resp = result.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(resp.status(), 503);
+            assert_eq!(resp.extensions().get::<Denied>(), Some(&Denied::Rate));
             assert_eq!(svc.calls(), 1, "the dependency saw the first try only");
+            assert_eq!(dep.snapshot().counters.retries, 0, "no retry counted as sent");
             // A first try now waits for the window (a minute), past the queue timeout (1 s):
             // refused `rate` too, without reaching the dependency.
             let svc2 = Scripted::new(vec![]);
