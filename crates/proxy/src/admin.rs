@@ -148,7 +148,7 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
             })
             .collect()
     };
-    json!({
+    let mut v = json!({
         "name": s.name,
         "requests": s.counters.primaries,
         "succeeded": s.counters.succeeded,
@@ -189,7 +189,40 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
         "pushback_hold": s.hold_until.is_some(),
         "enforce": s.enforce,
         "retries_enabled": dep.policy().retries_enabled(),
-    })
+    });
+    // Only with rate admission: every other dependency's JSON is as it was before it existed.
+    if let Some(rate) = rate_json(&s) {
+        v["rate"] = rate;
+    }
+    v
+}
+
+/// Rate admission's limits, per upstream (labelled as the rate metrics are: its name, or `0`
+/// with one unnamed upstream): each quantity whose limit is known (configured or learned) —
+/// the limit per minute, the units available now, those booked by attempts not yet answered,
+/// and the seconds left of a hold — and whether the upstream cools down after an overloaded
+/// answer. `None` when rate admission is off.
+fn rate_json(s: &stormguard_tower::DependencySnapshot) -> Option<serde_json::Value> {
+    if s.rates.is_empty() {
+        return None;
+    }
+    let upstreams: Vec<serde_json::Value> = s
+        .rates_by_upstream()
+        .map(|(name, r)| {
+            let mut u = json!({ "name": name, "cooling": r.cooling });
+            for (quantity, q) in r.quantities() {
+                let Some(limit) = q.limit else { continue };
+                u[quantity] = json!({
+                    "limit_per_minute": limit,
+                    "available": q.available,
+                    "reserved": q.outstanding,
+                    "held_seconds": q.held_until.map_or(0.0, |t| t.saturating_since(s.at).as_secs_f64()),
+                });
+            }
+            u
+        })
+        .collect();
+    Some(json!({ "upstreams": upstreams }))
 }
 
 impl Admin {

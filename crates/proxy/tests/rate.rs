@@ -6,7 +6,7 @@
 //! tries back in FIFO order) and serves at least 90 % of what its limit allows; without it,
 //! about half of what reaches the provider is a 429. Three ways the limit binds: requests with
 //! the limit configured, requests learned only from the headers, tokens (large `max_tokens`)
-//! learned only from the headers.
+//! learned only from the headers. And what the admin listener shows of the limits.
 
 mod common;
 
@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use stormguard_chaos::{ChaosConfig, ChaosServer, Phase, ProviderConfig, ProviderKind};
-use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
+use stormguard_proxy::config::{ListenerConfig, ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, start};
 
 /// How long the open loop runs.
@@ -147,4 +147,75 @@ async fn twice_the_request_limit_learned_from_headers_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twice_the_token_limit_learned_from_headers_only() {
     judge(Case { rpm: Some(100_000), tpm: Some(36_000), max_tokens: 295, configured: false }).await;
+}
+
+/// `GET` on the admin listener: the body as text.
+async fn admin_get(p: &ProxyHandle, path: &str) -> String {
+    let uri = format!("http://{}{path}", p.admin_addr().unwrap()).parse().unwrap();
+    let resp = client().get(uri).await.unwrap();
+    assert_eq!(resp.status(), 200, "{path}");
+    String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+/// Two dependencies behind one proxy, one with rate admission (600 requests a minute) and one
+/// without: after one request, `/stats.json` shows the first one's limit and what is left of
+/// it, and the dashboard its provider-limits panel; the other has neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_shows_the_limits_of_a_dependency_with_rate_admission_only() {
+    let upstream = chaos(Phase::default()).await;
+    let mut llm = ProxyDependency::new("llm", upstream.url("").parse().unwrap());
+    llm.rate.requests_per_minute = Some(600);
+    let plain = ProxyDependency::new("plain", upstream.url("").parse().unwrap());
+    let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), llm);
+    c.dependencies.push(plain);
+    c.listeners.push(ListenerConfig::new("127.0.0.1:0".parse().unwrap(), Some("plain".into())));
+    c.admin = Some("127.0.0.1:0".parse().unwrap());
+    let p = start(c).await.unwrap();
+    assert_eq!(post(p.listen_addrs()[0], Bytes::from_static(b"{}")).await, 200);
+    assert_eq!(post(p.listen_addrs()[1], Bytes::from_static(b"{}")).await, 200);
+
+    let stats: serde_json::Value =
+        serde_json::from_str(&admin_get(&p, "/stats.json").await).unwrap();
+    let dep = |name: &str| {
+        stats["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let (llm, plain) = (dep("llm"), dep("plain"));
+    assert_eq!(llm["requests"], 1);
+    let upstreams = llm["rate"]["upstreams"].as_array().expect("a rate object");
+    assert_eq!(upstreams.len(), 1, "{llm}");
+    let u = &upstreams[0];
+    // One unnamed upstream is `0`, as the rate metrics label it.
+    assert_eq!((&u["name"], &u["cooling"]), (&"0".into(), &false.into()), "{u}");
+    let requests = &u["requests"];
+    assert_eq!(requests["limit_per_minute"], 600, "{u}");
+    let available = requests["available"].as_u64().unwrap();
+    assert!(available <= 600, "{available} available of 600");
+    assert_eq!(requests["reserved"], 0, "the one answer has ended: {u}");
+    assert_eq!(requests["held_seconds"], 0.0, "{u}");
+    // No token limit is configured or learned: no token quantities.
+    for unknown in ["tokens", "input_tokens", "output_tokens"] {
+        assert!(u.get(unknown).is_none(), "{unknown}: {u}");
+    }
+    assert_eq!(plain["requests"], 1);
+    assert!(plain.get("rate").is_none(), "no rate admission, no rate: {plain}");
+
+    let html = admin_get(&p, "/dashboard").await;
+    let section = |name: &str| {
+        let start = html.find(&format!("data-dep=\"{name}\"")).unwrap();
+        let len = html[start..].find("</section>").unwrap();
+        html[start..start + len].to_string()
+    };
+    let llm = section("llm");
+    assert!(llm.contains("<h3>provider limits</h3>"), "{llm}");
+    let cell = llm.split("<td>0</td><td>requests</td><td>").nth(1).expect("the requests row");
+    let shown: u64 = cell.split(" / 600</td>").next().unwrap().parse().expect("available / 600");
+    assert!(shown <= 600, "{llm}");
+    assert!(!section("plain").contains("provider limits"));
+    p.shutdown().await;
 }

@@ -252,6 +252,16 @@ pub struct DependencySnapshot {
     pub at: Timestamp,
 }
 
+impl DependencySnapshot {
+    /// Rate admission's limits with each upstream's label: its name, or `0` with one unnamed
+    /// upstream (the `upstream` label of the rate metrics). Empty when rate admission is off.
+    pub fn rates_by_upstream(&self) -> impl Iterator<Item = (&str, &crate::rate::RatesSnapshot)> {
+        std::iter::once(self.upstream_name.as_deref().unwrap_or("0"))
+            .chain(self.others.iter().map(|u| u.name.as_str()))
+            .zip(&self.rates)
+    }
+}
+
 /// One upstream of a dependency with several, at one instant.
 #[derive(Debug, Clone)]
 pub struct UpstreamSnapshot {

@@ -332,24 +332,16 @@ fn rates(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::Resul
         return Ok(());
     }
     let dep = LabelValue(&s.name);
-    let names: Vec<String> = std::iter::once(s.upstream_name.clone().unwrap_or_else(|| "0".into()))
-        .chain(s.others.iter().map(|u| u.name.clone()))
-        .collect();
     let mut limit = Vec::new();
     let mut available = Vec::new();
     let mut reserved = Vec::new();
     let mut held = Vec::new();
     let mut cooling = Vec::new();
     let mut waits = Vec::new();
-    for (r, name) in s.rates.iter().zip(&names) {
+    for (name, r) in s.rates_by_upstream() {
         let upstream = LabelValue(name);
         let mut hold = 0.0f64;
-        for (quantity, q) in [
-            ("requests", &r.requests),
-            ("tokens", &r.tokens),
-            ("input_tokens", &r.input_tokens),
-            ("output_tokens", &r.output_tokens),
-        ] {
+        for (quantity, q) in r.quantities() {
             let Some(l) = q.limit else { continue };
             let labels = vec![
                 ("dependency", dep),

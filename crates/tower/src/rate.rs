@@ -217,6 +217,19 @@ pub struct RatesSnapshot {
     pub output_tokens: RateSnapshot,
 }
 
+impl RatesSnapshot {
+    /// Each quantity by its name (`requests`, `tokens`, `input_tokens`, `output_tokens`, the
+    /// `quantity` label of the metrics), in that order.
+    pub fn quantities(&self) -> [(&'static str, &RateSnapshot); 4] {
+        [
+            ("requests", &self.requests),
+            ("tokens", &self.tokens),
+            ("input_tokens", &self.input_tokens),
+            ("output_tokens", &self.output_tokens),
+        ]
+    }
+}
+
 impl Rates {
     /// Full buckets of the configured limits (unknown ones admit everything until learned).
     pub fn new(c: &RateAdmission) -> Rates {

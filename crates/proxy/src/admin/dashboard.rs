@@ -3,6 +3,10 @@
 //! four signals over the last two minutes: the retry fraction against the budget, in flight
 //! (p99 and max) against the cap, slot wait p99, denials by reason, and the success rate.
 //!
+//! A dependency with rate admission also has a panel of its provider's limits: per upstream
+//! and quantity, what is available of the limit per minute, what is booked, any hold, and
+//! whether it cools down; and a chart of what is available, as a share of each limit.
+//!
 //! The numbers are rendered into the page on every GET from the very JSON `/stats.json`
 //! serves, so without JavaScript the page still shows them (and reloads itself every 5 s);
 //! the script then keeps them current and draws the charts as inline SVG.
@@ -93,6 +97,87 @@ pub(crate) fn numbers(d: &Value) -> Vec<(&'static str, &'static str, String)> {
     ]
 }
 
+/// The quantities rate admission meters, as `/stats.json` names them, and as the panel does.
+const QUANTITIES: [(&str, &str); 4] = [
+    ("requests", "requests"),
+    ("tokens", "tokens"),
+    ("input_tokens", "input tokens"),
+    ("output_tokens", "output tokens"),
+];
+
+/// The headings of the provider-limits panel; [`rate_rows`] fills one row per heading's order.
+const RATE_HEADINGS: [&str; 6] =
+    ["upstream", "quantity", "available / limit per minute", "reserved", "held", "cooling"];
+
+/// The rows of the provider-limits panel, read from a dependency's `/stats.json` object: one
+/// per upstream and quantity whose limit is known, one saying so for an upstream with none
+/// known yet. `None` without rate admission. The page's script computes the same rows.
+pub(crate) fn rate_rows(d: &Value) -> Option<Vec<[String; 6]>> {
+    let upstreams = d["rate"]["upstreams"].as_array()?;
+    let n = |v: &Value| v.as_u64().map_or("–".to_string(), |v| v.to_string());
+    let mut rows = Vec::new();
+    for u in upstreams {
+        let name = u["name"].as_str().unwrap_or("").to_string();
+        let cooling = if u["cooling"].as_bool() == Some(true) { "yes" } else { "no" };
+        let before = rows.len();
+        for (field, quantity) in QUANTITIES {
+            let q = &u[field];
+            let Some(limit) = q["limit_per_minute"].as_u64() else { continue };
+            let held = match q["held_seconds"].as_f64() {
+                Some(s) if s > 0.0 => format!("{s:.1} s"),
+                _ => "–".to_string(),
+            };
+            rows.push([
+                name.clone(),
+                quantity.to_string(),
+                format!("{} / {limit}", n(&q["available"])),
+                n(&q["reserved"]),
+                held,
+                cooling.to_string(),
+            ]);
+        }
+        if rows.len() == before {
+            let none = || "–".to_string();
+            rows.push([
+                name,
+                "no limit known yet".to_string(),
+                none(),
+                none(),
+                none(),
+                cooling.to_string(),
+            ]);
+        }
+    }
+    Some(rows)
+}
+
+/// The provider-limits panel of a dependency with rate admission; empty without it.
+fn rate_panel(d: &Value) -> String {
+    let Some(rows) = rate_rows(d) else { return String::new() };
+    let mut html = String::from(
+        "<div class=\"rate\">\n<h3>provider limits</h3>\n<table class=\"now rate\"><thead><tr>",
+    );
+    for heading in RATE_HEADINGS {
+        let _ = write!(html, "<th>{heading}</th>");
+    }
+    html.push_str("</tr></thead>\n<tbody>");
+    for row in &rows {
+        html.push_str("<tr>");
+        for cell in row {
+            let _ = write!(html, "<td>{}</td>", esc(cell));
+        }
+        html.push_str("</tr>");
+    }
+    html.push_str(
+        "</tbody></table>\n<p class=\"muted\">Rate admission's view of the provider's limits \
+         per minute (configured, or learned from its headers): what may be sent now, what \
+         attempts not yet answered have booked, how long a 429 or a spent quota still holds \
+         first tries, and whether an overloaded answer cools the upstream down (first tries go \
+         to another meanwhile). Refusals are counted as <code>rate</code> in denied.</p>\n</div>\n",
+    );
+    html
+}
+
 /// The page with the numbers of `deps` (their `/stats.json` objects) in it.
 pub(crate) fn page(deps: &[Value]) -> String {
     let mut sections = String::new();
@@ -117,9 +202,10 @@ pub(crate) fn page(deps: &[Value]) -> String {
              “max since last read” is the high-water mark since the previous reading of \
              <code>/stats.json</code> (a Prometheus scrape keeps its own); “held for the \
              upstream” are slots of attempts timed out or abandoned by their caller that the \
-             upstream is still working on. The charts show each second.</p>\n\
-             <div class=\"grid\"></div>\n</section>\n",
+             upstream is still working on. The charts show each second.</p>\n",
         );
+        sections.push_str(&rate_panel(d));
+        sections.push_str("<div class=\"grid\"></div>\n</section>\n");
     }
     if deps.is_empty() {
         sections.push_str("<p>No dependencies configured.</p>\n");
@@ -182,6 +268,48 @@ mod tests {
         }
         assert!(html.contains("/stats.json"));
         assert!(html.contains("<noscript>"));
+    }
+
+    /// The section of the dependency named `name` in `html`.
+    fn section<'a>(html: &'a str, name: &str) -> &'a str {
+        let start = html.find(&format!("data-dep=\"{name}\"")).expect("the section");
+        let len = html[start..].find("</section>").expect("its end");
+        &html[start..start + len]
+    }
+
+    #[test]
+    fn the_provider_limits_panel_is_there_with_rate_admission_only() {
+        let mut llm = dep("llm");
+        llm["rate"] = json!({ "upstreams": [
+            { "name": "openai", "cooling": false,
+              "requests": { "limit_per_minute": 600, "available": 599, "reserved": 1, "held_seconds": 0.0 },
+              "tokens": { "limit_per_minute": 40000, "available": 0, "reserved": 300, "held_seconds": 12.5 } },
+            { "name": "azure", "cooling": true },
+        ] });
+        let html = page(&[llm, dep("plain")]);
+        let with = section(&html, "llm");
+        assert!(with.contains("<h3>provider limits</h3>"), "{with}");
+        for row in [
+            "<tr><td>openai</td><td>requests</td><td>599 / 600</td><td>1</td><td>–</td><td>no</td></tr>",
+            "<tr><td>openai</td><td>tokens</td><td>0 / 40000</td><td>300</td><td>12.5 s</td><td>no</td></tr>",
+            "<tr><td>azure</td><td>no limit known yet</td><td>–</td><td>–</td><td>–</td><td>yes</td></tr>",
+        ] {
+            assert!(with.contains(row), "{row}\n{with}");
+        }
+        // A quantity whose limit is not known is left out.
+        assert!(!with.contains("input tokens"), "{with}");
+        let without = section(&html, "plain");
+        assert!(
+            !without.contains("provider limits") && !without.contains("class=\"rate"),
+            "{without}"
+        );
+        assert_eq!(rate_rows(&dep("plain")), None);
+        // Rate admission on, nothing learned yet: the panel says so.
+        let mut learning = dep("learning");
+        learning["rate"] = json!({ "upstreams": [{ "name": "0", "cooling": false }] });
+        let rows = rate_rows(&learning).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0][1], "no limit known yet");
     }
 
     #[test]
