@@ -9,6 +9,7 @@
 //! | `fan-out` | 5 parallel calls per action: tails multiply; per-hop versus per-action budgets |
 //! | `fleet` | 50 instances: per-instance caps and floors versus fleet-shared ones; breakers with half-open probes |
 //! | `model-provider` | a provider's requests per minute at twice the limit: 429s and their retries without rate admission, almost none with it |
+//! | `model-provider-tokens` | the same with its tokens per minute binding (large `max_tokens`, half of it written): rate admission books each call's most and settles at its usage |
 
 use crate::scenario::{Scenario, ScenarioError};
 
@@ -28,13 +29,14 @@ pub enum BuiltinError {
 }
 
 /// Every built-in scenario: name and TOML text.
-pub const ALL: [(&str, &str); 6] = [
+pub const ALL: [(&str, &str); 7] = [
     ("worked-example", include_str!("../scenarios/worked-example.toml")),
     ("slow-dependency", include_str!("../scenarios/slow-dependency.toml")),
     ("metastable", include_str!("../scenarios/metastable.toml")),
     ("fan-out", include_str!("../scenarios/fan-out.toml")),
     ("fleet", include_str!("../scenarios/fleet.toml")),
     ("model-provider", include_str!("../scenarios/model-provider.toml")),
+    ("model-provider-tokens", include_str!("../scenarios/model-provider-tokens.toml")),
 ];
 
 /// The names, for `--help` and error messages.

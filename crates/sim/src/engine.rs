@@ -13,15 +13,16 @@
 //!
 //! The dependency knows nothing of clients: `capacity` servers, a FIFO queue (bounded or not),
 //! an outcome drawn when an attempt arrives and a service time drawn when it starts, and, for
-//! a model provider, requests per minute counted at its door (the `rate` module, which also
-//! keeps the client's rate admission: here only what waits and what is refused). A client
+//! a model provider, requests and tokens per minute counted at its door (the `rate` module,
+//! which also keeps the client's rate admission: here only what waits and what is refused,
+//! and when a booking is settled or refunded). A client
 //! that times out does not take its attempt back: the server still serves it, which is how
 //! a storm feeds itself.
 //!
 //! State is kept only for what is in flight (slabs of actions, requests and attempts, reused as
 //! they finish) plus fixed aggregates, so memory follows concurrency, not run length.
 //!
-//! This file is one engine on purpose (about 1 150 lines of code, above the project's ~800): the
+//! This file is one engine on purpose (about 1 200 lines of code, above the project's ~800): the
 //! event loop, the client's and the dependency's handlers and the aggregates share one state and
 //! one clock, and split apart they would pass that state through every call. What is not the
 //! loop lives beside it: the scenario (`scenario/`), the distributions (`dist`), the rate
@@ -46,11 +47,11 @@ use stormguard_core::decision::{
 use stormguard_core::denied::Denied;
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
 use stormguard_core::random::{RandomSource, SplitMix64};
-use stormguard_core::rate::RateLimit;
+use stormguard_core::rate::RatePermit;
 use stormguard_core::scope::{FanOutScope, Scope};
 
 use crate::dist::{self, ServiceTime, Stream, mix, nanos};
-use crate::rate::{self, Provider};
+use crate::rate::{self, Booking, CallTokens, Meter, Provider};
 use crate::scenario::{Arrivals, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario, Share};
 use crate::stats::RunStats;
 
@@ -137,9 +138,9 @@ enum Ev {
     Done(Ref),
     /// The dependency's queue was full: a 503 at once.
     Reject(Ref),
-    /// The provider's requests per minute were used up: its 429 reaches the client.
+    /// The provider's requests or tokens per minute were used up: its 429 reaches the client.
     Limited(Ref),
-    /// A first try's wait for room under the client's rate admission ended.
+    /// A first try's wait for its turn under the client's rate admission ended.
     RateDue(Ref),
     /// An attempt's per-try timeout.
     Timeout(Ref),
@@ -220,8 +221,9 @@ struct Seg {
 struct Unit {
     /// The cap (with the breaker and the pushback hold), if the policy has one.
     upstream: Option<Upstream>,
-    /// Rate admission's meter of the provider's requests per minute, if the policy has it.
-    rate: Option<RateLimit>,
+    /// Rate admission's meter of the provider's requests and tokens per minute, if the policy
+    /// has it.
+    rate: Option<Meter>,
     /// A separate retry pool, if the policy has one (sharing the breaker and the hold).
     retry_upstream: Option<Upstream>,
     breaker: Option<Breaker>,
@@ -260,7 +262,8 @@ struct Call {
     retries: u32,
     last_wait: Option<Duration>,
     state: RetryState,
-    /// What only retried or queued requests need, boxed so the common request stays small.
+    /// What only retried, queued or rate-admitted requests need, boxed so the common request
+    /// stays small.
     rare: Option<Box<Rare>>,
     /// Counted in its unit's `active_primaries`.
     primary_active: bool,
@@ -271,8 +274,11 @@ struct Rare {
     charges: Option<RetryCharges>,
     ticket: Option<RetryTicket>,
     acquire: Option<(Acquire, Waker)>,
-    /// A first try waiting for room under rate admission gives up past this (virtual ns).
+    /// A first try waiting for its turn under rate admission gives up past this (virtual ns).
     rate_give_up: u64,
+    /// Rate admission's booking for the attempt about to be sent. Still here when the request
+    /// ends, the attempt never reached the provider, and it is refunded.
+    booking: Option<Booking>,
 }
 
 impl Call {
@@ -301,6 +307,11 @@ struct Attempt {
     held: Option<HeldSlot>,
     /// The provider's retry-after, when it answers this attempt 429.
     limited: Option<Duration>,
+    /// Rate admission's booking, settled when the client has the answer.
+    booking: Option<Booking>,
+    /// The tokens the provider reserved for it (when it limits tokens), settled when it is
+    /// served; and whether it arrived before the end of arrivals (for the report's rate).
+    reserved: Option<(RatePermit, bool)>,
 }
 
 #[derive(Debug)]
@@ -351,8 +362,10 @@ pub(crate) struct Run<'s> {
     calls: Slab<Call>,
     attempts: Slab<Attempt>,
     dep: Dependency,
-    /// The provider's requests per minute, if the dependency has them.
+    /// The provider's requests and tokens per minute, if the dependency has them.
     provider: Option<Provider>,
+    /// What each call costs in tokens.
+    tokens: CallTokens,
     arrival_rngs: Vec<SplitMix64>,
     instance_actions: Vec<u64>,
     attempt_seed: u64,
@@ -468,6 +481,7 @@ impl<'s> Run<'s> {
                 in_flight: 0,
             },
             provider: sc.dependency.rate.as_ref().map(Provider::new),
+            tokens: CallTokens::new(sc),
             arrival_rngs: (0..instances)
                 .map(|i| SplitMix64::new(mix(arrival_seed, i as u64)))
                 .collect(),
@@ -635,7 +649,11 @@ impl<'s> Run<'s> {
             }
             Ev::Done(a) => self.server_done(a),
             Ev::Reject(a) => {
-                if let Some(a) = self.attempts.remove(a) {
+                if let Some(mut a) = self.attempts.remove(a) {
+                    // The provider's queue refused it: nothing was used.
+                    if let Some((p, _)) = a.reserved.take() {
+                        p.refund(self.ts());
+                    }
                     self.answered(a, false);
                 }
             }
@@ -694,6 +712,7 @@ impl<'s> Run<'s> {
         });
         self.stats.requests += 1;
         let ts = self.ts();
+        let max_wait = self.deadline.min(self.queue_timeout(unit));
         let u = &mut self.units[unit as usize];
         // Fail fast while the breaker is open, before waiting in the queue.
         if let Some(b) = &u.breaker
@@ -702,20 +721,31 @@ impl<'s> Run<'s> {
             self.primary_refused(call, Denied::Breaker);
             return;
         }
-        // The provider's window before the cap: a first try that would pass it waits for
-        // room, then queues for its slot.
-        if let Some(meter) = &u.rate
-            && let Err(wait) = rate::take(meter, ts)
-        {
-            let give_up = self.deadline.min(self.queue_timeout(unit));
-            self.rate_wait(call, now + give_up, wait);
-            return;
+        // The provider's window before the cap: a first try books its turn (within the queue
+        // timeout and the deadline, else it is refused `rate`), waits for it, then queues for
+        // its slot.
+        if let Some(meter) = &u.rate {
+            match meter.book(ts, self.tokens.most, Duration::from_nanos(max_wait)) {
+                Ok((booking, wait)) => {
+                    let c = self.calls.get_mut(call).expect("just inserted");
+                    c.rare().booking = Some(booking);
+                    if !wait.is_zero() {
+                        c.rare().rate_give_up = now + max_wait;
+                        self.push(now + nanos(wait), Ev::RateDue(call));
+                        return;
+                    }
+                }
+                Err(_) => {
+                    self.primary_refused(call, Denied::Rate);
+                    return;
+                }
+            }
         }
         self.enter_cap(call);
     }
 
     /// The cap's timeout for a primary's wait (in the limiter's queue, or for rate admission's
-    /// room), in virtual nanoseconds.
+    /// turn), in virtual nanoseconds.
     fn queue_timeout(&self, unit: u32) -> u64 {
         self.units[unit as usize]
             .upstream
@@ -723,29 +753,20 @@ impl<'s> Run<'s> {
             .map_or(0, |up| nanos(up.limiter.config().queue_timeout))
     }
 
-    /// A first try that found no room waits `wait` for it, unless that would pass `give_up`
-    /// (its queue timeout or deadline): then it is refused `rate` at once.
-    fn rate_wait(&mut self, call: Ref, give_up: u64, wait: Duration) {
-        let at = self.now.saturating_add(nanos(wait));
-        if at > give_up {
-            self.primary_refused(call, Denied::Rate);
-            return;
-        }
-        if let Some(c) = self.calls.get_mut(call) {
-            c.rare().rate_give_up = give_up;
-        }
-        self.push(at, Ev::RateDue(call));
-    }
-
-    /// A first try's wait for room ended: it takes its request, or waits again.
+    /// A first try's turn has come: it queues for its slot, unless a 429 that arrived while it
+    /// waited holds admission. It waits that out within its queue timeout and deadline, else it
+    /// is refused `rate` (and its booking refunded): the tower layer's `rate_waited`.
     fn rate_due(&mut self, call: Ref) {
         let ts = self.ts();
         let Some(c) = self.calls.get(call) else { return };
         let give_up = c.rare.as_ref().map_or(0, |r| r.rate_give_up);
         let meter = self.units[c.unit as usize].rate.as_ref().expect("a rate wait has a meter");
-        match rate::take(meter, ts) {
-            Ok(()) => self.enter_cap(call),
-            Err(wait) => self.rate_wait(call, give_up, wait),
+        match meter.held(ts) {
+            None => self.enter_cap(call),
+            Some(held) if self.now.saturating_add(nanos(held)) <= give_up => {
+                self.push(self.now + nanos(held), Ev::RateDue(call));
+            }
+            Some(_) => self.primary_refused(call, Denied::Rate),
         }
     }
 
@@ -906,6 +927,7 @@ impl<'s> Run<'s> {
             },
         };
         c.tries += 1;
+        let booking = c.rare.as_mut().and_then(|r| r.booking.take());
         let key = mix(c.key, u64::from(c.tries));
         let limit = {
             let left = c.deadline.saturating_sub(self.now).max(1);
@@ -927,24 +949,33 @@ impl<'s> Run<'s> {
             probe,
             held: None,
             limited: None,
+            booking,
+            reserved: None,
         });
         self.stats.sent(retry);
         self.sent += 1;
         let now = self.now;
         // The provider counts every attempt at its door, before its queue and servers.
         if let Some(provider) = &self.provider {
-            let counted = provider.arrive(ts);
-            self.stats.at_provider(counted.is_ok());
-            if let Err(retry_after) = counted {
-                if let Some(a) = self.attempts.get_mut(att) {
-                    a.limited = Some(retry_after);
+            let counted = provider.arrive(ts, self.tokens.most);
+            let in_run = self.stats.at_provider(counted.is_ok());
+            match counted {
+                Ok(reserved) => {
+                    if let Some(a) = self.attempts.get_mut(att) {
+                        a.reserved = reserved.map(|p| (p, in_run));
+                    }
                 }
-                let answer = nanos(rate::LIMITED_ANSWER);
-                self.push(now + answer, Ev::Limited(att));
-                if answer > limit {
-                    self.push(now + limit, Ev::Timeout(att));
+                Err(retry_after) => {
+                    if let Some(a) = self.attempts.get_mut(att) {
+                        a.limited = Some(retry_after);
+                    }
+                    let answer = nanos(rate::LIMITED_ANSWER);
+                    self.push(now + answer, Ev::Limited(att));
+                    if answer > limit {
+                        self.push(now + limit, Ev::Timeout(att));
+                    }
+                    return;
                 }
-                return;
             }
         }
         if self.dep.busy < capacity {
@@ -971,6 +1002,8 @@ impl<'s> Run<'s> {
         a.waiting = false;
         let (call, unit, pooled) = (a.call, a.unit, a.pooled);
         let (permit, probe) = (a.permit.take(), a.probe.take());
+        // The provider may have counted it: the booking keeps its estimate.
+        drop(a.booking.take());
         let ts = self.ts();
         if let Some(p) = probe {
             p.record(ts, AttemptResult::UpstreamFailure);
@@ -1003,6 +1036,12 @@ impl<'s> Run<'s> {
         if let Some(p) = a.probe {
             p.record(ts, if ok { AttemptResult::Success } else { AttemptResult::UpstreamFailure });
         }
+        // A success states the tokens the provider counted (its `usage`); an error answer
+        // states none, and the estimate stays, as in the tower layer. Settled before the
+        // answer's limits are heard: the remaining it states already counts this usage.
+        if let Some(b) = a.booking {
+            b.settle(ts, ok.then_some(self.tokens.used));
+        }
         self.hear_limits(a.unit, None);
         if ok {
             self.succeeded(a.call);
@@ -1012,13 +1051,13 @@ impl<'s> Run<'s> {
         }
     }
 
-    /// Rate admission hears what an answer states of the provider's limit (every answer
-    /// carries it, as the provider's headers do), and a 429's retry-after.
+    /// Rate admission hears what an answer states of the provider's limits (every answer
+    /// carries them, as the provider's headers do), and a 429's retry-after.
     fn hear_limits(&mut self, unit: u32, too_many: Option<Duration>) {
         let ts = self.ts();
         if let Some(meter) = &self.units[unit as usize].rate {
             let seen = self.provider.as_ref().map(|p| p.headers(ts)).unwrap_or_default();
-            rate::heard(meter, ts, seen, too_many);
+            meter.heard(ts, seen, too_many);
         }
     }
 
@@ -1039,6 +1078,10 @@ impl<'s> Run<'s> {
         }
         if let Some(p) = a.probe {
             p.record(ts, AttemptResult::NotCounted);
+        }
+        // A 429 states no usage: the estimate stays (the hold empties the meter anyway).
+        if let Some(b) = a.booking {
+            b.settle(ts, None);
         }
         self.hear_limits(a.unit, a.limited);
         self.attempt_failed(a.call, AttemptFailure::Status(429), a.limited);
@@ -1157,15 +1200,18 @@ impl<'s> Run<'s> {
                 let permit = admitted.take_permit();
                 // A retry never waits for the provider's window. As in the tower layer, its
                 // slot comes back and its budget charge stands.
-                if let Some(meter) = &u.rate
-                    && rate::take(meter, ts).is_err()
-                {
-                    if let Some(p) = permit {
-                        p.release_at(ts);
+                if let Some(meter) = &u.rate {
+                    match meter.book(ts, self.tokens.most, Duration::ZERO) {
+                        Ok((booking, _)) => c.rare().booking = Some(booking),
+                        Err(_) => {
+                            if let Some(p) = permit {
+                                p.release_at(ts);
+                            }
+                            policy.counters().denied(Denied::Rate);
+                            self.deny(call, Denied::Rate);
+                            return;
+                        }
                     }
-                    policy.counters().denied(Denied::Rate);
-                    self.deny(call, Denied::Rate);
-                    return;
                 }
                 c.rare().charges = Some(admitted.into_charges());
                 self.send(call, permit, true, pooled);
@@ -1192,14 +1238,17 @@ impl<'s> Run<'s> {
             },
         };
         // Under rate admission a retry never waits for the provider's window.
-        if let Some(meter) = &u.rate
-            && rate::take(meter, ts).is_err()
-        {
-            if let Some(p) = permit {
-                p.release_at(ts);
+        if let Some(meter) = &u.rate {
+            match meter.book(ts, self.tokens.most, Duration::ZERO) {
+                Ok((booking, _)) => c.rare().booking = Some(booking),
+                Err(_) => {
+                    if let Some(p) = permit {
+                        p.release_at(ts);
+                    }
+                    self.deny(call, Denied::Rate);
+                    return;
+                }
             }
-            self.deny(call, Denied::Rate);
-            return;
         }
         self.send(call, permit, true, pooled);
     }
@@ -1234,6 +1283,11 @@ impl<'s> Run<'s> {
     /// The request's final answer reaches its user action.
     fn finish_call(&mut self, call: Ref, ok: bool) {
         let Some(c) = self.calls.remove(call) else { return };
+        // Booked but never sent (refused its slot, its breaker, or a hold past its wait): given
+        // back.
+        if let Some(b) = c.rare.and_then(|r| r.booking) {
+            b.refund(Timestamp::from_nanos(self.now));
+        }
         if c.primary_active {
             self.units[c.unit as usize].active_primaries -= 1;
         }
@@ -1295,6 +1349,12 @@ impl<'s> Run<'s> {
         self.dep_in_flight(-1);
         self.fill_servers();
         let Some(mut a) = self.attempts.remove(att) else { return };
+        // The provider counts what it served: the prompt, and the output unless it failed.
+        if let Some((p, in_run)) = a.reserved.take() {
+            let used = if a.error { self.tokens.input } else { self.tokens.used };
+            p.settle(self.ts(), Some(used));
+            self.stats.tokens_counted(used, in_run);
+        }
         if a.waiting {
             let ok = !a.error;
             self.answered(a, ok);
@@ -1362,7 +1422,7 @@ fn build_units(
             };
             Ok(Unit {
                 upstream,
-                rate: p.rate.as_ref().map(rate::client_limit),
+                rate: p.rate.as_ref().map(Meter::new),
                 retry_upstream,
                 breaker,
                 policy,

@@ -315,27 +315,30 @@ fn summary_table(h: &mut String, report: &Report) {
     h.push_str("</table>\n");
 }
 
-/// What reached the dependency's requests per minute, when it has them.
+/// What reached the dependency's requests and tokens per minute, when it has them.
 fn rate_table(h: &mut String, report: &Report) {
-    let Some(limit) = report.policies.iter().find_map(|p| p.rate_limit).map(|r| r.limit_per_min)
-    else {
+    let Some(limits) = report.policies.iter().find_map(|p| p.rate_limit) else {
         return;
     };
+    let tokens = limits.tokens_limit_per_min.is_some();
     let _ = writeln!(
         h,
-        "<h2>At the dependency's limit of {limit} requests/min</h2>\n<table><tr><th>policy</th>\
-         <th>reached it</th><th>429s</th><th>429 share</th><th>accepted / min</th></tr>"
+        "<h2>At the dependency's {}</h2>\n<table><tr><th>policy</th>\
+         <th>reached it</th><th>429s</th><th>429 share</th><th>accepted / min</th>{}</tr>",
+        limits.describe(),
+        if tokens { "<th>tokens / min</th>" } else { "" }
     );
     for p in &report.policies {
         let Some(r) = p.rate_limit else { continue };
         let _ = writeln!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td>{}</tr>",
             esc(&p.name),
             r.accepted + r.limited,
             r.limited,
             format::percent(r.limited_share, 1),
-            r.accepted_per_min
+            r.accepted_per_min,
+            r.tokens_per_min.map_or(String::new(), |t| format!("<td>{t:.0}</td>"))
         );
     }
     h.push_str("</table>\n");

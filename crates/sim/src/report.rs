@@ -10,7 +10,7 @@ use stormguard_core::denied::Denied;
 use stormguard_core::format;
 
 use crate::engine::{self, Footprint};
-use crate::scenario::{Load, PolicyConfig, Scenario, Share};
+use crate::scenario::{Load, PolicyConfig, ProviderLimit, Scenario, Share};
 use crate::stats::RunStats;
 
 /// The results of one scenario: every policy, side by side.
@@ -67,19 +67,40 @@ pub struct InFlight {
     pub cap: Option<u64>,
 }
 
-/// The dependency's requests per minute, as one policy met them.
+/// The dependency's requests and tokens per minute, as one policy met them.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct RateLimitReport {
-    /// The provider's limit, requests per minute.
-    pub limit_per_min: u64,
+    /// The provider's limit, requests per minute (`None`: it limits tokens only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_per_min: Option<u64>,
     /// Attempts it counted (and served, whatever their outcome).
     pub accepted: u64,
-    /// Attempts it answered 429 because its requests per minute were used up.
+    /// Attempts it answered 429 because its requests or tokens per minute were used up.
     pub limited: u64,
     /// `limited` over every attempt that reached it.
     pub limited_share: f64,
     /// Attempts counted before the end of arrivals, per minute of the run.
     pub accepted_per_min: f64,
+    /// The provider's limit, tokens per minute (`None`: it limits requests only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_limit_per_min: Option<u64>,
+    /// The tokens it counted (input, and output when served without error) for the attempts
+    /// it accepted before the end of arrivals, per minute of the run (when it limits tokens).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_min: Option<f64>,
+}
+
+impl RateLimitReport {
+    /// The provider's limits in words: `limit of 600 requests/min`, `limits of 600 requests/min
+    /// and 450000 tokens/min`.
+    pub fn describe(&self) -> String {
+        match (self.limit_per_min, self.tokens_limit_per_min) {
+            (Some(r), None) => format!("limit of {r} requests/min"),
+            (None, Some(t)) => format!("limit of {t} tokens/min"),
+            (Some(r), Some(t)) => format!("limits of {r} requests/min and {t} tokens/min"),
+            (None, None) => "limits".to_string(),
+        }
+    }
 }
 
 /// User-visible latency of actions (successful or not), in milliseconds.
@@ -130,8 +151,8 @@ pub struct PolicyReport {
     pub timeouts: u64,
     /// Attempts the dependency refused at once because its queue was full.
     pub rejected: u64,
-    /// The dependency's requests per minute: what it counted and what it answered 429 (only
-    /// when it has `requests_per_minute`).
+    /// The dependency's requests and tokens per minute: what it counted and what it answered
+    /// 429 (only when it has `requests_per_minute` or `tokens_per_minute`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimitReport>,
     /// User-visible latency of actions.
@@ -337,11 +358,13 @@ impl PolicyReport {
             timeouts: s.timeouts,
             rejected: s.rejected,
             rate_limit: sc.dependency.rate.map(|r| RateLimitReport {
-                limit_per_min: r.requests_per_minute,
+                limit_per_min: r.requests.map(|l| l.per_minute),
                 accepted: s.rate_accepted,
                 limited: s.rate_limited,
                 limited_share: r4(ratio(s.rate_limited, s.rate_accepted + s.rate_limited)),
                 accepted_per_min: r4(s.rate_accepted_in_run as f64 * 60.0 / duration_s),
+                tokens_limit_per_min: r.tokens.map(|l| l.per_minute),
+                tokens_per_min: r.tokens.map(|_| r4(s.tokens_in_run as f64 * 60.0 / duration_s)),
             }),
             latency_ms: Latency { p50: ms(0.5), p99: ms(0.99) },
             recovery_s,
@@ -371,16 +394,23 @@ impl Report {
         };
         let d = &sc.dependency;
         let fmt_d = stormguard_core::decimal::format_duration;
-        let rate = match d.rate {
+        let limit = |l: Option<ProviderLimit>, unit: &str| match l {
             None => String::new(),
-            Some(r) if r.requests_remaining == r.requests_per_minute => {
-                format!(", {} requests/min", r.requests_per_minute)
-            }
-            Some(r) => format!(
-                ", {} requests/min ({} left at the start)",
-                r.requests_per_minute, r.requests_remaining
-            ),
+            Some(l) if l.remaining == l.per_minute => format!(", {} {unit}/min", l.per_minute),
+            Some(l) => format!(", {} {unit}/min ({} left at the start)", l.per_minute, l.remaining),
         };
+        let mut rate = match d.rate {
+            None => String::new(),
+            Some(r) => limit(r.requests, "requests") + &limit(r.tokens, "tokens"),
+        };
+        if sc.fleet.input_tokens > 0 || sc.fleet.max_tokens > 0 {
+            rate.push_str(&format!(
+                ", calls of {} input tokens and up to {} output ({} written)",
+                sc.fleet.input_tokens,
+                sc.fleet.max_tokens,
+                d.output_tokens(sc.fleet.max_tokens)
+            ));
+        }
         let setup = format!(
             "{} instance(s) × {load}, fan-out {}; dependency: {} servers, queue {}, {}{rate}; client: per-try timeout {}, deadline {}",
             sc.fleet.instances,
@@ -537,10 +567,9 @@ impl Report {
                 primaries_refused.join("; ")
             )?;
         }
-        if let Some(limit) =
-            self.policies.iter().find_map(|p| p.rate_limit).map(|r| r.limit_per_min)
-        {
-            writeln!(out, "\nat the dependency's limit of {limit} requests/min")?;
+        if let Some(limits) = self.policies.iter().find_map(|p| p.rate_limit) {
+            writeln!(out, "\nat the dependency's {}", limits.describe())?;
+            let tokens = limits.tokens_limit_per_min.is_some();
             let mut rows = vec![vec![
                 "policy".to_string(),
                 "reached it".into(),
@@ -548,15 +577,22 @@ impl Report {
                 "429 share".into(),
                 "accepted/min".into(),
             ]];
+            if tokens {
+                rows[0].push("tokens/min".into());
+            }
             for p in &self.policies {
                 let Some(r) = p.rate_limit else { continue };
-                rows.push(vec![
+                let mut row = vec![
                     p.name.clone(),
                     (r.accepted + r.limited).to_string(),
                     r.limited.to_string(),
                     pct(r.limited_share),
                     format!("{:.1}", r.accepted_per_min),
-                ]);
+                ];
+                if let Some(t) = r.tokens_per_min {
+                    row.push(format!("{t:.0}"));
+                }
+                rows.push(row);
             }
             table(out, &rows)?;
         }

@@ -119,11 +119,14 @@ pub(crate) struct RunStats {
     pub timeouts: u64,
     pub rejected: u64,
     pub errors: u64,
-    /// Attempts the provider's requests per minute counted, and those it answered 429.
+    /// Attempts the provider's limits counted, and those it answered 429.
     pub rate_accepted: u64,
     pub rate_limited: u64,
     /// Of `rate_accepted`, those before the end of arrivals.
     pub rate_accepted_in_run: u64,
+    /// Tokens the provider counted for the attempts it accepted before the end of arrivals
+    /// (when it limits tokens).
+    pub tokens_in_run: u64,
     pub retries_denied: [u64; Denied::ALL.len()],
     pub primaries_denied: [u64; Denied::ALL.len()],
 }
@@ -158,6 +161,7 @@ impl RunStats {
             rate_accepted: 0,
             rate_limited: 0,
             rate_accepted_in_run: 0,
+            tokens_in_run: 0,
             retries_denied: [0; Denied::ALL.len()],
             primaries_denied: [0; Denied::ALL.len()],
         }
@@ -240,14 +244,26 @@ impl RunStats {
         }
     }
 
-    /// An attempt reached the provider's requests per minute: counted (`true`) or answered 429.
+    /// An attempt reached the provider's limits: counted (`true`) or answered 429. Returns
+    /// whether it arrived before the end of arrivals.
     #[inline]
-    pub(crate) fn at_provider(&mut self, counted: bool) {
+    pub(crate) fn at_provider(&mut self, counted: bool) -> bool {
+        let in_run = self.current().is_some();
         if counted {
             self.rate_accepted += 1;
-            self.rate_accepted_in_run += u64::from(self.current().is_some());
+            self.rate_accepted_in_run += u64::from(in_run);
         } else {
             self.rate_limited += 1;
+        }
+        in_run
+    }
+
+    /// The provider counted `used` tokens for an attempt it served (accepted before the end of
+    /// arrivals when `in_run`).
+    #[inline]
+    pub(crate) fn tokens_counted(&mut self, used: u64, in_run: bool) {
+        if in_run {
+            self.tokens_in_run = self.tokens_in_run.saturating_add(used);
         }
     }
 

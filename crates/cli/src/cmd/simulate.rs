@@ -25,6 +25,8 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
   fan-out          5 parallel calls per action: per-hop versus per-action budgets
   fleet            50 instances: per-instance versus fleet-shared caps and floors; breakers
   model-provider   requests per minute at twice the limit: 429s without rate admission, ~0 with it
+  model-provider-tokens
+                   the same with tokens per minute binding: bookings settled at the usage
 
 Examples:
   stormguard simulate --builtin metastable --html report.html

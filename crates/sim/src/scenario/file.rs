@@ -51,6 +51,8 @@ pub(super) struct FleetFile {
     #[serde(default, deserialize_with = "de::option_duration")]
     pub think: Option<Duration>,
     pub fan_out: Option<u64>,
+    pub input_tokens: Option<u64>,
+    pub max_tokens: Option<u64>,
 }
 
 /// `[client]`.
@@ -92,6 +94,9 @@ pub(super) struct DependencyFile {
     pub queue: Option<Queue>,
     pub requests_per_minute: Option<u64>,
     pub requests_remaining: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+    pub tokens_remaining: Option<u64>,
+    pub output_fraction: Option<f64>,
 }
 
 /// `[[phase]]`.
@@ -158,6 +163,7 @@ pub(super) struct PolicyFile {
     pub share: Option<Share>,
     pub scope_retries: Option<u64>,
     pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
     pub learn_rate_limits: Option<bool>,
 }
 
@@ -238,7 +244,7 @@ impl Scenario {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{InvalidScenario, RateAdmissionConfig};
+    use super::super::{InvalidScenario, ProviderLimit, RateAdmissionConfig};
     use super::*;
 
     const BASE: &str = "[fleet]\nrate = 10\n[dependency]\ncapacity = 4\nservice_time = \"10ms\"\n\
@@ -331,15 +337,19 @@ mod tests {
         let s = with("requests_per_minute = 600", "budget = \"ratio\"\nlearn_rate_limits = true\n")
             .unwrap();
         let rate = s.dependency.rate.unwrap();
-        assert_eq!((rate.requests_per_minute, rate.requests_remaining), (600, 600));
-        assert_eq!(s.policies[1].rate, Some(RateAdmissionConfig { requests_per_minute: None }));
+        assert_eq!(rate.requests, Some(ProviderLimit { per_minute: 600, remaining: 600 }));
+        assert_eq!(rate.tokens, None);
+        assert_eq!(
+            s.policies[1].rate,
+            Some(RateAdmissionConfig { requests_per_minute: None, tokens_per_minute: None })
+        );
         assert_eq!(s.policies[1].name, "b");
         let s = with(
             "requests_per_minute = 600\nrequests_remaining = 0",
             "cap = 5\nrequests_per_minute = 300\n",
         )
         .unwrap();
-        assert_eq!(s.dependency.rate.unwrap().requests_remaining, 0);
+        assert_eq!(s.dependency.rate.unwrap().requests.unwrap().remaining, 0);
         assert_eq!(s.policies[1].rate.unwrap().requests_per_minute, Some(300));
         // `learn_rate_limits = false` alone leaves admission off, as in the proxy.
         let s = with("", "cap = 5\nlearn_rate_limits = false\n").unwrap();
@@ -360,7 +370,10 @@ mod tests {
             e.to_string(),
             "s.toml:5:22: dependency.requests_remaining: needs requests_per_minute (the provider's limit)"
         );
-        assert_eq!(e.rule::<InvalidScenario>(), Some(&InvalidScenario::NeedsProviderLimit));
+        assert_eq!(
+            e.rule::<InvalidScenario>(),
+            Some(&InvalidScenario::NeedsProviderLimit { limit: "requests_per_minute" })
+        );
         let e = with("requests_per_minute = \"600/min\"", "").unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -385,5 +398,79 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.rule::<InvalidScenario>(), Some(&InvalidScenario::RateWithFleetShare));
+    }
+
+    /// Token limits and costs read beside the request keys, and refuse in the same shape.
+    #[test]
+    fn token_keys_read_and_refuse_in_the_same_shape() {
+        let with = |fleet: &str, dep: &str, policy: &str| {
+            Scenario::parse(
+                "s.toml",
+                &format!(
+                    "{}{policy}",
+                    BASE.replace("rate = 10\n", &format!("rate = 10\n{fleet}\n"))
+                        .replace("capacity = 4\n", &format!("capacity = 4\n{dep}\n"))
+                ),
+            )
+        };
+        let tokens = "input_tokens = 1000\nmax_tokens = 3001";
+        let s = with(
+            tokens,
+            "tokens_per_minute = 90000\ntokens_remaining = 0\noutput_fraction = 0.5",
+            "cap = 5\ntokens_per_minute = 45000\n",
+        )
+        .unwrap();
+        assert_eq!((s.fleet.input_tokens, s.fleet.max_tokens), (1_000, 3_001));
+        let rate = s.dependency.rate.unwrap();
+        assert_eq!(rate.requests, None, "tokens alone are a provider's limit");
+        assert_eq!(rate.tokens, Some(ProviderLimit { per_minute: 90_000, remaining: 0 }));
+        assert_eq!(s.dependency.output_tokens(3_001), 1_501, "rounded up");
+        assert_eq!(s.policies[1].rate.unwrap().tokens_per_minute, Some(45_000));
+        assert_eq!(s.policies[1].name, "b");
+        let s = with(tokens, "tokens_per_minute = 90000", "").unwrap();
+        assert_eq!(s.dependency.rate.unwrap().tokens.unwrap().remaining, 90_000);
+        assert_eq!(s.dependency.output_fraction, 1.0);
+        assert_eq!(s.dependency.output_tokens(3_001), 3_001);
+
+        let e = |fleet: &str, dep: &str, policy: &str| {
+            with(fleet, dep, policy).unwrap_err().to_string()
+        };
+        assert_eq!(
+            e("", "tokens_per_minute = 90000", ""),
+            "s.toml:6:21: dependency.tokens_per_minute: the calls cost no tokens: give [fleet] \
+             input_tokens or max_tokens"
+        );
+        assert_eq!(
+            e(tokens, "tokens_remaining = 5", ""),
+            "s.toml:7:20: dependency.tokens_remaining: needs tokens_per_minute (the provider's limit)"
+        );
+        assert_eq!(
+            e(tokens, "tokens_per_minute = 90000\ntokens_remaining = 90001", ""),
+            "s.toml:8:20: dependency.tokens_remaining: must be between 0 and 90000, got 90001"
+        );
+        assert_eq!(
+            e(tokens, "output_fraction = 0", ""),
+            "s.toml:7:19: dependency.output_fraction: must be above 0 and at most 1, got 0"
+        );
+        assert_eq!(
+            e(tokens, "output_fraction = 1.5", ""),
+            "s.toml:7:19: dependency.output_fraction: must be above 0 and at most 1, got 1.5"
+        );
+        assert_eq!(
+            e("max_tokens = 200000000", "", ""),
+            "s.toml:3:14: fleet.max_tokens: must be between 0 and 100000000, got 200000000"
+        );
+        assert_eq!(
+            e("input_tokens = -1", "", ""),
+            "s.toml:3:16: fleet.input_tokens: invalid value: integer `-1`, expected u64"
+        );
+        assert_eq!(
+            e(tokens, "", "tokens_per_minute = 600\n"),
+            "s.toml:13:21: policy[1].tokens_per_minute: needs a cap"
+        );
+        assert_eq!(
+            e(tokens, "", "cap = 5\ntokens_per_minute = 0\n"),
+            "s.toml:14:21: policy[1].tokens_per_minute: must be between 1 and 1000000000000, got 0"
+        );
     }
 }

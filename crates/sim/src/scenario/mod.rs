@@ -109,6 +109,12 @@ pub struct Fleet {
     pub load: Load,
     /// Parallel calls to the dependency per user action, 1..=100. Default 1.
     pub fan_out: u32,
+    /// What each call sends a model provider: its prompt, in tokens, 0..=10^8. Default 0.
+    pub input_tokens: u64,
+    /// The most output tokens each call asks for (a request's `max_tokens`), 0..=10^8.
+    /// Default 0. Rate admission books `input_tokens + max_tokens` before sending, as the proxy
+    /// estimates a request's cost from its body.
+    pub max_tokens: u64,
 }
 
 impl Fleet {
@@ -213,21 +219,44 @@ pub struct SimDependency {
     pub queue: Option<u32>,
     /// The conditions outside every phase.
     pub base: Conditions,
-    /// A model provider's requests per minute, if it has one.
+    /// A model provider's requests and tokens per minute, if it has either.
     pub rate: Option<ProviderRate>,
+    /// How much of a call's `max_tokens` the model writes, in `(0, 1]`: a served call's output
+    /// is `max_tokens × output_fraction`, rounded up, and the provider counts that (its answer's
+    /// `usage`). Default 1.
+    pub output_fraction: f64,
 }
 
-/// A provider's requests per minute, counted the way OpenAI and Anthropic describe theirs: a
-/// bucket of `requests_per_minute` refilled continuously over a minute. An attempt that
-/// arrives when the bucket holds less than one request is answered 429 at once, with the
-/// time until one request has refilled as its retry-after.
+impl SimDependency {
+    /// The output tokens the model writes for a call that asks for at most `max_tokens`.
+    pub fn output_tokens(&self, max_tokens: u64) -> u64 {
+        // Rounded up: a fraction above 0 writes at least one token of a non-zero maximum.
+        ((max_tokens as f64) * self.output_fraction).ceil().min(max_tokens as f64) as u64
+    }
+}
+
+/// A provider's requests and tokens per minute, counted the way OpenAI and Anthropic describe
+/// theirs: a bucket per limit refilled continuously over a minute. An attempt arrives asking
+/// for one request and its `input_tokens + max_tokens`; when either bucket lacks room it is
+/// answered 429 at once, with the time until both have refilled as its retry-after. A served
+/// attempt's unused tokens come back when it is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProviderRate {
-    /// Requests per minute, 1..=10^12.
-    pub requests_per_minute: u64,
+    /// Requests per minute (`requests_per_minute`, `requests_remaining`), if limited.
+    pub requests: Option<ProviderLimit>,
+    /// Tokens per minute, input and output together (`tokens_per_minute`,
+    /// `tokens_remaining`), if limited.
+    pub tokens: Option<ProviderLimit>,
+}
+
+/// One of a provider's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderLimit {
+    /// Units per minute, 1..=10^12.
+    pub per_minute: u64,
     /// What is left of them when the run starts (other callers used the rest), from 0 to
-    /// `requests_per_minute`. Default: all of them (a full bucket).
-    pub requests_remaining: u64,
+    /// `per_minute`. Default: all of them (a full bucket).
+    pub remaining: u64,
 }
 
 /// A stretch of the timeline with its own conditions.
@@ -261,20 +290,26 @@ pub struct PolicyConfig {
     pub share: Share,
     /// Whole retries per user action, shared by its calls (on top of the budget), if any.
     pub scope_retries: Option<u64>,
-    /// Rate admission against the provider's requests per minute, if any (needs a cap).
+    /// Rate admission against the provider's requests and tokens per minute, if any (needs a
+    /// cap).
     pub rate: Option<RateAdmissionConfig>,
 }
 
-/// Rate admission, as the proxy's `requests_per_minute` and `learn_rate_limits` configure it:
-/// core's `RateLimit` in front of the cap. A first try that finds no room waits for it (at most
-/// the cap's `queue_timeout`, and never past its deadline; then it is refused `rate`), then
-/// queues for its slot; a retry never waits (refused `rate`). Every answer's limit and
-/// remaining are observed, and a 429 holds admission for its retry-after and lowers the limit.
+/// Rate admission, as the proxy's `requests_per_minute`, `tokens_per_minute` and
+/// `learn_rate_limits` configure it: core's `RateLimit`s in front of the cap, one for requests
+/// and one for tokens. A first try books its request and its `input_tokens + max_tokens`, and
+/// when there is no room waits for its turn (at most the cap's `queue_timeout`, and never past
+/// its deadline; else it is refused `rate`), then queues for its slot; a retry never waits
+/// (refused `rate`). An answer settles the booking at the tokens the provider counted; every
+/// answer's limits and remaining are observed, and a 429 holds admission for its retry-after and
+/// lowers the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateAdmissionConfig {
-    /// The starting limit, requests per minute (1..=10^12). `None`: everything is admitted
+    /// The starting limit, requests per minute (1..=10^12). `None`: every request is admitted
     /// until an answer states the provider's limit.
     pub requests_per_minute: Option<u64>,
+    /// The starting limit, tokens per minute (1..=10^12). `None`: as for requests.
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// How a policy retries.
@@ -480,10 +515,14 @@ impl PolicyConfig {
         if let Some(n) = self.scope_retries {
             parts.push(format!("{n} retries per user action"));
         }
-        match self.rate.map(|r| r.requests_per_minute) {
+        match self.rate.map(|r| (r.requests_per_minute, r.tokens_per_minute)) {
             None => {}
-            Some(None) => parts.push("rate admission learned from the answers".to_string()),
-            Some(Some(n)) => parts.push(format!("rate admission from {n} requests/min")),
+            Some((None, None)) => parts.push("rate admission learned from the answers".to_string()),
+            Some((Some(n), None)) => parts.push(format!("rate admission from {n} requests/min")),
+            Some((None, Some(t))) => parts.push(format!("rate admission from {t} tokens/min")),
+            Some((Some(n), Some(t))) => {
+                parts.push(format!("rate admission from {n} requests/min and {t} tokens/min"))
+            }
         }
         if let Some(b) = &self.breaker {
             parts.push(format!(
@@ -628,9 +667,22 @@ pub enum InvalidScenario {
     /// `scope_retries` on a policy without a budget.
     #[error("scopes are charged by RetryPolicy: give the policy a budget")]
     ScopeWithoutBudget,
-    /// `requests_remaining` without `requests_per_minute` on the dependency.
-    #[error("needs requests_per_minute (the provider's limit)")]
-    NeedsProviderLimit,
+    /// `requests_remaining` without `requests_per_minute` on the dependency (or
+    /// `tokens_remaining` without `tokens_per_minute`).
+    #[error("needs {limit} (the provider's limit)")]
+    NeedsProviderLimit {
+        /// The key it needs.
+        limit: &'static str,
+    },
+    /// A provider's `tokens_per_minute` when the calls cost no tokens.
+    #[error("the calls cost no tokens: give [fleet] input_tokens or max_tokens")]
+    NoTokenCost,
+    /// An `output_fraction` outside `(0, 1]`.
+    #[error("must be above 0 and at most 1, got {got}")]
+    NotAnOutputFraction {
+        /// The value given.
+        got: f64,
+    },
     /// Rate admission with `share = "fleet"`: the proxy meters one instance's requests.
     #[error(
         "rate admission meters each instance's own requests, as the proxy does: not with \

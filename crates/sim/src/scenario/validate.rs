@@ -19,12 +19,15 @@ use super::file::{
 };
 use super::{
     Arrivals, CapConfig, ClientConfig, Conditions, Fleet, HeldSlotRelease, InvalidScenario, Load,
-    MAX_ATTEMPTS, Phase, PolicyConfig, ProviderRate, RateAdmissionConfig, RetryRule, Scenario,
-    Share, SimDependency,
+    MAX_ATTEMPTS, Phase, PolicyConfig, ProviderLimit, ProviderRate, RateAdmissionConfig, RetryRule,
+    Scenario, Share, SimDependency,
 };
 
-/// The most requests per minute a limit may state (the proxy's bound).
+/// The most requests or tokens per minute a limit may state (the proxy's bound).
 const MAX_PER_MINUTE: u64 = 1_000_000_000_000;
+
+/// The most tokens one call may send or ask for: well past any model's context window.
+const MAX_CALL_TOKENS: u64 = 100_000_000;
 
 type Rule<T> = Result<T, Invalid<InvalidScenario>>;
 
@@ -80,6 +83,29 @@ impl Table {
         }
     }
 
+    /// A provider's limit (`(key, value)` of the per-minute limit and of what is left of it):
+    /// the limit in `[1, 10^12]`, what is left in `[0, limit]` (default all of it), and no
+    /// remaining without a limit.
+    fn provider_limit(
+        &self,
+        (limit_key, limit): (&'static str, Option<u64>),
+        (remaining_key, remaining): (&str, Option<u64>),
+    ) -> Rule<Option<ProviderLimit>> {
+        match (self.range(limit_key, limit, 1, MAX_PER_MINUTE)?, remaining) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => {
+                Err(self
+                    .fail(remaining_key, InvalidScenario::NeedsProviderLimit { limit: limit_key }))
+            }
+            (Some(per_minute), remaining) => Ok(Some(ProviderLimit {
+                per_minute,
+                remaining: self
+                    .range(remaining_key, remaining, 0, per_minute)?
+                    .unwrap_or(per_minute),
+            })),
+        }
+    }
+
     fn fraction(&self, key: &str, v: Option<f64>) -> Rule<Option<f64>> {
         match self.finite(key, v)? {
             Some(got) if !(0.0..=1.0).contains(&got) => {
@@ -108,7 +134,8 @@ impl ScenarioFile {
         let fleet_table = root.sub("fleet");
         let fleet = self.fleet.check(&fleet_table)?;
         let client = self.client.check(&root.sub("client"))?;
-        let dependency = self.dependency.check(&root.sub("dependency"))?;
+        let call_tokens = fleet.input_tokens.saturating_add(fleet.max_tokens);
+        let dependency = self.dependency.check(&root.sub("dependency"), call_tokens)?;
         let phases = phases(self.phase, &dependency.base, duration)?;
         let policies = policies(self.policy)?;
         if let Some(calls) = fleet.expected_calls(duration)
@@ -161,7 +188,15 @@ impl FleetFile {
                 Load::Closed { concurrency, think: self.think.unwrap_or(Duration::ZERO) }
             }
         };
-        Ok(Fleet { instances, load, fan_out })
+        let input_tokens = t.range("input_tokens", self.input_tokens, 0, MAX_CALL_TOKENS)?;
+        let max_tokens = t.range("max_tokens", self.max_tokens, 0, MAX_CALL_TOKENS)?;
+        Ok(Fleet {
+            instances,
+            load,
+            fan_out,
+            input_tokens: input_tokens.unwrap_or(0),
+            max_tokens: max_tokens.unwrap_or(0),
+        })
     }
 }
 
@@ -220,26 +255,34 @@ impl ConditionsFile {
 }
 
 impl DependencyFile {
-    fn check(&self, t: &Table) -> Rule<SimDependency> {
+    /// `call_tokens`: what one call asks for (`input_tokens + max_tokens`), which a token
+    /// limit needs to be more than zero.
+    fn check(&self, t: &Table, call_tokens: u64) -> Rule<SimDependency> {
         let queue = match self.queue {
             None | Some(Queue::Unbounded) => None,
             Some(Queue::Bounded(n)) => t.range32("queue", Some(n), 0, 10_000_000)?,
         };
         let base = self.conditions().check(t, None)?;
-        let limit = t.range("requests_per_minute", self.requests_per_minute, 1, MAX_PER_MINUTE)?;
-        let rate = match (limit, self.requests_remaining) {
-            (None, None) => None,
-            (None, Some(_)) => {
-                return Err(t.fail("requests_remaining", InvalidScenario::NeedsProviderLimit));
+        let requests = t.provider_limit(
+            ("requests_per_minute", self.requests_per_minute),
+            ("requests_remaining", self.requests_remaining),
+        )?;
+        let tokens = t.provider_limit(
+            ("tokens_per_minute", self.tokens_per_minute),
+            ("tokens_remaining", self.tokens_remaining),
+        )?;
+        if tokens.is_some() && call_tokens == 0 {
+            return Err(t.fail("tokens_per_minute", InvalidScenario::NoTokenCost));
+        }
+        let rate =
+            (requests.is_some() || tokens.is_some()).then_some(ProviderRate { requests, tokens });
+        let output_fraction = match t.finite("output_fraction", self.output_fraction)? {
+            Some(got) if !(got > 0.0 && got <= 1.0) => {
+                return Err(t.fail("output_fraction", InvalidScenario::NotAnOutputFraction { got }));
             }
-            (Some(limit), remaining) => Some(ProviderRate {
-                requests_per_minute: limit,
-                requests_remaining: t
-                    .range("requests_remaining", remaining, 0, limit)?
-                    .unwrap_or(limit),
-            }),
+            v => v.unwrap_or(1.0),
         };
-        Ok(SimDependency { queue, base, rate })
+        Ok(SimDependency { queue, base, rate, output_fraction })
     }
 }
 
@@ -409,10 +452,15 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
     }
     // Rate admission is part of stormguard's cap, as in the tower layer and the proxy.
     let rpm = t.range("requests_per_minute", f.requests_per_minute, 1, MAX_PER_MINUTE)?;
-    let rate = (rpm.is_some() || f.learn_rate_limits == Some(true))
-        .then_some(RateAdmissionConfig { requests_per_minute: rpm });
+    let tpm = t.range("tokens_per_minute", f.tokens_per_minute, 1, MAX_PER_MINUTE)?;
+    let rate = (rpm.is_some() || tpm.is_some() || f.learn_rate_limits == Some(true))
+        .then_some(RateAdmissionConfig { requests_per_minute: rpm, tokens_per_minute: tpm });
     if rate.is_some() {
-        let key = if rpm.is_some() { "requests_per_minute" } else { "learn_rate_limits" };
+        let key = match (rpm, tpm) {
+            (Some(_), _) => "requests_per_minute",
+            (None, Some(_)) => "tokens_per_minute",
+            (None, None) => "learn_rate_limits",
+        };
         if cap.is_none() {
             return Err(t.fail(key, InvalidScenario::NeedsCap));
         }
