@@ -20,7 +20,6 @@
 
 use std::future::Future;
 use std::io;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +33,6 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use stormguard_core::limiter::Limiter;
 use stormguard_tower::{Dependency, ReplayBody};
 use tower::Service;
@@ -115,92 +112,12 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
     Ok(UpstreamClient { client: builder.build(connector), peer })
 }
 
-/// Why a dependency's TLS settings cannot be used: a file that cannot be read or holds no
-/// usable PEM, or keys that do not fit. [`TlsError::key`] names the `[dependency.tls]` key.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TlsError {
-    /// A file could not be read.
-    #[error("{}: {source}", path.display())]
-    Read {
-        /// The key that names the file.
-        key: &'static str,
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// A file is not PEM, or holds nothing of the kind needed.
-    #[error("{}: {reason}", path.display())]
-    Pem {
-        /// The key that names the file.
-        key: &'static str,
-        /// The file.
-        path: std::path::PathBuf,
-        /// What the PEM reader said.
-        reason: PemProblem,
-    },
-    /// A CA certificate rustls refuses.
-    #[error("{}: {source}", path.display())]
-    Certificate {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        source: rustls::Error,
-    },
-    /// `client_cert` without `client_key`.
-    #[error("client_cert needs client_key")]
-    CertWithoutKey,
-    /// `client_key` without `client_cert`.
-    #[error("client_key needs client_cert")]
-    KeyWithoutCert,
-    /// The key is not the certificate's.
-    #[error("does not fit client_cert: {0}")]
-    KeyMismatch(rustls::Error),
-    /// rustls refused the protocol versions.
-    #[error("{0}")]
-    Protocol(rustls::Error),
-}
-
-/// What was wrong with a PEM file.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PemProblem {
-    /// No certificate in it.
-    #[error("no certificate in it (PEM expected)")]
-    NoCertificate,
-    /// No private key in it.
-    #[error("no private key read: {0}")]
-    NoKey(Box<PemProblem>),
-    /// Nothing of the kind needed.
-    #[error("nothing of that kind in it (PEM expected)")]
-    NothingOfThatKind,
-    /// Not PEM.
-    #[error("not valid PEM: {0}")]
-    Invalid(rustls::pki_types::pem::Error),
-    /// Reading failed.
-    #[error("{0}")]
-    Io(io::Error),
-}
-
-impl TlsError {
-    /// The key at fault, under the dependency: `tls.ca_file`, `tls.client_cert`,
-    /// `tls.client_key` or `tls`.
-    pub fn key(&self) -> &'static str {
-        match self {
-            TlsError::Read { key, .. } | TlsError::Pem { key, .. } => key,
-            TlsError::Certificate { .. } => "tls.ca_file",
-            TlsError::CertWithoutKey => "tls.client_cert",
-            TlsError::KeyWithoutCert | TlsError::KeyMismatch(_) => "tls.client_key",
-            TlsError::Protocol(_) => "tls",
-        }
-    }
-}
+pub use stormguard_tls::{PemProblem, TlsError};
 
 /// The rustls client config of a dependency: roots, ALPN (set by the connector), client
 /// certificate. Logs nothing (the config check calls it too).
 pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
-    tls_config_for(tls, None)
+    stormguard_tls::client_config(tls, None)
 }
 
 /// [`tls_config`] for the client of the dependency `needs_roots` names when it has an https://
@@ -210,82 +127,7 @@ fn tls_config_for(
     tls: &TlsConfig,
     needs_roots: Option<&str>,
 ) -> Result<rustls::ClientConfig, TlsError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match &tls.ca_file {
-        Some(path) => {
-            for c in read_certs("tls.ca_file", path)? {
-                roots
-                    .add(c)
-                    .map_err(|source| TlsError::Certificate { path: path.clone(), source })?;
-            }
-        }
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            let (added, _) = roots.add_parsable_certificates(native.certs);
-            if added == 0
-                && let Some(dependency) = needs_roots
-            {
-                // Not an error here: every handshake will fail, and say so.
-                tracing::warn!(
-                    dependency,
-                    error = native.errors.first().map(tracing::field::display),
-                    "no system root certificates found; https upstreams need tls.ca_file"
-                );
-            }
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(TlsError::Protocol)?
-        .with_root_certificates(roots);
-    match (&tls.client_cert, &tls.client_key) {
-        (None, None) => Ok(builder.with_no_client_auth()),
-        (Some(_), None) => Err(TlsError::CertWithoutKey),
-        (None, Some(_)) => Err(TlsError::KeyWithoutCert),
-        (Some(cert), Some(key_path)) => {
-            let chain = read_certs("tls.client_cert", cert)?;
-            let pem_text = read_pem("tls.client_key", key_path)?;
-            let key = PrivateKeyDer::from_pem_slice(&pem_text).map_err(|e| TlsError::Pem {
-                key: "tls.client_key",
-                path: key_path.clone(),
-                reason: PemProblem::NoKey(Box::new(pem(e))),
-            })?;
-            builder.with_client_auth_cert(chain, key).map_err(TlsError::KeyMismatch)
-        }
-    }
-}
-
-/// Every certificate in a PEM file; at least one.
-fn read_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let text = read_pem(key, path)?;
-    let bad = |reason| TlsError::Pem { key, path: path.to_path_buf(), reason };
-    let certs = CertificateDer::pem_slice_iter(&text)
-        .map(|c| c.map(|c| c.into_owned()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(pem(e)))?;
-    if certs.is_empty() {
-        return Err(bad(PemProblem::NoCertificate));
-    }
-    Ok(certs)
-}
-
-/// A PEM file's bytes: a regular file of at most 16 MiB (`/dev/zero` or a FIFO is refused, not
-/// read forever).
-fn read_pem(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    stormguard_input::read(path, stormguard_input::MAX_FILE).map_err(|source| TlsError::Read {
-        key,
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn pem(e: rustls::pki_types::pem::Error) -> PemProblem {
-    match e {
-        rustls::pki_types::pem::Error::Io(e) => PemProblem::Io(e),
-        rustls::pki_types::pem::Error::NoItemsFound => PemProblem::NothingOfThatKind,
-        other => PemProblem::Invalid(other),
-    }
+    stormguard_tls::client_config(tls, needs_roots)
 }
 
 /// Each upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`, as its last HTTP/2 connection's first

@@ -415,27 +415,10 @@ impl FleetPlacement {
     }
 }
 
-/// TLS to a dependency's `https://` upstreams. The files are PEM, read when the config is
-/// checked (a missing or invalid one is a config error); relative paths are from the current
-/// directory.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TlsConfig {
-    /// The CA certificates the upstream's chain must lead to, instead of the operating
-    /// system's roots. Default none: the system roots.
-    pub ca_file: Option<PathBuf>,
-    /// A client certificate chain to present (with `client_key`). Default none.
-    pub client_cert: Option<PathBuf>,
-    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1). Default none.
-    pub client_key: Option<PathBuf>,
-}
-
-impl TlsConfig {
-    /// Whether anything is configured.
-    pub fn is_set(&self) -> bool {
-        self.ca_file.is_some() || self.client_cert.is_some() || self.client_key.is_some()
-    }
-}
+/// TLS to a dependency's `https://` upstreams (`[dependency.tls]`). The files are PEM, read
+/// when the config is checked (a missing or invalid one is a config error); relative paths are
+/// from the current directory.
+pub type TlsConfig = stormguard_tls::TlsFiles;
 
 /// HTTP/2 to a dependency's upstreams. `https://` upstreams negotiate HTTP/2 by ALPN whatever
 /// this says.
