@@ -3,8 +3,8 @@
 //!
 //! Retries hide in templates and copied manifests. When a client library, a sidecar and a gateway
 //! each retry, the attempts multiply: three layers of "retry twice" send 27 attempts to the last
-//! dependency. This crate reads Istio, Envoy, gRPC service config, Linkerd and stormguard's own
-//! config, reduces each retry setting to a [`Layer`] (attempts including the first, a budget,
+//! dependency. This crate reads Istio, Envoy, gRPC service config, Linkerd, Gateway API, Kuma
+//! and stormguard's own config, reduces each retry setting to a [`Layer`] (attempts including the first, a budget,
 //! timeouts), checks each layer, and — given a call graph — multiplies the layers along every
 //! path.
 //!
@@ -131,8 +131,16 @@ pub(crate) struct Collector {
     pub envoy_clusters: HashMap<String, formats::envoy::ClusterInfo>,
     /// Istio route layer index → destination host.
     pub istio_links: Vec<(usize, String)>,
-    /// DestinationRule host → its retry throttle, if any.
-    pub istio_rules: Vec<(String, Option<u64>)>,
+    /// DestinationRule host → its retry budget or throttle, if any.
+    pub istio_rules: Vec<(String, Option<Budget>)>,
+    /// Gateway API route layer index → a backend it sends to.
+    pub gateway_links: Vec<(usize, formats::gateway::Backend)>,
+    /// XBackendTrafficPolicy target → its retry budget.
+    pub gateway_policies: Vec<(formats::gateway::Backend, Budget)>,
+    /// Kuma MeshRetry layer index → its `to[]` target (`Mesh` or `KIND/NAME`).
+    pub kuma_links: Vec<(usize, String)>,
+    /// MeshCircuitBreaker target → its `maxRetries`.
+    pub kuma_throttles: Vec<(String, u64)>,
     pub istio_version: IstioVersion,
 }
 
@@ -316,6 +324,20 @@ fn document(c: &mut Collector, file: &str, doc: &Node) {
             "ServiceProfile" if api.starts_with("linkerd.io/") => {
                 formats::linkerd::service_profile(c, file, doc)
             }
+            // Linkerd 2.16 reads its retry annotations on Gateway API routes too.
+            "HTTPRoute" if api.starts_with("gateway.networking.k8s.io/") => {
+                formats::gateway::http_route(c, file, doc);
+                formats::linkerd::annotations(c, file, doc);
+            }
+            "XBackendTrafficPolicy" | "BackendTrafficPolicy"
+                if api.starts_with("gateway.networking.x-k8s.io/") =>
+            {
+                formats::gateway::backend_traffic_policy(c, file, doc)
+            }
+            "MeshRetry" if api.starts_with("kuma.io/") => formats::kuma::mesh_retry(c, file, doc),
+            "MeshCircuitBreaker" if api.starts_with("kuma.io/") => {
+                formats::kuma::mesh_circuit_breaker(c, file, doc)
+            }
             "List" => {
                 c.documents -= 1;
                 for item in doc.get("items").map(Node::items).unwrap_or(&[]) {
@@ -328,6 +350,15 @@ fn document(c: &mut Collector, file: &str, doc: &Node) {
                 }
             }
         }
+    } else if let Some(ty) = doc.get("type").and_then(Node::as_str)
+        && doc.get("mesh").is_some()
+        && matches!(ty, "MeshRetry" | "MeshCircuitBreaker")
+    {
+        // Kuma's Universal form: `type`, `name`, `mesh`, `spec`.
+        match ty {
+            "MeshRetry" => formats::kuma::mesh_retry(c, file, doc),
+            _ => formats::kuma::mesh_circuit_breaker(c, file, doc),
+        }
     } else if doc.get("methodConfig").is_some() || doc.get("retryThrottling").is_some() {
         formats::grpc::service_config(c, file, doc);
     } else if !formats::envoy::walk(c, file, doc) {
@@ -335,7 +366,8 @@ fn document(c: &mut Collector, file: &str, doc: &Node) {
     }
 }
 
-/// Links layers to budgets defined elsewhere (Envoy clusters, Istio DestinationRules).
+/// Links layers to budgets defined elsewhere (Envoy clusters, Istio DestinationRules, Gateway
+/// API XBackendTrafficPolicies, Kuma MeshCircuitBreakers).
 fn resolve(c: &mut Collector) {
     for (i, cluster) in std::mem::take(&mut c.envoy_links) {
         if let Some(info) = c.envoy_clusters.get(cluster.as_str()) {
@@ -343,11 +375,30 @@ fn resolve(c: &mut Collector) {
         }
     }
     for (i, host) in std::mem::take(&mut c.istio_links) {
-        let throttle = c
+        let budget = c
             .istio_rules
             .iter()
             .filter(|(h, _)| formats::istio::same_host(h, &host))
-            .find_map(|(_, max)| *max);
+            .find_map(|(_, budget)| *budget);
+        if budget.is_some() {
+            c.layers[i].budget = budget;
+        }
+    }
+    // A rule takes the budget of the first of its backends that a policy targets.
+    for (i, backend) in std::mem::take(&mut c.gateway_links) {
+        if c.layers[i].budget.is_some() {
+            continue;
+        }
+        let budget = c.gateway_policies.iter().find(|(t, _)| t.same(&backend)).map(|(_, b)| *b);
+        c.layers[i].budget = budget;
+    }
+    for (i, dest) in std::mem::take(&mut c.kuma_links) {
+        let throttle = c
+            .kuma_throttles
+            .iter()
+            .find(|(t, _)| *t == dest)
+            .or_else(|| c.kuma_throttles.iter().find(|(t, _)| t == "Mesh"))
+            .map(|(_, n)| *n);
         if let Some(n) = throttle {
             c.layers[i].budget = Some(Budget::Slots(n));
         }
@@ -488,7 +539,7 @@ fn attempts_text(a: Option<u32>) -> String {
 fn budget_fix(format: Format) -> &'static str {
     match format {
         Format::Istio => {
-            "set connectionPool.http.maxRetries in a DestinationRule, or move retries to a budgeted layer"
+            "give the DestinationRule a trafficPolicy.retryBudget (percent 20), or at least connectionPool.http.maxRetries"
         }
         Format::Envoy => {
             "add circuit_breakers.thresholds[].retry_budget (budget_percent 20, min_retry_concurrency 3) to the cluster"
@@ -497,7 +548,13 @@ fn budget_fix(format: Format) -> &'static str {
             "add retryThrottling { maxTokens: 10, tokenRatio: 0.1 } to the service config"
         }
         Format::Linkerd => {
-            "use a ServiceProfile retryBudget (retryRatio 0.2) or lower retry.linkerd.io/limit"
+            "retry.linkerd.io annotations have no budget: keep retry.linkerd.io/limit low, or bound the Service with a ServiceProfile retryBudget (retryRatio 0.2), which then replaces the annotations"
+        }
+        Format::GatewayApi => {
+            "attach an XBackendTrafficPolicy with retryConstraint (budget.percent 20) to the backend Service"
+        }
+        Format::Kuma => {
+            "MeshRetry has no budget: keep numRetries low, and cap concurrent retries with a MeshCircuitBreaker connectionLimits.maxRetries"
         }
         Format::Stormguard | Format::Graph => "give the layer a budget = \"ratio:percent=0.2\"",
     }

@@ -23,6 +23,10 @@ pub enum Format {
     Linkerd,
     /// stormguard's own `[[dependency]]` config.
     Stormguard,
+    /// Gateway API HTTPRoute retries and XBackendTrafficPolicy retry budgets.
+    GatewayApi,
+    /// Kuma MeshRetry and MeshCircuitBreaker.
+    Kuma,
     /// A layer declared inline in the call graph (a client library, say).
     Graph,
 }
@@ -36,6 +40,8 @@ impl Format {
             Format::Grpc => "grpc",
             Format::Linkerd => "linkerd",
             Format::Stormguard => "stormguard",
+            Format::GatewayApi => "gateway-api",
+            Format::Kuma => "kuma",
             Format::Graph => "graph",
         }
     }
@@ -59,8 +65,10 @@ pub enum Budget {
         /// Fraction of originals.
         percent: f64,
     },
-    /// Retries in flight at most `percent` of everything in flight (Envoy `retry_budget`,
-    /// stormguard `concurrency`). `percent` is a fraction.
+    /// Retries at most `percent` of all requests, retries included: of those in flight (Envoy
+    /// `retry_budget`, Istio `retryBudget`, stormguard `concurrency`), or of those started
+    /// within a window (the same with `budget_interval`, Gateway API `retryConstraint`), which
+    /// bounds the same factor in steady state. `percent` is a fraction.
     Concurrency {
         /// Fraction of all in flight.
         percent: f64,
@@ -79,7 +87,8 @@ pub enum Budget {
         cost: f64,
     },
     /// A fixed number of concurrent retries (Envoy `max_retries` circuit breaker, Istio
-    /// `connectionPool.http.maxRetries`, stormguard `concurrency:slots=N`): a throttle, but it
+    /// `connectionPool.http.maxRetries`, Kuma `connectionLimits.maxRetries`, stormguard
+    /// `concurrency:slots=N`): a throttle, but it
     /// bounds retries in flight, not retries per request, so it caps no factor.
     Slots(u64),
 }

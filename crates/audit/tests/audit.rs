@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use stormguard_audit::graph::{Factor, GraphError};
-use stormguard_audit::{AuditError, AuditOptions, Report, audit_paths, audit_sources};
+use stormguard_audit::{AuditError, AuditOptions, Budget, Report, audit_paths, audit_sources};
 
 fn fixture(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(p)
@@ -46,6 +46,9 @@ fn clean_configs_have_no_findings() {
         "grpc/clean.json",
         "linkerd/clean.yaml",
         "stormguard/clean.toml",
+        "istio/budget_clean.yaml",
+        "gateway/clean.yaml",
+        "kuma/clean.yaml",
     ] {
         let r = audit(f);
         assert_eq!(found(&r), vec![], "{f}");
@@ -79,6 +82,149 @@ fn istio_findings_and_skipped_kinds() {
     );
     assert_eq!(r.documents, 4);
     assert_eq!(r.skipped.get("Deployment"), Some(&1));
+}
+
+/// Envoy's `retry_budget.budget_interval` is read: a value Envoy would refuse is a finding at
+/// its line, and a good one changes nothing (clean.yaml states `10s`).
+#[test]
+fn envoy_budget_interval_is_read() {
+    let text = std::fs::read_to_string(fixture("envoy/clean.yaml")).unwrap();
+    assert!(text.contains("budget_interval: 10s"), "the clean fixture states an interval");
+    let r = audit_sources(&[("clean.yaml".into(), text.clone())], None, &AuditOptions::default())
+        .unwrap();
+    assert_eq!(found(&r), vec![]);
+    let bad = text.replace("budget_interval: 10s", "budget_interval: ten seconds");
+    let r = audit_sources(&[("bad.yaml".into(), bad)], None, &AuditOptions::default()).unwrap();
+    assert_eq!(found(&r), vec![("error", "unreadable-value", 31)]);
+    assert!(r.findings[0].message.starts_with("`budget_interval: ten seconds` is not a duration"));
+}
+
+/// A DestinationRule's `trafficPolicy.retryBudget` bounds the routes to its host, and is
+/// checked as Envoy's `retry_budget` is.
+#[test]
+fn istio_retry_budget() {
+    let r = audit("istio/budget_bad.yaml");
+    assert_eq!(
+        found(&r),
+        vec![("error", "floor-above-headroom", 29), ("warning", "budget-too-high", 29)]
+    );
+    assert!(r.findings[0].message.contains("minRetryConcurrency 50 is above http2MaxRequests 20"));
+    let r = audit("istio/budget_clean.yaml");
+    let route = &r.layers[0];
+    assert_eq!(route.budget, Some(Budget::Concurrency { percent: 0.2 }));
+    // 3 attempts, capped by a 20 % share at 1 + 0.2/0.8 = 5/4.
+    assert_eq!(stormguard_audit::graph::exact_factor(route), Factor::new(5, 4));
+    // Without the budget the route is unbudgeted: the budget is what keeps the fixture clean.
+    let text = std::fs::read_to_string(fixture("istio/budget_clean.yaml")).unwrap();
+    let unbudgeted = text.replace("retryBudget:", "notRead:");
+    let r =
+        audit_sources(&[("dr.yaml".into(), unbudgeted)], None, &AuditOptions::default()).unwrap();
+    assert_eq!(found(&r), vec![("warning", "unbudgeted-retries", 11)]);
+}
+
+#[test]
+fn gateway_api_findings() {
+    let r = audit("gateway/bad.yaml");
+    assert_eq!(
+        found(&r),
+        vec![
+            ("error", "amplification", 18),
+            ("warning", "unbudgeted-retries", 18),
+            ("warning", "timeout-exceeded", 18),
+            ("warning", "budget-too-high", 46),
+        ]
+    );
+    assert_eq!(r.findings[0].resource, "HTTPRoute shop rules[0] (orders)");
+    // attempts counts retries: 4 → 5 tries. The search rule takes its backend's budget.
+    assert_eq!(r.layers[0].attempts, Some(5));
+    assert_eq!(r.layers[1].budget, Some(Budget::Concurrency { percent: 0.8 }));
+}
+
+/// An XBackendTrafficPolicy's budget reaches a rule through the rule's backendRefs, and only
+/// for the Service it targets in its namespace.
+#[test]
+fn gateway_api_budget_follows_the_backend() {
+    let r = audit("gateway/clean.yaml");
+    let catalog = &r.layers[0];
+    assert_eq!(catalog.attempts, Some(3));
+    assert_eq!(catalog.budget, Some(Budget::Concurrency { percent: 0.2 }));
+    assert_eq!(catalog.per_try_timeout, Some(std::time::Duration::from_secs(1)));
+    assert_eq!(catalog.retry_on, ["503"]);
+    assert!(!r.layers[1].retries(), "a rule without retry does not retry");
+    let text = std::fs::read_to_string(fixture("gateway/clean.yaml")).unwrap();
+    for moved in [
+        text.replace("    name: catalog\n  retryConstraint", "    name: other\n  retryConstraint"),
+        text.replace("  name: catalog\n  namespace: shop", "  name: catalog\n  namespace: other"),
+    ] {
+        let r =
+            audit_sources(&[("gw.yaml".into(), moved)], None, &AuditOptions::default()).unwrap();
+        assert_eq!(found(&r), vec![("warning", "unbudgeted-retries", 19)]);
+    }
+    // The kind's name before Gateway API 1.3 is read too.
+    let old = text.replace("kind: XBackendTrafficPolicy", "kind: BackendTrafficPolicy");
+    let r = audit_sources(&[("gw.yaml".into(), old)], None, &AuditOptions::default()).unwrap();
+    assert_eq!(r.layers[0].budget, Some(Budget::Concurrency { percent: 0.2 }));
+}
+
+#[test]
+fn kuma_findings() {
+    let r = audit("kuma/bad.yaml");
+    assert_eq!(
+        found(&r),
+        vec![("error", "amplification", 18), ("warning", "unbudgeted-retries", 18)]
+    );
+    let l = &r.layers[0];
+    assert_eq!(l.attempts, Some(6));
+    assert_eq!(l.retry_on, ["5xx", "reset"]);
+    let r = audit("kuma/clean.yaml");
+    assert_eq!(r.layers[0].budget, Some(Budget::Slots(5)));
+    assert_eq!(r.layers[0].retry_on, ["connect-failure", "refused-stream"]);
+    // The same policy in Kuma's Universal form.
+    let universal = "type: MeshRetry\nname: r\nmesh: default\nspec:\n  targetRef:\n    kind: Mesh\n  \
+                     to:\n  - targetRef:\n      kind: Mesh\n    default:\n      http: {}\n";
+    let r = audit_sources(&[("u.yaml".into(), universal.into())], None, &AuditOptions::default())
+        .unwrap();
+    // numRetries defaults to 1.
+    assert_eq!(r.layers[0].attempts, Some(2));
+    assert_eq!(found(&r), vec![("warning", "unbudgeted-retries", 11)]);
+}
+
+/// Linkerd 2.16's `retry.linkerd.io/*` annotations on an HTTPRoute are a Linkerd layer beside
+/// the route's own (which does not retry here); they have no budget, so they are unbudgeted.
+#[test]
+fn linkerd_route_annotations() {
+    let r = audit("linkerd/route_annotations.yaml");
+    assert_eq!(found(&r), vec![("warning", "unbudgeted-retries", 8)]);
+    let l = r.layers.iter().find(|l| l.format == stormguard_audit::Format::Linkerd).unwrap();
+    assert_eq!(l.resource, "HTTPRoute books (retry.linkerd.io)");
+    assert_eq!(l.attempts, Some(3));
+    assert_eq!(l.per_try_timeout, Some(std::time::Duration::from_millis(300)));
+    assert_eq!(l.timeout, Some(std::time::Duration::from_secs(1)));
+}
+
+/// A value in a new format that cannot be read is an error finding at its file and line, as
+/// in every YAML format; text that is not YAML is the input error with line and column.
+#[test]
+fn new_formats_name_the_line_of_a_bad_value() {
+    let bad = [
+        ("gateway/clean.yaml", "attempts: 2", "attempts: two", 20, "retry.attempts"),
+        ("gateway/clean.yaml", "percent: 20", "percent: most", 42, "budget.percent"),
+        ("istio/budget_clean.yaml", "percent: 20", "percent: [20]", 29, "retryBudget.percent"),
+        ("kuma/clean.yaml", "numRetries: 2", "numRetries: two", 18, "numRetries"),
+    ];
+    for (file, from, to, line, key) in bad {
+        let text = std::fs::read_to_string(fixture(file)).unwrap().replace(from, to);
+        let r = audit_sources(&[(file.into(), text)], None, &AuditOptions::default()).unwrap();
+        let f = r.findings.iter().find(|f| f.rule.id() == "unreadable-value").unwrap();
+        assert_eq!((f.location.file.as_str(), f.location.line), (file, line), "{file}");
+        assert!(f.message.starts_with(&format!("`{key}: ")), "{}", f.message);
+    }
+    let text = std::fs::read_to_string(fixture("kuma/clean.yaml")).unwrap();
+    let broken = text.replace("numRetries: 2", "numRetries: [2");
+    let e =
+        audit_sources(&[("kuma.yaml".into(), broken)], None, &AuditOptions::default()).unwrap_err();
+    assert!(matches!(&e, AuditError::Syntax { line: 18 | 19, .. }), "{e}");
+    assert!(e.to_string().starts_with("kuma.yaml:"), "{e}");
 }
 
 #[test]

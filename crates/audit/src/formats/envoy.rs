@@ -13,6 +13,12 @@
 //! of `min_retry_concurrency` (default 3) — so it caps a route's factor at `1 + p/(1 − p)`. A
 //! cluster without one is a finding by itself: Envoy then falls back to the fixed `max_retries`
 //! breaker (default 3 in flight), which bounds no ratio.
+//!
+//! `retry_budget.budget_interval` (default `0s`) changes what the share is counted over: at 0 only
+//! requests in flight, otherwise every request started within the interval. Retries are counted
+//! among the requests either way, so the steady-state cap is the same `1 + p/(1 − p)`; the
+//! layer model keeps no window (a stormguard ratio budget's `ttl` is not kept either), so the
+//! interval is read and checked, and changes no factor.
 
 use crate::Collector;
 use crate::formats::{Settings, conditions};
@@ -199,6 +205,8 @@ fn cluster(c: &mut Collector, file: &str, cl: &Node) {
             let floor = settings
                 .u64(c, "min_retry_concurrency", b.get("min_retry_concurrency"))
                 .unwrap_or(3);
+            // Read so that a value Envoy would refuse is a finding; see the module note.
+            let _ = settings.duration(c, "budget_interval", b.get("budget_interval"));
             let loc = Location { file: file.to_string(), line: b.line };
             if crate::model::budget_too_high(percent) {
                 c.finding(

@@ -10,12 +10,21 @@
 //! A DestinationRule's `trafficPolicy.connectionPool.http.maxRetries` is Envoy's `max_retries`
 //! circuit breaker: a cap on retries in flight to the host. It is a throttle (it stops the
 //! "no budget" finding) but not a ratio, so it caps no amplification factor.
+//!
+//! `trafficPolicy.retryBudget` (Istio 1.27 and later; `budgetInterval` from 1.31) is Envoy's
+//! `retry_budget`, and replaces the `maxRetries` breaker as Envoy does: retries at most `percent`
+//! (0–100, default 20) of requests, with a floor of `minRetryConcurrency` (default 3) concurrent
+//! retries. `budgetInterval` (default none: only requests in flight count) widens what is
+//! counted to the requests started within it; the steady-state cap stays `1 + p/(1 − p)`, so it
+//! is read and checked but changes no factor (see the Envoy module). A floor above
+//! `connectionPool.http.http2MaxRequests` (Envoy's `max_requests`) can fill the cap by itself.
+//! Subset and port-level traffic policies are not read.
 
 use std::fmt;
 
 use crate::Collector;
 use crate::formats::{Settings, conditions};
-use crate::model::{Format, Layer, Location, Methods, Rule, Severity};
+use crate::model::{Budget, Format, Layer, Location, Methods, Rule, Severity, pct, trim_float};
 use crate::node::Node;
 
 /// An Istio release, `major.minor`.
@@ -190,18 +199,64 @@ fn methods(route: &Node) -> Methods {
     if out.is_empty() { Methods::Any } else { Methods::Only(out) }
 }
 
-/// Reads one DestinationRule's retry throttle.
+/// Reads one DestinationRule's retry budget, or else its retry throttle.
 pub(crate) fn destination_rule(c: &mut Collector, file: &str, doc: &Node) {
     let spec = doc.get("spec").unwrap_or(Node::empty());
     let Some(host) = spec.get("host").and_then(Node::as_str) else { return };
     let (name, _) = name_of(doc);
     let resource = format!("DestinationRule {name}");
-    let max = Settings { file, resource: &resource }.u64(
-        c,
-        "maxRetries",
-        spec.at(&["trafficPolicy", "connectionPool", "http", "maxRetries"]),
-    );
-    c.istio_rules.push((host.to_string(), max));
+    let settings = Settings { file, resource: &resource };
+    let policy = spec.get("trafficPolicy").unwrap_or(Node::empty());
+    let http = policy.at(&["connectionPool", "http"]).unwrap_or(Node::empty());
+    let max_retries = settings.u64(c, "maxRetries", http.get("maxRetries"));
+    let max_requests = settings.u64(c, "http2MaxRequests", http.get("http2MaxRequests"));
+    let budget = match policy.get("retryBudget") {
+        Some(b) if !crate::formats::absent(Some(b)) => {
+            let percent =
+                settings.f64(c, "retryBudget.percent", b.get("percent")).unwrap_or(20.0) / 100.0;
+            let floor = settings
+                .u64(c, "retryBudget.minRetryConcurrency", b.get("minRetryConcurrency"))
+                .unwrap_or(3);
+            // Read so that a value Istio would refuse is a finding; see the module note.
+            let _ = settings.duration(c, "retryBudget.budgetInterval", b.get("budgetInterval"));
+            let loc = Location { file: file.to_string(), line: b.line };
+            if crate::model::budget_too_high(percent) {
+                let factor = Budget::Concurrency { percent }.max_factor().unwrap_or(f64::INFINITY);
+                c.finding(
+                    Severity::Warning,
+                    Rule::BudgetTooHigh,
+                    loc.clone(),
+                    resource.clone(),
+                    format!(
+                        "retryBudget percent {} lets retries be up to {} of requests (a factor of {})",
+                        pct(percent),
+                        pct(percent),
+                        trim_float(factor)
+                    ),
+                    "keep retryBudget.percent at or below 50 (20 is the default)",
+                );
+            }
+            if let Some(cap) = max_requests
+                && floor > cap
+            {
+                c.finding(
+                    Severity::Error,
+                    Rule::FloorAboveHeadroom,
+                    loc,
+                    resource.clone(),
+                    format!(
+                        "retryBudget.minRetryConcurrency {floor} is above http2MaxRequests {cap}: the floor alone can fill the cap"
+                    ),
+                    format!(
+                        "set minRetryConcurrency at most http2MaxRequests − planned primaries (≤ {cap})"
+                    ),
+                );
+            }
+            Some(Budget::Concurrency { percent })
+        }
+        _ => max_retries.map(Budget::Slots),
+    };
+    c.istio_rules.push((host.to_string(), budget));
 }
 
 #[cfg(test)]

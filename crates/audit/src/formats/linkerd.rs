@@ -5,7 +5,10 @@
 //! `minRetriesPerSecond: 10`, `ttl: 10s`) and the route `timeout` (default 10 s) stop it, so the
 //! factor is `1 + retryRatio`. The annotations (`retry.linkerd.io/http`, `retry.linkerd.io/grpc`
 //! on a Service, HTTPRoute or GRPCRoute) retry up to `retry.linkerd.io/limit` times (default
-//! **1**), each try bounded by `retry.linkerd.io/timeout`, and have **no budget**.
+//! **1**), each try bounded by `retry.linkerd.io/timeout`, and have **no budget** (Linkerd 2.16's
+//! annotation model has none), so every annotation layer that retries is an
+//! `unbudgeted-retries` warning. A ServiceProfile for the same Service replaces the annotations
+//! in Linkerd; the audit does not pair the two.
 
 use crate::Collector;
 use crate::formats::{Settings, conditions};

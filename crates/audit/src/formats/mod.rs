@@ -8,8 +8,10 @@ use crate::model::{Location, Rule, Severity};
 use crate::node::{Node, Value};
 
 pub mod envoy;
+pub mod gateway;
 pub mod grpc;
 pub mod istio;
+pub mod kuma;
 pub mod linkerd;
 pub mod stormguard;
 
