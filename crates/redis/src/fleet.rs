@@ -16,6 +16,33 @@ use stormguard_core::limiter::Limiter;
 
 use crate::resp::{Connection, RedisError, RedisTarget, Value};
 
+/// The most cluster redirects (`MOVED`, `ASK`) one lease call follows.
+const MAX_REDIRECTS: u32 = 3;
+
+/// Where a Redis Cluster node sent a command.
+#[derive(Debug, PartialEq, Eq)]
+enum Redirect {
+    /// `MOVED slot host:port`: the slot lives there now.
+    Moved(String, u16),
+    /// `ASK slot host:port`: the slot is migrating; this command goes there after `ASKING`.
+    Ask(String, u16),
+}
+
+/// A cluster redirect in an error reply, if it is one.
+fn redirect(message: &str) -> Option<Redirect> {
+    let mut words = message.split_ascii_whitespace();
+    let kind = words.next()?;
+    let _slot: u16 = words.next()?.parse().ok()?;
+    let (host, port) = words.next()?.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = port.parse().ok()?;
+    match kind {
+        "MOVED" => Some(Redirect::Moved(host, port)),
+        "ASK" => Some(Redirect::Ask(host, port)),
+        _ => None,
+    }
+}
+
 /// The lease script, run by `EVALSHA` (loaded once per connection).
 pub const LEASE_SCRIPT: &str = include_str!("lease.lua");
 
@@ -434,6 +461,7 @@ impl Fleet {
             unreported: 0,
             spent_last: 0,
             refill_at: now,
+            node: None,
             rate_shares: Vec::new(),
         }
     }
@@ -603,6 +631,8 @@ pub struct FleetWorker {
     spent_last: u64,
     /// When the fallback reserve share refills next.
     refill_at: Timestamp,
+    /// On a Redis Cluster: the node a `MOVED` said holds the fleet's slot.
+    node: Option<(String, u16)>,
     /// Where the count of instances sharing a provider's rate limits goes (see
     /// [`FleetWorker::share_rates`]).
     rate_shares: Vec<Arc<AtomicU64>>,
@@ -681,14 +711,71 @@ impl FleetWorker {
         }
     }
 
+    /// One lease call. On a Redis Cluster, a node that does not hold the fleet's slot answers
+    /// `MOVED slot host:port`: the worker connects there (and keeps going there), or, while the
+    /// slot migrates, `ASK slot host:port`: this one call goes there after `ASKING`. At most
+    /// [`MAX_REDIRECTS`] redirects a call.
     async fn call(&mut self, args: &[u64; 9]) -> Result<Grant, RedisError> {
-        let target = &self.shared.config.redis;
-        if self.conn.is_none() {
-            self.conn = Some(Connection::connect(target).await?);
-            self.sha = None;
+        let mut redirects = 0;
+        loop {
+            match self.call_once(args, None).await {
+                Err(RedisError::Server(m)) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    match redirect(&m) {
+                        Some(Redirect::Moved(host, port)) => {
+                            tracing::debug!(
+                                dependency = %self.shared.config.dependency,
+                                node = %format!("{host}:{port}"),
+                                "the fleet's slot is on another cluster node: moving there"
+                            );
+                            self.node = Some((host, port));
+                            self.conn = None;
+                        }
+                        Some(Redirect::Ask(host, port)) => {
+                            return self.call_once(args, Some((host, port))).await;
+                        }
+                        None => return Err(RedisError::Server(m)),
+                    }
+                }
+                other => return other,
+            }
         }
-        let conn = self.conn.as_mut().expect("connected above");
-        if self.sha.is_none() {
+    }
+
+    /// The target with the cluster node the fleet's slot was last found on.
+    fn node_target(&self, node: Option<&(String, u16)>) -> RedisTarget {
+        let mut t = self.shared.config.redis.clone();
+        if let Some((host, port)) = node.or(self.node.as_ref()) {
+            t.host.clone_from(host);
+            t.port = *port;
+        }
+        t
+    }
+
+    /// One lease call on the worker's connection, or (`ask`) on a connection of its own to the
+    /// node an `ASK` named.
+    async fn call_once(
+        &mut self,
+        args: &[u64; 9],
+        ask: Option<(String, u16)>,
+    ) -> Result<Grant, RedisError> {
+        let mut asked = None;
+        let conn = match &ask {
+            Some(node) => {
+                let mut c = Connection::connect(&self.node_target(Some(node))).await?;
+                c.command(&[b"ASKING"]).await?;
+                asked.insert(c)
+            }
+            None => {
+                if self.conn.is_none() {
+                    self.conn = Some(Connection::connect(&self.node_target(None)).await?);
+                    self.sha = None;
+                }
+                self.conn.as_mut().expect("connected above")
+            }
+        };
+        // The script by its hash where it is loaded; a one-off ASK connection sends it whole.
+        if ask.is_none() && self.sha.is_none() {
             let v = conn.command(&[b"SCRIPT", b"LOAD", LEASE_SCRIPT.as_bytes()]).await?;
             let Value::Bulk(sha) = v else {
                 return Err(RedisError::Protocol("SCRIPT LOAD returned no sha"));
@@ -698,7 +785,10 @@ impl FleetWorker {
         let keys = self.shared.config.keys();
         let nums: Vec<String> = args.iter().map(u64::to_string).collect();
         let sha = self.sha.clone().unwrap_or_default();
-        let mut cmd: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), b"3"];
+        let mut cmd: Vec<&[u8]> = match ask {
+            Some(_) => vec![b"EVAL", LEASE_SCRIPT.as_bytes(), b"3"],
+            None => vec![b"EVALSHA", sha.as_bytes(), b"3"],
+        };
         cmd.extend(keys.iter().map(|k| k.as_bytes()));
         cmd.push(self.shared.config.instance.as_bytes());
         cmd.extend(nums.iter().map(|n| n.as_bytes()));
@@ -850,8 +940,7 @@ mod tests {
     use super::*;
 
     fn config() -> FleetConfig {
-        let redis =
-            RedisTarget { host: "127.0.0.1".into(), port: 6379, user: None, password: None, db: 0 };
+        let redis = RedisTarget::plain("127.0.0.1", 6379);
         FleetConfig::new("payments", "pod-a", redis, 20, 50)
     }
 

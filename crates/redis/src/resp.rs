@@ -1,4 +1,6 @@
-//! A minimal RESP2 client: one connection, one command at a time, every reply bounded.
+//! A minimal RESP2 client: one connection, one command at a time, every reply bounded, over
+//! TCP or TLS (`rediss://`, rustls: the system roots or a CA file, an optional client
+//! certificate; see [`stormguard_tls`]).
 //!
 //! The fleet needs five commands (`AUTH`, `SELECT`, `SCRIPT LOAD`, `EVALSHA`, `EVAL`) on one
 //! connection that a background worker owns, so a full client (pooling, pub/sub, cluster
@@ -22,7 +24,9 @@ const MAX_ARRAY: usize = 64 * 1024;
 /// The deepest nesting of arrays.
 const MAX_DEPTH: usize = 4;
 
-/// Where the fleet's Redis is: `redis://[[user]:password@]host[:port][/db]`.
+/// Where the fleet's Redis is: `redis://[[user]:password@]host[:port][/db]`, or over TLS
+/// `rediss://…[?ca_file=PATH&client_cert=PATH&client_key=PATH]` (managed Redis services mostly
+/// require TLS; without `ca_file`, the system's roots).
 ///
 /// The password never appears in `Debug` or `Display` output.
 #[derive(Clone, PartialEq, Eq)]
@@ -37,6 +41,15 @@ pub struct RedisTarget {
     pub password: Option<String>,
     /// The database index (`SELECT`). Default 0.
     pub db: u32,
+    /// TLS (`rediss://`), with its files; `None`: plain TCP.
+    pub tls: Option<stormguard_tls::TlsFiles>,
+}
+
+impl RedisTarget {
+    /// A plain-TCP target on `host:port`, database 0, no credentials.
+    pub fn plain(host: impl Into<String>, port: u16) -> RedisTarget {
+        RedisTarget { host: host.into(), port, user: None, password: None, db: 0, tls: None }
+    }
 }
 
 impl fmt::Debug for RedisTarget {
@@ -49,7 +62,8 @@ impl fmt::Display for RedisTarget {
     /// `redis://host:port/db`, with `[redacted]@` when credentials are set.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let creds = if self.user.is_some() || self.password.is_some() { "[redacted]@" } else { "" };
-        write!(f, "redis://{creds}{}:{}/{}", self.host, self.port, self.db)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        write!(f, "{scheme}://{creds}{}:{}/{}", self.host, self.port, self.db)
     }
 }
 
@@ -64,9 +78,44 @@ impl std::str::FromStr for RedisTarget {
     /// Parses `redis://[[user]:password@]host[:port][/db]`; user and password may be
     /// percent-encoded. Errors never repeat the text (it may hold a password).
     fn from_str(text: &str) -> Result<RedisTarget, BadRedisUrl> {
-        let rest = text.strip_prefix("redis://").ok_or(BadRedisUrl(
-            "a Redis URL starts with redis:// (rediss:// and unix sockets are not supported)",
-        ))?;
+        let (rest, tls) = match (text.strip_prefix("redis://"), text.strip_prefix("rediss://")) {
+            (Some(r), _) => (r, None),
+            (None, Some(r)) => (r, Some(stormguard_tls::TlsFiles::default())),
+            _ => {
+                return Err(BadRedisUrl(
+                    "a Redis URL starts with redis:// or rediss:// (unix sockets are not supported)",
+                ));
+            }
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let tls = match (tls, query) {
+            (None, Some(_)) => {
+                return Err(BadRedisUrl(
+                    "only a rediss:// URL takes parameters (ca_file, client_cert, client_key)",
+                ));
+            }
+            (Some(mut files), Some(q)) => {
+                for pair in q.split('&').filter(|p| !p.is_empty()) {
+                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    let path = Some(std::path::PathBuf::from(decode(v)?));
+                    match k {
+                        "ca_file" => files.ca_file = path,
+                        "client_cert" => files.client_cert = path,
+                        "client_key" => files.client_key = path,
+                        _ => {
+                            return Err(BadRedisUrl(
+                                "a rediss:// URL's parameters are ca_file, client_cert and client_key",
+                            ));
+                        }
+                    }
+                }
+                Some(files)
+            }
+            (tls, None) => tls,
+        };
         let (creds, rest) = match rest.rsplit_once('@') {
             Some((c, r)) => (Some(c), r),
             None => (None, rest),
@@ -106,7 +155,7 @@ impl std::str::FromStr for RedisTarget {
                 (user, password)
             }
         };
-        Ok(RedisTarget { host: host.to_string(), port, user, password, db })
+        Ok(RedisTarget { host: host.to_string(), port, user, password, db, tls })
     }
 }
 
@@ -162,13 +211,28 @@ pub enum RedisError {
     /// No answer in time.
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+    /// The TLS files of a `rediss://` URL cannot be used.
+    #[error("rediss:// {0}")]
+    Tls(#[from] stormguard_tls::TlsError),
+    /// The host of a `rediss://` URL is not a name a certificate can be checked against.
+    #[error("rediss:// host is not a DNS name or an IP address")]
+    ServerName,
 }
 
+/// A byte stream to Redis: TCP, or TLS over TCP.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 /// One connection.
-#[derive(Debug)]
 pub struct Connection {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Box<dyn Io>>,
     line: Vec<u8>,
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Connection")
+    }
 }
 
 impl Connection {
@@ -176,7 +240,17 @@ impl Connection {
     pub async fn connect(target: &RedisTarget) -> Result<Connection, RedisError> {
         let tcp = TcpStream::connect((target.host.as_str(), target.port)).await?;
         let _ = tcp.set_nodelay(true);
-        let mut c = Connection { stream: BufReader::new(tcp), line: Vec::new() };
+        let io: Box<dyn Io> = match &target.tls {
+            None => Box::new(tcp),
+            Some(files) => {
+                let config = stormguard_tls::client_config(files, Some("the fleet's Redis"))?;
+                let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                    .map_err(|_| RedisError::ServerName)?;
+                let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+                Box::new(tls.connect(name, tcp).await?)
+            }
+        };
+        let mut c = Connection { stream: BufReader::new(io), line: Vec::new() };
         match (&target.user, &target.password) {
             (Some(u), Some(p)) => {
                 c.command(&[b"AUTH", u.as_bytes(), p.as_bytes()]).await?;
@@ -293,7 +367,21 @@ mod tests {
         assert_eq!((t.user, t.password.as_deref(), t.port), (None, Some("pw"), 6379));
         let t: RedisTarget = "redis://[::1]:7000/".parse().unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 7000));
-        for bad in ["http://x", "redis://", "redis://h:99999", "redis://h/x", "redis://:%zz@h"] {
+        let t: RedisTarget =
+            "rediss://:pw@cache:6380/0?ca_file=/etc/ca%20dir/ca.pem".parse().unwrap();
+        let files = t.tls.clone().unwrap();
+        assert_eq!(files.ca_file.as_deref(), Some(std::path::Path::new("/etc/ca dir/ca.pem")));
+        assert_eq!(t.to_string(), "rediss://[redacted]@cache:6380/0");
+        assert!("rediss://cache".parse::<RedisTarget>().unwrap().tls.is_some());
+        for bad in [
+            "http://x",
+            "redis://",
+            "redis://h:99999",
+            "redis://h/x",
+            "redis://:%zz@h",
+            "redis://h?ca_file=x",
+            "rediss://h?cafile=x",
+        ] {
             let e = bad.parse::<RedisTarget>().unwrap_err();
             assert!(!e.to_string().contains("zz"), "{e}");
         }
@@ -310,13 +398,7 @@ mod tests {
             let _ = s.write_all(reply).await;
             let _ = s.shutdown().await;
         });
-        let t = RedisTarget {
-            host: "127.0.0.1".into(),
-            port: addr.port(),
-            user: None,
-            password: None,
-            db: 0,
-        };
+        let t = RedisTarget::plain("127.0.0.1", addr.port());
         Connection::connect(&t).await.unwrap()
     }
 

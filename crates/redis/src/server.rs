@@ -16,6 +16,21 @@ use crate::resp::RedisTarget;
 pub struct RedisProcess {
     child: Option<Child>,
     port: u16,
+    /// Extra arguments it is started with (TLS, cluster mode).
+    args: Vec<String>,
+}
+
+/// A TLS listener's files, for [`RedisProcess::start_tls`].
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate chain (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+    /// The CA client certificates are checked against (PEM).
+    pub ca: std::path::PathBuf,
+    /// Whether a client must present a certificate signed by `ca`.
+    pub require_client_cert: bool,
 }
 
 impl RedisProcess {
@@ -24,19 +39,65 @@ impl RedisProcess {
     /// # Panics
     /// When `redis-server` is not installed or does not start: the fleet tests need a real one.
     pub fn start() -> RedisProcess {
+        RedisProcess::start_with(Vec::new())
+    }
+
+    /// Starts one that speaks only TLS (`--port 0 --tls-port PORT`) with `tls`'s files.
+    pub fn start_tls(tls: &ServerTls) -> RedisProcess {
+        let path = |p: &std::path::Path| p.display().to_string();
+        let auth = if tls.require_client_cert { "yes" } else { "no" };
+        RedisProcess::start_with(vec![
+            "--tls-cert-file".into(),
+            path(&tls.cert),
+            "--tls-key-file".into(),
+            path(&tls.key),
+            "--tls-ca-cert-file".into(),
+            path(&tls.ca),
+            "--tls-auth-clients".into(),
+            auth.into(),
+            "--tls-port".into(),
+            String::new(),
+        ])
+    }
+
+    /// Starts one in cluster mode (`--cluster-enabled yes`, its node file in the temp dir);
+    /// joining nodes into a cluster is the caller's (`redis-cli --cluster create`).
+    pub fn start_cluster_node() -> RedisProcess {
+        RedisProcess::start_with(vec!["--cluster-enabled".into(), "yes".into()])
+    }
+
+    fn start_with(args: Vec<String>) -> RedisProcess {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free loopback port");
-        let mut r = RedisProcess { child: None, port };
+        let mut r = RedisProcess { child: None, port, args };
         r.spawn();
         r
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        let port = self.port.to_string();
+        let tls = self.args.iter().any(|a| a == "--tls-port");
+        // With TLS the plain port is off and the TLS one is ours (the empty value after
+        // `--tls-port` is filled here); a cluster node keeps its node file apart.
+        let args: Vec<String> =
+            self.args.iter().map(|a| if a.is_empty() { port.clone() } else { a.clone() }).collect();
+        let cluster = args.iter().any(|a| a == "--cluster-enabled");
+        let node_file = std::env::temp_dir().join(format!(
+            "stormguard-redis-nodes-{}-{}.conf",
+            std::process::id(),
+            self.port
+        ));
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", if tls { "0" } else { &port }, "--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning"])
+            .args(&args);
+        if cluster {
+            let _ = std::fs::remove_file(&node_file);
+            cmd.arg("--cluster-config-file").arg(&node_file);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -64,9 +125,14 @@ impl RedisProcess {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `redis://127.0.0.1:PORT/0` as a target.
     pub fn target(&self) -> RedisTarget {
-        RedisTarget { host: "127.0.0.1".into(), port: self.port, user: None, password: None, db: 0 }
+        RedisTarget::plain("127.0.0.1", self.port)
     }
 
     /// Kills it (SIGKILL): connections drop, its data is gone.

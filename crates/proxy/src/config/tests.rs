@@ -203,16 +203,7 @@ fn a_fallback_share_of_zero_is_refused_with_the_fix() {
         let text = format!("{BASE}cap = 20\nplacement = \"fleet\"\n{rest}\n");
         let c = ProxyConfig::parse(&text, "f.toml").unwrap_or_else(|e| panic!("{fix}: {e}"));
         let f = c.dependencies[0].fleet.as_ref().unwrap();
-        let fleet = f.to_fleet(
-            &c.dependencies[0],
-            stormguard_redis::RedisTarget {
-                host: "h".into(),
-                port: 6379,
-                user: None,
-                password: None,
-                db: 0,
-            },
-        );
+        let fleet = f.to_fleet(&c.dependencies[0], stormguard_redis::RedisTarget::plain("h", 6379));
         let expected = match fix {
             "fleet_cap = 250" => 5,
             "max_instances = 20" | "fallback_min = 1" => 1,

@@ -217,13 +217,7 @@ impl FleetPlacement {
         if let Err(e @ RedisSourceError::Invalid { .. }) = self.redis.target() {
             return Err(at("redis", e));
         }
-        let target = stormguard_redis::RedisTarget {
-            host: "check".into(),
-            port: 6379,
-            user: None,
-            password: None,
-            db: 0,
-        };
+        let target = stormguard_redis::RedisTarget::plain("check", 6379);
         let c = self.to_fleet(d, target);
         c.validate().map_err(fleet_error)?;
         if self.fallback_min.is_none() && c.fallback_slots() == 0 {
