@@ -135,7 +135,6 @@ pub fn run(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 Format::Linkerd => plan_systems::linkerd,
                 _ => plan_systems::grpc,
             };
-            let rendered = render(&plan, args).map_err(Failure::usage)?;
             if args.per_try_timeout.subsec_nanos() % 1_000_000 != 0
                 || args.timeout.subsec_nanos() % 1_000_000 != 0
             {
@@ -143,6 +142,7 @@ pub fn run(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
                     "--per-try-timeout and --timeout must be whole milliseconds",
                 ));
             }
+            let rendered = render(&plan, args).map_err(Failure::usage)?;
             // What the system cannot express goes to stderr too: the file may go straight into a
             // pipe that nobody reads.
             for note in &rendered.notes {
