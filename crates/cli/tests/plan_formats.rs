@@ -332,3 +332,20 @@ fn help_names_the_formats_and_bad_addresses_exit_2() {
     let (_, stderr) = plan("toml", &[]);
     assert!(stderr.is_empty(), "{stderr}");
 }
+
+/// docs/plan.md shows what `plan` prints today, for every format, stdout and stderr.
+#[test]
+fn docs_show_the_current_output() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/plan.md"))
+            .unwrap();
+    for format in ["envoy", "istio", "gateway-api", "linkerd", "grpc"] {
+        let (stdout, stderr) = plan(format, &[]);
+        assert!(
+            doc.contains(&format!("--format {format}\n```\n\n```")),
+            "docs/plan.md has no command for {format}"
+        );
+        assert!(doc.contains(stdout.trim_end()), "docs/plan.md's {format} output is stale");
+        assert!(doc.contains(stderr.trim_end()), "docs/plan.md's {format} notes are stale");
+    }
+}

@@ -135,8 +135,8 @@ pub fn run(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 Format::Linkerd => plan_systems::linkerd,
                 _ => plan_systems::grpc,
             };
-            if args.per_try_timeout.subsec_nanos() % 1_000_000 != 0
-                || args.timeout.subsec_nanos() % 1_000_000 != 0
+            if !args.per_try_timeout.subsec_nanos().is_multiple_of(1_000_000)
+                || !args.timeout.subsec_nanos().is_multiple_of(1_000_000)
             {
                 return Err(Failure::usage(
                     "--per-try-timeout and --timeout must be whole milliseconds",
