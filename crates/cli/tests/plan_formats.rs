@@ -199,6 +199,13 @@ fn gateway_api_carries_the_plan() {
     // The API's percent is a whole number: 4 / 15 = 26.67 % is written as 26.
     let (text, _) = run_plan(&["--cap", "15", "--primary", "11", "--format", "gateway-api"]);
     assert!(text.contains("percent: 26 "), "{text}");
+    // No headroom: the floor is 0, the API's least rate is 1 a second, and the note says so.
+    let (text, stderr) = run_plan(&["--cap", "20", "--primary", "20", "--format", "gateway-api"]);
+    let docs = yaml(&text);
+    let rc = kind(&docs, "XBackendTrafficPolicy").at(&["spec", "retryConstraint"]).unwrap();
+    assert_eq!(u64_at(rc, &["minRetryRate", "count"]), 1);
+    assert_eq!(u64_at(rc, &["budget", "percent"]), 0);
+    assert!(stderr.contains("written as 1 retry a second"), "{stderr}");
 }
 
 #[test]

@@ -300,6 +300,9 @@ pub fn gateway_api(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
     let (name, port) = host_port(&args.service)?;
     // The API's percent is a whole number: round down, never more generous than the cap.
     let pct = n.concurrency_pct.floor() as u64;
+    // minRetryRate.count is at least 1, and left out it defaults to 10: a floor of 0 (no
+    // headroom) is written as the least the API takes.
+    let rate = n.floor.max(1);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -328,7 +331,7 @@ spec:
       percent: {pct}   # {pct_source}, a whole number
       interval: 10s   # the ratio budget's ttl
     minRetryRate:
-      count: {floor}   # {floor_source}, read as retries per second (the ratio budget's min_per_sec)
+      count: {rate}   # {floor_source}, read as retries per second (the ratio budget's min_per_sec)
       interval: 1s
 ---
 apiVersion: gateway.networking.k8s.io/v1
@@ -350,14 +353,13 @@ spec:
       attempts: {retries}   # --retries: retries after the first try
       backoff: {base}   # stormguard's default first backoff; implementations may grow it",
         pct_source = n.pct_source(),
-        floor = n.floor,
         floor_source = n.floor_source(),
         timeout = go_duration(n.timeout),
         per_try = go_duration(n.per_try),
         retries = n.retries,
         base = go_duration(BACKOFF_BASE),
     );
-    let notes = vec![
+    let mut notes = vec![
         format!(
             "gateway-api: no concurrency cap: nothing holds first tries and retries to {} in \
              flight (cap the dependency in the implementation's own policy)",
@@ -368,6 +370,13 @@ spec:
          percent is a whole number, rounded down"
             .to_string(),
     ];
+    if n.floor == 0 {
+        notes.push(
+            "gateway-api: the floor is 0, but minRetryRate.count is at least 1: written as 1 retry \
+             a second"
+                .to_string(),
+        );
+    }
     Ok(Rendered { text: s, notes })
 }
 
