@@ -5,6 +5,7 @@ pub mod chaos;
 pub mod demo;
 pub mod load;
 pub mod plan;
+pub mod plan_systems;
 pub mod proxy;
 pub mod replay;
 pub mod simulate;

@@ -2,12 +2,14 @@
 
 use std::fmt::Write as _;
 use std::io::Write;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use stormguard_core::plan::{Plan, PlanInput};
 use stormguard_core::{defaults, format};
 
+use super::plan_systems;
 use crate::Failure;
 
 /// Flags of `stormguard plan`.
@@ -19,7 +21,15 @@ Example (the worked example: a cap of 20, 16 planned in flight):
 The ratio budget's percent is a share of primaries: (cap - primary) / primary. Envoy's form is a
 share of everything in flight: (cap - primary) / cap. Paste a printed SPEC into
 `stormguard proxy --budget SPEC` or `stormguard replay --policy SPEC`. The SPECs hold the
-concurrency floor to cap - primary and the percent to 50 %, so `stormguard audit` accepts them.")]
+concurrency floor to cap - primary and the percent to 50 %, so `stormguard audit` accepts them.
+
+The same plan in another system's config, each number commented with its source; what the
+system cannot express is said in the file and on stderr (docs/plan.md):
+  stormguard plan --cap 20 --primary 16 --format envoy > envoy.yaml
+  stormguard plan --cap 20 --primary 16 --format istio        # DestinationRule + VirtualService
+  stormguard plan --cap 20 --primary 16 --format gateway-api  # XBackendTrafficPolicy + HTTPRoute
+  stormguard plan --cap 20 --primary 16 --format linkerd      # Linkerd 2.16 retry annotations
+  stormguard plan --cap 20 --primary 16 --format grpc         # gRPC service config JSON")]
 pub struct PlanArgs {
     /// The dependency's concurrency cap: attempts (first tries and retries) in flight.
     #[arg(long, value_name = "N")]
@@ -52,6 +62,27 @@ pub struct PlanArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// With --format envoy: the dependency's address, HOST:PORT (an IP makes a STATIC cluster,
+    /// a name a STRICT_DNS one).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9000")]
+    pub upstream: String,
+    /// With --format envoy: where Envoy listens, ADDRESS:PORT.
+    #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// With --format istio, gateway-api or linkerd: the dependency's Kubernetes Service and
+    /// port.
+    #[arg(long, value_name = "NAME:PORT", default_value = "dependency:80")]
+    pub service: String,
+    /// With a system's format: retries after the first try.
+    #[arg(long, value_name = "N", default_value_t = defaults::MAX_RETRIES)]
+    pub retries: u32,
+    /// With a system's format: each try's timeout (whole milliseconds).
+    #[arg(long = "per-try-timeout", value_name = "DURATION", default_value = "300ms",
+          value_parser = crate::args::duration)]
+    pub per_try_timeout: Duration,
+    /// With a system's format: the first try and every retry together (whole milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = crate::args::duration)]
+    pub timeout: Duration,
 }
 
 /// How to print the plan.
@@ -63,6 +94,18 @@ pub enum Format {
     Json,
     /// A stormguard config with the planned cap and budget.
     Toml,
+    /// An Envoy bootstrap: circuit breaker and retry budget on the cluster, retry policy on
+    /// the route.
+    Envoy,
+    /// An Istio DestinationRule (cap and budget) and VirtualService (retries).
+    Istio,
+    /// A Gateway API XBackendTrafficPolicy (budget) and HTTPRoute (retries).
+    #[value(name = "gateway-api")]
+    GatewayApi,
+    /// Linkerd 2.16 retry annotations on a Service (no cap, no budget: said in the file).
+    Linkerd,
+    /// A gRPC service config: retryPolicy and retryThrottling.
+    Grpc,
 }
 
 /// Runs `stormguard plan`.
@@ -84,6 +127,29 @@ pub fn run(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
             serde_json::to_string_pretty(&json_of(&plan)).expect("a Value serializes") + "\n"
         }
         Format::Toml => toml(&plan, args),
+        system => {
+            let render = match system {
+                Format::Envoy => plan_systems::envoy,
+                Format::Istio => plan_systems::istio,
+                Format::GatewayApi => plan_systems::gateway_api,
+                Format::Linkerd => plan_systems::linkerd,
+                _ => plan_systems::grpc,
+            };
+            if !args.per_try_timeout.subsec_nanos().is_multiple_of(1_000_000)
+                || !args.timeout.subsec_nanos().is_multiple_of(1_000_000)
+            {
+                return Err(Failure::usage(
+                    "--per-try-timeout and --timeout must be whole milliseconds",
+                ));
+            }
+            let rendered = render(&plan, args).map_err(Failure::usage)?;
+            // What the system cannot express goes to stderr too: the file may go straight into a
+            // pipe that nobody reads.
+            for note in &rendered.notes {
+                eprintln!("stormguard plan: note: {note}");
+            }
+            rendered.text
+        }
     };
     out.write_all(text.as_bytes())?;
     Ok(())
