@@ -303,7 +303,6 @@ fn budget_removed_is_found_by_audit() {
 /// The audit reads the HTTPRoute's retry and the XBackendTrafficPolicy's budget, and misses
 /// the budget when it is taken out.
 #[test]
-#[ignore = "audit reads Gateway API on branch audit23"]
 fn gateway_api_round_trips_through_audit() {
     let (text, _) = plan("gateway-api", &[]);
     let out = stormguard()
