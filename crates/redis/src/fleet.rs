@@ -945,6 +945,18 @@ mod tests {
     }
 
     #[test]
+    fn cluster_redirects_are_read_and_nothing_else_is() {
+        assert_eq!(
+            redirect("MOVED 3999 127.0.0.1:6381"),
+            Some(Redirect::Moved("127.0.0.1".into(), 6381))
+        );
+        assert_eq!(redirect("ASK 3999 [::1]:7000"), Some(Redirect::Ask("::1".into(), 7000)));
+        for other in ["ERR unknown", "MOVED x 1.2.3.4:1", "MOVED 1 nohostport", "NOSCRIPT x"] {
+            assert_eq!(redirect(other), None, "{other}");
+        }
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         assert_eq!(config().validate(), Ok(()));
         let err = FleetConfig { fleet_cap: 0, ..config() }.validate().unwrap_err();

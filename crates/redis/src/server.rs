@@ -153,5 +153,11 @@ impl RedisProcess {
 impl Drop for RedisProcess {
     fn drop(&mut self) {
         self.kill();
+        // A cluster node's file, if it was one.
+        let _ = std::fs::remove_file(std::env::temp_dir().join(format!(
+            "stormguard-redis-nodes-{}-{}.conf",
+            std::process::id(),
+            self.port
+        )));
     }
 }
