@@ -100,6 +100,8 @@ pub struct RetryConfig {
     pub pushback: PushbackPolicy,
     /// `false` is shadow mode: count what would be denied, deny nothing. Default true.
     pub enforce: bool,
+    /// Hedged requests (see [`crate::hedge`]), paid from the same budget. Default none.
+    pub hedge: Option<crate::hedge::HedgeConfig>,
 }
 
 impl Default for RetryConfig {
@@ -113,6 +115,7 @@ impl Default for RetryConfig {
             backoff: BackoffConfig::default(),
             pushback: PushbackPolicy::default(),
             enforce: defaults::ENFORCE,
+            hedge: None,
         }
     }
 }
@@ -128,6 +131,9 @@ impl RetryConfig {
             });
         }
         self.backoff.validate()?;
+        if let Some(h) = &self.hedge {
+            h.validate()?;
+        }
         self.pushback.validate()
     }
 }
@@ -210,6 +216,8 @@ impl From<AttemptFailure> for FailedAttempt {
 pub struct RetryState {
     /// Retries sent so far.
     pub retries: u32,
+    /// Hedges sent so far.
+    pub hedges: u32,
     /// The previous wait (decorrelated jitter grows from it).
     pub last_wait: Option<Duration>,
 }
@@ -312,6 +320,8 @@ pub struct RetryPolicy {
     enforce: AtomicBool,
     /// The kill switch: `false` turns every retry off.
     retries_enabled: AtomicBool,
+    /// When a hedge goes (a percentile's window), with hedging on.
+    hedge_delay: crate::hedge::HedgeDelay,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -337,6 +347,7 @@ impl RetryPolicy {
             config,
             budget,
             counters: Counters::default(),
+            hedge_delay: crate::hedge::HedgeDelay::new(),
         })
     }
 
@@ -564,6 +575,136 @@ impl RetryPolicy {
         ticket.charges.refund(now, &*self.budget);
     }
 
+    /// How long after an attempt to `upstream` is sent its hedge goes, with hedging on (and,
+    /// for a percentile, once enough recent attempts say); `None`: no hedge.
+    pub fn hedge_after(&self, upstream: &Upstream, now: Timestamp) -> Option<Duration> {
+        let h = self.config.hedge?;
+        self.hedge_delay.delay(h.after, &upstream.limiter, now)
+    }
+
+    /// Decides whether a hedge goes now to `upstream`, beside an attempt that has not answered
+    /// after [`hedge_after`](Self::hedge_after): the retry rules' checks in their order (the
+    /// kill switch; the request: idempotent, replayable, `max_hedges`, not stacked; the breaker;
+    /// a pushback hold; the deadline; scopes and the budget, charged now as for a retry), with
+    /// no wait. A refusal is counted as a hedge's ([`Counters::hedge_denied`]); the slot is
+    /// taken by [`admit_hedge`](Self::admit_hedge).
+    pub fn decide_hedge(
+        &self,
+        now: Timestamp,
+        upstream: &Upstream,
+        request: &RequestFacts,
+        state: &RetryState,
+        scopes: &[Scope],
+    ) -> Decision {
+        let Some(h) = self.config.hedge else { return Decision::NotRetryable };
+        if !self.retries_enabled() {
+            return Decision::NotRetryable;
+        }
+        match self.hedge_checks(now, upstream, request, state, scopes, h.max_hedges) {
+            Ok(charges) => {
+                Decision::Retry(RetryTicket { wait: Duration::ZERO, charges, shadow_denied: None })
+            }
+            Err(reason) if self.enforce() || always_enforced(reason) => {
+                self.counters.hedge_denied(reason);
+                Decision::Denied(reason)
+            }
+            Err(reason) => {
+                self.counters.shadow_denied(reason);
+                Decision::Retry(RetryTicket {
+                    wait: Duration::ZERO,
+                    charges: RetryCharges::default(),
+                    shadow_denied: Some(reason),
+                })
+            }
+        }
+    }
+
+    fn hedge_checks(
+        &self,
+        now: Timestamp,
+        upstream: &Upstream,
+        request: &RequestFacts,
+        state: &RetryState,
+        scopes: &[Scope],
+        max_hedges: u32,
+    ) -> Result<RetryCharges, Denied> {
+        if !request.idempotent {
+            return Err(Denied::NonIdempotent);
+        }
+        if !request.replayable {
+            return Err(Denied::Body);
+        }
+        if state.hedges >= max_hedges {
+            return Err(Denied::Attempts);
+        }
+        if request.stacked && self.config.deny_stacked {
+            return Err(Denied::Stacked);
+        }
+        if let Some(b) = &upstream.breaker
+            && !b.allows_retry(now)
+        {
+            return Err(Denied::Breaker);
+        }
+        if upstream.hold.is_held(now).is_some() {
+            return Err(Denied::Pushback);
+        }
+        if let Some(deadline) = request.deadline
+            && now.saturating_add(self.config.min_attempt_time) > deadline
+        {
+            return Err(Denied::Deadline);
+        }
+        // The attempt it hedges is slow: charged as a timeout would be.
+        let kind = AttemptFailure::Timeout.kind();
+        let mut charges = RetryCharges::default();
+        for scope in scopes {
+            match scope.try_charge(now, kind) {
+                Some(c) => charges.scopes.push(c),
+                None => {
+                    charges.refund(now, &*self.budget);
+                    return Err(Denied::Scope);
+                }
+            }
+        }
+        self.budget.set_active(upstream.limiter.primaries_active(), 0);
+        match self.budget.try_retry(now, kind) {
+            Ok(p) => charges.budget = Some(p),
+            Err(_) => {
+                charges.refund(now, &*self.budget);
+                return Err(Denied::Budget);
+            }
+        }
+        Ok(charges)
+    }
+
+    /// A hedge's slot, with `try_acquire` (a hedge never waits): as [`admit`](Self::admit),
+    /// counted as a hedge.
+    pub fn admit_hedge(
+        &self,
+        upstream: &Upstream,
+        ticket: RetryTicket,
+        state: &mut RetryState,
+    ) -> Result<AdmittedRetry, Denied> {
+        let now = upstream.limiter.now();
+        match upstream.limiter.try_acquire(AttemptKind::Retry) {
+            Ok(permit) => {
+                state.hedges += 1;
+                self.counters.hedge();
+                Ok(AdmittedRetry { permit: Some(permit), charges: ticket.charges })
+            }
+            Err(reason) if self.enforce() => {
+                ticket.charges.refund(now, &*self.budget);
+                self.counters.hedge_denied(reason);
+                Err(reason)
+            }
+            Err(reason) => {
+                self.counters.shadow_denied(reason);
+                state.hedges += 1;
+                self.counters.hedge();
+                Ok(AdmittedRetry { permit: None, charges: ticket.charges })
+            }
+        }
+    }
+
     fn sent(&self, state: &mut RetryState, wait: Duration) {
         state.retries += 1;
         state.last_wait = Some(wait);
@@ -641,6 +782,52 @@ mod tests {
         AttemptFailure::Status(503).into()
     }
 
+    /// A hedge follows the retry rules: never for a POST, never during a pushback hold, at most
+    /// `max_hedges`, and paid from the one budget — a hedge that takes its last token leaves
+    /// none for a retry. Its refusals are counted as a hedge's.
+    #[test]
+    fn a_hedge_is_decided_by_the_retry_rules_and_shares_the_budget() {
+        let hedging = RetryConfig {
+            hedge: Some(crate::hedge::HedgeConfig::new(crate::hedge::HedgeAfter::Fixed(
+                Duration::from_millis(100),
+            ))),
+            ..RetryConfig::default()
+        };
+        // One retry's worth: a floor of one token.
+        let mut w = world(hedging, "ratio:percent=0,min_per_sec=0.1,ttl=10s", None);
+        let facts =
+            RequestFacts { idempotent: true, replayable: true, stacked: false, deadline: None };
+        let now = w.clock.now();
+        let post = RequestFacts { idempotent: false, ..facts };
+        let mut state = RetryState::default();
+        assert!(matches!(
+            w.policy.decide_hedge(now, &w.upstream, &post, &state, &[]),
+            Decision::Denied(Denied::NonIdempotent)
+        ));
+        let Decision::Retry(ticket) = w.policy.decide_hedge(now, &w.upstream, &facts, &state, &[])
+        else {
+            panic!("the hedge")
+        };
+        let admitted = w.policy.admit_hedge(&w.upstream, ticket, &mut state).unwrap();
+        assert_eq!(state.hedges, 1);
+        assert!(matches!(
+            w.policy.decide_hedge(now, &w.upstream, &facts, &state, &[]),
+            Decision::Denied(Denied::Attempts)
+        ));
+        // The budget the hedge spent is not there for a retry.
+        assert_eq!(w.denied(facts, &mut RetryState::default(), e503(), &[]), Some(Denied::Budget));
+        drop(admitted);
+        // A pushback hold: no hedge either.
+        w.upstream.hold.hold_until(now.saturating_add(Duration::from_secs(1)));
+        assert!(matches!(
+            w.policy.decide_hedge(now, &w.upstream, &facts, &RetryState::default(), &[]),
+            Decision::Denied(Denied::Pushback)
+        ));
+        let c = w.policy.counters().snapshot();
+        assert_eq!((c.hedges, c.hedge_denied(Denied::NonIdempotent)), (1, 1));
+        assert_eq!((c.hedge_denied(Denied::Pushback), c.denied(Denied::Pushback)), (1, 0));
+    }
+
     /// Every check that fails, for a request that fails all of them at once: the first in the
     /// order must be the reason, and removing it must expose the next.
     #[test]
@@ -659,7 +846,7 @@ mod tests {
             stacked: true,
             deadline: Some(Timestamp::from_millis(1)),
         };
-        let mut state = RetryState { retries: 2, last_wait: None };
+        let mut state = RetryState { retries: 2, hedges: 0, last_wait: None };
         let mut order = Vec::new();
         let mut step =
             |w: &mut World, facts: &RequestFacts, state: &mut RetryState, scopes: &[Scope]| {
@@ -892,7 +1079,7 @@ mod tests {
     fn token_bucket_hears_failures_through_decide() {
         let mut w =
             world(RetryConfig::default(), "token-bucket:max_tokens=4,token_ratio=0.1", None);
-        let mut s = RetryState { retries: 0, last_wait: None };
+        let mut s = RetryState { retries: 0, hedges: 0, last_wait: None };
         // 4 → 3 (allowed, > 2) → 2 (refused: not above half).
         assert!(w.denied(RequestFacts::idempotent(), &mut s, e503(), &[]).is_none());
         assert_eq!(w.denied(RequestFacts::idempotent(), &mut s, e503(), &[]), Some(Denied::Budget));

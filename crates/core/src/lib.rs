@@ -27,6 +27,7 @@ pub mod defaults;
 pub mod denied;
 pub mod error;
 pub mod format;
+pub mod hedge;
 pub mod histogram;
 pub mod limiter;
 pub mod plan;

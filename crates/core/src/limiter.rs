@@ -410,6 +410,12 @@ impl Limiter {
         self.inner.effective_cap(self.inner.clock.now())
     }
 
+    /// The execution-time histogram alone (admission to release, nanoseconds): what a
+    /// percentile-based hedge delay reads, without a whole snapshot.
+    pub fn execution_histogram(&self) -> HistogramSnapshot {
+        self.inner.stats.execution.snapshot()
+    }
+
     /// Attempts in flight now (held slots included).
     pub fn in_flight(&self) -> u64 {
         unpack(self.inner.state.load(Ordering::Acquire)).0

@@ -18,6 +18,9 @@ pub struct Counters {
     succeeded: AtomicU64,
     primaries_refused: AtomicU64,
     abandoned: [AtomicU64; 2],
+    hedges: AtomicU64,
+    hedges_won: AtomicU64,
+    hedge_denied: [AtomicU64; Denied::ALL.len()],
     denied: [AtomicU64; Denied::ALL.len()],
     shadow_denied: [AtomicU64; Denied::ALL.len()],
 }
@@ -31,6 +34,9 @@ impl Default for Counters {
             succeeded: AtomicU64::new(0),
             primaries_refused: AtomicU64::new(0),
             abandoned: std::array::from_fn(|_| AtomicU64::new(0)),
+            hedges: AtomicU64::new(0),
+            hedges_won: AtomicU64::new(0),
+            hedge_denied: std::array::from_fn(|_| AtomicU64::new(0)),
             denied: std::array::from_fn(|_| AtomicU64::new(0)),
             shadow_denied: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -56,6 +62,13 @@ pub struct CountersSnapshot {
     /// indexed by [`Abandoned::index`]: the dependency answered within `abandon_hold`
     /// (`finished`), or the hold passed and the attempt was cut (`cut`).
     pub abandoned: [u64; 2],
+    /// Hedges sent (a second attempt beside one not answered yet).
+    pub hedges: u64,
+    /// Hedges whose answer was the one the caller got.
+    pub hedges_won: u64,
+    /// Hedges refused by reason (the retry rules' reasons), indexed by [`Denied::index`]. Not
+    /// in `denied`: a refused hedge leaves the first attempt running.
+    pub hedge_denied: [u64; Denied::ALL.len()],
     /// Denials by reason, indexed by [`Denied::index`].
     pub denied: [u64; Denied::ALL.len()],
     /// Denials shadow mode would have made, indexed by [`Denied::index`].
@@ -104,6 +117,11 @@ impl CountersSnapshot {
     pub fn shadow_denied(&self, reason: Denied) -> u64 {
         self.shadow_denied[reason.index()]
     }
+
+    /// Hedges refused for one reason.
+    pub fn hedge_denied(&self, reason: Denied) -> u64 {
+        self.hedge_denied[reason.index()]
+    }
 }
 
 impl Counters {
@@ -145,6 +163,21 @@ impl Counters {
         self.abandoned[outcome.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A hedge was sent.
+    pub fn hedge(&self) {
+        self.hedges.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A hedge's answer was the one the caller got.
+    pub fn hedge_won(&self) {
+        self.hedges_won.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A hedge was refused for `reason`.
+    pub fn hedge_denied(&self, reason: Denied) {
+        self.hedge_denied[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Shadow mode would have refused an attempt for `reason`.
     pub fn shadow_denied(&self, reason: Denied) {
         self.shadow_denied[reason.index()].fetch_add(1, Ordering::Relaxed);
@@ -162,6 +195,9 @@ impl Counters {
             succeeded: self.succeeded.load(Ordering::Relaxed),
             primaries_refused: self.primaries_refused.load(Ordering::Relaxed),
             abandoned: std::array::from_fn(|i| self.abandoned[i].load(Ordering::Relaxed)),
+            hedges: self.hedges.load(Ordering::Relaxed),
+            hedges_won: self.hedges_won.load(Ordering::Relaxed),
+            hedge_denied: load(&self.hedge_denied),
             denied: load(&self.denied),
             shadow_denied: load(&self.shadow_denied),
         }

@@ -40,4 +40,17 @@ impl<T> Mutex<T> {
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The lock if nobody holds it now; `None` otherwise.
+    #[allow(dead_code)]
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        #[cfg(not(stormguard_loom))]
+        return match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        #[cfg(stormguard_loom)]
+        return self.0.try_lock().ok();
+    }
 }
