@@ -63,6 +63,13 @@ pub fn provider_preset(
     text.parse()
 }
 
+/// A hedge delay, `100ms`, or a percentile, `p95`.
+pub fn hedge_after(
+    text: &str,
+) -> Result<stormguard_core::hedge::HedgeAfter, stormguard_core::hedge::BadHedgeAfter> {
+    text.parse()
+}
+
 /// A span of time since the start, `FROM..TO`, such as `2s..4s` (`chaos --overloaded`).
 pub fn window(text: &str) -> Result<Window, BadWindow> {
     text.parse()

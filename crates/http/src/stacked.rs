@@ -54,8 +54,11 @@ impl Default for StackedHeaders {
     }
 }
 
+/// The count a marker header carries: its leading number (`2`, or `2; hedge`).
 fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
-    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+    let v = headers.get(name)?.to_str().ok()?;
+    let n = v.split_once(';').map_or(v, |(n, _)| n);
+    n.trim().parse().ok()
 }
 
 impl StackedHeaders {
@@ -75,6 +78,18 @@ pub fn mark_attempt(headers: &mut HeaderMap, attempt: u32) {
     let value = match SMALL.get(attempt as usize) {
         Some(s) => HeaderValue::from_static(s),
         None => HeaderValue::from(attempt),
+    };
+    headers.insert(ATTEMPT_HEADER.clone(), value);
+}
+
+/// Sets `x-stormguard-attempt: attempt; hedge` on a hedge (a second attempt sent beside one
+/// not answered yet), so an upstream, or chaos, can count hedges apart from retries. It still
+/// counts as attempt `attempt` for the stacking rule.
+pub fn mark_hedge(headers: &mut HeaderMap, attempt: u32) {
+    let value = match attempt {
+        2 => HeaderValue::from_static("2; hedge"),
+        3 => HeaderValue::from_static("3; hedge"),
+        n => HeaderValue::from_str(&format!("{n}; hedge")).unwrap_or(HeaderValue::from(n)),
     };
     headers.insert(ATTEMPT_HEADER.clone(), value);
 }

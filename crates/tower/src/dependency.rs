@@ -290,6 +290,12 @@ pub enum DependencyError {
     /// The total cap's limiter (with several upstreams) broke a rule.
     #[error("total_cap: {0}")]
     TotalCap(#[source] ConfigError),
+    /// Hedging with no [`DependencyConfig::background`] spawner: a hedge's loser must run on,
+    /// holding its slot, after the winner is returned.
+    #[error(
+        "hedging (hedge_after) needs a background spawner: the losing attempt runs on holding its slot"
+    )]
+    HedgeWithoutBackground,
     /// `body_limit` above 64 MiB.
     #[error("body_limit must be at most 64 MiB, got {got}")]
     BodyLimit {
@@ -307,6 +313,7 @@ impl DependencyError {
             DependencyError::Budget(_) => "budget",
             DependencyError::TotalCap(_) => "total_cap",
             DependencyError::BodyLimit { .. } => "body_limit",
+            DependencyError::HedgeWithoutBackground => "hedge_after",
         }
     }
 }
@@ -322,6 +329,9 @@ fn fresh_rates(config: &DependencyConfig) -> Vec<Rates> {
 fn check_body_limit(config: &DependencyConfig) -> Result<(), DependencyError> {
     if config.body_limit > 64 * 1024 * 1024 {
         return Err(DependencyError::BodyLimit { got: config.body_limit });
+    }
+    if config.retry.hedge.is_some() && config.background.is_none() {
+        return Err(DependencyError::HedgeWithoutBackground);
     }
     Ok(())
 }

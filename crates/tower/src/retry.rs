@@ -179,7 +179,7 @@ where
 }
 
 /// Copies a request's head for another attempt, with a new body.
-fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
+pub(crate) fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
     let mut r = Request::new(body);
     *r.method_mut() = req.method().clone();
     *r.uri_mut() = req.uri().clone();
@@ -241,24 +241,63 @@ where
     }
     let spare = first.clone();
     let attempt = span.in_scope(|| first.call(this)).instrument(span);
+    // With hedging on, a second attempt may follow this one: the whole request in one
+    // allocation, as after a failure.
+    if dep.config().retry.hedge.is_some()
+        && let Some(delay) =
+            dep.policy().hedge_after(dep.upstream_at(target), start.unwrap_or_else(|| dep.now()))
+    {
+        let rest = Rest { dep, policy, svc: spare, req, deadline, route, id, target };
+        return RetryFuture::Boxed { fut: Box::pin(crate::hedge::hedged(rest, attempt, delay)) };
+    }
     RetryFuture::First {
         attempt,
         rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id, target })),
     }
 }
 
-/// What a request keeps while its first attempt is in flight, for the retries it may need.
-struct Rest<S, P, B> {
-    dep: Dependency,
-    policy: P,
-    svc: S,
-    req: Request<B>,
-    deadline: Option<Timestamp>,
-    route: Option<RouteBudget>,
+/// The answer to an attempt that ran alone (or won a hedge): a success is the caller's; a
+/// failure goes to the decision loop.
+pub(crate) async fn first_answered<S, P, B, RB>(
+    rest: Rest<S, P, B>,
+    result: Result<Response<RB>, BoxError>,
+    span: tracing::Span,
+) -> Result<Response<RetryBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    if let Ok(resp) = &result
+        && rest.policy.classify(resp.status(), resp.headers()).is_none()
+    {
+        record_response(&span, resp.status(), None);
+        rest.dep.policy().on_success_with(|| rest.dep.now(), false);
+        if rest.id.is_some() {
+            rest.dep.record(rest.id, rest.dep.now(), TraceOp::Success(false));
+        }
+        return result.map(|resp| resp.map(RetryBody::live));
+    }
+    after_failure(rest, result, span).await
+}
+
+/// What a request keeps while its first attempt is in flight, for the retries (and the hedge)
+/// it may need.
+pub(crate) struct Rest<S, P, B> {
+    pub(crate) dep: Dependency,
+    pub(crate) policy: P,
+    pub(crate) svc: S,
+    pub(crate) req: Request<B>,
+    pub(crate) deadline: Option<Timestamp>,
+    pub(crate) route: Option<RouteBudget>,
     /// The request's number in the recorded trace, when recording.
-    id: Option<u64>,
+    pub(crate) id: Option<u64>,
     /// The upstream the first attempt went to.
-    target: usize,
+    pub(crate) target: usize,
 }
 
 pin_project! {

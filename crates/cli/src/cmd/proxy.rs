@@ -107,6 +107,20 @@ pub struct ProxyArgs {
     /// even for a POST (the provider did not run it). See docs/providers.md.
     #[arg(long, value_name = "KIND", conflicts_with = "config", value_parser = args::provider_preset)]
     pub provider: Option<stormguard_tower::Provider>,
+    /// Hedge an idempotent request that has not answered after this long (`100ms`) or after
+    /// this percentile of recent attempts (`p95`): a second attempt, paid from the budget, its
+    /// slot taken at once or not at all; the first success wins. See docs/rules.md.
+    #[arg(long, value_name = "DELAY|pNN", conflicts_with = "config", value_parser = args::hedge_after)]
+    pub hedge_after: Option<stormguard_core::hedge::HedgeAfter>,
+    /// Hedges per request at most, 1 to 3 (with --hedge-after).
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "config",
+        requires = "hedge_after",
+        default_value_t = 1
+    )]
+    pub max_hedges: u32,
     /// The longest a primary waits for a slot.
     #[arg(long, value_name = "DURATION", default_value = format_duration(defaults::QUEUE_TIMEOUT), value_parser = args::duration)]
     pub queue_timeout: Duration,
@@ -248,6 +262,9 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
         (None, None) => RetryOn::default(),
     };
     d.rate.provider = args.provider;
+    d.hedge = args
+        .hedge_after
+        .map(|after| stormguard_core::hedge::HedgeConfig { after, max_hedges: args.max_hedges });
     d.max_retries = args.max_retries;
     d.per_try_timeout = args.per_try_timeout;
     d.deadline = args.deadline;

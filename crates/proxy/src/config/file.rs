@@ -185,6 +185,9 @@ struct DependencyFile {
     #[serde(default, deserialize_with = "sde::option_duration")]
     overload_cool_down: Option<Duration>,
     bytes_per_token: Option<u64>,
+    #[serde(default, deserialize_with = "sde::option_from_str")]
+    hedge_after: Option<stormguard_core::hedge::HedgeAfter>,
+    max_hedges: Option<u32>,
 }
 
 impl DependencyFile {
@@ -228,6 +231,18 @@ impl DependencyFile {
         d.rate.provider = self.provider;
         set!(d.rate, self; quota_hold, overload_cool_down);
         set!(d, self; bytes_per_token);
+        d.hedge = match (self.hedge_after, self.max_hedges) {
+            (Some(after), n) => {
+                Some(stormguard_core::hedge::HedgeConfig { after, max_hedges: n.unwrap_or(1) })
+            }
+            (None, Some(_)) => {
+                return Err(Invalid::new(
+                    KeyPath::root().key("max_hedges"),
+                    RuleError::HedgesWithoutHedgeAfter,
+                ));
+            }
+            (None, None) => None,
+        };
 
         let fleet_keys = [
             ("redis", self.redis.is_some()),

@@ -308,6 +308,10 @@ pub struct ProxyDependency {
     /// Request body bytes per input token, for rate admission's estimate of a request's tokens
     /// (`bytes_per_token`). Default 4.
     pub bytes_per_token: u64,
+    /// Hedged requests (`hedge_after`, `max_hedges`): a second attempt when the first has not
+    /// answered after a delay or a percentile, paid from the budget, under the cap. Default
+    /// none.
+    pub hedge: Option<stormguard_core::hedge::HedgeConfig>,
 }
 
 /// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
@@ -467,6 +471,7 @@ impl ProxyDependency {
             http2: Http2Config::default(),
             rate: stormguard_tower::RateAdmission::default(),
             bytes_per_token: stormguard_http::provider::Estimator::default().bytes_per_token,
+            hedge: None,
         }
     }
 

@@ -19,6 +19,7 @@ impl ProxyDependency {
         c.retry.max_retries = self.max_retries;
         c.retry.backoff = self.backoff;
         c.retry.enforce = self.enforce;
+        c.retry.hedge = self.hedge;
         c.breaker = self.breaker;
         c.per_try_timeout = self.per_try_timeout;
         c.deadline = self.deadline;

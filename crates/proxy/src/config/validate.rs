@@ -124,6 +124,11 @@ pub enum RuleError {
         /// The cap.
         cap: u64,
     },
+    /// `max_hedges` without `hedge_after`.
+    #[error(
+        "max_hedges needs hedge_after (a delay such as \"100ms\", or a percentile such as \"p95\")"
+    )]
+    HedgesWithoutHedgeAfter,
     /// `[dependency.tls]` with no `https://` upstream.
     #[error("[dependency.tls] applies to https:// upstreams only")]
     TlsWithoutHttps,
@@ -328,6 +333,9 @@ impl ProxyDependency {
             ));
         }
         self.backoff.validate().map_err(|e| at("backoff", e))?;
+        if let Some(h) = &self.hedge {
+            h.validate().map_err(|e| at(e.key(), e))?;
+        }
         if let Some(b) = &self.breaker {
             b.validate().map_err(|e| {
                 Invalid::new(KeyPath::root().key("breaker").key(e.key()), RuleError::Core(e))

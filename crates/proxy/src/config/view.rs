@@ -79,6 +79,8 @@ impl ProxyConfig {
                 "quota_hold": dur(Some(d.rate.quota_hold)),
                 "overload_cool_down": dur(Some(d.rate.overload_cool_down)),
                 "bytes_per_token": d.bytes_per_token,
+                "hedge_after": d.hedge.map(|h| h.after.to_string()),
+                "max_hedges": d.hedge.map(|h| h.max_hedges),
                 "tls": d.tls.is_set().then(|| json!({
                     "ca_file": d.tls.ca_file.as_ref().map(|p| p.display().to_string()),
                     "client_cert": d.tls.client_cert.as_ref().map(|p| p.display().to_string()),

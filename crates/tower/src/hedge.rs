@@ -1,0 +1,183 @@
+//! Hedged requests in the tower layer: the first attempt alone until the hedge is due
+//! ([`RetryPolicy::hedge_after`](stormguard_core::decision::RetryPolicy::hedge_after)), then —
+//! if the retry rules allow it ([`decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge):
+//! idempotent, no pushback hold, breaker closed, budget) and a slot is free now — a second
+//! attempt, marked `x-stormguard-attempt: 2; hedge`, to the next upstream when there are
+//! several. The first successful answer is the caller's; the other attempt is dropped here and
+//! the cap runs it on in the background, holding its slot until the dependency has finished it
+//! (the abandoned-attempt rules: counted as abandoned). When both fail, the decision loop goes
+//! on from the last failure, as after any failed attempt.
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body::Body;
+use stormguard_core::AttemptKind;
+use stormguard_core::decision::{Decision, RequestFacts, RetryState};
+use stormguard_core::scope::Scope;
+use stormguard_http::classify::is_idempotent;
+use tower::{Service, ServiceExt};
+use tracing::Instrument;
+use tracing::instrument::Instrumented;
+
+use crate::error::BoxError;
+use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
+use crate::retry::{AttemptPolicy, Idempotent, Rest, RetryBody, copy_request, first_answered};
+use crate::span::attempt_span;
+
+/// The first attempt, hedged after `delay` when the rules allow.
+pub(crate) async fn hedged<S, P, B, RB>(
+    rest: Rest<S, P, B>,
+    first: Instrumented<S::Future>,
+    delay: Duration,
+) -> Result<Response<RetryBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    let first_span = first.span().clone();
+    let mut first = Box::pin(first);
+    // Until the hedge is due, the first attempt alone.
+    if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
+        return first_answered(rest, result, first_span).await;
+    }
+    let Some((hedge, hedge_span, target)) = send_hedge(&rest) else {
+        let result = first.await;
+        return first_answered(rest, result, first_span).await;
+    };
+    let mut hedge = hedge;
+    // Both in flight: the first success wins; a failure waits for the other.
+    let dep = rest.dep.clone();
+    let success = |r: &Result<Response<RB>, BoxError>| {
+        r.as_ref().is_ok_and(|resp| rest.policy.classify(resp.status(), resp.headers()).is_none())
+    };
+    let (result, span, hedge_won) = tokio::select! {
+        r = &mut first => {
+            if success(&r) {
+                (r, first_span, false)
+            } else {
+                ((&mut hedge).await, hedge_span, true)
+            }
+        }
+        r = &mut hedge => {
+            if success(&r) {
+                (r, hedge_span, true)
+            } else {
+                ((&mut first).await, first_span, false)
+            }
+        }
+    };
+    if hedge_won && success(&result) {
+        dep.policy().counters().hedge_won();
+    }
+    // The loser, if still in flight, is dropped with `first` or `hedge` here: the cap moves it
+    // to the background with its slot.
+    drop((first, hedge));
+    let mut rest = rest;
+    rest.target = target;
+    first_answered(rest, result, span).await
+}
+
+/// Decides and sends the hedge, if the rules allow one now: its response future, its span, and
+/// the upstream it went to.
+#[allow(clippy::type_complexity)]
+fn send_hedge<S, P, B, RB>(
+    rest: &Rest<S, P, B>,
+) -> Option<(
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response<RB>, BoxError>> + Send>>,
+    tracing::Span,
+    usize,
+)>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
+{
+    let dep = &rest.dep;
+    let req = &rest.req;
+    let config = dep.config();
+    let now = dep.now();
+    let body = rest.policy.clone_body(req.body());
+    let facts = RequestFacts {
+        idempotent: is_idempotent(
+            req.method(),
+            req.headers(),
+            &config.idempotency_key,
+            req.extensions().get::<Idempotent>().is_some(),
+        ),
+        replayable: body.is_some(),
+        stacked: config.stacked.arrived_as_retry(req.headers()),
+        deadline: rest.deadline,
+    };
+    let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
+    let next = match dep.upstream_count() {
+        1 => 0,
+        _ => dep.failover_target(rest.target, now, cost),
+    };
+    let mut scopes = Vec::new();
+    if let Some(s) = req.extensions().get::<stormguard_core::scope::FanOutScope>() {
+        scopes.push(Scope::FanOut(s.clone()));
+    }
+    if let Some(r) = &rest.route {
+        scopes.push(Scope::Route(r.0.clone()));
+    }
+    let state = RetryState::default();
+    let ticket =
+        match dep.policy().decide_hedge(now, dep.upstream_at(next), &facts, &state, &scopes) {
+            Decision::Retry(ticket) => ticket,
+            Decision::Denied(reason) => {
+                tracing::debug!(dependency = dep.name(), %reason, "hedge refused");
+                return None;
+            }
+            Decision::NotRetryable => return None,
+        };
+    // The provider's window, when metered: room now or no hedge.
+    let booked = match crate::rate::book_retry(dep, next, cost, now) {
+        Ok(b) => b,
+        Err(reason) => {
+            dep.policy().give_up(now, ticket);
+            dep.policy().counters().hedge_denied(reason);
+            return None;
+        }
+    };
+    let booked = crate::rate::Unsent::new(dep, booked);
+    let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(reason)) => {
+            dep.policy().give_up(now, ticket);
+            dep.policy().counters().hedge_denied(reason);
+            return None;
+        }
+    };
+    let mut state = state;
+    let mut admitted = dep.policy().admit_hedge(dep.upstream_at(next), ticket, &mut state).ok()?;
+    let slot = AdmittedSlot::new(admitted.take_permit(), total, booked);
+    // The charges end with the hedge's request, as a retry's do.
+    let charges = admitted.into_charges();
+    let mut this = copy_request(req, body?);
+    stormguard_http::stacked::mark_hedge(this.headers_mut(), 2);
+    if let Some(d) = rest.deadline {
+        this.extensions_mut().insert(AttemptDeadline(d));
+    }
+    this.extensions_mut().insert(slot);
+    if next != 0 {
+        this.extensions_mut().insert(UpstreamTarget(next));
+    }
+    let span = attempt_span(dep, req, next, 1);
+    let svc = rest.svc.clone();
+    let fut_span = span.clone();
+    let call = async move {
+        let result = svc.oneshot(this).instrument(fut_span).await;
+        drop(charges);
+        result
+    };
+    Some((Box::pin(call), span, next))
+}
