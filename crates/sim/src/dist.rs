@@ -30,11 +30,26 @@ pub enum ServiceTime {
         /// The standard deviation of the logarithm; `0` is fixed at the median.
         sigma: f64,
     },
+    /// A log-normal body with a slow tail: a fraction `tail` of the draws have the median
+    /// `tail_median` instead (same sigma). `lognormal median=20ms sigma=0.25 tail=0.05
+    /// tail_median=400ms` is a dependency whose 1 answer in 20 takes 20× the median (a
+    /// garbage-collection pause, a cold cache, a slow replica).
+    Tailed {
+        /// The body's median.
+        median: Duration,
+        /// The standard deviation of the logarithm, for the body and the tail.
+        sigma: f64,
+        /// The fraction of draws in the tail, in `(0, 1)`.
+        tail: f64,
+        /// The tail's median.
+        tail_median: Duration,
+    },
 }
 
 /// The forms a service time is written in, for the messages.
 const FORMS: &str = "expected `fixed 50ms`, `exponential 50ms`, \
-     `lognormal median=20ms sigma=0.7` or `p50=20ms p99=100ms`";
+     `lognormal median=20ms sigma=0.7` (with `tail=0.05 tail_median=400ms` for a slow tail) or \
+     `p50=20ms p99=100ms`";
 
 /// Why a service time was refused. The message is one plain reason, lowercase without a
 /// trailing period.
@@ -77,7 +92,7 @@ pub enum ServiceTimeError {
         got: String,
     },
     /// A key that is not a lognormal parameter.
-    #[error("`{key}` is not a lognormal parameter (median, sigma)")]
+    #[error("`{key}` is not a lognormal parameter (median, sigma, tail, tail_median)")]
     NotALognormalParameter {
         /// The key given.
         key: String,
@@ -85,6 +100,11 @@ pub enum ServiceTimeError {
     /// A lognormal without both parameters, or with a zero median.
     #[error("lognormal needs median=DURATION (above zero) and sigma=NUMBER")]
     LognormalIncomplete,
+    /// A tail fraction outside `(0, 1)`, or one of `tail` and `tail_median` without the other.
+    #[error(
+        "a slow tail needs tail=FRACTION (above 0, below 1) and tail_median=DURATION (above zero)"
+    )]
+    Tail,
     /// A key that is not a percentile.
     #[error("`{key}` is not a percentile (p50, p99)")]
     NotAPercentile {
@@ -143,9 +163,14 @@ impl ServiceTime {
             }
             ["lognormal", rest @ ..] => {
                 let (mut median, mut sigma) = (None, None);
+                let (mut tail, mut tail_median) = (None, None);
                 for (k, v) in pairs(rest)? {
                     match k.as_str() {
                         "median" => median = Some(dur(&v)?),
+                        "tail" => {
+                            tail = Some(v.parse::<f64>().map_err(|_| ServiceTimeError::Tail)?)
+                        }
+                        "tail_median" => tail_median = Some(dur(&v)?),
                         "sigma" => {
                             let s: f64 = v.parse().map_err(|_| {
                                 ServiceTimeError::SigmaNotANumber { got: v.clone() }
@@ -162,11 +187,18 @@ impl ServiceTime {
                         }
                     }
                 }
-                match (median, sigma) {
-                    (Some(median), Some(sigma)) if !median.is_zero() => {
-                        Ok(ServiceTime::LogNormal { median, sigma })
+                let (median, sigma) = match (median, sigma) {
+                    (Some(median), Some(sigma)) if !median.is_zero() => (median, sigma),
+                    _ => return Err(ServiceTimeError::LognormalIncomplete),
+                };
+                match (tail, tail_median) {
+                    (None, None) => Ok(ServiceTime::LogNormal { median, sigma }),
+                    (Some(tail), Some(tail_median))
+                        if tail > 0.0 && tail < 1.0 && !tail_median.is_zero() =>
+                    {
+                        Ok(ServiceTime::Tailed { median, sigma, tail, tail_median })
                     }
-                    _ => Err(ServiceTimeError::LognormalIncomplete),
+                    _ => Err(ServiceTimeError::Tail),
                 }
             }
             ws if !ws.is_empty() && ws.iter().all(|w| w.contains('=')) => {
@@ -198,6 +230,10 @@ impl ServiceTime {
             ServiceTime::LogNormal { median, sigma } => {
                 median.mul_f64((sigma * sigma / 2.0).exp().min(1e9))
             }
+            ServiceTime::Tailed { median, sigma, tail, tail_median } => {
+                let spread = (sigma * sigma / 2.0).exp().min(1e9);
+                median.mul_f64(spread * (1.0 - tail)) + tail_median.mul_f64(spread * tail)
+            }
         }
     }
 
@@ -209,6 +245,10 @@ impl ServiceTime {
             ServiceTime::Exponential(mean) => nanos(mean) as f64 * -(1.0 - unit(rng)).ln(),
             ServiceTime::LogNormal { median, sigma } => {
                 nanos(median) as f64 * (sigma * standard_normal(rng)).exp()
+            }
+            ServiceTime::Tailed { median, sigma, tail, tail_median } => {
+                let m = if unit(rng) < tail { tail_median } else { median };
+                nanos(m) as f64 * (sigma * standard_normal(rng)).exp()
             }
         };
         // Saturating float-to-int conversion; a day is longer than any scenario cares about.
@@ -233,6 +273,12 @@ impl fmt::Display for ServiceTime {
             ServiceTime::LogNormal { median, sigma } => {
                 write!(f, "lognormal median={} sigma={sigma:.3}", format_duration(median))
             }
+            ServiceTime::Tailed { median, sigma, tail, tail_median } => write!(
+                f,
+                "lognormal median={} sigma={sigma:.3} tail={tail} tail_median={}",
+                format_duration(median),
+                format_duration(tail_median)
+            ),
         }
     }
 }
@@ -348,6 +394,29 @@ mod tests {
         let exp = ServiceTime::Exponential(Duration::from_millis(10));
         let mean = (0..100_000).map(|_| exp.sample(&mut rng)).sum::<u64>() as f64 / 1e11;
         assert!((mean - 10.0).abs() < 0.2, "{mean}");
+    }
+
+    #[test]
+    fn a_slow_tail_takes_its_share_of_the_draws() {
+        let st = ServiceTime::parse("lognormal median=20ms sigma=0.2 tail=0.05 tail_median=400ms")
+            .unwrap();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            st,
+            ServiceTime::Tailed { median: ms(20), sigma: 0.2, tail: 0.05, tail_median: ms(400) }
+        );
+        assert_eq!(ServiceTime::parse(&st.to_string()).unwrap(), st, "{st}");
+        let mut rng = SplitMix64::new(3);
+        let n = 100_000;
+        let slow = (0..n).filter(|_| st.sample(&mut rng) > 150_000_000).count();
+        assert!((slow as f64 / n as f64 - 0.05).abs() < 0.003, "{slow}");
+        for bad in [
+            "lognormal median=20ms sigma=0.2 tail=0.05",
+            "lognormal median=20ms sigma=0.2 tail=1 tail_median=1s",
+            "lognormal median=20ms sigma=0.2 tail=x tail_median=1s",
+        ] {
+            assert_eq!(ServiceTime::parse(bad), Err(ServiceTimeError::Tail), "{bad}");
+        }
     }
 
     #[test]

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use stormguard_core::backoff::{Backoff, Pushback, PushbackHold};
 use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerState};
-use stormguard_core::budget::{BudgetSpec, RetryBudget};
+use stormguard_core::budget::{BudgetSpec, FailureKind, RetryBudget, RetryPermit};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
 use stormguard_core::decision::{
@@ -45,6 +45,7 @@ use stormguard_core::decision::{
     Upstream,
 };
 use stormguard_core::denied::Denied;
+use stormguard_core::histogram::{Histogram, HistogramSnapshot};
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
 use stormguard_core::random::{RandomSource, SplitMix64};
 use stormguard_core::rate::RatePermit;
@@ -52,8 +53,11 @@ use stormguard_core::scope::{FanOutScope, Scope};
 
 use crate::dist::{self, ServiceTime, Stream, mix, nanos};
 use crate::rate::{self, Booking, CallTokens, Meter, Provider};
-use crate::scenario::{Arrivals, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario, Share};
-use crate::stats::RunStats;
+use crate::scenario::{
+    Arrivals, HedgeAfter, HedgeConfig, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario,
+    Share,
+};
+use crate::stats::{RunStats, Sent};
 
 /// Waits shorter than this are taken at once, in the same event (a `backoff = "none"` budget
 /// policy still needs a non-zero backoff to pass `BackoffConfig::validate`).
@@ -61,6 +65,20 @@ const IMMEDIATE: Duration = Duration::from_micros(1);
 
 /// A salt that separates an attempt's service-time draws from its outcome draw.
 const SERVICE_SALT: u64 = 0x5e41_11ce_7135_0000;
+
+/// A salt that separates a request's idempotency draw from its attempts' draws.
+const IDEMPOTENCY_SALT: u64 = 0x1de0_9071_e4c7_0000;
+
+/// A percentile `hedge_after` reads the attempts answered in the window being filled and the
+/// last full one: 10 to 20 s of virtual time.
+const LATENCY_WINDOW: u64 = 10_000_000_000;
+
+/// How often the percentile is read again (virtual nanoseconds): between readings the hedge
+/// delay stays as it was.
+const LATENCY_REFRESH: u64 = 100_000_000;
+
+/// Answered attempts a percentile needs before any hedge is sent on it.
+const HEDGE_WARM_UP: u64 = 100;
 
 /// A handle to a slab entry; the generation makes a stale event's handle miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +168,8 @@ enum Ev {
     QueueDeadline(u32),
     /// A timed-out attempt's held slot comes back: let a waiting primary have it.
     LimiterWake(u32),
+    /// An attempt's hedge delay has passed: hedge it if it is still unanswered.
+    HedgeDue(Ref),
     /// The timeline enters a segment.
     Segment(u32),
 }
@@ -238,6 +258,88 @@ struct Unit {
     /// until `min(start + queue_timeout, start + deadline)`), so one timer per unit, at the
     /// oldest waiter's end, is enough.
     queue_timer: bool,
+    /// Recent attempt latency, for a percentile `hedge_after`.
+    latency: Option<LatencyWindow>,
+}
+
+/// The latency of recently answered attempts, in core's histogram, read for a percentile
+/// `hedge_after`: the window being filled and the last full one count.
+#[derive(Debug)]
+struct LatencyWindow {
+    quantile: f64,
+    floor: u64,
+    current: Histogram,
+    previous: Option<HistogramSnapshot>,
+    /// When the current window ends (virtual ns).
+    window_end: u64,
+    /// The delay last read (`None` before the warm-up), and when to read it again.
+    delay: Option<u64>,
+    refresh_at: u64,
+}
+
+impl LatencyWindow {
+    fn new(quantile: f64, floor: Duration) -> LatencyWindow {
+        LatencyWindow {
+            quantile,
+            floor: nanos(floor),
+            current: Histogram::new(latency_bounds()),
+            previous: None,
+            window_end: LATENCY_WINDOW,
+            delay: None,
+            refresh_at: 0,
+        }
+    }
+
+    fn rotate(&mut self, now: u64) {
+        if now < self.window_end {
+            return;
+        }
+        let full = std::mem::replace(&mut self.current, Histogram::new(latency_bounds()));
+        // After a whole idle window, nothing is recent.
+        self.previous = (now < self.window_end + LATENCY_WINDOW).then(|| full.snapshot());
+        self.window_end = now - (now - self.window_end) % LATENCY_WINDOW + LATENCY_WINDOW;
+    }
+
+    fn record(&mut self, now: u64, latency: u64) {
+        self.rotate(now);
+        self.current.record(latency);
+    }
+
+    /// The hedge delay now: the quantile's bucket bound (at most 5 % above the value), never
+    /// below the floor; `None` until [`HEDGE_WARM_UP`] attempts have been answered.
+    fn delay(&mut self, now: u64) -> Option<u64> {
+        if now < self.refresh_at {
+            return self.delay;
+        }
+        self.rotate(now);
+        self.refresh_at = now + LATENCY_REFRESH;
+        let current = self.current.snapshot();
+        let previous = self.previous.as_ref();
+        let count = current.count + previous.map_or(0, |p| p.count);
+        self.delay = (count >= HEDGE_WARM_UP).then(|| {
+            let target = ((self.quantile * count as f64).ceil() as u64).max(1);
+            let mut seen = 0;
+            let last = current.bounds.last().copied().unwrap_or(u64::MAX);
+            let bound = current
+                .bounds
+                .iter()
+                .enumerate()
+                .find(|(i, _)| {
+                    seen += current.counts[*i] + previous.map_or(0, |p| p.counts[*i]);
+                    seen >= target
+                })
+                .map_or(last, |(_, b)| *b);
+            bound.max(self.floor)
+        });
+        self.delay
+    }
+}
+
+/// Bucket bounds for attempt latency: 100 µs to about 60 s, each 5 % above the last.
+fn latency_bounds() -> Vec<u64> {
+    std::iter::successors(Some(100_000u64), |b| Some(b + (b / 20).max(1)))
+        .take_while(|b| *b <= 60_000_000_000)
+        .collect()
 }
 
 #[derive(Debug)]
@@ -262,11 +364,18 @@ struct Call {
     retries: u32,
     last_wait: Option<Duration>,
     state: RetryState,
-    /// What only retried, queued or rate-admitted requests need, boxed so the common request
-    /// stays small.
+    /// What only retried, queued, rate-admitted or hedged requests need, boxed so the common
+    /// request stays small.
     rare: Option<Box<Rare>>,
     /// Counted in its unit's `active_primaries`.
     primary_active: bool,
+    /// Attempts sent and not yet answered, timed out or abandoned (more than one only while
+    /// hedged).
+    live: u8,
+    /// Hedges sent.
+    hedges: u8,
+    /// Not a POST-like request (`client.non_idempotent`).
+    idempotent: bool,
 }
 
 #[derive(Debug, Default)]
@@ -279,6 +388,9 @@ struct Rare {
     /// Rate admission's booking for the attempt about to be sent. Still here when the request
     /// ends, the attempt never reached the provider, and it is refunded.
     booking: Option<Booking>,
+    /// The attempts in flight together once a hedge was sent: the first successful answer
+    /// abandons the others.
+    hedged: Vec<Ref>,
 }
 
 impl Call {
@@ -295,6 +407,11 @@ impl Call {
 struct Attempt {
     call: Ref,
     key: u64,
+    kind: Sent,
+    /// When it was sent (virtual ns), for the latency a percentile `hedge_after` reads.
+    sent_at: u64,
+    /// A hedge's budget charge, held until its answer: told of a success if it wins.
+    charge: Option<RetryPermit>,
     error: bool,
     /// The client still waits for the answer (false once it timed out).
     waiting: bool,
@@ -384,6 +501,9 @@ pub(crate) struct Run<'s> {
     /// Attempts sent so far, and the most this run may send.
     sent: u64,
     max_attempts: u64,
+    hedge: Option<HedgeConfig>,
+    /// The idempotency draw's threshold (`client.non_idempotent`).
+    non_idempotent: u64,
 }
 
 /// Events handled at one instant of the virtual clock before a run is called stuck: closed-loop
@@ -501,6 +621,8 @@ impl<'s> Run<'s> {
             stats,
             sent: 0,
             max_attempts: crate::scenario::MAX_ATTEMPTS,
+            hedge: policy.hedge,
+            non_idempotent: dist::threshold(sc.client.non_idempotent),
         })
     }
 
@@ -654,7 +776,12 @@ impl<'s> Run<'s> {
                     if let Some((p, _)) = a.reserved.take() {
                         p.refund(self.ts());
                     }
-                    self.answered(a, false);
+                    self.heard(a.unit, a.sent_at);
+                    if a.waiting {
+                        self.answered(a, false);
+                    } else if let Some(held) = a.held.take() {
+                        held.upstream_answered();
+                    }
                 }
             }
             Ev::Limited(a) => self.limited(a),
@@ -663,6 +790,7 @@ impl<'s> Run<'s> {
             Ev::RetryDue(c) => self.retry_due(c),
             Ev::QueueDeadline(u) => self.queue_deadline(u),
             Ev::LimiterWake(u) => self.limiter_wake(u),
+            Ev::HedgeDue(a) => self.hedge_due(a),
             Ev::Segment(s) => {
                 self.seg = s as usize;
                 self.fill_servers();
@@ -698,6 +826,8 @@ impl<'s> Run<'s> {
 
     fn start_call(&mut self, action: Ref, key: u64, unit: u32) {
         let now = self.now;
+        let idempotent =
+            !SplitMix64::new(key ^ IDEMPOTENCY_SALT).next_u64_below(self.non_idempotent);
         let call = self.calls.insert(Call {
             action,
             key,
@@ -709,6 +839,9 @@ impl<'s> Run<'s> {
             state: RetryState::default(),
             rare: None,
             primary_active: false,
+            live: 0,
+            hedges: 0,
+            idempotent,
         });
         self.stats.requests += 1;
         let ts = self.ts();
@@ -776,7 +909,7 @@ impl<'s> Run<'s> {
         let Some(unit) = self.calls.get(call).map(|c| c.unit) else { return };
         let u = &mut self.units[unit as usize];
         let Some(up) = &u.upstream else {
-            self.send(call, None, false, false);
+            self.send(call, None, Sent::Primary, false, None);
             return;
         };
         u.active_primaries += 1;
@@ -797,7 +930,7 @@ impl<'s> Run<'s> {
         {
             p.on_admitted(ts);
         }
-        self.send(call, Some(permit), false, false);
+        self.send(call, Some(permit), Sent::Primary, false, None);
     }
 
     /// No free slot: wait in the limiter's FIFO queue, until the queue timeout or the deadline.
@@ -904,10 +1037,18 @@ impl<'s> Run<'s> {
     }
 
     /// Sends an attempt that has its slot (if the policy has a cap): the breaker's permit
-    /// first, then the dependency.
-    fn send(&mut self, call: Ref, permit: Option<Permit>, retry: bool, pooled: bool) {
+    /// first, then the dependency. Returns the attempt, or `None` when the breaker refused it
+    /// (a hedge's refusal leaves its request waiting on the attempts it has).
+    fn send(
+        &mut self,
+        call: Ref,
+        permit: Option<Permit>,
+        kind: Sent,
+        pooled: bool,
+        charge: Option<RetryPermit>,
+    ) -> Option<Ref> {
         let ts = self.ts();
-        let Some(c) = self.calls.get_mut(call) else { return };
+        let c = self.calls.get_mut(call)?;
         let unit = c.unit;
         let probe = match &self.units[unit as usize].breaker {
             None => None,
@@ -917,16 +1058,18 @@ impl<'s> Run<'s> {
                     if let Some(p) = permit {
                         p.release_at(ts);
                     }
-                    if retry {
-                        self.deny(call, Denied::Breaker);
-                    } else {
-                        self.primary_refused(call, Denied::Breaker);
+                    match kind {
+                        Sent::Primary => self.primary_refused(call, Denied::Breaker),
+                        Sent::Retry => self.deny(call, Denied::Breaker),
+                        Sent::Hedge => self.hedge_refused(unit, charge, Denied::Breaker),
                     }
-                    return;
+                    return None;
                 }
             },
         };
         c.tries += 1;
+        c.live += 1;
+        let may_hedge = self.hedge.is_some_and(|h| u32::from(c.hedges) < h.max_hedges);
         let booking = c.rare.as_mut().and_then(|r| r.booking.take());
         let key = mix(c.key, u64::from(c.tries));
         let limit = {
@@ -941,6 +1084,9 @@ impl<'s> Run<'s> {
         let att = self.attempts.insert(Attempt {
             call,
             key,
+            kind,
+            sent_at: self.now,
+            charge,
             error,
             waiting: true,
             unit,
@@ -952,9 +1098,15 @@ impl<'s> Run<'s> {
             booking,
             reserved: None,
         });
-        self.stats.sent(retry);
+        self.stats.sent(kind);
         self.sent += 1;
         let now = self.now;
+        if may_hedge && let Some(delay) = self.hedge_delay(unit) {
+            // A hedge due at or after the per-try timeout would be a retry.
+            if delay < limit {
+                self.push(now + delay, Ev::HedgeDue(att));
+            }
+        }
         // The provider counts every attempt at its door, before its queue and servers.
         if let Some(provider) = &self.provider {
             let counted = provider.arrive(ts, self.tokens.most);
@@ -974,7 +1126,7 @@ impl<'s> Run<'s> {
                     if answer > limit {
                         self.push(now + limit, Ev::Timeout(att));
                     }
-                    return;
+                    return Some(att);
                 }
             }
         }
@@ -992,12 +1144,23 @@ impl<'s> Run<'s> {
             self.stats.rejected += 1;
             self.push(now, Ev::Reject(att));
         }
+        Some(att)
     }
 
     fn timed_out(&mut self, att: Ref) {
-        let Some(a) = self.attempts.get_mut(att) else { return };
+        let Some(call) = self.give_up(att, AttemptResult::UpstreamFailure) else { return };
+        self.stats.timeouts += 1;
+        if self.one_fewer(call) == 0 {
+            self.attempt_failed(call, AttemptFailure::Timeout, None);
+        }
+    }
+
+    /// The client stops waiting for an attempt (its per-try timeout, or another attempt of
+    /// its request won) while the dependency may still be working on it. Returns its request.
+    fn give_up(&mut self, att: Ref, result: AttemptResult) -> Option<Ref> {
+        let a = self.attempts.get_mut(att)?;
         if !a.waiting {
-            return;
+            return None;
         }
         a.waiting = false;
         let (call, unit, pooled) = (a.call, a.unit, a.pooled);
@@ -1006,7 +1169,7 @@ impl<'s> Run<'s> {
         drop(a.booking.take());
         let ts = self.ts();
         if let Some(p) = probe {
-            p.record(ts, AttemptResult::UpstreamFailure);
+            p.record(ts, result);
         }
         if let Some(p) = permit {
             // The dependency is still working on it: the slot is held, as the tower layer
@@ -1023,8 +1186,135 @@ impl<'s> Run<'s> {
                 self.push(self.now + hold, Ev::LimiterWake(unit));
             }
         }
-        self.stats.timeouts += 1;
-        self.attempt_failed(call, AttemptFailure::Timeout, None);
+        Some(call)
+    }
+
+    /// One attempt of `call` fewer is awaited: returns how many still are.
+    fn one_fewer(&mut self, call: Ref) -> u8 {
+        self.calls.get_mut(call).map_or(0, |c| {
+            c.live = c.live.saturating_sub(1);
+            c.live
+        })
+    }
+
+    /// The hedge delay for an attempt sent now by `unit`: `None` while a percentile has too few
+    /// answers to read.
+    fn hedge_delay(&mut self, unit: u32) -> Option<u64> {
+        match self.hedge?.after {
+            HedgeAfter::Fixed(d) => Some(nanos(d)),
+            HedgeAfter::Percentile { .. } => {
+                let now = self.now;
+                self.units[unit as usize].latency.as_mut()?.delay(now)
+            }
+        }
+    }
+
+    /// The dependency answered an attempt sent at `sent_at` (whether or not the client still
+    /// waited for it): its latency joins the recent ones a percentile `hedge_after` reads.
+    #[inline]
+    fn heard(&mut self, unit: u32, sent_at: u64) {
+        if let Some(w) = &mut self.units[unit as usize].latency {
+            w.record(self.now, self.now - sent_at);
+        }
+    }
+
+    /// An attempt is still unanswered after the hedge delay: send a hedge beside it. A budget
+    /// policy checks what a retry's decision checks, in the same order (idempotency, breaker,
+    /// pushback hold, deadline, budget), then takes a slot with `try_acquire`; a naive hedger
+    /// checks idempotency, the breaker and its cap.
+    fn hedge_due(&mut self, att: Ref) {
+        let ts = self.ts();
+        let now = self.now;
+        let Some(a) = self.attempts.get(att) else { return };
+        if !a.waiting {
+            return;
+        }
+        let call = a.call;
+        let Some(c) = self.calls.get(call) else { return };
+        let unit = c.unit;
+        let u = &self.units[unit as usize];
+        let budgeted = u.policy.as_ref();
+        let upstream = u.retry_upstream.as_ref().or(u.upstream.as_ref());
+        let pooled = u.retry_upstream.is_some();
+        let refused = if !c.idempotent {
+            Some(Denied::NonIdempotent)
+        } else if u.breaker.as_ref().is_some_and(|b| !b.allows_retry(ts)) {
+            Some(Denied::Breaker)
+        } else if budgeted.is_some() && upstream.is_some_and(|up| up.hold.is_held(ts).is_some()) {
+            Some(Denied::Pushback)
+        } else if budgeted
+            .is_some_and(|p| now.saturating_add(nanos(p.config().min_attempt_time)) > c.deadline)
+        {
+            Some(Denied::Deadline)
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            self.hedge_refused(unit, None, reason);
+            return;
+        }
+        // The same budget as retries, charged as for a retry after a timeout.
+        let charge = match budgeted {
+            None => None,
+            Some(policy) => {
+                if u.counts_active {
+                    policy.budget().set_active(u.active_primaries, 0);
+                }
+                match policy.budget().try_retry(ts, FailureKind::Timeout) {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        self.hedge_refused(unit, None, Denied::Budget);
+                        return;
+                    }
+                }
+            }
+        };
+        // Its own slot under the same cap, never queued.
+        let permit = match upstream {
+            None => None,
+            Some(up) => match up.limiter.try_acquire_at(AttemptKind::Retry, ts) {
+                Ok(p) => Some(p),
+                Err(reason) => {
+                    self.hedge_refused(unit, charge, reason);
+                    return;
+                }
+            },
+        };
+        // Under rate admission a hedge, like a retry, never waits for the provider's window.
+        if let Some(meter) = &u.rate {
+            match meter.book(ts, self.tokens.most, Duration::ZERO) {
+                Ok((booking, _)) => {
+                    if let Some(c) = self.calls.get_mut(call) {
+                        c.rare().booking = Some(booking);
+                    }
+                }
+                Err(_) => {
+                    if let Some(p) = permit {
+                        p.release_at(ts);
+                    }
+                    self.hedge_refused(unit, charge, Denied::Rate);
+                    return;
+                }
+            }
+        }
+        if let Some(c) = self.calls.get_mut(call) {
+            c.hedges += 1;
+        }
+        let Some(hedge) = self.send(call, permit, Sent::Hedge, pooled, charge) else { return };
+        if let Some(c) = self.calls.get_mut(call) {
+            let together = &mut c.rare().hedged;
+            together.retain(|r| *r != att);
+            together.extend([att, hedge]);
+        }
+    }
+
+    /// A hedge was refused: its budget charge (if it had one) goes back; the request waits on
+    /// the attempts it has.
+    fn hedge_refused(&mut self, unit: u32, charge: Option<RetryPermit>, reason: Denied) {
+        if let (Some(p), Some(policy)) = (charge, &self.units[unit as usize].policy) {
+            policy.budget().refund(self.ts(), p);
+        }
+        self.stats.hedge_denied(reason);
     }
 
     /// The client has the attempt's answer (or the dependency's refusal).
@@ -1043,8 +1333,21 @@ impl<'s> Run<'s> {
             b.settle(ts, ok.then_some(self.tokens.used));
         }
         self.hear_limits(a.unit, None);
+        let others = self.one_fewer(a.call);
         if ok {
+            if a.kind == Sent::Hedge {
+                self.stats.hedges_won += 1;
+            }
+            if let Some(mut charge) = a.charge {
+                charge.succeeded();
+            }
+            if others > 0 {
+                self.abandon_others(a.call);
+            }
             self.succeeded(a.call);
+        } else if others > 0 {
+            // Another attempt of the request is still awaited: its answer decides.
+            self.stats.errors += 1;
         } else {
             self.stats.errors += 1;
             self.attempt_failed(a.call, AttemptFailure::Status(503), None);
@@ -1066,6 +1369,7 @@ impl<'s> Run<'s> {
     /// It says nothing of the dependency's health, so the breaker does not count it.
     fn limited(&mut self, att: Ref) {
         let Some(mut a) = self.attempts.remove(att) else { return };
+        self.heard(a.unit, a.sent_at);
         if !a.waiting {
             if let Some(held) = a.held.take() {
                 held.upstream_answered();
@@ -1084,7 +1388,24 @@ impl<'s> Run<'s> {
             b.settle(ts, None);
         }
         self.hear_limits(a.unit, a.limited);
-        self.attempt_failed(a.call, AttemptFailure::Status(429), a.limited);
+        if self.one_fewer(a.call) == 0 {
+            self.attempt_failed(a.call, AttemptFailure::Status(429), a.limited);
+        }
+    }
+
+    /// The first successful answer of a hedged request is the caller's: the client stops
+    /// waiting for the others, which keep their slots until the dependency finishes them.
+    fn abandon_others(&mut self, call: Ref) {
+        let together = match self.calls.get_mut(call).and_then(|c| c.rare.as_mut()) {
+            Some(r) => std::mem::take(&mut r.hedged),
+            None => return,
+        };
+        for att in together {
+            if self.attempts.get(att).is_some_and(|a| a.call == call) {
+                // The breaker learns nothing from an answer nobody read.
+                self.give_up(att, AttemptResult::NotCounted);
+            }
+        }
     }
 
     /// A failed attempt goes to the retry decision; `retry_after` is the dependency's word on
@@ -1133,7 +1454,7 @@ impl<'s> Run<'s> {
                 let upstream =
                     u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
                 let facts = RequestFacts {
-                    idempotent: true,
+                    idempotent: c.idempotent,
                     replayable: true,
                     stacked: false,
                     deadline: Some(Timestamp::from_nanos(c.deadline)),
@@ -1214,7 +1535,7 @@ impl<'s> Run<'s> {
                     }
                 }
                 c.rare().charges = Some(admitted.into_charges());
-                self.send(call, permit, true, pooled);
+                self.send(call, permit, Sent::Retry, pooled, None);
             }
             Err(reason) => self.deny(call, reason),
         }
@@ -1250,7 +1571,7 @@ impl<'s> Run<'s> {
                 }
             }
         }
-        self.send(call, permit, true, pooled);
+        self.send(call, permit, Sent::Retry, pooled, None);
     }
 
     fn succeeded(&mut self, call: Ref) {
@@ -1349,6 +1670,7 @@ impl<'s> Run<'s> {
         self.dep_in_flight(-1);
         self.fill_servers();
         let Some(mut a) = self.attempts.remove(att) else { return };
+        self.heard(a.unit, a.sent_at);
         // The provider counts what it served: the prompt, and the output unless it failed.
         if let Some((p, in_run)) = a.reserved.take() {
             let used = if a.error { self.tokens.input } else { self.tokens.used };
@@ -1430,6 +1752,12 @@ fn build_units(
                 active_primaries: 0,
                 waiters: VecDeque::new(),
                 queue_timer: false,
+                latency: match p.hedge.map(|h| h.after) {
+                    Some(HedgeAfter::Percentile { quantile, floor }) => {
+                        Some(LatencyWindow::new(quantile, floor))
+                    }
+                    _ => None,
+                },
             })
         })
         .collect()

@@ -127,9 +127,17 @@ pub struct PolicyReport {
     pub primaries: u64,
     /// Retries sent to the dependency.
     pub retries_issued: u64,
+    /// Hedges sent to the dependency (second attempts beside one still unanswered).
+    pub hedges_issued: u64,
+    /// Hedges whose answer was the one the caller got.
+    pub hedges_won: u64,
+    /// Hedges refused, all reasons.
+    pub hedges_denied: u64,
+    /// Hedges refused, by the retry reasons (`budget`, `cap`, `breaker`, `non-idempotent`, ...).
+    pub hedges_denied_by: BTreeMap<&'static str, u64>,
     /// Attempts sent to the dependency per second (its offered load), over the run.
     pub offered_per_s: f64,
-    /// Attempts sent per request started: 1 means no extra load from retries.
+    /// Attempts sent per request started: 1 means no extra load from retries or hedges.
     pub amplification: f64,
     /// Attempts in flight at the dependency.
     pub in_flight: InFlight,
@@ -185,6 +193,12 @@ pub struct PhaseReport {
     pub offered_per_s: f64,
     /// Retries per first attempt sent.
     pub retry_fraction: f64,
+    /// Hedges per first attempt sent.
+    pub hedge_fraction: f64,
+    /// Latency of the actions that started in the segment (when the timeline has more than
+    /// one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<Latency>,
     /// The time-weighted mean of attempts in flight at the dependency.
     pub in_flight_mean: f64,
     /// The most at any instant.
@@ -266,7 +280,7 @@ impl PolicyReport {
         let duration_s = sc.duration.as_secs_f64();
         let bucket_s = sc.bucket.as_secs_f64();
         let horizon = s.horizon as f64;
-        let attempts = s.primaries + s.retries;
+        let attempts = s.primaries + s.retries + s.hedges;
         let area: u128 = s.buckets.iter().map(|b| b.in_flight_area).sum();
         let units = match p.share {
             Share::Fleet => 1,
@@ -278,7 +292,9 @@ impl PolicyReport {
             let start = i as f64 * bucket_s;
             let width = ((s.horizon - (i as u64 * s.bucket_nanos)).min(s.bucket_nanos)) as f64;
             series.t_s.push(r4(start));
-            series.offered_per_s.push(r4((b.primaries + b.retries) as f64 * 1e9 / width));
+            series
+                .offered_per_s
+                .push(r4((b.primaries + b.retries + b.hedges) as f64 * 1e9 / width));
             series.retries_per_s.push(r4(b.retries as f64 * 1e9 / width));
             series.in_flight_mean.push(r4(b.in_flight_area as f64 / width));
             series.in_flight_max.push(u64::from(b.in_flight_max));
@@ -318,8 +334,13 @@ impl PolicyReport {
                 let width = (seg.end.saturating_sub(seg.start)).as_secs_f64().max(1e-9);
                 PhaseReport {
                     name: seg.name.clone(),
-                    offered_per_s: r4((st.primaries + st.retries) as f64 / width),
+                    offered_per_s: r4((st.primaries + st.retries + st.hedges) as f64 / width),
                     retry_fraction: r4(ratio(st.retries, st.primaries)),
+                    hedge_fraction: r4(ratio(st.hedges, st.primaries)),
+                    latency_ms: st.latency.as_ref().map(|h| {
+                        let ms = |q: f64| r4(h.quantile(q).unwrap_or(0) as f64 / 1e6);
+                        Latency { p50: ms(0.5), p99: ms(0.99) }
+                    }),
                     in_flight_mean: r4(st.in_flight_area as f64 / (width * 1e9)),
                     in_flight_max: u64::from(st.in_flight_max),
                     goodput: r4(ratio(st.actions_ok, st.actions)),
@@ -339,6 +360,10 @@ impl PolicyReport {
             requests: s.requests,
             primaries: s.primaries,
             retries_issued: s.retries,
+            hedges_issued: s.hedges,
+            hedges_won: s.hedges_won,
+            hedges_denied: s.hedges_denied.iter().sum(),
+            hedges_denied_by: by_reason(&s.hedges_denied),
             offered_per_s: r4(attempts as f64 / duration_s),
             amplification: r4(ratio(attempts, s.requests)),
             in_flight: InFlight {
@@ -567,6 +592,39 @@ impl Report {
                 primaries_refused.join("; ")
             )?;
         }
+        let hedging: Vec<&PolicyReport> =
+            self.policies.iter().filter(|p| p.hedges_issued + p.hedges_denied > 0).collect();
+        if !hedging.is_empty() {
+            writeln!(out, "\nhedges")?;
+            let mut rows = vec![vec![
+                "policy".to_string(),
+                "sent".into(),
+                "won".into(),
+                "per first try".into(),
+                "retries + hedges per first try".into(),
+                "refused".into(),
+            ]];
+            for p in hedging {
+                let refused = if p.hedges_denied_by.is_empty() {
+                    "0".to_string()
+                } else {
+                    p.hedges_denied_by
+                        .iter()
+                        .map(|(k, v)| format!("{k} {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                rows.push(vec![
+                    p.name.clone(),
+                    p.hedges_issued.to_string(),
+                    p.hedges_won.to_string(),
+                    format!("{:.3}", ratio(p.hedges_issued, p.primaries)),
+                    format!("{:.3}", ratio(p.hedges_issued + p.retries_issued, p.primaries)),
+                    refused,
+                ]);
+            }
+            table(out, &rows)?;
+        }
         if let Some(limits) = self.policies.iter().find_map(|p| p.rate_limit) {
             writeln!(out, "\nat the dependency's {}", limits.describe())?;
             let tokens = limits.tokens_limit_per_min.is_some();
@@ -597,11 +655,19 @@ impl Report {
             table(out, &rows)?;
         }
         if self.phases.len() > 1 {
-            for (title, cell) in [
+            let hedged = self.policies.iter().any(|p| p.hedges_issued > 0);
+            let mut tables = vec![
                 ("in flight at the dependency (mean) by phase", PhaseCell::InFlight),
                 ("goodput by phase", PhaseCell::Goodput),
                 ("retries per first try by phase", PhaseCell::RetryFraction),
-            ] {
+            ];
+            if hedged {
+                tables.push(("hedges per first try by phase", PhaseCell::HedgeFraction));
+                tables
+                    .push(("in flight at the dependency (most) by phase", PhaseCell::InFlightMax));
+                tables.push(("latency p99 by phase", PhaseCell::LatencyP99));
+            }
+            for (title, cell) in tables {
                 writeln!(out, "\n{title}")?;
                 let mut rows = vec![
                     std::iter::once("policy".to_string())
@@ -614,6 +680,11 @@ impl Report {
                         PhaseCell::InFlight => format!("{:.2}", ph.in_flight_mean),
                         PhaseCell::Goodput => pct(ph.goodput),
                         PhaseCell::RetryFraction => format!("{:.3}", ph.retry_fraction),
+                        PhaseCell::HedgeFraction => format!("{:.3}", ph.hedge_fraction),
+                        PhaseCell::InFlightMax => ph.in_flight_max.to_string(),
+                        PhaseCell::LatencyP99 => {
+                            ph.latency_ms.map_or("-".into(), |l| format!("{:.1}ms", l.p99))
+                        }
                     }));
                     rows.push(row);
                 }
@@ -644,6 +715,9 @@ enum PhaseCell {
     InFlight,
     Goodput,
     RetryFraction,
+    HedgeFraction,
+    InFlightMax,
+    LatencyP99,
 }
 
 /// Rates and shares in the tables: one decimal, fixed, so the columns line up.

@@ -63,11 +63,20 @@ impl LogHistogram {
     }
 }
 
+/// What kind of attempt was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    Primary,
+    Retry,
+    Hedge,
+}
+
 /// Counts for one time bucket.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Bucket {
     pub primaries: u64,
     pub retries: u64,
+    pub hedges: u64,
     /// Attempts in flight at the dependency × nanoseconds.
     pub in_flight_area: u128,
     pub in_flight_max: u32,
@@ -82,12 +91,16 @@ pub(crate) struct Bucket {
 pub(crate) struct SegmentStats {
     pub primaries: u64,
     pub retries: u64,
+    pub hedges: u64,
     pub in_flight_area: u128,
     pub in_flight_max: u32,
     pub actions: u64,
     pub actions_ok: u64,
     pub actions_fast: u64,
     pub requests: u64,
+    /// Latency of the actions that started in the segment (kept only when the timeline has
+    /// more than one segment).
+    pub latency: Option<LogHistogram>,
 }
 
 /// Everything one policy's run measured.
@@ -129,6 +142,10 @@ pub(crate) struct RunStats {
     pub tokens_in_run: u64,
     pub retries_denied: [u64; Denied::ALL.len()],
     pub primaries_denied: [u64; Denied::ALL.len()],
+    /// Hedges sent, those whose answer was the caller's, and those refused by reason.
+    pub hedges: u64,
+    pub hedges_won: u64,
+    pub hedges_denied: [u64; Denied::ALL.len()],
 }
 
 impl RunStats {
@@ -138,7 +155,13 @@ impl RunStats {
             bucket_nanos,
             horizon,
             buckets: vec![Bucket::default(); n],
-            segments: vec![SegmentStats::default(); seg_starts.len()],
+            segments: vec![
+                SegmentStats {
+                    latency: (seg_starts.len() > 1).then(LogHistogram::new),
+                    ..SegmentStats::default()
+                };
+                seg_starts.len()
+            ],
             seg_starts,
             time_at: vec![0; 64],
             in_flight_max: 0,
@@ -164,6 +187,9 @@ impl RunStats {
             tokens_in_run: 0,
             retries_denied: [0; Denied::ALL.len()],
             primaries_denied: [0; Denied::ALL.len()],
+            hedges: 0,
+            hedges_won: 0,
+            hedges_denied: [0; Denied::ALL.len()],
         }
     }
 
@@ -227,21 +253,24 @@ impl RunStats {
     }
 
     #[inline]
-    pub(crate) fn sent(&mut self, retry: bool) {
-        if retry {
-            self.retries += 1;
-        } else {
-            self.primaries += 1;
+    pub(crate) fn sent(&mut self, kind: Sent) {
+        match kind {
+            Sent::Primary => self.primaries += 1,
+            Sent::Retry => self.retries += 1,
+            Sent::Hedge => self.hedges += 1,
         }
         if let Some((b, s)) = self.current() {
-            if retry {
-                self.buckets[b].retries += 1;
-                self.segments[s].retries += 1;
-            } else {
-                self.buckets[b].primaries += 1;
-                self.segments[s].primaries += 1;
+            let (b, s) = (&mut self.buckets[b], &mut self.segments[s]);
+            match kind {
+                Sent::Primary => (b.primaries, s.primaries) = (b.primaries + 1, s.primaries + 1),
+                Sent::Retry => (b.retries, s.retries) = (b.retries + 1, s.retries + 1),
+                Sent::Hedge => (b.hedges, s.hedges) = (b.hedges + 1, s.hedges + 1),
             }
         }
+    }
+
+    pub(crate) fn hedge_denied(&mut self, reason: Denied) {
+        self.hedges_denied[reason.index()] += 1;
     }
 
     /// An attempt reached the provider's limits: counted (`true`) or answered 429. Returns
@@ -302,6 +331,9 @@ impl RunStats {
         s.actions_ok += u64::from(ok);
         s.actions_fast += u64::from(fast);
         s.requests += u64::from(calls);
+        if let Some(h) = &mut s.latency {
+            h.record(latency);
+        }
     }
 }
 

@@ -27,6 +27,8 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
   model-provider   requests per minute at twice the limit: 429s without rate admission, ~0 with it
   model-provider-tokens
                    the same with tokens per minute binding: bookings settled at the usage
+  long-tail        5 % of answers at 20x the median: hedging cuts p99 within the retry budget and
+                   the cap; a naive hedger overloads at 40 % errors
 
 Examples:
   stormguard simulate --builtin metastable --html report.html

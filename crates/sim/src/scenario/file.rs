@@ -70,6 +70,7 @@ pub(super) struct ClientFile {
     pub retry_on: Option<RetryOn>,
     #[serde(default, deserialize_with = "de::option_duration")]
     pub fast_within: Option<Duration>,
+    pub non_idempotent: Option<f64>,
 }
 
 /// The keys of the dependency's conditions, in `[dependency]` and in every `[[phase]]`.
@@ -165,6 +166,11 @@ pub(super) struct PolicyFile {
     pub requests_per_minute: Option<u64>,
     pub tokens_per_minute: Option<u64>,
     pub learn_rate_limits: Option<bool>,
+    /// `"100ms"` or `"p95"`.
+    pub hedge_after: Option<String>,
+    #[serde(default, deserialize_with = "de::option_duration")]
+    pub hedge_floor: Option<Duration>,
+    pub max_hedges: Option<u64>,
 }
 
 /// `breaker = { ... }` or `[policy.breaker]`.

@@ -182,6 +182,11 @@ pub struct ClientConfig {
     /// When a timed-out attempt's held slot comes back. Default
     /// [`OnAnswer`](HeldSlotRelease::OnAnswer).
     pub held_slot: HeldSlotRelease,
+    /// The fraction of requests that are not idempotent (POST-like), in `[0, 1]`, drawn per
+    /// request. Default 0. stormguard neither hedges them nor retries a failure that may have
+    /// reached the dependency (core's `non-idempotent`); naive retries retry them anyway, as
+    /// a retry loop that does not look at the method does.
+    pub non_idempotent: f64,
 }
 
 /// When a timed-out attempt's slot under the cap is released.
@@ -293,6 +298,75 @@ pub struct PolicyConfig {
     /// Rate admission against the provider's requests and tokens per minute, if any (needs a
     /// cap).
     pub rate: Option<RateAdmissionConfig>,
+    /// Hedged requests, if any.
+    pub hedge: Option<HedgeConfig>,
+}
+
+/// Hedging: an attempt still unanswered after [`after`](HedgeConfig::after) gets a second
+/// attempt (a hedge) beside it; the first successful answer is the caller's, and the other
+/// attempt keeps its slot until the dependency finishes it.
+///
+/// Under a budget policy a hedge is a retry in all but its cause: it is sent only for an
+/// idempotent request, never while the breaker refuses retries or a pushback hold is on, is
+/// paid from the same budget (`try_retry`), and takes its slot with `try_acquire` (refused
+/// `cap` when none is free, never queued). Refusals are counted by the retry reasons. Without
+/// a budget (a naive hedger) only the request's idempotency, the breaker and a cap, if the
+/// policy has them, stand in its way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HedgeConfig {
+    /// When an unanswered attempt is hedged.
+    pub after: HedgeAfter,
+    /// Hedges per request, 1..=3 (`max_hedges`, default 1; 0 turns hedging off). A hedge that
+    /// is itself unanswered after the delay may be hedged again.
+    pub max_hedges: u32,
+}
+
+/// When an attempt is hedged (`hedge_after`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HedgeAfter {
+    /// A fixed delay after the attempt was sent: `hedge_after = "100ms"`.
+    Fixed(Duration),
+    /// A percentile of the latency of recent attempts (answered in the last 10 to 20 s of
+    /// virtual time, by the same instance, or by the fleet when shared), never below `floor`:
+    /// `hedge_after = "p95"`, `hedge_floor = "10ms"`. No hedge is sent until 100 attempts have
+    /// been answered.
+    Percentile {
+        /// The quantile, in `[0.5, 0.999]` (`p95` is 0.95).
+        quantile: f64,
+        /// The least delay (`hedge_floor`, default 10 ms, above 0).
+        floor: Duration,
+    },
+}
+
+impl HedgeAfter {
+    /// Reads `100ms` or `p95` (`p50` to `p99.9`), with `floor` for a percentile.
+    pub fn parse(text: &str, floor: Duration) -> Option<HedgeAfter> {
+        let text = text.trim();
+        match text.strip_prefix('p') {
+            Some(n) => {
+                let pct: f64 = n.parse().ok()?;
+                let tenths = pct * 10.0;
+                ((500.0..=999.0).contains(&tenths) && tenths.fract() == 0.0)
+                    .then_some(HedgeAfter::Percentile { quantile: pct / 100.0, floor })
+            }
+            None => stormguard_core::decimal::parse_duration(text)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .map(HedgeAfter::Fixed),
+        }
+    }
+}
+
+impl std::fmt::Display for HedgeAfter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            HedgeAfter::Fixed(d) => f.write_str(&format_duration(d)),
+            HedgeAfter::Percentile { quantile, .. } => {
+                let pct = quantile * 100.0;
+                if pct.fract() == 0.0 { write!(f, "p{pct:.0}") } else { write!(f, "p{pct:.1}") }
+            }
+        }
+    }
 }
 
 /// Rate admission, as the proxy's `requests_per_minute`, `tokens_per_minute` and
@@ -473,6 +547,9 @@ impl PolicyConfig {
         if self.rate.is_some() {
             name.push_str("+rate");
         }
+        if let Some(h) = &self.hedge {
+            name.push_str(&format!("+hedge-{}", h.after));
+        }
         if self.breaker.is_some() {
             name.push_str("+breaker");
         }
@@ -523,6 +600,21 @@ impl PolicyConfig {
             Some((Some(n), Some(t))) => {
                 parts.push(format!("rate admission from {n} requests/min and {t} tokens/min"))
             }
+        }
+        if let Some(h) = &self.hedge {
+            let after = match h.after {
+                HedgeAfter::Fixed(d) => format_duration(d),
+                HedgeAfter::Percentile { floor, .. } => format!(
+                    "the {} of recent attempts (at least {})",
+                    h.after,
+                    format_duration(floor)
+                ),
+            };
+            let paid = match self.retry {
+                RetryRule::Budget { .. } => "paid from the retry budget",
+                _ => "without a budget",
+            };
+            parts.push(format!("up to {} hedge(s) after {after}, {paid}", h.max_hedges));
         }
         if let Some(b) = &self.breaker {
             parts.push(format!(
@@ -667,6 +759,21 @@ pub enum InvalidScenario {
     /// `scope_retries` on a policy without a budget.
     #[error("scopes are charged by RetryPolicy: give the policy a budget")]
     ScopeWithoutBudget,
+    /// A `hedge_after` that is neither a duration above 0 nor a percentile from p50 to p99.9.
+    #[error(
+        "must be a delay above 0 (\"100ms\") or a percentile of recent attempt latency from \
+         p50 to p99.9 (\"p95\"), got `{got}`"
+    )]
+    HedgeAfter {
+        /// The text given.
+        got: String,
+    },
+    /// `max_hedges` or `hedge_floor` without `hedge_after`.
+    #[error("needs hedge_after (when an unanswered attempt is hedged)")]
+    NeedsHedgeAfter,
+    /// `hedge_floor` with a fixed `hedge_after`.
+    #[error("a floor is for a percentile hedge_after (\"p95\"), not a fixed delay")]
+    FloorWithFixedHedge,
     /// `requests_remaining` without `requests_per_minute` on the dependency (or
     /// `tokens_remaining` without `tokens_per_minute`).
     #[error("needs {limit} (the provider's limit)")]

@@ -18,13 +18,16 @@ use super::file::{
     Queue, ScenarioFile,
 };
 use super::{
-    Arrivals, CapConfig, ClientConfig, Conditions, Fleet, HeldSlotRelease, InvalidScenario, Load,
-    MAX_ATTEMPTS, Phase, PolicyConfig, ProviderLimit, ProviderRate, RateAdmissionConfig, RetryRule,
-    Scenario, Share, SimDependency,
+    Arrivals, CapConfig, ClientConfig, Conditions, Fleet, HedgeAfter, HedgeConfig, HeldSlotRelease,
+    InvalidScenario, Load, MAX_ATTEMPTS, Phase, PolicyConfig, ProviderLimit, ProviderRate,
+    RateAdmissionConfig, RetryRule, Scenario, Share, SimDependency,
 };
 
 /// The most requests or tokens per minute a limit may state (the proxy's bound).
 const MAX_PER_MINUTE: u64 = 1_000_000_000_000;
+
+/// A percentile `hedge_after`'s least delay when `hedge_floor` is left out.
+const DEFAULT_HEDGE_FLOOR: Duration = Duration::from_millis(10);
 
 /// The most tokens one call may send or ask for: well past any model's context window.
 const MAX_CALL_TOKENS: u64 = 100_000_000;
@@ -220,6 +223,7 @@ impl ClientFile {
             retry_on: self.retry_on.unwrap_or_default(),
             fast_within: self.fast_within,
             held_slot: self.held_slot.unwrap_or(HeldSlotRelease::OnAnswer),
+            non_idempotent: t.fraction("non_idempotent", self.non_idempotent)?.unwrap_or(0.0),
         })
     }
 }
@@ -400,6 +404,32 @@ fn policies(files: Vec<PolicyFile>) -> Rule<Vec<PolicyConfig>> {
     Ok(out)
 }
 
+/// A policy's hedging: `hedge_after` (a delay or a percentile, with `hedge_floor`) and
+/// `max_hedges` (0..=3, default 1; 0 turns it off).
+fn hedge(f: &PolicyFile, t: &Table) -> Rule<Option<HedgeConfig>> {
+    let max_hedges = t.range32("max_hedges", f.max_hedges, 0, 3)?;
+    let Some(text) = &f.hedge_after else {
+        let key = if f.max_hedges.is_some() { "max_hedges" } else { "hedge_floor" };
+        if f.max_hedges.is_some() || f.hedge_floor.is_some() {
+            return Err(t.fail(key, InvalidScenario::NeedsHedgeAfter));
+        }
+        return Ok(None);
+    };
+    if f.hedge_floor.is_some_and(|d| d.is_zero()) {
+        return Err(t.fail("hedge_floor", InvalidScenario::ZeroDuration));
+    }
+    let floor = f.hedge_floor.unwrap_or(DEFAULT_HEDGE_FLOOR);
+    let after = HedgeAfter::parse(text, floor)
+        .ok_or_else(|| t.fail("hedge_after", InvalidScenario::HedgeAfter { got: text.clone() }))?;
+    if matches!(after, HedgeAfter::Fixed(_)) && f.hedge_floor.is_some() {
+        return Err(t.fail("hedge_floor", InvalidScenario::FloorWithFixedHedge));
+    }
+    Ok(match max_hedges.unwrap_or(1) {
+        0 => None,
+        max_hedges => Some(HedgeConfig { after, max_hedges }),
+    })
+}
+
 fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
     let retries = t.range32("retries", f.retries, 0, MAX_RETRIES_LIMIT)?;
     let retry = match &f.budget {
@@ -481,6 +511,7 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
         share: f.share.unwrap_or(Share::Instance),
         scope_retries,
         rate,
+        hedge: hedge(f, t)?,
     };
     p.name = match &f.name {
         Some(n) if n.trim().is_empty() => return Err(t.fail("name", InvalidScenario::EmptyName)),
