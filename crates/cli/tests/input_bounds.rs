@@ -179,7 +179,11 @@ fn check_config_parses_the_fleets_redis_url_as_the_proxy_does() {
     );
     for (url, reason) in [
         ("redis://:hunter2@redis:99999", "the port must be a number from 1 to 65535"),
-        ("rediss://redis:6380", "a Redis URL starts with redis://"),
+        ("http://redis:6380", "a Redis URL starts with redis:// or rediss://"),
+        (
+            "rediss://redis:6380?cafile=x",
+            "a rediss:// URL's parameters are ca_file, client_cert and client_key",
+        ),
         ("redis://redis:6379/x", "the database after '/' must be a number"),
     ] {
         bounded().arg("check-config").arg(&path).env("SG_TEST_REDIS", url).assert().code(2).stderr(
@@ -197,12 +201,11 @@ fn check_config_parses_the_fleets_redis_url_as_the_proxy_does() {
             .code(2)
             .stderr(predicate::str::contains(reason));
     }
-    bounded()
-        .arg("check-config")
-        .arg(&path)
-        .env("SG_TEST_REDIS", "redis://:hunter2@redis:6380/2")
-        .assert()
-        .success();
+    for good in
+        ["redis://:hunter2@redis:6380/2", "rediss://:hunter2@redis:6380/0?ca_file=/etc/ca.pem"]
+    {
+        bounded().arg("check-config").arg(&path).env("SG_TEST_REDIS", good).assert().success();
+    }
     bounded().arg("check-config").arg(&path).env_remove("SG_TEST_REDIS").assert().success().stderr(
         predicate::str::contains(
             "dependency[0].redis: $SG_TEST_REDIS is not set here, so the Redis URL was not checked",

@@ -7,7 +7,7 @@
 //!
 //! | signal | metrics |
 //! | --- | --- |
-//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
+//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_hedges_total`, `stormguard_hedges_won_total`, `stormguard_hedges_denied_total{reason}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
 //! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap`, `stormguard_queued`, `stormguard_held_slots` |
 //! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
 //! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
@@ -141,6 +141,24 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         "stormguard_shadow_denied",
         "Attempts shadow mode would have refused, by reason.",
         &by_reason(&c.shadow_denied),
+    )?;
+    counter(
+        &mut enc,
+        "stormguard_hedges",
+        "Hedges sent (a second attempt beside one not answered after hedge_after).",
+        &[(base.clone(), c.hedges)],
+    )?;
+    counter(
+        &mut enc,
+        "stormguard_hedges_won",
+        "Hedges whose answer was the one the caller got.",
+        &[(base.clone(), c.hedges_won)],
+    )?;
+    counter(
+        &mut enc,
+        "stormguard_hedges_denied",
+        "Hedges refused, by reason (the retry rules' reasons).",
+        &by_reason(&c.hedge_denied),
     )?;
     let b = &s.budget;
     if let Some(p) = b.percent {
