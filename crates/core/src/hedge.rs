@@ -142,6 +142,12 @@ pub struct HedgeDelay {
     since: Mutex<Option<HistogramSnapshot>>,
 }
 
+impl Default for HedgeDelay {
+    fn default() -> HedgeDelay {
+        HedgeDelay::new()
+    }
+}
+
 impl HedgeDelay {
     /// A delay with no percentile read yet.
     pub fn new() -> HedgeDelay {
