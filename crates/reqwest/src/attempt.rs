@@ -144,6 +144,10 @@ pub(crate) async fn send(
         (None, Some(d)) => Some(d.saturating_since(now)),
         (None, None) => None,
     };
+    // While the call is out its slots are the dependency's: dropped here (the caller left, or
+    // a hedge won), they are held for abandon_hold — reqwest's call cannot run on without its
+    // caller, so the hold stands in for the answer this client will not see.
+    let mut out = Outstanding { slots: Some(slots), dep };
     let call = next.run(req, extensions);
     let result = match per_try {
         None => call.await,
@@ -152,7 +156,7 @@ pub(crate) async fn send(
             Err(_) => {
                 // The call is dropped, but the dependency is still working on the request:
                 // its slot is held for timeout_slot_hold.
-                timed_out(dep, slots, probe);
+                timed_out(dep, out.take(), probe);
                 return Err(Failed::Timeout);
             }
         },
@@ -169,20 +173,20 @@ pub(crate) async fn send(
             }
             dep.apply_limits_at(0, resp.headers());
             stormguard_tower::rate::answered(dep, 0, now, resp.status(), resp.headers(), false);
-            Ok(response::holding(resp, slots, rate, dep))
+            Ok(response::holding(resp, out.take(), rate, dep))
         }
         Err(e) => match classify(&e) {
             None => {
                 if let Some(p) = probe {
                     stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::NotCounted);
                 }
-                drop(slots);
+                drop(out.take());
                 refund(rate);
                 Err(Failed::Final(e))
             }
             // reqwest's own timeout: the dependency is still working on it, as after ours.
             Some(TransportError::Timeout) => {
-                timed_out(dep, slots, probe);
+                timed_out(dep, out.take(), probe);
                 Err(Failed::Transport(e, TransportError::Timeout))
             }
             Some(kind) => {
@@ -195,7 +199,7 @@ pub(crate) async fn send(
                     };
                     stormguard_tower::cap::record_probe(dep, 0, p, counted);
                 }
-                drop(slots);
+                drop(out.take());
                 // A refused connection sent nothing; anything else may have been counted.
                 match classify_transport(kind).1 {
                     true => refund(rate),
@@ -204,6 +208,29 @@ pub(crate) async fn send(
                 Err(Failed::Transport(e, kind))
             }
         },
+    }
+}
+
+/// An attempt's slots while its call is out (see [`send`]).
+struct Outstanding<'a> {
+    slots: Option<Slots>,
+    dep: &'a Dependency,
+}
+
+impl Outstanding<'_> {
+    /// The call ended: the slots go where its end says.
+    fn take(&mut self) -> Slots {
+        self.slots.take().unwrap_or((None, None))
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        if let Some((permit, total)) = self.slots.take() {
+            let hold = self.dep.config().abandon_hold;
+            // Dropping a held slot keeps the hold; the limiter gives it back when it passes.
+            drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
+        }
     }
 }
 

@@ -37,6 +37,15 @@
 //! `refused-stream` and `reset` in `retry_on`, and a refused stream is retried even for a POST,
 //! since it provably never reached the application).
 //!
+//! **A caller that gives up, and hedges.** reqwest runs a call only while its caller awaits it,
+//! so an attempt cannot run on in the background as the tower layer's do. When a caller drops
+//! its request while an attempt is at the dependency, the attempt's slot is held for
+//! `abandon_hold` instead (the dependency is still working on it). With
+//! [`DependencyConfig::retry`]`.hedge` set (and a [`Spawner`], which the configuration requires
+//! for the tower layer's sake), an idempotent request not answered after `hedge_after` gets a
+//! hedge by the same rules as the tower layer's; the first success is the caller's, and the
+//! loser's slot is held the same way.
+//!
 //! **What a caller gets back.** A retry that was refused returns the last response (its body
 //! kept up to `body_limit`) with the reason in its extensions, or the last error wrapped in
 //! [`StormguardError::NotRetried`]; a first try stormguard refused (`queue`, `breaker`,
@@ -70,7 +79,7 @@ pub use middleware::StormguardMiddleware;
 pub use stormguard_core::Denied;
 pub use stormguard_tower::{
     Deadline, Dependency, DependencyConfig, DependencyError, FanOutScope, Idempotent, RouteBudget,
-    StormguardError,
+    Spawner, StormguardError,
 };
 
 /// Reads why stormguard refused a request or its retry, from whatever the caller got back.

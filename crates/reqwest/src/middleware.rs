@@ -104,7 +104,24 @@ async fn run(
             return Err(refused(StormguardError::Denied(reason)));
         }
     };
-    let (span, result) = traced_send(dep, next.clone(), extensions, req, slots, deadline, 0).await;
+    let mut scopes = Vec::new();
+    if let Some(s) = extensions.get::<FanOutScope>() {
+        scopes.push(Scope::FanOut(s.clone()));
+    }
+    if let Some(r) = route {
+        scopes.push(Scope::Route(r.0));
+    }
+    let hedge_after = match (&spare, config.retry.hedge) {
+        (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), dep.now()),
+        _ => None,
+    };
+    let first = First { req, slots, deadline, facts: &facts, scopes: &scopes, cost };
+    let (span, result) = match hedge_after {
+        Some(delay) => hedged(dep, next.clone(), extensions, first, delay).await,
+        None => {
+            traced_send(dep, next.clone(), extensions, first.req, first.slots, deadline, 0).await
+        }
+    };
     let result = match result {
         Ok(resp) if classify_response(resp.status(), resp.headers()).is_none() => {
             dep.policy().on_success_with(|| dep.now(), false);
@@ -114,15 +131,89 @@ async fn run(
     };
     // A failure: the decision loop. The request is only needed again from here.
     let Some(req) = spare else { return single(dep, &facts, &span, result) };
-    let mut scopes = Vec::new();
-    if let Some(s) = extensions.get::<FanOutScope>() {
-        scopes.push(Scope::FanOut(s.clone()));
-    }
-    if let Some(r) = route {
-        scopes.push(Scope::Route(r.0));
-    }
     retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline, span, cost }, result)
         .await
+}
+
+/// A first attempt, admitted, and what its hedge would need.
+struct First<'a> {
+    req: Request,
+    slots: (attempt::Slots, Option<stormguard_tower::rate::RateReservation>),
+    deadline: Option<Timestamp>,
+    facts: &'a RequestFacts,
+    scopes: &'a [Scope],
+    cost: RateCost,
+}
+
+/// The first attempt alone until `delay`, then — if the retry rules allow a hedge now (the
+/// tower layer's rules: [`RetryPolicy::decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge),
+/// a slot with `try_acquire`, the provider's window) — a hedge beside it, marked
+/// `x-stormguard-attempt: 2; hedge`. The first success is the caller's; the other attempt is
+/// dropped, its slot held for `abandon_hold` (reqwest cannot run a call on without its caller).
+/// When both fail, the later failure goes to the decision loop.
+async fn hedged(
+    dep: &Dependency,
+    next: Next<'_>,
+    extensions: &mut Extensions,
+    first: First<'_>,
+    delay: std::time::Duration,
+) -> (Span, std::result::Result<Response, Failed>) {
+    let First { req, slots, deadline, facts, scopes, cost } = first;
+    let spare = req.try_clone();
+    let mut hedge_extensions = extensions.clone();
+    let first = traced_send(dep, next.clone(), extensions, req, slots, deadline, 0);
+    tokio::pin!(first);
+    if let Ok(r) = tokio::time::timeout(delay, &mut first).await {
+        return r;
+    }
+    let now = dep.now();
+    let Some(mut hedge_req) = spare else { return first.await };
+    let ticket =
+        match dep.policy().decide_hedge(now, dep.upstream(), facts, &RetryState::default(), scopes)
+        {
+            Decision::Retry(t) => t,
+            _ => return first.await,
+        };
+    let booked = match stormguard_tower::rate::book_retry(dep, 0, cost, now) {
+        Ok(b) => stormguard_tower::rate::Unsent::new(dep, b),
+        Err(reason) => {
+            dep.policy().give_up(now, ticket);
+            dep.policy().counters().hedge_denied(reason);
+            return first.await;
+        }
+    };
+    let mut state = RetryState::default();
+    let Ok(mut admitted) = dep.policy().admit_hedge(dep.upstream(), ticket, &mut state) else {
+        return first.await;
+    };
+    let slots = ((admitted.take_permit(), None), booked.sent());
+    // Held until the hedge has ended, as a retry's charges are.
+    let _charges = admitted.into_charges();
+    stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), 2);
+    let hedge = traced_send(dep, next, &mut hedge_extensions, hedge_req, slots, deadline, 1);
+    tokio::pin!(hedge);
+    let success = |r: &(Span, std::result::Result<Response, Failed>)| matches!(&r.1, Ok(resp) if classify_response(resp.status(), resp.headers()).is_none());
+    tokio::select! {
+        r = &mut first => {
+            if success(&r) {
+                r
+            } else {
+                let h = (&mut hedge).await;
+                if success(&h) {
+                    dep.policy().counters().hedge_won();
+                }
+                h
+            }
+        }
+        r = &mut hedge => {
+            if success(&r) {
+                dep.policy().counters().hedge_won();
+                r
+            } else {
+                (&mut first).await
+            }
+        }
+    }
 }
 
 /// A request's token cost for rate admission: the caller's [`RateCost`] extension, or, when

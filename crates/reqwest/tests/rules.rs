@@ -367,3 +367,97 @@ async fn a_provider_window_that_is_spent_holds_first_tries_and_retries_back() {
         }
     }
 }
+
+/// Hedging through reqwest, counted at the upstream: a first try answered after 300 ms, a hedge
+/// (`x-stormguard-attempt: 2; hedge`) at once. With `hedge_after = 50ms` each GET is hedged and
+/// answered by its hedge, while the slow first try's slot stays held (the cap of 4 is never
+/// passed at the upstream); a POST is never hedged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_get_is_hedged_and_a_post_is_not() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (hedges, in_flight, max) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    {
+        let (hedges, in_flight, max) = (hedges.clone(), in_flight.clone(), max.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let (hedges, in_flight, max) = (hedges.clone(), in_flight.clone(), max.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            let hedge = req
+                                .headers()
+                                .get("x-stormguard-attempt")
+                                .is_some_and(|v| v.as_bytes() == b"2; hedge");
+                            if hedge {
+                                hedges.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                            max.fetch_max(now, Ordering::SeqCst);
+                            let in_flight = in_flight.clone();
+                            async move {
+                                if !hedge {
+                                    tokio::time::sleep(ms(300)).await;
+                                }
+                                in_flight.fetch_sub(1, Ordering::SeqCst);
+                                let body = if hedge { "hedge" } else { "first" };
+                                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                    Bytes::from(body),
+                                )))
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+    }
+    let dep = dependency(|c| {
+        c.budget = RICH.parse().unwrap();
+        c.limiter.cap = 4;
+        c.background = Some(stormguard_reqwest::Spawner::tokio());
+        c.retry.hedge = Some(stormguard_core::hedge::HedgeConfig::new(
+            stormguard_core::hedge::HedgeAfter::Fixed(ms(50)),
+        ));
+    });
+    let client = guarded(&dep);
+    let url = format!("http://{addr}/x");
+    for _ in 0..3 {
+        let resp = client.get(&url).send().await.unwrap();
+        assert_eq!(resp.text().await.unwrap(), "hedge");
+    }
+    assert_eq!(hedges.load(Ordering::SeqCst), 3);
+    let posted = client.post(&url).body("{}").send().await.unwrap();
+    assert_eq!(posted.text().await.unwrap(), "first", "a POST is never hedged");
+    assert_eq!(hedges.load(Ordering::SeqCst), 3);
+    assert!(max.load(Ordering::SeqCst) <= 4, "the cap holds: {}", max.load(Ordering::SeqCst));
+    let c = dep.snapshot().counters;
+    assert_eq!((c.hedges, c.hedges_won), (3, 3));
+}
+
+/// A caller that gives up while its attempt is at the dependency leaves the slot held (for
+/// `abandon_hold`): the dependency is still working on the request, so the next first try
+/// finds the cap of 1 full and is refused `queue` — the dependency never sees two at once.
+#[tokio::test]
+async fn a_caller_that_gives_up_leaves_its_slot_held() {
+    let server = chaos(Phase { latency: Latency::Fixed(ms(300)), ..Phase::default() }).await;
+    let dep = dependency(|c| {
+        c.limiter.cap = 1;
+        c.limiter.queue_len = 0;
+    });
+    let client = guarded(&dep);
+    let url = server.url("/");
+    let gave_up = tokio::time::timeout(ms(50), client.get(&url).send()).await;
+    assert!(gave_up.is_err(), "the caller gave up");
+    let err = client.get(&url).send().await.unwrap_err();
+    assert_eq!(err.denied(), Some(Denied::Queue), "{err:?}");
+    tokio::time::sleep(ms(400)).await;
+    assert_eq!(server.stats().total.requests, 1, "one attempt at the dependency");
+    assert_eq!(dep.upstream().limiter.in_flight(), 1, "held until abandon_hold passes");
+}

@@ -154,6 +154,32 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // Hedging on (after 100 ms, a background spawner) for a service that answers at once: what
+    // a request pays for a hedge being possible when none is sent.
+    g.bench_function("stormguard_clone_body_hedging_possible", |b| {
+        let dep = {
+            let _guard = rt.enter();
+            let mut c = DependencyConfig::new("bench");
+            c.limiter.cap = 1_000;
+            c.background = Some(stormguard_tower::Spawner::tokio());
+            c.retry.hedge = Some(stormguard_core::hedge::HedgeConfig::new(
+                stormguard_core::hedge::HedgeAfter::Fixed(std::time::Duration::from_millis(100)),
+            ));
+            Dependency::try_new(c).unwrap()
+        };
+        let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = svc.ready().await.unwrap().call(req()).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
     g.bench_function("stormguard_replay_body", |b| {
         let mut svc = StormguardLayer::new(dependency()).layer(noop::<ReplayBody<Full<Bytes>>>());
         b.iter_custom(|iters| {
