@@ -153,3 +153,43 @@ fn the_provider_flag_is_the_files_provider_key() {
     ]);
     assert!(bad.unwrap_err().to_string().contains("`azure` is not a provider"));
 }
+
+/// `--hedge-after` and `--max-hedges` are the file's `hedge_after` and `max_hedges`; a bad
+/// value is refused naming the flag, and `max_hedges` without `hedge_after` is refused in a file.
+#[test]
+fn the_hedge_flags_are_the_files_hedge_keys() {
+    let cli = Cli::try_parse_from([
+        "stormguard",
+        "proxy",
+        "--upstream",
+        "http://127.0.0.1:9000",
+        "--hedge-after",
+        "p95",
+        "--max-hedges",
+        "2",
+    ])
+    .unwrap();
+    let stormguard::Command::Proxy(args) = cli.command else { panic!("proxy") };
+    let flags = config_from_args(&args).unwrap().dependencies[0].clone();
+    let file = ProxyConfig::parse(
+        &format!("{EMPTY_CONFIG}hedge_after = \"p95\"\nmax_hedges = 2\n"),
+        "h.toml",
+    )
+    .unwrap();
+    assert_eq!(flags.hedge, file.dependencies[0].hedge);
+    assert!(flags.hedge.is_some());
+    let bad = Cli::try_parse_from([
+        "stormguard",
+        "proxy",
+        "--upstream",
+        "http://127.0.0.1:9000",
+        "--hedge-after",
+        "soon",
+    ]);
+    assert!(bad.unwrap_err().to_string().contains("--hedge-after"));
+    let e = ProxyConfig::parse(&format!("{EMPTY_CONFIG}max_hedges = 2\n"), "h.toml").unwrap_err();
+    assert!(
+        e.to_string().contains("dependency[0].max_hedges: max_hedges needs hedge_after"),
+        "{e}"
+    );
+}
