@@ -154,6 +154,29 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // A background spawner (as the proxy always has: a timed-out or abandoned attempt runs on),
+    // no hedging: the baseline of the next item.
+    g.bench_function("stormguard_clone_body_background", |b| {
+        let dep = {
+            let _guard = rt.enter();
+            let mut c = DependencyConfig::new("bench");
+            c.limiter.cap = 1_000;
+            c.background = Some(stormguard_tower::Spawner::tokio());
+            Dependency::try_new(c).unwrap()
+        };
+        let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    let r = svc.ready().await.unwrap().call(req()).await;
+                    drop(black_box(r));
+                }
+                t.elapsed()
+            })
+        })
+    });
+
     // Hedging on (after 100 ms, a background spawner) for a service that answers at once: what
     // a request pays for a hedge being possible when none is sent.
     g.bench_function("stormguard_clone_body_hedging_possible", |b| {

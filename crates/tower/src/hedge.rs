@@ -8,8 +8,6 @@
 //! (the abandoned-attempt rules: counted as abandoned). When both fail, the decision loop goes
 //! on from the last failure, as after any failed attempt.
 
-use std::time::Duration;
-
 use http::{Request, Response};
 use http_body::Body;
 use stormguard_core::AttemptKind;
@@ -25,11 +23,10 @@ use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget}
 use crate::retry::{AttemptPolicy, Idempotent, Rest, RetryBody, copy_request, first_answered};
 use crate::span::attempt_span;
 
-/// The first attempt, hedged after `delay` when the rules allow.
+/// The first attempt, not answered when its hedge was due: hedged if the rules allow.
 pub(crate) async fn hedged<S, P, B, RB>(
     rest: Rest<S, P, B>,
-    first: Instrumented<S::Future>,
-    delay: Duration,
+    mut first: std::pin::Pin<Box<Instrumented<S::Future>>>,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
@@ -41,11 +38,6 @@ where
     RB::Error: Into<BoxError>,
 {
     let first_span = first.span().clone();
-    let mut first = Box::pin(first);
-    // Until the hedge is due, the first attempt alone.
-    if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
-        return first_answered(rest, result, first_span).await;
-    }
     let Some((hedge, hedge_span, target)) = send_hedge(&rest) else {
         let result = first.await;
         return first_answered(rest, result, first_span).await;

@@ -241,14 +241,19 @@ where
     }
     let spare = first.clone();
     let attempt = span.in_scope(|| first.call(this)).instrument(span);
-    // With hedging on, a second attempt may follow this one: the whole request in one
-    // allocation, as after a failure.
+    // With hedging on, a second attempt may follow this one: the attempt is boxed so it can
+    // move into the hedge's race, and the timer is made only if it does not answer at once.
     if dep.config().retry.hedge.is_some()
         && let Some(delay) =
             dep.policy().hedge_after(dep.upstream_at(target), start.unwrap_or_else(|| dep.now()))
     {
         let rest = Rest { dep, policy, svc: spare, req, deadline, route, id, target };
-        return RetryFuture::Boxed { fut: Box::pin(crate::hedge::hedged(rest, attempt, delay)) };
+        return RetryFuture::Hedging {
+            attempt: Some(Box::pin(attempt)),
+            rest: Some(Box::new(rest)),
+            delay,
+            timer: None,
+        };
     }
     RetryFuture::First {
         attempt,
@@ -282,7 +287,9 @@ where
         }
         return result.map(|resp| resp.map(RetryBody::live));
     }
-    after_failure(rest, result, span).await
+    // In its own allocation, as from the first attempt's future: the loop's state is large, and
+    // a hedged request that succeeds should not carry it.
+    Box::pin(after_failure(rest, result, span)).await
 }
 
 /// What a request keeps while its first attempt is in flight, for the retries (and the hedge)
@@ -318,6 +325,14 @@ pin_project! {
             attempt: Instrumented<S::Future>,
             rest: Option<Box<Rest<S, P, B>>>,
         },
+        /// The first attempt in flight with hedging on; `timer`, made at its first pending
+        /// poll, says when the hedge is due (`delay` after).
+        Hedging {
+            attempt: Option<Pin<Box<Instrumented<S::Future>>>>,
+            rest: Option<Box<Rest<S, P, B>>>,
+            delay: std::time::Duration,
+            timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        },
         /// Retrying, or finished without a first attempt.
         Boxed { fut: BoxFuture<Result<Response<RetryBody<RB>>, BoxError>> },
     }
@@ -330,6 +345,7 @@ where
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RetryFuture::First { .. } => f.write_str("RetryFuture::First"),
+            RetryFuture::Hedging { .. } => f.write_str("RetryFuture::Hedging"),
             RetryFuture::Boxed { .. } => f.write_str("RetryFuture::Boxed"),
         }
     }
@@ -369,6 +385,40 @@ where
                     }
                     // A failure: the decision loop, in its own allocation.
                     Box::pin(after_failure(*r, result, attempt.span().clone()))
+                }
+                RetryProj::Hedging { attempt, rest, delay, timer } => {
+                    let a = attempt.as_mut().expect("a RetryFuture polled after it finished");
+                    match a.as_mut().poll(cx) {
+                        Poll::Ready(result) => {
+                            let span = a.span().clone();
+                            let r = rest.take().expect("a RetryFuture polled after it finished");
+                            *attempt = None;
+                            if let Ok(resp) = &result
+                                && r.policy.classify(resp.status(), resp.headers()).is_none()
+                            {
+                                record_response(&span, resp.status(), None);
+                                r.dep.policy().on_success_with(|| r.dep.now(), false);
+                                if r.id.is_some() {
+                                    r.dep.record(r.id, r.dep.now(), TraceOp::Success(false));
+                                }
+                                return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
+                            }
+                            let fut: BoxFuture<_> = Box::pin(after_failure(*r, result, span));
+                            fut
+                        }
+                        Poll::Pending => {
+                            let t =
+                                timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(*delay)));
+                            if t.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            // The hedge is due: the race, in its own allocation.
+                            let a = attempt.take().expect("the first attempt");
+                            let r = rest.take().expect("a RetryFuture polled after it finished");
+                            let fut: BoxFuture<_> = Box::pin(crate::hedge::hedged(*r, a));
+                            fut
+                        }
+                    }
                 }
             };
             self.set(RetryFuture::Boxed { fut: next });
