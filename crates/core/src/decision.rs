@@ -518,9 +518,22 @@ impl RetryPolicy {
             return Err(Denied::Deadline);
         }
         // 6. Scopes, then the budget, charged now.
+        let charges = self.charge(now, upstream, failure.kind(), scopes)?;
+        Ok(RetryTicket { wait, charges, shadow_denied: None })
+    }
+
+    /// Step 6: the scopes, then the budget, charged now for an attempt of `kind` (refunded
+    /// whole when one refuses).
+    fn charge(
+        &self,
+        now: Timestamp,
+        upstream: &Upstream,
+        kind: crate::budget::FailureKind,
+        scopes: &[Scope],
+    ) -> Result<RetryCharges, Denied> {
         let mut charges = RetryCharges::default();
         for scope in scopes {
-            match scope.try_charge(now, failure.kind()) {
+            match scope.try_charge(now, kind) {
                 Some(c) => charges.scopes.push(c),
                 None => {
                     charges.refund(now, &*self.budget);
@@ -531,14 +544,14 @@ impl RetryPolicy {
         // A concurrency budget is sized from the requests in flight: tell it how many
         // primaries hold or wait for a slot (the retries it granted it counts itself).
         self.budget.set_active(upstream.limiter.primaries_active(), 0);
-        match self.budget.try_retry(now, failure.kind()) {
+        match self.budget.try_retry(now, kind) {
             Ok(p) => charges.budget = Some(p),
             Err(_) => {
                 charges.refund(now, &*self.budget);
                 return Err(Denied::Budget);
             }
         }
-        Ok(RetryTicket { wait, charges, shadow_denied: None })
+        Ok(charges)
     }
 
     /// Step 7, after the wait: takes a slot with `try_acquire` (a retry never waits). A refusal
@@ -654,26 +667,7 @@ impl RetryPolicy {
             return Err(Denied::Deadline);
         }
         // The attempt it hedges is slow: charged as a timeout would be.
-        let kind = AttemptFailure::Timeout.kind();
-        let mut charges = RetryCharges::default();
-        for scope in scopes {
-            match scope.try_charge(now, kind) {
-                Some(c) => charges.scopes.push(c),
-                None => {
-                    charges.refund(now, &*self.budget);
-                    return Err(Denied::Scope);
-                }
-            }
-        }
-        self.budget.set_active(upstream.limiter.primaries_active(), 0);
-        match self.budget.try_retry(now, kind) {
-            Ok(p) => charges.budget = Some(p),
-            Err(_) => {
-                charges.refund(now, &*self.budget);
-                return Err(Denied::Budget);
-            }
-        }
-        Ok(charges)
+        self.charge(now, upstream, AttemptFailure::Timeout.kind(), scopes)
     }
 
     /// A hedge's slot, with `try_acquire` (a hedge never waits): as [`admit`](Self::admit),
