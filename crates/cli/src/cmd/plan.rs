@@ -65,14 +65,14 @@ pub struct PlanArgs {
     /// With --format envoy: the dependency's address, HOST:PORT (an IP makes a STATIC cluster,
     /// a name a STRICT_DNS one).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9000")]
-    pub upstream: String,
+    pub upstream: plan_systems::HostPort,
     /// With --format envoy: where Envoy listens, ADDRESS:PORT.
     #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:8080")]
-    pub listen: String,
+    pub listen: plan_systems::HostPort,
     /// With --format istio, gateway-api or linkerd: the dependency's Kubernetes Service and
     /// port.
     #[arg(long, value_name = "NAME:PORT", default_value = "dependency:80")]
-    pub service: String,
+    pub service: plan_systems::HostPort,
     /// With a system's format: retries after the first try.
     #[arg(long, value_name = "N", default_value_t = defaults::MAX_RETRIES)]
     pub retries: u32,
@@ -142,7 +142,7 @@ pub fn run(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
                     "--per-try-timeout and --timeout must be whole milliseconds",
                 ));
             }
-            let rendered = render(&plan, args).map_err(Failure::usage)?;
+            let rendered = render(&plan, args);
             // What the system cannot express goes to stderr too: the file may go straight into a
             // pipe that nobody reads.
             for note in &rendered.notes {

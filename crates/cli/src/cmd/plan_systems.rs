@@ -107,16 +107,55 @@ fn go_duration(d: Duration) -> String {
     if ms > 0 && ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{ms}ms") }
 }
 
-/// A host and port from `HOST:PORT` (`[v6]:PORT` too).
-pub fn host_port(text: &str) -> Result<(String, u16), String> {
-    let (host, port) =
-        text.rsplit_once(':').ok_or_else(|| format!("`{text}` is not HOST:PORT (no port)"))?;
-    let port: u16 = port.parse().map_err(|_| format!("`{text}`: `{port}` is not a port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Err(format!("`{text}` has no host"));
+/// A `HOST:PORT` flag (`[v6]:PORT` too): `--upstream`, `--listen`, `--service`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    /// The host, without brackets.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// The text as given (what a name made of it shows).
+    text: String,
+}
+
+/// Why a flag is not `HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadHostPort {
+    /// No `:PORT`.
+    #[error("`{0}` is not HOST:PORT (no port)")]
+    NoPort(String),
+    /// The port is not a number from 0 to 65535.
+    #[error("`{text}`: `{port}` is not a port")]
+    Port {
+        /// The flag's text.
+        text: String,
+        /// What stood for the port.
+        port: String,
+    },
+    /// Nothing before the `:`.
+    #[error("`{0}` has no host")]
+    NoHost(String),
+}
+
+impl std::str::FromStr for HostPort {
+    type Err = BadHostPort;
+
+    fn from_str(text: &str) -> Result<HostPort, BadHostPort> {
+        let (host, port) = text.rsplit_once(':').ok_or_else(|| BadHostPort::NoPort(text.into()))?;
+        let port: u16 =
+            port.parse().map_err(|_| BadHostPort::Port { text: text.into(), port: port.into() })?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(BadHostPort::NoHost(text.into()));
+        }
+        Ok(HostPort { host: host.to_string(), port, text: text.to_string() })
     }
-    Ok((host.to_string(), port))
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
 }
 
 const BACKOFF_BASE: Duration = defaults::BACKOFF_BASE;
@@ -124,10 +163,10 @@ const BACKOFF_MAX: Duration = defaults::BACKOFF_MAX;
 
 /// An Envoy bootstrap: a listener on `--listen` whose route retries into a cluster for
 /// `--upstream`, the cap and the budget on the cluster's circuit breaker.
-pub fn envoy(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
+pub fn envoy(plan: &Plan, args: &PlanArgs) -> Rendered {
     let n = Numbers::new(plan, args, "envoy");
-    let (listen_host, listen_port) = host_port(&args.listen)?;
-    let (up_host, up_port) = host_port(&args.upstream)?;
+    let (listen_host, listen_port) = (&args.listen.host, args.listen.port);
+    let (up_host, up_port) = (&args.upstream.host, args.upstream.port);
     let kind = if up_host.parse::<std::net::IpAddr>().is_ok() { "STATIC" } else { "STRICT_DNS" };
     let name = &args.service;
     let mut s = String::new();
@@ -221,13 +260,13 @@ pub fn envoy(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
          percent then counts retries among the requests in flight)"
             .to_string(),
     ];
-    Ok(Rendered { text: s, notes })
+    Rendered { text: s, notes }
 }
 
 /// An Istio DestinationRule (the cap and the budget) and VirtualService (the retries).
-pub fn istio(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
+pub fn istio(plan: &Plan, args: &PlanArgs) -> Rendered {
     let n = Numbers::new(plan, args, "istio");
-    let (name, port) = host_port(&args.service)?;
+    let (name, port) = (&args.service.host, args.service.port);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -290,14 +329,14 @@ spec:
          applies"
             .to_string(),
     ];
-    Ok(Rendered { text: s, notes })
+    Rendered { text: s, notes }
 }
 
 /// Gateway API: an XBackendTrafficPolicy (GEP-3388's retry budget) on the Service, and an
 /// HTTPRoute rule that retries.
-pub fn gateway_api(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
+pub fn gateway_api(plan: &Plan, args: &PlanArgs) -> Rendered {
     let n = Numbers::new(plan, args, "gateway-api");
-    let (name, port) = host_port(&args.service)?;
+    let (name, port) = (&args.service.host, args.service.port);
     // The API's percent is a whole number: round down, never more generous than the cap.
     let pct = n.concurrency_pct.floor() as u64;
     // minRetryRate.count is at least 1, and left out it defaults to 10: a floor of 0 (no
@@ -377,14 +416,14 @@ spec:
                 .to_string(),
         );
     }
-    Ok(Rendered { text: s, notes })
+    Rendered { text: s, notes }
 }
 
 /// Linkerd 2.16's retry annotations on the Service, and what Linkerd offers instead of a cap
 /// and a budget.
-pub fn linkerd(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
+pub fn linkerd(plan: &Plan, args: &PlanArgs) -> Rendered {
     let n = Numbers::new(plan, args, "linkerd");
-    let (name, port) = host_port(&args.service)?;
+    let (name, port) = (&args.service.host, args.service.port);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -441,11 +480,11 @@ spec:
             n.floor
         ),
     ];
-    Ok(Rendered { text: s, notes })
+    Rendered { text: s, notes }
 }
 
 /// A gRPC service config: a retry policy for every method, and retryThrottling from the budget.
-pub fn grpc(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
+pub fn grpc(plan: &Plan, args: &PlanArgs) -> Rendered {
     let n = Numbers::new(plan, args, "grpc");
     // gRPC clients lower maxAttempts above 5 to 5.
     let attempts = (u64::from(n.retries) + 1).min(5);
@@ -502,7 +541,7 @@ pub fn grpc(plan: &Plan, args: &PlanArgs) -> Result<Rendered, String> {
     if n.ratio < 0.001 {
         notes.push("grpc: tokenRatio must be above 0; written as 0.001".to_string());
     }
-    Ok(Rendered { text, notes })
+    Rendered { text, notes }
 }
 
 #[cfg(test)]
@@ -520,10 +559,12 @@ mod tests {
 
     #[test]
     fn host_ports() {
-        assert_eq!(host_port("127.0.0.1:9000"), Ok(("127.0.0.1".into(), 9000)));
-        assert_eq!(host_port("[::1]:80"), Ok(("::1".into(), 80)));
-        assert!(host_port("dependency").is_err());
-        assert!(host_port(":80").is_err());
-        assert!(host_port("a:http").is_err());
+        let hp = |t: &str| t.parse::<HostPort>().map(|h| (h.host, h.port));
+        assert_eq!(hp("127.0.0.1:9000"), Ok(("127.0.0.1".into(), 9000)));
+        assert_eq!(hp("[::1]:80"), Ok(("::1".into(), 80)));
+        assert_eq!(hp("dependency"), Err(BadHostPort::NoPort("dependency".into())));
+        assert_eq!(hp(":80"), Err(BadHostPort::NoHost(":80".into())));
+        assert!(matches!(hp("a:http"), Err(BadHostPort::Port { .. })));
+        assert_eq!("dependency:80".parse::<HostPort>().unwrap().to_string(), "dependency:80");
     }
 }
