@@ -11,16 +11,16 @@
 use http::{Request, Response};
 use http_body::Body;
 use stormguard_core::AttemptKind;
-use stormguard_core::decision::{Decision, RequestFacts, RetryState};
-use stormguard_core::scope::Scope;
-use stormguard_http::classify::is_idempotent;
+use stormguard_core::decision::{Decision, RetryState};
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 use tracing::instrument::Instrumented;
 
 use crate::error::BoxError;
 use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
-use crate::retry::{AttemptPolicy, Idempotent, Rest, RetryBody, copy_request, first_answered};
+use crate::retry::{
+    AttemptPolicy, Rest, RetryBody, copy_request, first_answered, request_facts, scopes_of,
+};
 use crate::span::attempt_span;
 
 /// The first attempt, not answered when its hedge was due: hedged if the rules allow.
@@ -38,11 +38,10 @@ where
     RB::Error: Into<BoxError>,
 {
     let first_span = first.span().clone();
-    let Some((hedge, hedge_span, target)) = send_hedge(&rest) else {
+    let Some((mut hedge, hedge_span, target)) = send_hedge(&rest) else {
         let result = first.await;
-        return first_answered(rest, result, first_span).await;
+        return answer(rest, result, &first_span).await;
     };
-    let mut hedge = hedge;
     // Both in flight: the first success wins; a failure waits for the other.
     let dep = rest.dep.clone();
     let success = |r: &Result<Response<RB>, BoxError>| {
@@ -72,7 +71,28 @@ where
     drop((first, hedge));
     let mut rest = rest;
     rest.target = target;
-    first_answered(rest, result, span).await
+    answer(rest, result, &span).await
+}
+
+/// [`first_answered`], awaited.
+async fn answer<S, P, B, RB>(
+    rest: Rest<S, P, B>,
+    result: Result<Response<RB>, BoxError>,
+    span: &tracing::Span,
+) -> Result<Response<RetryBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    match first_answered(rest, result, span) {
+        Ok(answer) => answer,
+        Err(decision_loop) => decision_loop.await,
+    }
 }
 
 /// Decides and sends the hedge, if the rules allow one now: its response future, its span, and
@@ -94,33 +114,16 @@ where
 {
     let dep = &rest.dep;
     let req = &rest.req;
-    let config = dep.config();
     let now = dep.now();
     let body = rest.policy.clone_body(req.body());
-    let facts = RequestFacts {
-        idempotent: is_idempotent(
-            req.method(),
-            req.headers(),
-            &config.idempotency_key,
-            req.extensions().get::<Idempotent>().is_some(),
-        ),
-        replayable: body.is_some(),
-        stacked: config.stacked.arrived_as_retry(req.headers()),
-        deadline: rest.deadline,
-    };
+    let facts = request_facts(dep, req, rest.deadline, body.is_some());
     let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
     let next = match dep.upstream_count() {
         1 => 0,
         _ => dep.failover_target(rest.target, now, cost),
     };
-    let mut scopes = Vec::new();
-    if let Some(s) = req.extensions().get::<stormguard_core::scope::FanOutScope>() {
-        scopes.push(Scope::FanOut(s.clone()));
-    }
-    if let Some(r) = &rest.route {
-        scopes.push(Scope::Route(r.0.clone()));
-    }
-    let state = RetryState::default();
+    let scopes = scopes_of(req, rest.route.as_ref());
+    let mut state = RetryState::default();
     let ticket =
         match dep.policy().decide_hedge(now, dep.upstream_at(next), &facts, &state, &scopes) {
             Decision::Retry(ticket) => ticket,
@@ -149,7 +152,6 @@ where
             return None;
         }
     };
-    let mut state = state;
     let mut admitted = dep.policy().admit_hedge(dep.upstream_at(next), ticket, &mut state).ok()?;
     let slot = AdmittedSlot::new(admitted.take_permit(), total, booked);
     // The charges end with the hedge's request, as a retry's do.

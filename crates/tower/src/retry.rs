@@ -261,13 +261,18 @@ where
     }
 }
 
-/// The answer to an attempt that ran alone (or won a hedge): a success is the caller's; a
-/// failure goes to the decision loop.
-pub(crate) async fn first_answered<S, P, B, RB>(
+/// The answer to an attempt that ran alone (or won a hedge): a success is the caller's, at
+/// once (`Ok`); a failure is the decision loop, in its own allocation (`Err`) — its state is
+/// large, and a request that succeeds should not carry it.
+#[allow(clippy::type_complexity)]
+pub(crate) fn first_answered<S, P, B, RB>(
     rest: Rest<S, P, B>,
     result: Result<Response<RB>, BoxError>,
-    span: tracing::Span,
-) -> Result<Response<RetryBody<RB>>, BoxError>
+    span: &tracing::Span,
+) -> Result<
+    Result<Response<RetryBody<RB>>, BoxError>,
+    BoxFuture<Result<Response<RetryBody<RB>>, BoxError>>,
+>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -280,16 +285,47 @@ where
     if let Ok(resp) = &result
         && rest.policy.classify(resp.status(), resp.headers()).is_none()
     {
-        record_response(&span, resp.status(), None);
+        record_response(span, resp.status(), None);
         rest.dep.policy().on_success_with(|| rest.dep.now(), false);
         if rest.id.is_some() {
             rest.dep.record(rest.id, rest.dep.now(), TraceOp::Success(false));
         }
-        return result.map(|resp| resp.map(RetryBody::live));
+        return Ok(result.map(|resp| resp.map(RetryBody::live)));
     }
-    // In its own allocation, as from the first attempt's future: the loop's state is large, and
-    // a hedged request that succeeds should not carry it.
-    Box::pin(after_failure(rest, result, span)).await
+    Err(Box::pin(after_failure(rest, result, span.clone())))
+}
+
+/// What the retry rules need to know of a request (see [`RequestFacts`]).
+pub(crate) fn request_facts<B>(
+    dep: &Dependency,
+    req: &Request<B>,
+    deadline: Option<Timestamp>,
+    replayable: bool,
+) -> RequestFacts {
+    let config = dep.config();
+    RequestFacts {
+        idempotent: is_idempotent(
+            req.method(),
+            req.headers(),
+            &config.idempotency_key,
+            req.extensions().get::<Idempotent>().is_some(),
+        ),
+        replayable,
+        stacked: config.stacked.arrived_as_retry(req.headers()),
+        deadline,
+    }
+}
+
+/// The scopes a request's retries (and hedges) are charged to: its fan-out, then its route.
+pub(crate) fn scopes_of<B>(req: &Request<B>, route: Option<&RouteBudget>) -> Vec<Scope> {
+    let mut scopes = Vec::new();
+    if let Some(s) = req.extensions().get::<FanOutScope>() {
+        scopes.push(Scope::FanOut(s.clone()));
+    }
+    if let Some(r) = route {
+        scopes.push(Scope::Route(r.0.clone()));
+    }
+    scopes
 }
 
 /// What a request keeps while its first attempt is in flight, for the retries (and the hedge)
@@ -373,18 +409,10 @@ where
                         Poll::Ready(r) => r,
                     };
                     let r = rest.take().expect("a RetryFuture polled after it finished");
-                    if let Ok(resp) = &result
-                        && r.policy.classify(resp.status(), resp.headers()).is_none()
-                    {
-                        record_response(attempt.span(), resp.status(), None);
-                        r.dep.policy().on_success_with(|| r.dep.now(), false);
-                        if r.id.is_some() {
-                            r.dep.record(r.id, r.dep.now(), TraceOp::Success(false));
-                        }
-                        return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
+                    match first_answered(*r, result, attempt.span()) {
+                        Ok(answer) => return Poll::Ready(answer),
+                        Err(decision_loop) => decision_loop,
                     }
-                    // A failure: the decision loop, in its own allocation.
-                    Box::pin(after_failure(*r, result, attempt.span().clone()))
                 }
                 RetryProj::Hedging { attempt, rest, delay, timer } => {
                     let a = attempt.as_mut().expect("a RetryFuture polled after it finished");
@@ -393,18 +421,10 @@ where
                             let span = a.span().clone();
                             let r = rest.take().expect("a RetryFuture polled after it finished");
                             *attempt = None;
-                            if let Ok(resp) = &result
-                                && r.policy.classify(resp.status(), resp.headers()).is_none()
-                            {
-                                record_response(&span, resp.status(), None);
-                                r.dep.policy().on_success_with(|| r.dep.now(), false);
-                                if r.id.is_some() {
-                                    r.dep.record(r.id, r.dep.now(), TraceOp::Success(false));
-                                }
-                                return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
+                            match first_answered(*r, result, &span) {
+                                Ok(answer) => return Poll::Ready(answer),
+                                Err(decision_loop) => decision_loop,
                             }
-                            let fut: BoxFuture<_> = Box::pin(after_failure(*r, result, span));
-                            fut
                         }
                         Poll::Pending => {
                             let t =
@@ -444,24 +464,8 @@ where
 {
     let Rest { dep, policy, svc, req, deadline, route, id, mut target } = rest;
     let config = dep.config();
-    let mut facts = RequestFacts {
-        idempotent: is_idempotent(
-            req.method(),
-            req.headers(),
-            &config.idempotency_key,
-            req.extensions().get::<Idempotent>().is_some(),
-        ),
-        replayable: true,
-        stacked: config.stacked.arrived_as_retry(req.headers()),
-        deadline,
-    };
-    let mut scopes = Vec::new();
-    if let Some(s) = req.extensions().get::<FanOutScope>() {
-        scopes.push(Scope::FanOut(s.clone()));
-    }
-    if let Some(r) = route {
-        scopes.push(Scope::Route(r.0));
-    }
+    let mut facts = request_facts(&dep, &req, deadline, true);
+    let scopes = scopes_of(&req, route.as_ref());
     let mut rng = dep.request_rng();
     let mut state = RetryState::default();
     let mut charges: Option<RetryCharges> = None;
