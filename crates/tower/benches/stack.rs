@@ -67,6 +67,27 @@ impl<E> tower::retry::Policy<Request<Full<Bytes>>, Resp, E> for TowerPolicy {
     }
 }
 
+/// Times `iters` requests through `svc`, one after another, each response dropped.
+fn calls<S>(
+    rt: &tokio::runtime::Runtime,
+    iters: u64,
+    svc: &mut S,
+    req: impl Fn() -> Request<Full<Bytes>>,
+) -> Duration
+where
+    S: Service<Request<Full<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    rt.block_on(async {
+        let t = Instant::now();
+        for _ in 0..iters {
+            let r = svc.ready().await.unwrap().call(req()).await;
+            drop(black_box(r));
+        }
+        t.elapsed()
+    })
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap()
 }
@@ -81,16 +102,7 @@ fn bench(c: &mut Criterion) {
 
     g.bench_function("bare", |b| {
         let mut svc = noop::<Full<Bytes>>();
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    let r = svc.ready().await.unwrap().call(req()).await;
-                    drop(black_box(r));
-                }
-                t.elapsed()
-            })
-        })
+        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
     g.bench_function("tower_retry_tps_concurrency_limit", |b| {
@@ -99,38 +111,22 @@ fn bench(c: &mut Criterion) {
             .retry(policy)
             .concurrency_limit(1_000)
             .service(noop::<Full<Bytes>>());
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    let r = svc.ready().await.unwrap().call(req()).await;
-                    drop(black_box(r));
-                }
-                t.elapsed()
-            })
-        })
+        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
-    let dependency = || {
+    let dependency_with = |f: &dyn Fn(&mut DependencyConfig)| {
         let _guard = rt.enter();
         let mut c = DependencyConfig::new("bench");
         c.limiter.cap = 1_000;
+        f(&mut c);
         Dependency::try_new(c).unwrap()
     };
+    let dependency = || dependency_with(&|_| {});
 
     g.bench_function("stormguard_clone_body", |b| {
         let mut svc =
             StormguardLayer::new(dependency()).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    let r = svc.ready().await.unwrap().call(req()).await;
-                    drop(black_box(r));
-                }
-                t.elapsed()
-            })
-        })
+        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
     // The same over std's monotonic clock: tokio's `Instant::now()` checks for paused time
@@ -142,65 +138,28 @@ fn bench(c: &mut Criterion) {
             Dependency::with_clock(c, Arc::new(stormguard_core::clock::MonotonicClock::new()))
                 .unwrap();
         let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    let r = svc.ready().await.unwrap().call(req()).await;
-                    drop(black_box(r));
-                }
-                t.elapsed()
-            })
-        })
+        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
     // A background spawner (as the proxy always has: a timed-out or abandoned attempt runs on),
     // no hedging: the baseline of the next item.
     g.bench_function("stormguard_clone_body_background", |b| {
-        let dep = {
-            let _guard = rt.enter();
-            let mut c = DependencyConfig::new("bench");
-            c.limiter.cap = 1_000;
-            c.background = Some(stormguard_tower::Spawner::tokio());
-            Dependency::try_new(c).unwrap()
-        };
+        let dep = dependency_with(&|c| c.background = Some(stormguard_tower::Spawner::tokio()));
         let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    let r = svc.ready().await.unwrap().call(req()).await;
-                    drop(black_box(r));
-                }
-                t.elapsed()
-            })
-        })
+        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
     // Hedging on (after 100 ms, a background spawner) for a service that answers at once: what
     // a request pays for a hedge being possible when none is sent.
     g.bench_function("stormguard_clone_body_hedging_possible", |b| {
-        let dep = {
-            let _guard = rt.enter();
-            let mut c = DependencyConfig::new("bench");
-            c.limiter.cap = 1_000;
+        let dep = dependency_with(&|c| {
             c.background = Some(stormguard_tower::Spawner::tokio());
             c.retry.hedge = Some(stormguard_core::hedge::HedgeConfig::new(
                 stormguard_core::hedge::HedgeAfter::Fixed(std::time::Duration::from_millis(100)),
             ));
-            Dependency::try_new(c).unwrap()
-        };
+        });
         let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    let r = svc.ready().await.unwrap().call(req()).await;
-                    drop(black_box(r));
-                }
-                t.elapsed()
-            })
-        })
+        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
     g.bench_function("stormguard_replay_body", |b| {
