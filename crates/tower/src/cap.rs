@@ -108,13 +108,10 @@ where
         // Which upstream (with several): the retry layer put it on the request.
         let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
         let upstream = dep.upstream_at(target);
-        let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
         let mut rate = None;
         let (permit, total) = match admitted {
-            // A retry: the retry layer took its slots (or, in shadow mode, none). It never
-            // waits for the provider's window either.
-            // Its booking in the provider's window too (now or never: made by the retry
-            // layer before the budget is charged).
+            // A retry: the retry layer took its slots (or, in shadow mode, none), and its
+            // booking in the provider's window (now or never, before the budget was charged).
             Some((slots, booked)) => {
                 rate = booked.sent();
                 slots
@@ -131,6 +128,10 @@ where
                 }
                 // The provider's window before the cap: a first try books its turn, waits for
                 // it (within the queue timeout and the deadline), then queues for its slot.
+                let cost = match dep.rates_at(target) {
+                    Some(_) => req.extensions().get::<RateCost>().copied().unwrap_or_default(),
+                    None => RateCost::default(),
+                };
                 match crate::rate::book_first_try(&dep, target, cost, deadline, now) {
                     Ok(None) => {}
                     Ok(Some((booked, wait))) if wait.is_zero() => rate = Some(booked),
@@ -393,15 +394,7 @@ where
             if let Some(resp) = resp {
                 // Its headers still tell rate admission what the provider said (a 429 among
                 // them holds the upstream).
-                let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
-                crate::rate::answered(
-                    &on_answer,
-                    target,
-                    sent_at,
-                    resp.status(),
-                    resp.headers(),
-                    quota,
-                );
+                crate::rate::answered_response(&on_answer, target, sent_at, &resp);
                 let mut body = std::pin::pin!(resp.into_body());
                 // Each frame dropped where it is read, so no frame is held across an await.
                 while std::future::poll_fn(|cx| {
@@ -643,8 +636,7 @@ fn finish<RB, E: Into<BoxError>>(
                 judge(&dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
-            let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
-            crate::rate::answered(&dep, target, sent_at, resp.status(), resp.headers(), quota);
+            crate::rate::answered_response(&dep, target, sent_at, &resp);
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {

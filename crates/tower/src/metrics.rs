@@ -561,7 +561,7 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.insert("x-ratelimit-limit-tokens", "40000".parse().unwrap());
         h.insert("x-ratelimit-remaining-tokens", "39000".parse().unwrap());
-        dep.rates().unwrap().observe(dep.now(), &h, None);
+        dep.rates().unwrap().observe(dep.now(), &h);
         let text = encode(&dep);
         let tokens = "dependency=\"llm\",upstream=\"0\",quantity=\"tokens\"";
         assert!(

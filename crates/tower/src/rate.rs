@@ -361,20 +361,13 @@ impl Rates {
         }
     }
 
-    /// What an answer's headers say of the limits; a 429 (`too_many`, with the wait it named)
-    /// holds admission until then and lowers the limits.
-    pub fn observe(&self, now: Timestamp, headers: &HeaderMap, too_many: Option<Option<Duration>>) {
+    /// What an answer's headers say of the limits (a 429's hold is [`refused`](Self::refused)).
+    pub fn observe(&self, now: Timestamp, headers: &HeaderMap) {
         let seen = stormguard_http::provider::read_limits(headers);
         self.requests.observe(now, seen.requests);
         self.tokens.observe(now, seen.tokens);
         self.input_tokens.observe(now, seen.input_tokens);
         self.output_tokens.observe(now, seen.output_tokens);
-        if let Some(retry_after) = too_many {
-            self.requests.refused(now, retry_after);
-            self.tokens.refused(now, retry_after);
-            self.input_tokens.refused(now, retry_after);
-            self.output_tokens.refused(now, retry_after);
-        }
     }
 
     /// A 429 answered an attempt sent at `sent_at`: every limit is held until `retry_after` (one
@@ -525,6 +518,22 @@ pub fn book_retry(
     }
 }
 
+/// [`answered`] for a response in tower: its status, headers and [`QuotaExhausted`] extension,
+/// read only under rate admission.
+///
+/// [`QuotaExhausted`]: crate::extensions::QuotaExhausted
+pub(crate) fn answered_response<B>(
+    dep: &Dependency,
+    target: usize,
+    sent_at: Timestamp,
+    resp: &http::Response<B>,
+) {
+    if dep.rates_at(target).is_some() {
+        let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
+        answered(dep, target, sent_at, resp.status(), resp.headers(), quota);
+    }
+}
+
 /// What an answer from upstream `target` tells rate admission: the limits its headers state; a
 /// 429 holds the upstream until the reset it names (read as the retry layer reads pushback:
 /// `retry-after`, `retry-after-ms`, an exhausted window's reset) and lowers the limits; a spent
@@ -554,7 +563,7 @@ pub fn answered(
             _ => None,
         }
     });
-    rates.observe(now, headers, None);
+    rates.observe(now, headers);
     // A spent quota says nothing of the rate: held, not lowered.
     if let (Some(retry_after), false) = (too_many, quota_exhausted) {
         rates.refused(now, sent_at, retry_after);
