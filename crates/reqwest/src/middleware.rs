@@ -168,27 +168,12 @@ async fn hedged(
     }
     let now = dep.now();
     let Some(mut hedge_req) = spare else { return first.await };
-    let ticket =
-        match dep.policy().decide_hedge(now, dep.upstream(), facts, &RetryState::default(), scopes)
-        {
-            Decision::Retry(t) => t,
-            _ => return first.await,
-        };
-    let booked = match stormguard_tower::rate::book_retry(dep, 0, cost, now) {
-        Ok(b) => stormguard_tower::rate::Unsent::new(dep, b),
-        Err(reason) => {
-            dep.policy().give_up(now, ticket);
-            dep.policy().counters().hedge_denied(reason);
-            return first.await;
-        }
-    };
-    let mut state = RetryState::default();
-    let Ok(mut admitted) = dep.policy().admit_hedge(dep.upstream(), ticket, &mut state) else {
+    let Some(admitted) = stormguard_tower::hedge::admit(dep, 0, facts, scopes, cost, now) else {
         return first.await;
     };
-    let slots = ((admitted.take_permit(), None), booked.sent());
+    let slots = ((admitted.permit, admitted.total), admitted.booked.sent());
     // Held until the hedge has ended, as a retry's charges are.
-    let _charges = admitted.into_charges();
+    let _charges = admitted.charges;
     stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), 2);
     let hedge = traced_send(dep, next, &mut hedge_extensions, hedge_req, slots, deadline, 1);
     tokio::pin!(hedge);

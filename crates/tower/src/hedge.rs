@@ -11,13 +11,18 @@
 use http::{Request, Response};
 use http_body::Body;
 use stormguard_core::AttemptKind;
-use stormguard_core::decision::{Decision, RetryState};
+use stormguard_core::clock::Timestamp;
+use stormguard_core::decision::{Decision, RequestFacts, RetryCharges, RetryState};
+use stormguard_core::limiter::Permit;
+use stormguard_core::scope::Scope;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 use tracing::instrument::Instrumented;
 
+use crate::dependency::Dependency;
 use crate::error::BoxError;
 use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
+use crate::rate::Unsent;
 use crate::retry::{
     AttemptPolicy, Rest, RetryBody, copy_request, first_answered, request_facts, scopes_of,
 };
@@ -95,6 +100,72 @@ where
     }
 }
 
+/// A hedge admitted: its slots, its booking in the provider's window, and the budget and scope
+/// charges, held until the hedge has ended (as a retry's are).
+#[derive(Debug)]
+pub struct AdmittedHedge {
+    /// Its slot under its upstream's cap (`None`: shadow mode, sent without one).
+    pub permit: Option<Permit>,
+    /// Its slot under the dependency's total cap, when there is one.
+    pub total: Option<Permit>,
+    /// Its booking in the provider's window, under rate admission (refunded if never sent).
+    pub booked: Unsent,
+    /// What the budget and the scopes were charged.
+    pub charges: RetryCharges,
+}
+
+/// Admits a hedge to upstream `target` now, by the retry rules
+/// ([`RetryPolicy::decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge)), the
+/// provider's window (room now or none), the total cap and its upstream's cap (`try_acquire`);
+/// `None` when any refuses it (counted as a hedge's refusal). Public for clients that hedge
+/// outside tower (stormguard-reqwest).
+pub fn admit(
+    dep: &Dependency,
+    target: usize,
+    facts: &RequestFacts,
+    scopes: &[Scope],
+    cost: RateCost,
+    now: Timestamp,
+) -> Option<AdmittedHedge> {
+    let mut state = RetryState::default();
+    let upstream = dep.upstream_at(target);
+    let ticket = match dep.policy().decide_hedge(now, upstream, facts, &state, scopes) {
+        Decision::Retry(ticket) => ticket,
+        Decision::Denied(reason) => {
+            tracing::debug!(dependency = dep.name(), %reason, "hedge refused");
+            return None;
+        }
+        Decision::NotRetryable => return None,
+    };
+    let refuse = |ticket, reason| {
+        dep.policy().give_up(now, ticket);
+        dep.policy().counters().hedge_denied(reason);
+        tracing::debug!(dependency = dep.name(), %reason, "hedge refused");
+    };
+    let booked = match crate::rate::book_retry(dep, target, cost, now) {
+        Ok(b) => Unsent::new(dep, b),
+        Err(reason) => {
+            refuse(ticket, reason);
+            return None;
+        }
+    };
+    let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(reason)) => {
+            refuse(ticket, reason);
+            return None;
+        }
+    };
+    let mut admitted = dep.policy().admit_hedge(upstream, ticket, &mut state).ok()?;
+    Some(AdmittedHedge {
+        permit: admitted.take_permit(),
+        total,
+        booked,
+        charges: admitted.into_charges(),
+    })
+}
+
 /// Decides and sends the hedge, if the rules allow one now: its response future, its span, and
 /// the upstream it went to.
 #[allow(clippy::type_complexity)]
@@ -123,39 +194,9 @@ where
         _ => dep.failover_target(rest.target, now, cost),
     };
     let scopes = scopes_of(req, rest.route.as_ref());
-    let mut state = RetryState::default();
-    let ticket =
-        match dep.policy().decide_hedge(now, dep.upstream_at(next), &facts, &state, &scopes) {
-            Decision::Retry(ticket) => ticket,
-            Decision::Denied(reason) => {
-                tracing::debug!(dependency = dep.name(), %reason, "hedge refused");
-                return None;
-            }
-            Decision::NotRetryable => return None,
-        };
-    // The provider's window, when metered: room now or no hedge.
-    let booked = match crate::rate::book_retry(dep, next, cost, now) {
-        Ok(b) => b,
-        Err(reason) => {
-            dep.policy().give_up(now, ticket);
-            dep.policy().counters().hedge_denied(reason);
-            return None;
-        }
-    };
-    let booked = crate::rate::Unsent::new(dep, booked);
-    let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
-        None => None,
-        Some(Ok(p)) => Some(p),
-        Some(Err(reason)) => {
-            dep.policy().give_up(now, ticket);
-            dep.policy().counters().hedge_denied(reason);
-            return None;
-        }
-    };
-    let mut admitted = dep.policy().admit_hedge(dep.upstream_at(next), ticket, &mut state).ok()?;
-    let slot = AdmittedSlot::new(admitted.take_permit(), total, booked);
-    // The charges end with the hedge's request, as a retry's do.
-    let charges = admitted.into_charges();
+    let AdmittedHedge { permit, total, booked, charges } =
+        admit(dep, next, &facts, &scopes, cost, now)?;
+    let slot = AdmittedSlot::new(permit, total, booked);
     let mut this = copy_request(req, body?);
     stormguard_http::stacked::mark_hedge(this.headers_mut(), 2);
     if let Some(d) = rest.deadline {

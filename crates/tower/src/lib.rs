@@ -30,7 +30,7 @@ pub mod clock;
 pub mod dependency;
 pub mod error;
 pub mod extensions;
-mod hedge;
+pub mod hedge;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod rate;

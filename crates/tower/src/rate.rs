@@ -3,8 +3,8 @@
 //!
 //! Each upstream gets its own [`Rates`] — requests, tokens, and (where the provider splits
 //! them, as Anthropic does) input and output tokens — each a core
-//! [`RateLimit`](stormguard_core::rate::RateLimit). A first try books its request and its
-//! estimated tokens ([`RateCost`](crate::extensions::RateCost)) before it queues for its slot:
+//! [`RateLimit`]. A first try books its request and its
+//! estimated tokens ([`RateCost`]) before it queues for its slot:
 //! when the window has no room it waits for its turn (first come, first served; within the
 //! queue timeout and the deadline, else refused `rate`). A retry never waits: no room now is a
 //! refusal `rate`. The booking ([`RateReservation`]) rides with the attempt and is settled
@@ -537,7 +537,7 @@ pub(crate) fn answered_response<B>(
 /// What an answer from upstream `target` tells rate admission: the limits its headers state; a
 /// 429 holds the upstream until the reset it names (read as the retry layer reads pushback:
 /// `retry-after`, `retry-after-ms`, an exhausted window's reset) and lowers the limits; a spent
-/// quota ([`QuotaExhausted`]) holds it for the quota hold; an overloaded answer cools it down.
+/// quota ([`QuotaExhausted`](crate::extensions::QuotaExhausted)) holds it for the quota hold; an overloaded answer cools it down.
 pub fn answered(
     dep: &Dependency,
     target: usize,
