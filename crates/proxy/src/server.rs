@@ -338,22 +338,13 @@ pub(crate) async fn handle(
     // Rate admission's token cost: the request's output maximum and its size, when tokens
     // are metered (or may be learned).
     let rate = &dep.dependency.config().rate;
-    if rate.is_on()
-        && (rate.learn
-            || rate.provider.is_some()
-            || rate.tokens_per_minute.is_some()
-            || rate.input_tokens_per_minute.is_some()
-            || rate.output_tokens_per_minute.is_some())
-    {
+    if rate.meters_tokens() {
         let estimator = stormguard_http::provider::Estimator {
             bytes_per_token: dep.config.0.bytes_per_token,
             ..Default::default()
         };
         let tokens = stormguard_http::provider::estimate(&body.head_bytes(), estimator);
-        parts.extensions.insert(stormguard_tower::extensions::RateCost {
-            input: tokens.input,
-            output: tokens.output,
-        });
+        parts.extensions.insert(stormguard_tower::extensions::RateCost::from(tokens));
     }
     // hyper's client sends no body on a GET or HEAD whose length it does not know unless told
     // to frame it: a body past the replay buffer, with no Content-Length, goes chunked.

@@ -208,19 +208,13 @@ fn rate_cost(dep: &Dependency, req: &Request, extensions: &Extensions) -> RateCo
     if let Some(c) = extensions.get::<RateCost>() {
         return *c;
     }
-    let rate = &dep.config().rate;
-    let tokens = rate.learn
-        || rate.provider.is_some()
-        || rate.tokens_per_minute.is_some()
-        || rate.input_tokens_per_minute.is_some()
-        || rate.output_tokens_per_minute.is_some();
     match req.body().and_then(reqwest::Body::as_bytes) {
-        Some(body) if tokens => {
+        Some(body) if dep.config().rate.meters_tokens() => {
             let t = stormguard_http::provider::estimate(
                 body,
                 stormguard_http::provider::Estimator::default(),
             );
-            RateCost { input: t.input, output: t.output }
+            RateCost::from(t)
         }
         _ => RateCost::default(),
     }

@@ -121,6 +121,13 @@ pub struct RateCost {
     pub output: u64,
 }
 
+impl From<stormguard_http::provider::Tokens> for RateCost {
+    /// A request's estimated tokens ([`stormguard_http::provider::estimate`]) as its cost.
+    fn from(t: stormguard_http::provider::Tokens) -> RateCost {
+        RateCost { input: t.input, output: t.output }
+    }
+}
+
 /// A response extension: the provider said the account's quota is spent (OpenAI's
 /// `insufficient_quota`), not that a rate was passed. The answer is never retried, and rate
 /// admission holds its upstream for the quota hold. Set by whoever reads the answer's body

@@ -164,9 +164,14 @@ impl RateAdmission {
     /// Whether anything is metered: a limit configured, learning on, or a provider named (a
     /// provider preset learns).
     pub fn is_on(&self) -> bool {
+        self.requests_per_minute.is_some() || self.meters_tokens()
+    }
+
+    /// Whether tokens are metered, or may be once a provider's header states a limit: a
+    /// request's token cost is then worth estimating.
+    pub fn meters_tokens(&self) -> bool {
         self.learn
             || self.provider.is_some()
-            || self.requests_per_minute.is_some()
             || self.tokens_per_minute.is_some()
             || self.input_tokens_per_minute.is_some()
             || self.output_tokens_per_minute.is_some()
