@@ -70,6 +70,7 @@ use crate::budget::{AnyBudget, Outcome, RetryBudget, RetryPermit};
 use crate::clock::{Clock, Timestamp};
 use crate::conditions::{AttemptFailure, RetryOn};
 use crate::denied::Denied;
+use crate::hedge::HedgeAfter;
 use crate::limiter::{AttemptKind, Limiter, LimiterConfig, Permit};
 use crate::random::RandomSource;
 use crate::scope::{Scope, ScopeCharge};
@@ -589,10 +590,17 @@ impl RetryPolicy {
     }
 
     /// How long after an attempt to `upstream` is sent its hedge goes, with hedging on (and,
-    /// for a percentile, once enough recent attempts say); `None`: no hedge.
-    pub fn hedge_after(&self, upstream: &Upstream, now: Timestamp) -> Option<Duration> {
-        let h = self.config.hedge?;
-        self.hedge_delay.delay(h.after, &upstream.limiter, now)
+    /// for a percentile, once enough recent attempts say); `None`: no hedge. The time is read
+    /// only for a percentile (a fixed delay needs no clock).
+    pub fn hedge_after(
+        &self,
+        upstream: &Upstream,
+        now: impl FnOnce() -> Timestamp,
+    ) -> Option<Duration> {
+        match self.config.hedge?.after {
+            HedgeAfter::Fixed(d) => Some(d),
+            after => self.hedge_delay.delay(after, &upstream.limiter, now()),
+        }
     }
 
     /// Decides whether a hedge goes now to `upstream`, beside an attempt that has not answered

@@ -112,7 +112,7 @@ async fn run(
         scopes.push(Scope::Route(r.0));
     }
     let hedge_after = match (&spare, config.retry.hedge) {
-        (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), dep.now()),
+        (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), || dep.now()),
         _ => None,
     };
     let first = First { req, slots, deadline, facts: &facts, scopes: &scopes, cost };

@@ -3,7 +3,9 @@
 //! if the retry rules allow it ([`decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge):
 //! idempotent, no pushback hold, breaker closed, budget) and a slot is free now — a second
 //! attempt, marked `x-stormguard-attempt: 2; hedge`, to the next upstream when there are
-//! several. The first successful answer is the caller's; the other attempt is dropped here and
+//! several. The race itself is run by [`RetryFuture`](crate::retry::RetryFuture), with the
+//! first attempt in place (a request that never hedges pays no allocation for the
+//! possibility). The first successful answer is the caller's; the other attempt is dropped and
 //! the cap runs it on in the background, holding its slot until the dependency has finished it
 //! (the abandoned-attempt rules: counted as abandoned). When both fail, the decision loop goes
 //! on from the last failure, as after any failed attempt.
@@ -17,87 +19,23 @@ use stormguard_core::limiter::Permit;
 use stormguard_core::scope::Scope;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
-use tracing::instrument::Instrumented;
 
+use crate::cap::BoxFuture;
 use crate::dependency::Dependency;
 use crate::error::BoxError;
 use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
 use crate::rate::Unsent;
-use crate::retry::{
-    AttemptPolicy, Rest, RetryBody, copy_request, first_answered, request_facts, scopes_of,
-};
+use crate::retry::{AttemptPolicy, Rest, copy_request, request_facts, scopes_of};
 use crate::span::attempt_span;
 
-/// The first attempt, not answered when its hedge was due: hedged if the rules allow.
-pub(crate) async fn hedged<S, P, B, RB>(
-    rest: Rest<S, P, B>,
-    mut first: std::pin::Pin<Box<Instrumented<S::Future>>>,
-) -> Result<Response<RetryBody<RB>>, BoxError>
-where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    P: AttemptPolicy<B>,
-    B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
-{
-    let first_span = first.span().clone();
-    let Some((mut hedge, hedge_span, target)) = send_hedge(&rest) else {
-        let result = first.await;
-        return answer(rest, result, &first_span).await;
-    };
-    // Both in flight: the first success wins; a failure waits for the other.
-    let dep = rest.dep.clone();
-    let success = |r: &Result<Response<RB>, BoxError>| {
-        r.as_ref().is_ok_and(|resp| rest.policy.classify(resp.status(), resp.headers()).is_none())
-    };
-    let (result, span, hedge_won) = tokio::select! {
-        r = &mut first => {
-            if success(&r) {
-                (r, first_span, false)
-            } else {
-                ((&mut hedge).await, hedge_span, true)
-            }
-        }
-        r = &mut hedge => {
-            if success(&r) {
-                (r, hedge_span, true)
-            } else {
-                ((&mut first).await, first_span, false)
-            }
-        }
-    };
-    if hedge_won && success(&result) {
-        dep.policy().counters().hedge_won();
-    }
-    // The loser, if still in flight, is dropped with `first` or `hedge` here: the cap moves it
-    // to the background with its slot.
-    drop((first, hedge));
-    let mut rest = rest;
-    rest.target = target;
-    answer(rest, result, &span).await
-}
-
-/// [`first_answered`], awaited.
-async fn answer<S, P, B, RB>(
-    rest: Rest<S, P, B>,
-    result: Result<Response<RB>, BoxError>,
-    span: &tracing::Span,
-) -> Result<Response<RetryBody<RB>>, BoxError>
-where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    P: AttemptPolicy<B>,
-    B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
-{
-    match first_answered(rest, result, span) {
-        Ok(answer) => answer,
-        Err(decision_loop) => decision_loop.await,
-    }
+/// A hedge in flight beside the first attempt.
+pub(crate) struct SentHedge<RB> {
+    /// Its response future (holding its slot, and its budget charges until it ends).
+    pub(crate) fut: BoxFuture<Result<Response<RB>, BoxError>>,
+    /// Its span.
+    pub(crate) span: tracing::Span,
+    /// The upstream it went to.
+    pub(crate) target: usize,
 }
 
 /// A hedge admitted: its slots, its booking in the provider's window, and the budget and scope
@@ -166,16 +104,8 @@ pub fn admit(
     })
 }
 
-/// Decides and sends the hedge, if the rules allow one now: its response future, its span, and
-/// the upstream it went to.
-#[allow(clippy::type_complexity)]
-fn send_hedge<S, P, B, RB>(
-    rest: &Rest<S, P, B>,
-) -> Option<(
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response<RB>, BoxError>> + Send>>,
-    tracing::Span,
-    usize,
-)>
+/// Decides and sends the hedge, if the rules allow one now.
+pub(crate) fn send<S, P, B, RB>(rest: &Rest<S, P, B>) -> Option<SentHedge<RB>>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -214,5 +144,5 @@ where
         drop(charges);
         result
     };
-    Some((Box::pin(call), span, next))
+    Some(SentHedge { fut: Box::pin(call), span, target: next })
 }

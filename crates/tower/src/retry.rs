@@ -241,23 +241,22 @@ where
     }
     let spare = first.clone();
     let attempt = span.in_scope(|| first.call(this)).instrument(span);
-    // With hedging on, a second attempt may follow this one: the attempt is boxed so it can
-    // move into the hedge's race, and the timer is made only if it does not answer at once.
-    if dep.config().retry.hedge.is_some()
-        && let Some(delay) =
-            dep.policy().hedge_after(dep.upstream_at(target), start.unwrap_or_else(|| dep.now()))
-    {
-        let rest = Rest { dep, policy, svc: spare, req, deadline, route, id, target };
-        return RetryFuture::Hedging {
-            attempt: Some(Box::pin(attempt)),
-            rest: Some(Box::new(rest)),
-            delay,
-            timer: None,
-        };
-    }
+    // With hedging on, a second attempt may follow this one; its timer is made only if the
+    // first does not answer at once.
+    let hedge = match dep.config().retry.hedge {
+        None => Hedge::Off,
+        Some(_) => match dep
+            .policy()
+            .hedge_after(dep.upstream_at(target), || start.unwrap_or_else(|| dep.now()))
+        {
+            Some(delay) => Hedge::Due { delay, timer: None },
+            None => Hedge::Off,
+        },
+    };
     RetryFuture::First {
         attempt,
         rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id, target })),
+        hedge,
     }
 }
 
@@ -355,19 +354,13 @@ pin_project! {
         S: Service<Request<B>>,
     {
         /// The first attempt is in flight, in its span; `rest` (the service, the policy and the
-        /// replayable request) is used only after a failure.
+        /// replayable request) is used only after a failure or for a hedge; `hedge`, with
+        /// hedging on, the hedge to come or in flight beside it.
         First {
             #[pin]
             attempt: Instrumented<S::Future>,
             rest: Option<Box<Rest<S, P, B>>>,
-        },
-        /// The first attempt in flight with hedging on; `timer`, made at its first pending
-        /// poll, says when the hedge is due (`delay` after).
-        Hedging {
-            attempt: Option<Pin<Box<Instrumented<S::Future>>>>,
-            rest: Option<Box<Rest<S, P, B>>>,
-            delay: std::time::Duration,
-            timer: Option<Pin<Box<tokio::time::Sleep>>>,
+            hedge: Hedge<RB>,
         },
         /// Retrying, or finished without a first attempt.
         Boxed { fut: BoxFuture<Result<Response<RetryBody<RB>>, BoxError>> },
@@ -381,7 +374,6 @@ where
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RetryFuture::First { .. } => f.write_str("RetryFuture::First"),
-            RetryFuture::Hedging { .. } => f.write_str("RetryFuture::Hedging"),
             RetryFuture::Boxed { .. } => f.write_str("RetryFuture::Boxed"),
         }
     }
@@ -403,47 +395,96 @@ where
         loop {
             let next = match self.as_mut().project() {
                 RetryProj::Boxed { fut } => return fut.as_mut().poll(cx),
-                RetryProj::First { mut attempt, rest } => {
-                    let result = match attempt.as_mut().poll(cx) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(r) => r,
-                    };
-                    let r = rest.take().expect("a RetryFuture polled after it finished");
-                    match first_answered(*r, result, attempt.span()) {
-                        Ok(answer) => return Poll::Ready(answer),
-                        Err(decision_loop) => decision_loop,
-                    }
-                }
-                RetryProj::Hedging { attempt, rest, delay, timer } => {
-                    let a = attempt.as_mut().expect("a RetryFuture polled after it finished");
-                    match a.as_mut().poll(cx) {
-                        Poll::Ready(result) => {
-                            let span = a.span().clone();
-                            let r = rest.take().expect("a RetryFuture polled after it finished");
-                            *attempt = None;
-                            match first_answered(*r, result, &span) {
-                                Ok(answer) => return Poll::Ready(answer),
-                                Err(decision_loop) => decision_loop,
+                RetryProj::First { mut attempt, rest, hedge } => loop {
+                    // The first attempt, unless it already failed beside its hedge.
+                    if !matches!(hedge, Hedge::Alone(_))
+                        && let Poll::Ready(result) = attempt.as_mut().poll(cx)
+                    {
+                        let r = rest.take().expect("a RetryFuture polled after it finished");
+                        match std::mem::replace(hedge, Hedge::Off) {
+                            // Failed with its hedge in flight: the hedge's answer decides.
+                            Hedge::Racing(h) if !succeeded(&r.policy, &result) => {
+                                *hedge = Hedge::Alone(h);
+                                *rest = Some(r);
                             }
+                            // A hedge still in flight is dropped here: the cap runs it on in
+                            // the background, holding its slot (the abandoned-attempt rules).
+                            _ => match first_answered(*r, result, attempt.span()) {
+                                Ok(answer) => return Poll::Ready(answer),
+                                Err(decision_loop) => break decision_loop,
+                            },
                         }
-                        Poll::Pending => {
+                    }
+                    match hedge {
+                        Hedge::Off => return Poll::Pending,
+                        Hedge::Due { delay, timer } => {
                             let t =
                                 timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(*delay)));
                             if t.as_mut().poll(cx).is_pending() {
                                 return Poll::Pending;
                             }
-                            // The hedge is due: the race, in its own allocation.
-                            let a = attempt.take().expect("the first attempt");
+                            let r = rest.as_ref().expect("a RetryFuture polled after it finished");
+                            *hedge = match crate::hedge::send(r) {
+                                Some(sent) => Hedge::Racing(Box::new(sent)),
+                                None => Hedge::Off,
+                            };
+                        }
+                        Hedge::Racing(h) | Hedge::Alone(h) => {
+                            let Poll::Ready(result) = h.fut.as_mut().poll(cx) else {
+                                return Poll::Pending;
+                            };
                             let r = rest.take().expect("a RetryFuture polled after it finished");
-                            let fut: BoxFuture<_> = Box::pin(crate::hedge::hedged(*r, a));
-                            fut
+                            let won = succeeded(&r.policy, &result);
+                            if !won && matches!(hedge, Hedge::Racing(_)) {
+                                // The hedge failed first: the first attempt's answer decides
+                                // (it was polled above, so it will wake this future).
+                                *hedge = Hedge::Off;
+                                *rest = Some(r);
+                                return Poll::Pending;
+                            }
+                            let (Hedge::Racing(h) | Hedge::Alone(h)) =
+                                std::mem::replace(hedge, Hedge::Off)
+                            else {
+                                unreachable!("matched above")
+                            };
+                            if won {
+                                r.dep.policy().counters().hedge_won();
+                            }
+                            let mut r = r;
+                            r.target = h.target;
+                            match first_answered(*r, result, &h.span) {
+                                Ok(answer) => return Poll::Ready(answer),
+                                Err(decision_loop) => break decision_loop,
+                            }
                         }
                     }
-                }
+                },
             };
             self.set(RetryFuture::Boxed { fut: next });
         }
     }
+}
+
+/// Whether an attempt's answer is one the caller takes (not a failure to retry).
+fn succeeded<B, RB>(
+    policy: &impl AttemptPolicy<B>,
+    result: &Result<Response<RB>, BoxError>,
+) -> bool {
+    result.as_ref().is_ok_and(|resp| policy.classify(resp.status(), resp.headers()).is_none())
+}
+
+/// A request's hedge while its first attempt is in flight.
+pub(crate) enum Hedge<RB> {
+    /// None to come: hedging off, the hedge refused, or it failed before the first attempt
+    /// answered (whose answer then decides).
+    Off,
+    /// Due `delay` after the first attempt was sent; the timer is made at the first attempt's
+    /// first pending poll, so an attempt that answers at once pays none.
+    Due { delay: std::time::Duration, timer: Option<Pin<Box<tokio::time::Sleep>>> },
+    /// In flight beside the first attempt: the first success wins.
+    Racing(Box<crate::hedge::SentHedge<RB>>),
+    /// The first attempt failed: the hedge's answer decides.
+    Alone(Box<crate::hedge::SentHedge<RB>>),
 }
 
 /// The decision loop after the first attempt failed; `span` is the span of the attempt that
