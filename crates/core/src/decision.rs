@@ -589,6 +589,12 @@ impl RetryPolicy {
         ticket.charges.refund(now, &*self.budget);
     }
 
+    /// An admitted retry or hedge that will not be sent after all (refused further on, by the
+    /// provider's window or a breaker's probe): its budget and scope charges are refunded.
+    pub fn refund(&self, now: Timestamp, charges: RetryCharges) {
+        charges.refund(now, &*self.budget);
+    }
+
     /// How long after an attempt to `upstream` is sent its hedge goes, with hedging on (and,
     /// for a percentile, once enough recent attempts say); `None`: no hedge. The time is read
     /// only for a percentile (a fixed delay needs no clock).

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use stormguard_core::backoff::{Backoff, Pushback, PushbackHold};
 use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerState};
-use stormguard_core::budget::{BudgetSpec, FailureKind, RetryBudget, RetryPermit};
+use stormguard_core::budget::{BudgetSpec, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
 use stormguard_core::decision::{
@@ -410,8 +410,9 @@ struct Attempt {
     kind: Sent,
     /// When it was sent (virtual ns), for the latency a percentile `hedge_after` reads.
     sent_at: u64,
-    /// A hedge's budget charge, held until its answer: told of a success if it wins.
-    charge: Option<RetryPermit>,
+    /// A hedge's budget and scope charges, held until its answer: told of a success if it
+    /// wins.
+    charge: Option<RetryCharges>,
     error: bool,
     /// The client still waits for the answer (false once it timed out).
     waiting: bool,
@@ -1045,7 +1046,7 @@ impl<'s> Run<'s> {
         permit: Option<Permit>,
         kind: Sent,
         pooled: bool,
-        charge: Option<RetryPermit>,
+        charge: Option<RetryCharges>,
     ) -> Option<Ref> {
         let ts = self.ts();
         let c = self.calls.get_mut(call)?;
@@ -1219,88 +1220,93 @@ impl<'s> Run<'s> {
     }
 
     /// An attempt is still unanswered after the hedge delay: send a hedge beside it. A budget
-    /// policy checks what a retry's decision checks, in the same order (idempotency, breaker,
-    /// pushback hold, deadline, budget), then takes a slot with `try_acquire`; a naive hedger
-    /// checks idempotency, the breaker and its cap.
+    /// policy decides and admits it as the tower layer does —
+    /// [`RetryPolicy::decide_hedge`] (the retry rules' checks in their order, the budget
+    /// charged as for a retry after a timeout), then [`RetryPolicy::admit_hedge`] (a slot with
+    /// `try_acquire`); a naive hedger checks idempotency, the breaker and its cap.
     fn hedge_due(&mut self, att: Ref) {
         let ts = self.ts();
-        let now = self.now;
         let Some(a) = self.attempts.get(att) else { return };
         if !a.waiting {
             return;
         }
         let call = a.call;
-        let Some(c) = self.calls.get(call) else { return };
+        let Some(c) = self.calls.get_mut(call) else { return };
         let unit = c.unit;
         let u = &self.units[unit as usize];
-        let budgeted = u.policy.as_ref();
         let upstream = u.retry_upstream.as_ref().or(u.upstream.as_ref());
         let pooled = u.retry_upstream.is_some();
-        let refused = if !c.idempotent {
-            Some(Denied::NonIdempotent)
-        } else if u.breaker.as_ref().is_some_and(|b| !b.allows_retry(ts)) {
-            Some(Denied::Breaker)
-        } else if budgeted.is_some() && upstream.is_some_and(|up| up.hold.is_held(ts).is_some()) {
-            Some(Denied::Pushback)
-        } else if budgeted
-            .is_some_and(|p| now.saturating_add(nanos(p.config().min_attempt_time)) > c.deadline)
-        {
-            Some(Denied::Deadline)
-        } else {
-            None
-        };
-        if let Some(reason) = refused {
-            self.hedge_refused(unit, None, reason);
-            return;
-        }
-        // The same budget as retries, charged as for a retry after a timeout.
-        let charge = match budgeted {
-            None => None,
+        let (permit, charges) = match &u.policy {
             Some(policy) => {
+                let upstream = upstream.expect("a budget has a cap");
                 if u.counts_active {
                     policy.budget().set_active(u.active_primaries, 0);
                 }
-                match policy.budget().try_retry(ts, FailureKind::Timeout) {
-                    Ok(p) => Some(p),
-                    Err(_) => {
-                        self.hedge_refused(unit, None, Denied::Budget);
+                let facts = RequestFacts {
+                    idempotent: c.idempotent,
+                    replayable: true,
+                    stacked: false,
+                    deadline: Some(Timestamp::from_nanos(c.deadline)),
+                };
+                let scopes: &[Scope] =
+                    match self.actions.get(c.action).and_then(|a| a.scope.as_ref()) {
+                        Some(s) => std::slice::from_ref(s),
+                        None => &[],
+                    };
+                let ticket = match policy.decide_hedge(ts, upstream, &facts, &c.state, scopes) {
+                    Decision::Retry(ticket) => ticket,
+                    Decision::Denied(reason) => {
+                        self.stats.hedge_denied(reason);
+                        return;
+                    }
+                    Decision::NotRetryable => return,
+                };
+                match policy.admit_hedge(upstream, ticket, &mut c.state) {
+                    Ok(mut admitted) => (admitted.take_permit(), Some(admitted.into_charges())),
+                    Err(reason) => {
+                        self.stats.hedge_denied(reason);
+                        return;
+                    }
+                }
+            }
+            None => {
+                let refused = if !c.idempotent {
+                    Some(Denied::NonIdempotent)
+                } else if u.breaker.as_ref().is_some_and(|b| !b.allows_retry(ts)) {
+                    Some(Denied::Breaker)
+                } else {
+                    None
+                };
+                if let Some(reason) = refused {
+                    self.stats.hedge_denied(reason);
+                    return;
+                }
+                // Its own slot under the same cap, never queued.
+                match upstream.map(|up| up.limiter.try_acquire_at(AttemptKind::Retry, ts)) {
+                    None => (None, None),
+                    Some(Ok(p)) => (Some(p), None),
+                    Some(Err(reason)) => {
+                        self.stats.hedge_denied(reason);
                         return;
                     }
                 }
             }
         };
-        // Its own slot under the same cap, never queued.
-        let permit = match upstream {
-            None => None,
-            Some(up) => match up.limiter.try_acquire_at(AttemptKind::Retry, ts) {
-                Ok(p) => Some(p),
-                Err(reason) => {
-                    self.hedge_refused(unit, charge, reason);
-                    return;
-                }
-            },
-        };
         // Under rate admission a hedge, like a retry, never waits for the provider's window.
         if let Some(meter) = &u.rate {
             match meter.book(ts, self.tokens.most, Duration::ZERO) {
-                Ok((booking, _)) => {
-                    if let Some(c) = self.calls.get_mut(call) {
-                        c.rare().booking = Some(booking);
-                    }
-                }
+                Ok((booking, _)) => c.rare().booking = Some(booking),
                 Err(_) => {
                     if let Some(p) = permit {
                         p.release_at(ts);
                     }
-                    self.hedge_refused(unit, charge, Denied::Rate);
+                    self.hedge_refused(unit, charges, Denied::Rate);
                     return;
                 }
             }
         }
-        if let Some(c) = self.calls.get_mut(call) {
-            c.hedges += 1;
-        }
-        let Some(hedge) = self.send(call, permit, Sent::Hedge, pooled, charge) else { return };
+        c.hedges += 1;
+        let Some(hedge) = self.send(call, permit, Sent::Hedge, pooled, charges) else { return };
         if let Some(c) = self.calls.get_mut(call) {
             let together = &mut c.rare().hedged;
             together.retain(|r| *r != att);
@@ -1310,9 +1316,9 @@ impl<'s> Run<'s> {
 
     /// A hedge was refused: its budget charge (if it had one) goes back; the request waits on
     /// the attempts it has.
-    fn hedge_refused(&mut self, unit: u32, charge: Option<RetryPermit>, reason: Denied) {
-        if let (Some(p), Some(policy)) = (charge, &self.units[unit as usize].policy) {
-            policy.budget().refund(self.ts(), p);
+    fn hedge_refused(&mut self, unit: u32, charges: Option<RetryCharges>, reason: Denied) {
+        if let (Some(c), Some(policy)) = (charges, &self.units[unit as usize].policy) {
+            policy.refund(self.ts(), c);
         }
         self.stats.hedge_denied(reason);
     }

@@ -321,6 +321,23 @@ pub struct HedgeConfig {
     pub max_hedges: u32,
 }
 
+impl HedgeConfig {
+    /// The same hedging in core's terms, for the retry rules' hedge decision
+    /// ([`RetryPolicy::decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge)).
+    /// The model reads its percentile from its own window of answered attempts (virtual time,
+    /// and a naive hedger has no limiter to read it from), not from the limiter's.
+    pub fn to_core(&self) -> stormguard_core::hedge::HedgeConfig {
+        use stormguard_core::hedge::HedgeAfter as Core;
+        let after = match self.after {
+            HedgeAfter::Fixed(d) => Core::Fixed(d),
+            HedgeAfter::Percentile { quantile, floor } => {
+                Core::Percentile { permille: (quantile * 1000.0).round() as u16, floor }
+            }
+        };
+        stormguard_core::hedge::HedgeConfig { after, max_hedges: self.max_hedges }
+    }
+}
+
 /// When an attempt is hedged (`hedge_after`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum HedgeAfter {
@@ -513,6 +530,7 @@ impl PolicyConfig {
                 retry_on: client.retry_on.clone(),
                 max_retries: *max_retries,
                 backoff: backoff.unwrap_or_else(immediate_backoff),
+                hedge: self.hedge.filter(|h| h.max_hedges > 0).map(|h| h.to_core()),
                 ..RetryConfig::default()
             }),
             _ => None,
