@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adaptive;
 pub mod backoff;
 pub mod breaker;
 pub mod budget;

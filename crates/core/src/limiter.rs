@@ -54,6 +54,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use crate::adaptive::{AdaptiveConfig, AdaptiveLimit, AdaptiveSnapshot};
 use crate::clock::{Clock, Timestamp, duration_nanos};
 use crate::denied::Denied;
 use crate::histogram::{Histogram, HistogramSnapshot, LATENCY_BOUNDS_NANOS};
@@ -103,12 +104,21 @@ pub struct LimiterConfig {
     /// The longest a primary waits for a slot. Default 1 s. It counts against the request's
     /// deadline, which the caller may make shorter (see [`Limiter::acquire_until`]).
     pub queue_timeout: Duration,
+    /// An adaptive cap (`crate::adaptive`): the working cap starts at `cap` (clamped into
+    /// `[min, max]`) and follows what the dependency can take, up to `max`. `None`: `cap` is
+    /// fixed.
+    pub adaptive: Option<AdaptiveConfig>,
 }
 
 impl Default for LimiterConfig {
     fn default() -> Self {
         use crate::defaults::{CAP, QUEUE_LEN, QUEUE_TIMEOUT};
-        LimiterConfig { cap: CAP, queue_len: QUEUE_LEN, queue_timeout: QUEUE_TIMEOUT }
+        LimiterConfig {
+            cap: CAP,
+            queue_len: QUEUE_LEN,
+            queue_timeout: QUEUE_TIMEOUT,
+            adaptive: None,
+        }
     }
 }
 
@@ -130,7 +140,15 @@ impl LimiterConfig {
                 got: self.queue_len.to_string(),
             });
         }
+        if let Some(a) = &self.adaptive {
+            a.validate(MAX_CAP)?;
+        }
         Ok(())
+    }
+
+    /// The most attempts that may ever be in flight: the adaptive cap's ceiling, or the cap.
+    pub fn ceiling(&self) -> u64 {
+        self.adaptive.map_or(self.cap, |a| a.max)
     }
 }
 
@@ -169,6 +187,8 @@ struct Inner {
     earliest_hold: AtomicU64,
     /// Admission time + 1 of the permit using each slot; 0 when free.
     slots: Box<[AtomicU64]>,
+    /// The adaptive cap, when configured.
+    adaptive: Option<Box<AdaptiveLimit>>,
     slow: Mutex<Slow>,
     stats: Stats,
 }
@@ -228,7 +248,7 @@ fn unpack(s: u64) -> (u64, u64) {
 /// What a snapshot of the limiter shows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimiterSnapshot {
-    /// The configured cap.
+    /// The configured cap (an adaptive cap's ceiling).
     pub cap: u64,
     /// The cap in force now (lowered by the dependency's limit hint, if any).
     pub effective_cap: u64,
@@ -256,6 +276,8 @@ pub struct LimiterSnapshot {
     pub refused_cap: u64,
     /// Primaries refused because the queue was full.
     pub refused_queue_full: u64,
+    /// The adaptive cap's state, when there is one.
+    pub adaptive: Option<AdaptiveSnapshot>,
     /// Primaries that waited past the queue timeout.
     pub refused_queue_timeout: u64,
 }
@@ -267,6 +289,7 @@ impl Limiter {
         clock: std::sync::Arc<dyn Clock>,
     ) -> Result<Limiter, ConfigError> {
         config.validate()?;
+        let started = clock.now();
         Ok(Limiter {
             inner: Arc::new(Inner {
                 config,
@@ -278,10 +301,13 @@ impl Limiter {
                 lease_until: AtomicU64::new(0),
                 lease_after: AtomicU64::new(u64::MAX),
                 earliest_hold: AtomicU64::new(u64::MAX),
-                slots: (0..config.cap).map(|_| AtomicU64::new(0)).collect(),
+                slots: (0..config.ceiling()).map(|_| AtomicU64::new(0)).collect(),
+                adaptive: config
+                    .adaptive
+                    .map(|a| Box::new(AdaptiveLimit::new(a, config.cap, started))),
                 slow: Mutex::new(Slow::default()),
                 stats: Stats {
-                    in_flight: Histogram::linear(config.cap),
+                    in_flight: Histogram::linear(config.ceiling()),
                     wait: Histogram::new(LATENCY_BOUNDS_NANOS.to_vec()),
                     execution: Histogram::new(LATENCY_BOUNDS_NANOS.to_vec()),
                     high_water: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -370,7 +396,7 @@ impl Limiter {
     /// The last hint wins. A lower cap takes effect as permits return: none is revoked.
     pub fn set_limit_hint(&self, limit: u64, ttl: Duration) {
         let now = self.inner.clock.now();
-        let limit = limit.clamp(1, self.inner.config.cap);
+        let limit = limit.clamp(1, self.inner.config.ceiling());
         // Written until-then-limit, read limit-then-until: a reader that sees the new limit
         // sees an expiry at least as new. A stale pair for an instant is harmless: the cap is a
         // bound the dependency asked for, not a safety invariant of ours.
@@ -482,7 +508,8 @@ impl Limiter {
             .map(|t| now.saturating_since(Timestamp::from_nanos(t - 1)));
         let in_flight_histogram = inner.stats.in_flight.snapshot();
         LimiterSnapshot {
-            cap: inner.config.cap,
+            cap: inner.config.ceiling(),
+            adaptive: inner.adaptive.as_ref().map(|a| a.snapshot()),
             effective_cap: inner.effective_cap(now),
             in_flight,
             queued,
@@ -507,13 +534,28 @@ impl Limiter {
 impl Inner {
     #[inline]
     fn effective_cap(&self, now: Timestamp) -> u64 {
+        let ceiling = match &self.adaptive {
+            None => self.config.cap,
+            Some(a) => a.limit(),
+        };
         let hint = self.hint.load(Ordering::Acquire);
         let cap = if hint != 0 && now.as_nanos() < self.hint_until.load(Ordering::Acquire) {
-            hint.min(self.config.cap)
+            hint.min(ceiling)
         } else {
-            self.config.cap
+            ceiling
         };
         cap.min(self.lease_cap(now))
+    }
+
+    /// An attempt ended (`dropped`: refused for overload, or timed out): a sample for the
+    /// adaptive cap, if there is one; a higher working cap may admit waiters.
+    #[inline]
+    fn adapt(&self, admitted_at: Timestamp, in_flight: u64, dropped: bool, now: Timestamp) {
+        if let Some(a) = &self.adaptive
+            && let Some(_) = a.sample(now, now.saturating_since(admitted_at), in_flight, dropped)
+        {
+            self.fill_from_queue(now);
+        }
     }
 
     /// The fleet lease's ceiling now (`u64::MAX` without a lease): one load when there is none.
@@ -604,7 +646,15 @@ impl Inner {
             // Relaxed: a count read for a budget's estimate, not a synchronisation point.
             this.stats.retries.fetch_add(1, Ordering::Relaxed);
         }
-        Permit { inner: Some(this.clone()), slot, admitted_at: now, kind }
+        let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
+        Permit {
+            inner: Some(this.clone()),
+            slot,
+            admitted_at: now,
+            kind,
+            in_flight,
+            dropped: false,
+        }
     }
 
     /// Gives a slot back: to the oldest waiting primary if there is one and the cap allows,
@@ -724,6 +774,10 @@ pub struct Permit {
     slot: usize,
     admitted_at: Timestamp,
     kind: AttemptKind,
+    /// In flight when it was admitted, itself included (for the adaptive cap).
+    in_flight: u32,
+    /// The dependency refused it for overload, or it timed out (for the adaptive cap).
+    dropped: bool,
 }
 
 impl fmt::Debug for Permit {
@@ -746,6 +800,13 @@ impl Permit {
         self.admitted_at
     }
 
+    /// The dependency refused this attempt for overload (429, 503, an overload answer) or it
+    /// timed out: an adaptive cap counts it as a drop when the slot comes back. No effect on a
+    /// fixed cap.
+    pub fn mark_dropped(&mut self) {
+        self.dropped = true;
+    }
+
     /// The attempt timed out on our side, or its caller went away, but the dependency may still
     /// be working on it: keep its slot for up to `hold` (`timeout_slot_hold` or `abandon_hold`,
     /// 30 s by default: [`crate::defaults`]), or until [`HeldSlot::upstream_answered`].
@@ -755,6 +816,11 @@ impl Permit {
         retire(&inner, self.kind);
         let now = inner.clock.now();
         inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
+        // A timed-out attempt is a drop; one its caller abandoned says nothing of the
+        // dependency (the layer above marks which).
+        if self.dropped {
+            inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
+        }
         let until = now.saturating_add(hold);
         let id = {
             let mut slow = inner.slow.lock();
@@ -777,6 +843,7 @@ impl Permit {
             retire(&inner, self.kind);
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
+            inner.adapt(self.admitted_at, u64::from(self.in_flight), self.dropped, now);
         }
     }
 }
@@ -789,6 +856,7 @@ impl Drop for Permit {
             let now = inner.clock.now();
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
+            inner.adapt(self.admitted_at, u64::from(self.in_flight), self.dropped, now);
         }
     }
 }
@@ -1033,7 +1101,12 @@ mod tests {
     fn limiter(cap: u64, queue_len: u64) -> (Limiter, ManualClock) {
         let clock = ManualClock::new();
         let l = Limiter::try_new(
-            LimiterConfig { cap, queue_len, queue_timeout: Duration::from_millis(100) },
+            LimiterConfig {
+                cap,
+                queue_len,
+                queue_timeout: Duration::from_millis(100),
+                adaptive: None,
+            },
             std::sync::Arc::new(clock.clone()),
         )
         .unwrap();
@@ -1295,7 +1368,12 @@ mod tests {
     #[test]
     fn blocking_acquire_waits_for_a_release() {
         let l = Limiter::try_new(
-            LimiterConfig { cap: 1, queue_len: 4, queue_timeout: Duration::from_secs(10) },
+            LimiterConfig {
+                cap: 1,
+                queue_len: 4,
+                queue_timeout: Duration::from_secs(10),
+                adaptive: None,
+            },
             std::sync::Arc::new(crate::clock::MonotonicClock::new()),
         )
         .unwrap();

@@ -111,7 +111,7 @@ struct Waiting {
 fn run(cap: u64, queue_len: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
     let limiter = Limiter::try_new(
-        LimiterConfig { cap, queue_len, queue_timeout: Duration::from_millis(100) },
+        LimiterConfig { cap, queue_len, queue_timeout: Duration::from_millis(100), adaptive: None },
         Arc::new(clock.clone()),
     )
     .unwrap();
@@ -284,7 +284,12 @@ proptest! {
 fn threads_never_see_more_than_the_cap() {
     const CAP: u64 = 4;
     let limiter = Limiter::try_new(
-        LimiterConfig { cap: CAP, queue_len: 64, queue_timeout: Duration::from_secs(30) },
+        LimiterConfig {
+            cap: CAP,
+            queue_len: 64,
+            queue_timeout: Duration::from_secs(30),
+            adaptive: None,
+        },
         Arc::new(stormguard_core::clock::MonotonicClock::new()),
     )
     .unwrap();

@@ -18,7 +18,7 @@ use stormguard_core::limiter::{AttemptKind, Limiter, LimiterConfig};
 
 fn limiter(cap: u64, queue_len: u64) -> Limiter {
     Limiter::try_new(
-        LimiterConfig { cap, queue_len, queue_timeout: Duration::from_secs(3600) },
+        LimiterConfig { cap, queue_len, queue_timeout: Duration::from_secs(3600), adaptive: None },
         StdArc::new(ManualClock::new()),
     )
     .unwrap()

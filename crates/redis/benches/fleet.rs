@@ -34,7 +34,12 @@ const RATIO: &str = "ratio:percent=1,min_per_sec=3,ttl=10s";
 
 fn limiter() -> Limiter {
     Limiter::try_new(
-        LimiterConfig { cap: 20, queue_len: 0, queue_timeout: Duration::from_secs(1) },
+        LimiterConfig {
+            cap: 20,
+            queue_len: 0,
+            queue_timeout: Duration::from_secs(1),
+            adaptive: None,
+        },
         Arc::new(MonotonicClock::new()),
     )
     .unwrap()

@@ -22,7 +22,12 @@ fn ms(n: u64) -> Duration {
 
 fn limiter(cap: u64) -> Limiter {
     Limiter::try_new(
-        LimiterConfig { cap, queue_len: 10_000, queue_timeout: Duration::from_secs(20) },
+        LimiterConfig {
+            cap,
+            queue_len: 10_000,
+            queue_timeout: Duration::from_secs(20),
+            adaptive: None,
+        },
         Arc::new(MonotonicClock::new()),
     )
     .unwrap()

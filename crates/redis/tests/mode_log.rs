@@ -66,7 +66,12 @@ async fn each_fleet_mode_change_is_one_line() {
         .with_timing(ttl, Duration::from_millis(100));
     let fleet = Fleet::try_new(config).unwrap();
     let limiter = Limiter::try_new(
-        LimiterConfig { cap: 20, queue_len: 10, queue_timeout: Duration::from_secs(1) },
+        LimiterConfig {
+            cap: 20,
+            queue_len: 10,
+            queue_timeout: Duration::from_secs(1),
+            adaptive: None,
+        },
         Arc::new(MonotonicClock::new()),
     )
     .unwrap();

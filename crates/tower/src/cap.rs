@@ -598,7 +598,18 @@ fn hold_slots(
     {
         judge(&a.dep, a.target, p, a.dep.now(), AttemptResult::UpstreamFailure);
     }
-    (a.permit.map(|p| p.hold(hold)), a.total.map(|p| p.hold(hold)))
+    let (mut permit, mut total) = (a.permit, a.total);
+    if why == Orphaned::TimedOut {
+        // A timeout is a drop for an adaptive cap; an abandoned caller says nothing.
+        permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
+    }
+    (permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold)))
+}
+
+/// An answer that says the dependency is overloaded (429, 503, 529): a drop for an adaptive
+/// cap.
+fn overload_answer(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 503 | 529)
 }
 
 /// The per-try timeout passed while the caller was still sending its body: the caller's
@@ -621,7 +632,7 @@ fn finish<RB, E: Into<BoxError>>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
-    let Attempt { dep, permit, total, probe, now, target, rate, .. } = attempt;
+    let Attempt { dep, mut permit, mut total, probe, now, target, rate, .. } = attempt;
     let sent_at = now;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
@@ -637,6 +648,9 @@ fn finish<RB, E: Into<BoxError>>(
             }
             dep.apply_limits_at(target, resp.headers());
             crate::rate::answered_response(&dep, target, sent_at, &resp);
+            if overload_answer(resp.status()) {
+                permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
+            }
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {

@@ -121,6 +121,11 @@ pub struct ProxyArgs {
         default_value_t = 1
     )]
     pub max_hedges: u32,
+    /// An adaptive cap between MIN and MAX (`4..40`): the working cap starts at --cap and
+    /// follows what the upstream can take, learned from its latency (Gradient2) and its
+    /// refusals (429, 503, 529, timeouts). See docs/rules.md.
+    #[arg(long, value_name = "MIN..MAX", conflicts_with = "config")]
+    pub adaptive_cap: Option<stormguard_core::adaptive::AdaptiveConfig>,
     /// The longest a primary waits for a slot.
     #[arg(long, value_name = "DURATION", default_value = format_duration(defaults::QUEUE_TIMEOUT), value_parser = args::duration)]
     pub queue_timeout: Duration,
@@ -265,6 +270,7 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     d.hedge = args
         .hedge_after
         .map(|after| stormguard_core::hedge::HedgeConfig { after, max_hedges: args.max_hedges });
+    d.adaptive = args.adaptive_cap;
     d.max_retries = args.max_retries;
     d.per_try_timeout = args.per_try_timeout;
     d.deadline = args.deadline;

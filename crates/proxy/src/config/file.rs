@@ -188,6 +188,29 @@ struct DependencyFile {
     #[serde(default, deserialize_with = "sde::option_from_str")]
     hedge_after: Option<stormguard_core::hedge::HedgeAfter>,
     max_hedges: Option<u32>,
+    adaptive: Option<AdaptiveFile>,
+}
+
+/// `adaptive = { min = 4, max = 40 }`: an adaptive cap (`algorithm`, `window` and `tolerance`
+/// keep their defaults when left out).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdaptiveFile {
+    min: u64,
+    max: u64,
+    #[serde(default, deserialize_with = "sde::option_from_str")]
+    algorithm: Option<stormguard_core::adaptive::Algorithm>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
+    window: Option<Duration>,
+    tolerance: Option<u32>,
+}
+
+impl AdaptiveFile {
+    fn into_model(self) -> stormguard_core::adaptive::AdaptiveConfig {
+        let mut a = stormguard_core::adaptive::AdaptiveConfig::new(self.min, self.max);
+        set!(a, self; algorithm, window, tolerance);
+        a
+    }
 }
 
 impl DependencyFile {
@@ -231,6 +254,7 @@ impl DependencyFile {
         d.rate.provider = self.provider;
         set!(d.rate, self; quota_hold, overload_cool_down);
         set!(d, self; bytes_per_token);
+        d.adaptive = self.adaptive.map(AdaptiveFile::into_model);
         d.hedge = match (self.hedge_after, self.max_hedges) {
             (Some(after), n) => {
                 Some(stormguard_core::hedge::HedgeConfig { after, max_hedges: n.unwrap_or(1) })

@@ -312,6 +312,10 @@ pub struct ProxyDependency {
     /// answered after a delay or a percentile, paid from the budget, under the cap. Default
     /// none.
     pub hedge: Option<stormguard_core::hedge::HedgeConfig>,
+    /// An adaptive cap (`adaptive = { min, max, algorithm }`): each upstream's working cap
+    /// starts at its `cap` and follows what it can take, within `[min, max]`. Default none
+    /// (`cap` is fixed).
+    pub adaptive: Option<stormguard_core::adaptive::AdaptiveConfig>,
 }
 
 /// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
@@ -472,6 +476,7 @@ impl ProxyDependency {
             rate: stormguard_tower::RateAdmission::default(),
             bytes_per_token: stormguard_http::provider::Estimator::default().bytes_per_token,
             hedge: None,
+            adaptive: None,
         }
     }
 

@@ -13,6 +13,7 @@ impl ProxyDependency {
             cap: self.upstream_cap(0),
             queue_len: self.queue,
             queue_timeout: self.queue_timeout,
+            adaptive: self.adaptive,
         };
         c.budget = self.budget;
         c.retry.retry_on = self.retry_on.clone();

@@ -256,7 +256,13 @@ pub(crate) fn fleet_error(e: stormguard_redis::FleetError) -> RuleViolation {
 fn limiter_error(e: stormguard_core::ConfigError) -> RuleViolation {
     let key = match e.key() {
         "queue_len" => "queue",
-        other => other,
+        // `adaptive.min` and its kin: a key inside the `adaptive` table.
+        other => match other.split_once('.') {
+            Some((table, key)) => {
+                return Invalid::new(KeyPath::root().key(table).key(key), e.into());
+            }
+            None => other,
+        },
     };
     at(key, e)
 }
@@ -304,9 +310,14 @@ impl ProxyDependency {
             }
         }
         // The dependency's own cap and queue, by the limiter's rules, under their own keys.
-        LimiterConfig { cap: self.cap, queue_len: self.queue, queue_timeout: self.queue_timeout }
-            .validate()
-            .map_err(limiter_error)?;
+        LimiterConfig {
+            cap: self.cap,
+            queue_len: self.queue,
+            queue_timeout: self.queue_timeout,
+            adaptive: self.adaptive,
+        }
+        .validate()
+        .map_err(limiter_error)?;
         if let Some(p) = self.planned_primary
             && p > self.cap
         {

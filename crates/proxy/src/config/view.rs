@@ -81,6 +81,13 @@ impl ProxyConfig {
                 "bytes_per_token": d.bytes_per_token,
                 "hedge_after": d.hedge.map(|h| h.after.to_string()),
                 "max_hedges": d.hedge.map(|h| h.max_hedges),
+                "adaptive": d.adaptive.map(|a| json!({
+                    "min": a.min,
+                    "max": a.max,
+                    "algorithm": a.algorithm.to_string(),
+                    "window": dur(Some(a.window)),
+                    "tolerance": a.tolerance,
+                })),
                 "tls": d.tls.is_set().then(|| json!({
                     "ca_file": d.tls.ca_file.as_ref().map(|p| p.display().to_string()),
                     "client_cert": d.tls.client_cert.as_ref().map(|p| p.display().to_string()),

@@ -504,6 +504,7 @@ impl CapConfig {
             cap: self.cap,
             queue_len: self.queue_len,
             queue_timeout: self.queue_timeout,
+            adaptive: None,
         }
     }
 }

@@ -1,0 +1,491 @@
+//! An adaptive cap: the limit the dependency can take today, learned from the latency of its
+//! answers and from its refusals.
+//!
+//! The planned cap is where the working cap starts; `max` is its ceiling and `min` its floor.
+//! The baseline is learned from the first windows' answers, so the start matters: a working cap
+//! that starts far above what the dependency can take, under load that keeps it full, learns a
+//! baseline that is already slow (Envoy's filter probes at its minimum from time to time for
+//! this; this algorithm does not) — start at the planned cap.
+//! Every released attempt is a sample (its time from admission to release, the attempts in
+//! flight when it was admitted, and whether it was *dropped*: answered 429, 503 or 529, or
+//! timed out on our side). Samples are gathered in windows of at least [`AdaptiveConfig::window`]
+//! and [`MIN_SAMPLES`] answers; at each window's end the algorithm moves the working cap:
+//!
+//! - **Gradient2** (the default; Netflix concurrency-limits' `Gradient2Limit`, Envoy's adaptive
+//!   concurrency filter): the window's mean latency (*current*) against a long-window
+//!   *baseline*; `gradient = clamp(tolerance × baseline / current, 0.5, 1)`, and
+//!   `new = gradient × limit + √limit` (the queue allowance). At the fixed point the dependency
+//!   sees about `capacity + √limit` in flight: a dependency that slows past `w` in flight gets
+//!   `w + √w`, not the planned cap. The baseline is an exponential average over
+//!   [`BASELINE_WINDOWS`] windows that follows a *lower* reading at once (so a start under load,
+//!   or a recovery, does not leave it high), and decays toward `current` when it is less than
+//!   half of it for long (a new normal).
+//! - **AIMD** (AWS's adaptive retry mode, TCP): `limit − limit × 0.1` after a window with a drop,
+//!   `+1` after a window whose attempts used at least half the cap.
+//!
+//! Both: any drop in a window lowers the cap by at least 10 % (**falls fast**); a rise is
+//! smoothed (20 % of the step per window, **rises slowly**); a window in which the dependency
+//! was used at less than half the cap (`app-limited`) never raises it — so a quiet period does
+//! not leave a cap the dependency never proved it can take. The working cap stays in
+//! `[min, max]`, and a change never revokes a permit: a lower cap takes effect as attempts end.
+//!
+//! The per-attempt cost is one atomic add (the window's count and latency packed in one word)
+//! and a load; the window's end takes a lock, once.
+
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::error::ConfigError;
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+/// Answers a window needs before the cap moves.
+pub const MIN_SAMPLES: u64 = 10;
+/// Windows the Gradient2 baseline averages over.
+pub const BASELINE_WINDOWS: f64 = 600.0;
+/// A rise takes this share of its step per window.
+pub const SMOOTHING: f64 = 0.2;
+/// A window with a drop lowers the cap to at most this share of it.
+pub const BACKOFF: f64 = 0.9;
+/// The default least time a window gathers samples.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
+
+/// How the working cap is learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Algorithm {
+    /// Latency against a long-window baseline, with a queue allowance (the default).
+    #[default]
+    Gradient2,
+    /// Additive increase, multiplicative decrease on drops.
+    Aimd,
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Algorithm, ConfigError> {
+        match s {
+            "gradient2" => Ok(Algorithm::Gradient2),
+            "aimd" => Ok(Algorithm::Aimd),
+            other => Err(ConfigError::BadValue {
+                key: "algorithm",
+                reason: format!("`{other}` is not \"gradient2\" or \"aimd\""),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Algorithm::Gradient2 => "gradient2",
+            Algorithm::Aimd => "aimd",
+        })
+    }
+}
+
+/// An adaptive cap's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveConfig {
+    /// The least working cap, `1..=max`.
+    pub min: u64,
+    /// The ceiling.
+    pub max: u64,
+    /// How it is learned.
+    pub algorithm: Algorithm,
+    /// The least time a window gathers samples (default 1 s).
+    pub window: Duration,
+    /// Gradient2's tolerance, in percent: latency up to `tolerance %` of the baseline is not
+    /// queueing (default 100; Netflix's 150 lets a dependency that slows past `w` in flight
+    /// see about `1.5 w`).
+    pub tolerance: u32,
+}
+
+impl AdaptiveConfig {
+    /// Adapting within `min..=max` by Gradient2, with the default window and tolerance.
+    pub fn new(min: u64, max: u64) -> AdaptiveConfig {
+        AdaptiveConfig {
+            min,
+            max,
+            algorithm: Algorithm::Gradient2,
+            window: DEFAULT_WINDOW,
+            tolerance: 100,
+        }
+    }
+
+    /// Checks the rules: `1 <= min <= max <= max_cap`, a window above zero, a tolerance in
+    /// `100..=400` %.
+    pub fn validate(&self, max_cap: u64) -> Result<(), ConfigError> {
+        if self.min == 0 || self.min > self.max {
+            return Err(ConfigError::OutOfRange {
+                key: "adaptive.min",
+                min: "1".into(),
+                max: self.max.to_string(),
+                got: self.min.to_string(),
+            });
+        }
+        if self.max > max_cap {
+            return Err(ConfigError::TooLarge {
+                key: "adaptive.max",
+                max: max_cap.to_string(),
+                got: self.max.to_string(),
+            });
+        }
+        if self.window.is_zero() {
+            return Err(ConfigError::Zero { key: "adaptive.window" });
+        }
+        if !(100..=400).contains(&self.tolerance) {
+            return Err(ConfigError::OutOfRange {
+                key: "adaptive.tolerance",
+                min: "100".into(),
+                max: "400".into(),
+                got: self.tolerance.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A `min..max` range that does not read (`--adaptive-cap 4..40`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a range of caps such as 4..40")]
+pub struct BadRange(pub String);
+
+impl std::str::FromStr for AdaptiveConfig {
+    type Err = BadRange;
+
+    /// `"4..40"`: Gradient2 between 4 and 40.
+    fn from_str(s: &str) -> Result<AdaptiveConfig, BadRange> {
+        let bad = || BadRange(s.to_string());
+        let (lo, hi) = s.split_once("..").ok_or_else(bad)?;
+        let min: u64 = lo.trim().parse().map_err(|_| bad())?;
+        let max: u64 = hi.trim().parse().map_err(|_| bad())?;
+        if min == 0 || min > max {
+            return Err(bad());
+        }
+        Ok(AdaptiveConfig::new(min, max))
+    }
+}
+
+/// What the algorithm shows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveSnapshot {
+    /// The working cap.
+    pub limit: u64,
+    /// Its floor and ceiling.
+    pub min: u64,
+    /// The ceiling.
+    pub max: u64,
+    /// Windows that raised it, and that lowered it.
+    pub raised: u64,
+    /// Windows that lowered it.
+    pub lowered: u64,
+    /// The baseline latency (Gradient2), `None` before the first window.
+    pub baseline: Option<Duration>,
+    /// The last window's mean latency, `None` before the first window.
+    pub current: Option<Duration>,
+}
+
+/// Bits of the packed window word that count samples; the rest sums their latency in µs.
+const COUNT_BITS: u32 = 20;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+/// A working cap that follows what the dependency can take.
+#[derive(Debug)]
+pub struct AdaptiveLimit {
+    config: AdaptiveConfig,
+    /// The working cap.
+    limit: AtomicU64,
+    /// This window's samples: count (low [`COUNT_BITS`]) and latency sum in µs (high bits).
+    window: AtomicU64,
+    /// Drops in this window.
+    drops: AtomicU64,
+    /// The most in flight a sample of this window was admitted with.
+    in_flight: AtomicU64,
+    /// When this window began (nanoseconds).
+    started: AtomicU64,
+    raised: AtomicU64,
+    lowered: AtomicU64,
+    /// Baseline and current latency, nanoseconds (`u64::MAX`: none yet), for the signals.
+    baseline_ns: AtomicU64,
+    current_ns: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The working cap, unrounded.
+    estimate: f64,
+    /// The Gradient2 baseline, µs; 0 before the first window.
+    baseline: f64,
+}
+
+/// One window's samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// Answers.
+    pub samples: u64,
+    /// Their mean latency, µs.
+    pub mean_us: f64,
+    /// Any of them dropped.
+    pub dropped: bool,
+    /// The most in flight one was admitted with.
+    pub in_flight: u64,
+}
+
+impl AdaptiveLimit {
+    /// Starting at `initial` (clamped into `[min, max]`), the window beginning at `now`.
+    pub fn new(config: AdaptiveConfig, initial: u64, now: Timestamp) -> AdaptiveLimit {
+        let initial = initial.clamp(config.min, config.max);
+        AdaptiveLimit {
+            config,
+            limit: AtomicU64::new(initial),
+            window: AtomicU64::new(0),
+            drops: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            started: AtomicU64::new(now.as_nanos()),
+            raised: AtomicU64::new(0),
+            lowered: AtomicU64::new(0),
+            baseline_ns: AtomicU64::new(u64::MAX),
+            current_ns: AtomicU64::new(u64::MAX),
+            state: Mutex::new(State { estimate: initial as f64, baseline: 0.0 }),
+        }
+    }
+
+    /// Its parameters.
+    pub fn config(&self) -> &AdaptiveConfig {
+        &self.config
+    }
+
+    /// The working cap now.
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// An attempt ended at `now` after `latency`, admitted with `in_flight` attempts in flight
+    /// (itself included); `dropped` when the dependency refused it for overload or it timed
+    /// out. Returns the new working cap when this sample closed a window that moved it.
+    #[inline]
+    pub fn sample(
+        &self,
+        now: Timestamp,
+        latency: Duration,
+        in_flight: u64,
+        dropped: bool,
+    ) -> Option<u64> {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX >> COUNT_BITS);
+        let packed = self.window.fetch_add((us << COUNT_BITS) | 1, Ordering::Relaxed) + 1;
+        if dropped {
+            self.drops.fetch_add(1, Ordering::Relaxed);
+        }
+        if in_flight > self.in_flight.load(Ordering::Relaxed) {
+            self.in_flight.fetch_max(in_flight, Ordering::Relaxed);
+        }
+        let window = crate::clock::duration_nanos(self.config.window);
+        if (packed & COUNT_MASK) < MIN_SAMPLES
+            || now.as_nanos().saturating_sub(self.started.load(Ordering::Relaxed)) < window
+        {
+            return None;
+        }
+        self.close(now)
+    }
+
+    /// Ends the window (one closer at a time; the others' samples join the next window).
+    #[cold]
+    fn close(&self, now: Timestamp) -> Option<u64> {
+        let mut state = self.state.try_lock()?;
+        let started = self.started.load(Ordering::Relaxed);
+        let window = crate::clock::duration_nanos(self.config.window);
+        if now.as_nanos().saturating_sub(started) < window {
+            return None;
+        }
+        let packed = self.window.swap(0, Ordering::Relaxed);
+        let samples = packed & COUNT_MASK;
+        if samples == 0 {
+            return None;
+        }
+        self.started.store(now.as_nanos(), Ordering::Relaxed);
+        let w = Window {
+            samples,
+            mean_us: (packed >> COUNT_BITS) as f64 / samples as f64,
+            dropped: self.drops.swap(0, Ordering::Relaxed) > 0,
+            in_flight: self.in_flight.swap(0, Ordering::Relaxed),
+        };
+        let before = self.limit.load(Ordering::Relaxed);
+        let State { estimate, baseline } = &mut *state;
+        *estimate = next_limit(&self.config, baseline, *estimate, &w);
+        let (estimate, baseline) = (*estimate, *baseline);
+        let after = (estimate.round() as u64).clamp(self.config.min, self.config.max);
+        self.current_ns.store((w.mean_us * 1000.0) as u64, Ordering::Relaxed);
+        if baseline > 0.0 {
+            self.baseline_ns.store((baseline * 1000.0) as u64, Ordering::Relaxed);
+        }
+        drop(state);
+        if after == before {
+            return None;
+        }
+        self.limit.store(after, Ordering::Relaxed);
+        if after > before { &self.raised } else { &self.lowered }.fetch_add(1, Ordering::Relaxed);
+        Some(after)
+    }
+
+    /// What it shows now.
+    pub fn snapshot(&self) -> AdaptiveSnapshot {
+        let ns = |a: &AtomicU64| match a.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(Duration::from_nanos(n)),
+        };
+        AdaptiveSnapshot {
+            limit: self.limit(),
+            min: self.config.min,
+            max: self.config.max,
+            raised: self.raised.load(Ordering::Relaxed),
+            lowered: self.lowered.load(Ordering::Relaxed),
+            baseline: ns(&self.baseline_ns),
+            current: ns(&self.current_ns),
+        }
+    }
+}
+
+/// The working cap after window `w` (unrounded, within `[min, max]`), from `limit`; `baseline`
+/// is Gradient2's, in µs (0: none yet), updated here. Pure: the simulator and the tests call it.
+pub fn next_limit(config: &AdaptiveConfig, baseline: &mut f64, limit: f64, w: &Window) -> f64 {
+    let (min, max) = (config.min as f64, config.max as f64);
+    let app_limited = (w.in_flight as f64) < limit / 2.0;
+    let target = match config.algorithm {
+        Algorithm::Gradient2 => {
+            let current = w.mean_us.max(1.0);
+            *baseline = if *baseline <= 0.0 || current < *baseline {
+                // A lower reading is the truth at once: the dependency can be this fast.
+                current
+            } else {
+                let mut b = *baseline + (current - *baseline) / BASELINE_WINDOWS;
+                // Far below the current latency for long: a new normal, not queueing.
+                if b * 2.0 < current {
+                    b *= 1.0 / 0.95;
+                }
+                b
+            };
+            let gradient =
+                (f64::from(config.tolerance) / 100.0 * *baseline / current).clamp(0.5, 1.0);
+            gradient * limit + limit.sqrt()
+        }
+        Algorithm::Aimd => {
+            if w.dropped {
+                limit * BACKOFF
+            } else {
+                limit + 1.0
+            }
+        }
+    };
+    let target = if w.dropped { target.min(limit * BACKOFF) } else { target };
+    let next = if target > limit {
+        if app_limited { limit } else { limit + (target - limit) * SMOOTHING }
+    } else {
+        target
+    };
+    next.clamp(min, max)
+}
+
+#[cfg(all(test, not(stormguard_loom)))]
+mod tests {
+    use super::*;
+
+    fn window(mean_ms: f64, in_flight: u64, dropped: bool) -> Window {
+        Window { samples: 100, mean_us: mean_ms * 1000.0, dropped, in_flight }
+    }
+
+    /// A dependency that works on `workers` at full speed and stretches every answer by
+    /// in flight / workers past that, driven at `offered` in flight: the working cap settles
+    /// near `workers + √workers`.
+    fn settle(config: &AdaptiveConfig, start: f64, workers: f64, windows: usize) -> f64 {
+        let mut baseline = 0.0;
+        let mut limit = start;
+        for _ in 0..windows {
+            let in_flight = limit.floor();
+            let latency = 50.0 * (in_flight / workers).max(1.0);
+            limit =
+                next_limit(config, &mut baseline, limit, &window(latency, in_flight as u64, false));
+        }
+        limit
+    }
+
+    #[test]
+    fn gradient2_settles_near_what_the_dependency_can_take() {
+        let c = AdaptiveConfig::new(4, 100);
+        let settled = settle(&c, 20.0, 20.0, 60);
+        assert!((22.0..=27.0).contains(&settled), "{settled}");
+        // A dependency that never slows: up to the ceiling, slowly.
+        let flat = settle(&c, 20.0, 1000.0, 10);
+        assert!(flat > 25.0 && flat < 45.0, "{flat}");
+        assert_eq!(settle(&c, 20.0, 1000.0, 200), 100.0);
+        // Half the workers: it falls within a few windows.
+        let mut baseline = 0.0;
+        let mut limit: f64 = 20.0;
+        for _ in 0..30 {
+            let l = 50.0 * (limit.floor() / 20.0).max(1.0);
+            limit = next_limit(&c, &mut baseline, limit, &window(l, limit as u64, false));
+        }
+        for _ in 0..5 {
+            let l = 50.0 * (limit.floor() / 10.0).max(1.0);
+            limit = next_limit(&c, &mut baseline, limit, &window(l, limit as u64, false));
+        }
+        assert!(limit < 16.0, "{limit}");
+    }
+
+    #[test]
+    fn a_drop_lowers_at_once_and_a_rise_is_slow() {
+        let c = AdaptiveConfig::new(4, 100);
+        let mut b = 50_000.0;
+        let dropped = next_limit(&c, &mut b, 40.0, &window(50.0, 40, true));
+        assert!(dropped <= 36.0, "{dropped}");
+        let mut b = 50_000.0;
+        let raised = next_limit(&c, &mut b, 40.0, &window(50.0, 40, false));
+        assert!(raised > 40.0 && raised < 42.0, "{raised}");
+        // App-limited: never raised.
+        let mut b = 50_000.0;
+        assert_eq!(next_limit(&c, &mut b, 40.0, &window(50.0, 10, false)), 40.0);
+        // Bounds.
+        let mut b = 50_000.0;
+        assert_eq!(next_limit(&c, &mut b, 4.0, &window(500.0, 4, true)), 4.0);
+        let aimd = AdaptiveConfig { algorithm: Algorithm::Aimd, ..c };
+        let mut b = 0.0;
+        assert_eq!(next_limit(&aimd, &mut b, 100.0, &window(50.0, 100, false)), 100.0);
+        assert_eq!(next_limit(&aimd, &mut b, 20.0, &window(50.0, 20, true)), 18.0);
+    }
+
+    #[test]
+    fn windows_close_by_time_and_count() {
+        let c = AdaptiveConfig::new(4, 100);
+        let a = AdaptiveLimit::new(c, 50, Timestamp::from_nanos(0));
+        let ms = Duration::from_millis;
+        // Nine answers over two seconds: too few.
+        for i in 0..9 {
+            assert_eq!(a.sample(Timestamp::from_nanos(i * 200_000_000), ms(50), 50, false), None);
+        }
+        // The tenth closes the first window: the baseline is read, the cap does not fall.
+        a.sample(Timestamp::from_nanos(2_000_000_000), ms(50), 50, false);
+        assert!(a.limit() >= 50);
+        assert_eq!(a.snapshot().baseline, Some(ms(50)));
+        // Ten dropped answers a second later: lowered.
+        for _ in 0..10 {
+            a.sample(Timestamp::from_nanos(3_000_000_000), ms(50), 50, true);
+        }
+        assert!(a.limit() <= 46, "{}", a.limit());
+        assert_eq!(a.snapshot().lowered, 1);
+    }
+
+    #[test]
+    fn ranges_read() {
+        let c: AdaptiveConfig = "4..40".parse().unwrap();
+        assert_eq!((c.min, c.max), (4, 40));
+        for bad in ["4", "0..4", "40..4", "a..b", ""] {
+            assert!(bad.parse::<AdaptiveConfig>().is_err(), "{bad}");
+        }
+        assert!(AdaptiveConfig::new(4, 40).validate(1 << 24).is_ok());
+        assert!(
+            AdaptiveConfig { tolerance: 50, ..AdaptiveConfig::new(4, 40) }.validate(64).is_err()
+        );
+        assert!(AdaptiveConfig::new(4, 400).validate(64).is_err());
+    }
+}
