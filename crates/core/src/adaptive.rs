@@ -14,9 +14,9 @@
 //! - **Gradient2** (the default; Netflix concurrency-limits' `Gradient2Limit`, Envoy's adaptive
 //!   concurrency filter): the window's mean latency (*current*) against a long-window
 //!   *baseline*; `gradient = clamp(tolerance × baseline / current, 0.5, 1)`, and
-//!   `new = gradient × limit + √limit` (the queue allowance). At the fixed point the dependency
-//!   sees about `capacity + √limit` in flight: a dependency that slows past `w` in flight gets
-//!   `w + √w`, not the planned cap. The baseline is an exponential average over
+//!   `new = gradient × limit + q`, with the queue allowance `q = min(√limit, 4)` (Netflix's
+//!   Gradient2 default is 4). At the fixed point the dependency sees about `capacity + q` in
+//!   flight: a dependency that slows past `w` in flight gets about `w + 4`, not the planned cap. The baseline is an exponential average over
 //!   [`BASELINE_WINDOWS`] windows that follows a *lower* reading at once (so a start under load,
 //!   or a recovery, does not leave it high), and decays toward `current` when it is less than
 //!   half of it for long (a new normal).
@@ -46,6 +46,8 @@ pub const BASELINE_WINDOWS: f64 = 600.0;
 pub const SMOOTHING: f64 = 0.2;
 /// A window with a drop lowers the cap to at most this share of it.
 pub const BACKOFF: f64 = 0.9;
+/// Gradient2's largest queue allowance: how far the cap may grow past what the latency says.
+pub const QUEUE_ALLOWANCE: f64 = 4.0;
 /// The default least time a window gathers samples.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
 
@@ -368,7 +370,7 @@ pub fn next_limit(config: &AdaptiveConfig, baseline: &mut f64, limit: f64, w: &W
             };
             let gradient =
                 (f64::from(config.tolerance) / 100.0 * *baseline / current).clamp(0.5, 1.0);
-            gradient * limit + limit.sqrt()
+            gradient * limit + limit.sqrt().min(QUEUE_ALLOWANCE)
         }
         Algorithm::Aimd => {
             if w.dropped {
@@ -397,7 +399,7 @@ mod tests {
 
     /// A dependency that works on `workers` at full speed and stretches every answer by
     /// in flight / workers past that, driven at `offered` in flight: the working cap settles
-    /// near `workers + √workers`.
+    /// near `workers + 4`.
     fn settle(config: &AdaptiveConfig, start: f64, workers: f64, windows: usize) -> f64 {
         let mut baseline = 0.0;
         let mut limit = start;
@@ -414,7 +416,7 @@ mod tests {
     fn gradient2_settles_near_what_the_dependency_can_take() {
         let c = AdaptiveConfig::new(4, 100);
         let settled = settle(&c, 20.0, 20.0, 60);
-        assert!((22.0..=27.0).contains(&settled), "{settled}");
+        assert!((22.0..=25.0).contains(&settled), "{settled}");
         // A dependency that never slows: up to the ceiling, slowly.
         let flat = settle(&c, 20.0, 1000.0, 10);
         assert!(flat > 25.0 && flat < 45.0, "{flat}");

@@ -1,0 +1,228 @@
+//! The adaptive cap, judged at the dependency: chaos works on 20 requests at full speed and
+//! stretches every answer by in flight / 20 past that (`workers = 20`), and an open loop offers
+//! 1.5 times what it can serve (30 in flight at the unloaded 100 ms). Chaos's own count of
+//! requests in flight, sampled every 100 ms, is the measure; timing never decides a test, the
+//! counts do.
+//!
+//! - With `--adaptive-cap 4..100` (starting at the planned 20) the dependency's mean in flight
+//!   settles within 30 % of 20 and the callers' p99 of successful requests stays within three
+//!   times the unloaded latency plus the queue timeout; with a fixed cap of 100 neither holds.
+//! - The workers drop from 20 to 10 mid-run, then come back: the adaptive cap follows (lower in
+//!   flight within 10 s of the drop, higher again after the recovery), and its success rate is
+//!   at least that of the best of the fixed caps 10, 20 and 40 chosen in hindsight, within 5
+//!   points.
+//!
+//! The runs take about 3 minutes together and run one at a time (the machine's two cores are
+//! the proxy's, chaos's and the callers').
+
+mod common;
+
+use common::*;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase};
+use stormguard_core::adaptive::AdaptiveConfig;
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
+use stormguard_proxy::start;
+use tokio::sync::Mutex;
+
+/// The unloaded latency.
+const LATENCY: Duration = Duration::from_millis(100);
+/// The open loop's rate: 30 in flight at the unloaded latency.
+const PER_SECOND: u64 = 300;
+/// The proxy's queue timeout.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One run at a time.
+static RUNS: Mutex<()> = Mutex::const_new(());
+
+fn phase(name: &str, workers: u64, secs: Option<u64>) -> Phase {
+    Phase {
+        name: name.into(),
+        duration: secs.map(Duration::from_secs),
+        latency: Latency::Fixed(LATENCY),
+        workers: Some(workers),
+        ..Phase::default()
+    }
+}
+
+async fn dependency(phases: Vec<Phase>) -> ChaosServer {
+    let mut c = ChaosConfig::single(phases[0].clone());
+    c.script.phases = phases;
+    c.on_disconnect = OnDisconnect::Finish;
+    stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+/// What a run saw: chaos's in flight every 100 ms, and each request's (start in seconds,
+/// status, latency).
+struct Run {
+    in_flight: Vec<u64>,
+    answers: Vec<(f64, u16, Duration)>,
+}
+
+impl Run {
+    /// Mean in flight at the dependency between `from` and `to` seconds.
+    fn mean_in_flight(&self, from: f64, to: f64) -> f64 {
+        let (a, b) = ((from * 10.0) as usize, ((to * 10.0) as usize).min(self.in_flight.len()));
+        let s = &self.in_flight[a..b];
+        s.iter().sum::<u64>() as f64 / s.len().max(1) as f64
+    }
+
+    /// The share of requests started between `from` and `to` that succeeded.
+    fn success(&self, from: f64, to: f64) -> f64 {
+        let sent: Vec<_> = self.answers.iter().filter(|(t, ..)| *t >= from && *t < to).collect();
+        sent.iter().filter(|(_, s, _)| *s == 200).count() as f64 / sent.len().max(1) as f64
+    }
+
+    /// The p99 latency of the successful requests started between `from` and `to`.
+    fn p99_ok(&self, from: f64, to: f64) -> Duration {
+        let mut l: Vec<_> = self
+            .answers
+            .iter()
+            .filter(|(t, s, _)| *t >= from && *t < to && *s == 200)
+            .map(|(_, _, l)| *l)
+            .collect();
+        l.sort();
+        l.get(l.len() * 99 / 100).copied().unwrap_or_default()
+    }
+}
+
+/// Runs the open loop for `secs` through a proxy with `cap` (and `adaptive`) in front of a
+/// chaos playing `phases`.
+async fn run(phases: Vec<Phase>, secs: u64, cap: u64, adaptive: Option<AdaptiveConfig>) -> Run {
+    let _one = RUNS.lock().await;
+    let upstream = dependency(phases).await;
+    let mut d = ProxyDependency::new("dep", upstream.url("").parse().unwrap());
+    d.cap = cap;
+    d.adaptive = adaptive;
+    // Room to wait for the whole queue timeout: the wait, not the queue's length, bounds it.
+    d.queue = 1_000;
+    d.queue_timeout = QUEUE_TIMEOUT;
+    d.max_retries = 0;
+    let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+    c.admin = None;
+    let p = start(c).await.unwrap();
+    let addr = p.listen_addrs()[0];
+    let upstream = Arc::new(upstream);
+    let started = tokio::time::Instant::now();
+    let sampler = {
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            for _ in 0..secs * 10 {
+                tick.tick().await;
+                seen.push(upstream.stats().in_flight_now);
+            }
+            seen
+        })
+    };
+    let client = client();
+    let every = Duration::from_secs(1) / PER_SECOND as u32;
+    let mut tasks = Vec::new();
+    for i in 0..secs * PER_SECOND {
+        let at = started + every * i as u32;
+        tokio::time::sleep_until(at).await;
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let t = tokio::time::Instant::now();
+            let uri = format!("http://{addr}/").parse().unwrap();
+            let status = match tokio::time::timeout(Duration::from_secs(30), client.get(uri)).await
+            {
+                Ok(Ok(r)) => {
+                    let status = r.status().as_u16();
+                    let _ = http_body_util::BodyExt::collect(r.into_body()).await;
+                    status
+                }
+                _ => 0,
+            };
+            (t.duration_since(started).as_secs_f64(), status, t.elapsed())
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    let in_flight = sampler.await.unwrap();
+    p.shutdown().await;
+    Run { in_flight, answers }
+}
+
+/// Settles within 30 % of the 20 workers, and the callers' p99 stays bounded; a fixed cap of
+/// 100 lets the overload through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_cap_settles_near_what_the_dependency_can_take() {
+    const SECS: u64 = 20;
+    let bound = LATENCY * 3 + QUEUE_TIMEOUT;
+    let phases = || vec![phase("20 workers", 20, None)];
+    let adaptive = run(phases(), SECS, 20, Some("4..100".parse().unwrap())).await;
+    let (mean, p99) = (adaptive.mean_in_flight(10.0, 20.0), adaptive.p99_ok(10.0, 20.0));
+    eprintln!(
+        "adaptive 4..100: mean in flight {mean:.1} (10-20 s), p99 {p99:?}, success {:.1} %",
+        adaptive.success(0.0, 20.0) * 100.0
+    );
+    let fixed = run(phases(), SECS, 100, None).await;
+    let (f_mean, f_p99) = (fixed.mean_in_flight(10.0, 20.0), fixed.p99_ok(10.0, 20.0));
+    eprintln!(
+        "fixed 100: mean in flight {f_mean:.1} (10-20 s), p99 {f_p99:?}, success {:.1} %",
+        fixed.success(0.0, 20.0) * 100.0
+    );
+    assert!((14.0..=26.0).contains(&mean), "adaptive: mean in flight {mean:.1}");
+    assert!(p99 <= bound, "adaptive: p99 {p99:?} above {bound:?}");
+    assert!(f_mean > 26.0, "fixed 100: mean in flight {f_mean:.1}");
+    assert!(f_p99 > bound, "fixed 100: p99 {f_p99:?} within {bound:?}");
+}
+
+/// The workers drop from 20 to 10 at 10 s and come back at 25 s: the adaptive cap follows, and
+/// succeeds as often as the best fixed cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_cap_follows_a_capacity_drop_and_the_recovery() {
+    const SECS: u64 = 40;
+    let phases = || {
+        vec![
+            phase("20 workers", 20, Some(10)),
+            phase("10 workers", 10, Some(15)),
+            phase("20 again", 20, None),
+        ]
+    };
+    let adaptive = run(phases(), SECS, 20, Some("4..40".parse().unwrap())).await;
+    let before = adaptive.mean_in_flight(5.0, 10.0);
+    let dropped = adaptive.mean_in_flight(20.0, 25.0);
+    let recovered = adaptive.mean_in_flight(35.0, 40.0);
+    let success = adaptive.success(0.0, SECS as f64);
+    eprintln!(
+        "adaptive 4..40: in flight {before:.1} before, {dropped:.1} 10-15 s after the drop, \
+         {recovered:.1} 10-15 s after the recovery; success {:.1} %",
+        success * 100.0
+    );
+    let mut best = (0.0, 0);
+    for cap in [10, 20, 40] {
+        let fixed = run(phases(), SECS, cap, None).await;
+        let s = fixed.success(0.0, SECS as f64);
+        eprintln!(
+            "fixed {cap}: in flight {:.1} / {:.1} / {:.1}, success {:.1} %",
+            fixed.mean_in_flight(5.0, 10.0),
+            fixed.mean_in_flight(20.0, 25.0),
+            fixed.mean_in_flight(35.0, 40.0),
+            s * 100.0
+        );
+        if s > best.0 {
+            best = (s, cap);
+        }
+    }
+    assert!(dropped < before * 0.8, "in flight {before:.1} before the drop, {dropped:.1} after");
+    assert!(dropped <= 10.0 * 1.6, "{dropped:.1} in flight on 10 workers");
+    assert!(
+        recovered > dropped * 1.2,
+        "{dropped:.1} in flight at 10 workers, {recovered:.1} after"
+    );
+    assert!(
+        success >= best.0 - 0.05,
+        "adaptive {:.1} % against the fixed cap {}'s {:.1} %",
+        success * 100.0,
+        best.1,
+        best.0 * 100.0
+    );
+}
