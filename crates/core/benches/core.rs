@@ -15,6 +15,8 @@
 //!   limiter reads its own clock, twice); `limiter_permit_manual_clock` is the same over a
 //!   `ManualClock`, to show what the clock reads cost; `limiter_permit_time_passed_in` is
 //!   `try_acquire_at(Retry, now)` + `release_at(now)`, the way the tower layer calls it;
+//!   `limiter_permit_adaptive` is the same with an adaptive cap (each release a sample; the
+//!   time passed in never moves, so a window closes only when full, every 524 288 samples);
 //! - `rate_request`: rate admission's decision for one request, `RateLimit::try_acquire(now, 1)`
 //!   then `settle`; `rate_request_tokens`: a request and its tokens booked in two buckets and
 //!   settled from a stated usage (what a model provider's request pays).
@@ -29,13 +31,16 @@
 //! ratios (BENCHMARKS.md).
 
 use std::hint::black_box;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
+use stormguard_core::adaptive::AdaptiveConfig;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
+use stormguard_core::adaptive::AdaptiveConfig;
 use stormguard_core::budget::{AnyBudget, BudgetSpec, FailureKind, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, MonotonicClock, Timestamp};
 use stormguard_core::conditions::AttemptFailure;
@@ -172,9 +177,9 @@ fn limiter(clock: Arc<dyn Clock>) -> impl Fn(&Refusals) + Sync {
 
 /// The permit with time passed in, as the tower layer calls it: `try_acquire_at(now)` +
 /// `release_at(now)`, no clock read inside the limiter.
-fn limiter_time_passed_in() -> impl Fn(&Refusals) + Sync {
+fn limiter_time_passed_in(adaptive: Option<AdaptiveConfig>) -> impl Fn(&Refusals) + Sync {
     let limiter = Limiter::try_new(
-        LimiterConfig { cap: 1_000, ..Default::default() },
+        LimiterConfig { cap: 1_000, adaptive, ..Default::default() },
         Arc::new(MonotonicClock::new()),
     )
     .expect("valid limiter");
@@ -225,7 +230,12 @@ macro_rules! each_item {
         $run($group, "full_decision_ratio", full_decision());
         $run($group, "limiter_permit", limiter(Arc::new(MonotonicClock::new())));
         $run($group, "limiter_permit_manual_clock", limiter(Arc::new(ManualClock::new())));
-        $run($group, "limiter_permit_time_passed_in", limiter_time_passed_in());
+        $run($group, "limiter_permit_time_passed_in", limiter_time_passed_in(None));
+        $run(
+            $group,
+            "limiter_permit_adaptive",
+            limiter_time_passed_in(Some(AdaptiveConfig::new(4, 1_000))),
+        );
         $run($group, "rate_request", rate_request());
         $run($group, "rate_request_tokens", rate_request_tokens());
     };

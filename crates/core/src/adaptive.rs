@@ -190,6 +190,10 @@ pub struct AdaptiveSnapshot {
 /// Bits of the packed window word that count samples; the rest sums their latency in µs.
 const COUNT_BITS: u32 = 20;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// A window this full closes whatever its age, long before the count could overflow.
+const FULL: u64 = 1 << (COUNT_BITS - 1);
+/// The longest sample, in µs: `FULL` of them sum within the word's high 44 bits.
+const MAX_SAMPLE_US: u64 = 1 << 24;
 
 /// A working cap that follows what the dependency can take.
 #[derive(Debug)]
@@ -275,7 +279,8 @@ impl AdaptiveLimit {
         in_flight: u64,
         dropped: bool,
     ) -> Option<u64> {
-        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX >> COUNT_BITS);
+        // At most ~16.8 s a sample, so a full window's sum fits the word's high bits.
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).min(MAX_SAMPLE_US);
         let packed = self.window.fetch_add((us << COUNT_BITS) | 1, Ordering::Relaxed) + 1;
         if dropped {
             self.drops.fetch_add(1, Ordering::Relaxed);
@@ -283,22 +288,27 @@ impl AdaptiveLimit {
         if in_flight > self.in_flight.load(Ordering::Relaxed) {
             self.in_flight.fetch_max(in_flight, Ordering::Relaxed);
         }
+        let count = packed & COUNT_MASK;
         let window = crate::clock::duration_nanos(self.config.window);
-        if (packed & COUNT_MASK) < MIN_SAMPLES
-            || now.as_nanos().saturating_sub(self.started.load(Ordering::Relaxed)) < window
+        let full = count >= FULL;
+        if !full
+            && (count < MIN_SAMPLES
+                || now.as_nanos().saturating_sub(self.started.load(Ordering::Relaxed)) < window)
         {
             return None;
         }
-        self.close(now)
+        self.close(now, full)
     }
 
-    /// Ends the window (one closer at a time; the others' samples join the next window).
+    /// Ends the window (one closer at a time; the others' samples join the next window), or a
+    /// window that is `full` before its time.
     #[cold]
-    fn close(&self, now: Timestamp) -> Option<u64> {
+    fn close(&self, now: Timestamp, full: bool) -> Option<u64> {
         let mut state = self.state.try_lock()?;
         let started = self.started.load(Ordering::Relaxed);
         let window = crate::clock::duration_nanos(self.config.window);
-        if now.as_nanos().saturating_sub(started) < window {
+        if !full && now.as_nanos().saturating_sub(started) < window {
+            // Another closer ended this window first.
             return None;
         }
         let packed = self.window.swap(0, Ordering::Relaxed);
@@ -475,6 +485,20 @@ mod tests {
         }
         assert!(a.limit() <= 46, "{}", a.limit());
         assert_eq!(a.snapshot().lowered, 1);
+    }
+
+    /// A window that fills before its time closes anyway: the packed count never overflows
+    /// into the latency sum.
+    #[test]
+    fn a_full_window_closes_before_its_time() {
+        let a = AdaptiveLimit::new(AdaptiveConfig::new(4, 100), 50, Timestamp::from_nanos(0));
+        let now = Timestamp::from_nanos(1);
+        for _ in 0..(FULL + 10) {
+            a.sample(now, Duration::from_secs(3600), 50, false);
+        }
+        let s = a.snapshot();
+        assert_eq!(s.current, Some(Duration::from_micros(MAX_SAMPLE_US)), "{s:?}");
+        assert!(a.window.load(Ordering::Relaxed) & COUNT_MASK < 20);
     }
 
     #[test]
