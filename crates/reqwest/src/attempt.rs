@@ -173,7 +173,11 @@ pub(crate) async fn send(
             }
             dep.apply_limits_at(0, resp.headers());
             stormguard_tower::rate::answered(dep, 0, now, resp.status(), resp.headers(), false);
-            Ok(response::holding(resp, out.take(), rate, dep))
+            let mut slots = out.take();
+            if stormguard_tower::cap::overload_answer(resp.status()) {
+                mark_dropped(&mut slots);
+            }
+            Ok(response::holding(resp, slots, rate, dep))
         }
         Err(e) => match classify(&e) {
             None => {
@@ -236,13 +240,20 @@ impl Drop for Outstanding<'_> {
 
 /// A timed-out attempt: the breaker counts it, and its slots are held for `timeout_slot_hold`,
 /// since the dependency keeps working on the request its client gave up on.
-fn timed_out(dep: &Dependency, (permit, total): Slots, probe: Option<BreakerPermit>) {
+fn timed_out(dep: &Dependency, mut slots: Slots, probe: Option<BreakerPermit>) {
     if let Some(p) = probe {
         stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::UpstreamFailure);
     }
+    mark_dropped(&mut slots);
+    let (permit, total) = slots;
     let hold: Duration = dep.config().timeout_slot_hold;
     // Dropping a held slot keeps the hold; the limiter gives the slot back when it passes.
     drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
+}
+
+/// The dependency refused the attempt for overload, or it timed out: a drop for an adaptive cap.
+fn mark_dropped((permit, total): &mut Slots) {
+    permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
 }
 
 /// What an error from the rest of the chain was, read by type, never by message; `None` for an

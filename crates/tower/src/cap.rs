@@ -607,8 +607,8 @@ fn hold_slots(
 }
 
 /// An answer that says the dependency is overloaded (429, 503, 529): a drop for an adaptive
-/// cap.
-fn overload_answer(status: http::StatusCode) -> bool {
+/// cap. Public for clients that admit attempts outside tower (stormguard-reqwest).
+pub fn overload_answer(status: http::StatusCode) -> bool {
     matches!(status.as_u16(), 429 | 503 | 529)
 }
 
