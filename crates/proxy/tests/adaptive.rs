@@ -226,3 +226,43 @@ async fn the_adaptive_cap_follows_a_capacity_drop_and_the_recovery() {
         best.0 * 100.0
     );
 }
+
+/// An adaptive cap on the dependency applies to each of its upstreams, each adapting on its
+/// own; an upstream's own `adaptive` replaces it; a bad one names its key.
+#[test]
+fn an_upstream_may_have_its_own_adaptive_cap() {
+    let text = r#"
+admin = "off"
+
+[[listener]]
+listen = "127.0.0.1:0"
+dependency = "llm"
+
+[[dependency]]
+name = "llm"
+cap = 20
+adaptive = { min = 4, max = 40 }
+upstreams = [
+  "http://127.0.0.1:1",
+  { url = "http://127.0.0.1:2", cap = 10, adaptive = { min = 2, max = 16, algorithm = "aimd" } },
+]
+"#;
+    let c = ProxyConfig::parse(text, "proxy.toml").unwrap();
+    let d = &c.dependencies[0];
+    let (first, second) = (d.upstream_adaptive(0).unwrap(), d.upstream_adaptive(1).unwrap());
+    assert_eq!((first.min, first.max, first.algorithm.to_string()), (4, 40, "gradient2".into()));
+    assert_eq!((second.min, second.max, second.algorithm.to_string()), (2, 16, "aimd".into()));
+    let dep = stormguard_tower::Dependency::try_new(d.to_tower()).unwrap();
+    let caps: Vec<_> = (0..2)
+        .map(|i| {
+            let s = dep.upstream_at(i).limiter.snapshot();
+            (s.effective_cap, s.cap)
+        })
+        .collect();
+    // Each starts at its planned cap, under its own ceiling.
+    assert_eq!(caps, [(20, 40), (10, 16)]);
+
+    let bad = text.replace("min = 2, max = 16", "min = 20, max = 16");
+    let e = ProxyConfig::parse(&bad, "proxy.toml").unwrap_err().to_string();
+    assert!(e.contains("proxy.toml") && e.contains("upstreams[1].adaptive.min"), "{e}");
+}

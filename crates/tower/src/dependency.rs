@@ -116,6 +116,8 @@ pub struct UpstreamSpec {
     pub name: String,
     /// Its cap: the provider's concurrency limit.
     pub cap: u64,
+    /// Its own adaptive cap; `None`: the dependency's (`limiter.adaptive`).
+    pub adaptive: Option<stormguard_core::adaptive::AdaptiveConfig>,
 }
 
 /// Work handed to a [`Spawner`]: a timed-out call running on to its end.
@@ -356,7 +358,11 @@ fn total_limiter(
 /// The limiter of upstream `i`: its own cap (with several upstreams), the dependency's queue.
 fn upstream_limiter(config: &DependencyConfig, i: usize) -> LimiterConfig {
     match config.upstreams.get(i) {
-        Some(u) => LimiterConfig { cap: u.cap, ..config.limiter },
+        Some(u) => LimiterConfig {
+            cap: u.cap,
+            adaptive: u.adaptive.or(config.limiter.adaptive),
+            ..config.limiter
+        },
         None => config.limiter,
     }
 }

@@ -31,7 +31,7 @@ fn scraped_families() -> (BTreeMap<String, String>, String) {
     // Several upstreams under a total cap: the per-upstream and total series.
     let mut models = DependencyConfig::new("models");
     models.upstreams = ["a.example:443", "b.example:443"]
-        .map(|name| stormguard_tower::UpstreamSpec { name: name.into(), cap: 4 })
+        .map(|name| stormguard_tower::UpstreamSpec { name: name.into(), cap: 4, adaptive: None })
         .to_vec();
     models.total_cap = Some(6);
     let models = Dependency::try_new(models).unwrap();

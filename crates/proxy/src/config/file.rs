@@ -220,7 +220,12 @@ impl DependencyFile {
         if let Some(p) = self.provider {
             d.retry_on = p.retry_on();
         }
-        (d.upstreams, d.upstream_caps) = self.upstreams.into_iter().map(|u| (u.url, u.cap)).unzip();
+        d.upstreams.clear();
+        for u in self.upstreams {
+            d.upstreams.push(u.url);
+            d.upstream_caps.push(u.cap);
+            d.upstream_adaptive.push(u.adaptive.map(AdaptiveFile::into_model));
+        }
         set!(d, self; cap, queue, queue_timeout, budget, retry_on, max_retries, backoff, enforce,
             scope_retries, scope_header, timeout_slot_hold, abandon_hold, body_limit,
             remaining_reserve);
@@ -359,6 +364,7 @@ impl<'de> Deserialize<'de> for Reset {
 struct Upstream {
     url: Uri,
     cap: Option<u64>,
+    adaptive: Option<AdaptiveFile>,
 }
 
 impl<'de> Deserialize<'de> for Upstream {
@@ -370,24 +376,30 @@ impl<'de> Deserialize<'de> for Upstream {
         impl<'de> Visitor<'de> for V {
             type Value = Upstream;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a URL or a table { url = \"http://host:port\", cap = N }")
+                f.write_str("a URL or a table { url = \"http://host:port\", cap = N, adaptive = { min, max } }")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Upstream, E> {
-                Ok(Upstream { url: url(v)?, cap: None })
+                Ok(Upstream { url: url(v)?, cap: None, adaptive: None })
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Upstream, A::Error> {
-                let (mut u, mut cap) = (None, None);
+                let (mut u, mut cap, mut adaptive) = (None, None, None);
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
                         "url" => u = Some(url(&map.next_value::<String>()?)?),
                         "cap" => cap = Some(map.next_value::<u64>()?),
-                        other => return Err(de::Error::unknown_field(other, &["url", "cap"])),
+                        "adaptive" => adaptive = Some(map.next_value::<AdaptiveFile>()?),
+                        other => {
+                            return Err(de::Error::unknown_field(
+                                other,
+                                &["url", "cap", "adaptive"],
+                            ));
+                        }
                     }
                 }
                 let url = u.ok_or_else(|| {
                     de::Error::custom("an upstream table needs url = \"http://host:port\"")
                 })?;
-                Ok(Upstream { url, cap })
+                Ok(Upstream { url, cap, adaptive })
             }
         }
         d.deserialize_any(V)

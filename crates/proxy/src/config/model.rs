@@ -286,6 +286,9 @@ pub struct ProxyDependency {
     /// Per upstream, in the order of `upstreams`: its own cap (its provider's limit); `None`
     /// or missing: the dependency's `cap`. Only with several upstreams.
     pub upstream_caps: Vec<Option<u64>>,
+    /// Per upstream, in the order of `upstreams`: its own adaptive cap (`adaptive` in its
+    /// table); `None` or missing: the dependency's `adaptive`.
+    pub upstream_adaptive: Vec<Option<stormguard_core::adaptive::AdaptiveConfig>>,
     /// With several upstreams: attempts in flight across all of them, at most (`total_cap`).
     /// Default none: the sum of the upstreams' caps.
     pub total_cap: Option<u64>,
@@ -450,6 +453,7 @@ impl ProxyDependency {
             name: name.into(),
             upstreams: vec![upstream],
             upstream_caps: Vec::new(),
+            upstream_adaptive: Vec::new(),
             total_cap: None,
             limit_headers: stormguard_http::headers::LimitHeadersConfig::default(),
             remaining_reserve: 0,
@@ -485,6 +489,11 @@ impl ProxyDependency {
     pub fn upstream_cap(&self, i: usize) -> u64 {
         let cap = self.upstream_caps.get(i).copied().flatten().unwrap_or(self.cap);
         self.http2.max_concurrent_streams.map_or(cap, |m| cap.min(u64::from(m)))
+    }
+
+    /// The adaptive cap upstream `i`'s limiter is built with: its own, or the dependency's.
+    pub fn upstream_adaptive(&self, i: usize) -> Option<stormguard_core::adaptive::AdaptiveConfig> {
+        self.upstream_adaptive.get(i).copied().flatten().or(self.adaptive)
     }
 
     /// The largest of the upstreams' caps: the connection pool's size.

@@ -13,7 +13,7 @@ impl ProxyDependency {
             cap: self.upstream_cap(0),
             queue_len: self.queue,
             queue_timeout: self.queue_timeout,
-            adaptive: self.adaptive,
+            adaptive: self.upstream_adaptive(0),
         };
         c.budget = self.budget;
         c.retry.retry_on = self.retry_on.clone();
@@ -44,6 +44,7 @@ impl ProxyDependency {
                 .map(|(i, u)| stormguard_tower::UpstreamSpec {
                     name: upstream_label(u),
                     cap: self.upstream_cap(i),
+                    adaptive: self.upstream_adaptive(i),
                 })
                 .collect();
         }

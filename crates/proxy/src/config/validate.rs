@@ -309,6 +309,15 @@ impl ProxyDependency {
                 return Err(Invalid::new(KeyPath::root().key("upstreams").index(i).key("cap"), e));
             }
         }
+        for (i, a) in self.upstream_adaptive.iter().enumerate() {
+            if let Some(a) = a {
+                a.validate(MAX_CAP).map_err(|e| {
+                    let path = KeyPath::root().key("upstreams").index(i).key("adaptive");
+                    let key = e.key().split_once('.').map_or(e.key(), |(_, k)| k);
+                    Invalid::new(path.key(key), e.into())
+                })?;
+            }
+        }
         // The dependency's own cap and queue, by the limiter's rules, under their own keys.
         LimiterConfig {
             cap: self.cap,

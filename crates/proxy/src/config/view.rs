@@ -81,6 +81,9 @@ impl ProxyConfig {
                 "bytes_per_token": d.bytes_per_token,
                 "hedge_after": d.hedge.map(|h| h.after.to_string()),
                 "max_hedges": d.hedge.map(|h| h.max_hedges),
+                "upstream_adaptive": (0..d.upstreams.len())
+                    .map(|i| d.upstream_adaptive(i).map(|a| format!("{}..{} {}", a.min, a.max, a.algorithm)))
+                    .collect::<Vec<_>>(),
                 "adaptive": d.adaptive.map(|a| json!({
                     "min": a.min,
                     "max": a.max,
