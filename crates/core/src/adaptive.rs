@@ -2,32 +2,35 @@
 //! answers and from its refusals.
 //!
 //! The planned cap is where the working cap starts; `max` is its ceiling and `min` its floor.
+//! Every released attempt is a sample: its time from admission to release, the attempts in
+//! flight when it was admitted, and whether it was *dropped* (answered 429, 503 or 529, or timed
+//! out on our side). Samples are gathered in windows of at least [`AdaptiveConfig::window`] and
+//! [`MIN_SAMPLES`] answers; at each window's end the algorithm moves the working cap:
+//!
+//! - **Gradient2** (the default; Netflix concurrency-limits' `Gradient2Limit`, the idea of
+//!   Envoy's adaptive concurrency filter): the window's mean latency (*current*) against a
+//!   *baseline*, the average of the first [`WARM_UP`] windows (the cap holds still meanwhile,
+//!   so the baseline is the planned cap's latency) and then an exponential average
+//!   over [`BASELINE_WINDOWS`] windows (cut by 5 % a window while it is more than twice the
+//!   current latency: a recovery); `gradient = clamp(tolerance × baseline / current, 0.5, 1)`
+//!   and `target = gradient × limit + min(√limit, 4)` (the queue allowance; Netflix's default
+//!   is 4). The cap moves [`SMOOTHING`] of the way to the target each window, both ways, so the
+//!   noise of one window's mean averages out instead of ratcheting the cap down. At the fixed
+//!   point a dependency that slows past `w` in flight sees about `tolerance × w + 4`.
+//! - **AIMD** (AWS's adaptive retry mode, TCP): `+1` after a window without drops, `× 0.9`
+//!   after one with; latency is not read.
+//!
+//! Both **fall fast** on drops: a window in which more than [`DROP_SHARE`] of the answers were
+//! drops lowers the cap to at most 90 % of it at once (a few percent of 503s from a healthy
+//! dependency, or timeouts near its p99, are not overload). A window whose attempts used less
+//! than half the cap never raises it (a quiet hour does not leave a cap the dependency never
+//! proved it can take). The working cap stays in `[min, max]`, and a change never revokes a
+//! permit: a lower cap takes effect as attempts end.
+//!
 //! The baseline is learned from the first windows' answers, so the start matters: a working cap
 //! that starts far above what the dependency can take, under load that keeps it full, learns a
 //! baseline that is already slow (Envoy's filter probes at its minimum from time to time for
 //! this; this algorithm does not) — start at the planned cap.
-//! Every released attempt is a sample (its time from admission to release, the attempts in
-//! flight when it was admitted, and whether it was *dropped*: answered 429, 503 or 529, or
-//! timed out on our side). Samples are gathered in windows of at least [`AdaptiveConfig::window`]
-//! and [`MIN_SAMPLES`] answers; at each window's end the algorithm moves the working cap:
-//!
-//! - **Gradient2** (the default; Netflix concurrency-limits' `Gradient2Limit`, Envoy's adaptive
-//!   concurrency filter): the window's mean latency (*current*) against a long-window
-//!   *baseline*; `gradient = clamp(tolerance × baseline / current, 0.5, 1)`, and
-//!   `new = gradient × limit + q`, with the queue allowance `q = min(√limit, 4)` (Netflix's
-//!   Gradient2 default is 4). At the fixed point the dependency sees about `capacity + q` in
-//!   flight: a dependency that slows past `w` in flight gets about `w + 4`, not the planned cap. The baseline is an exponential average over
-//!   [`BASELINE_WINDOWS`] windows that follows a *lower* reading at once (so a start under load,
-//!   or a recovery, does not leave it high), and decays toward `current` when it is less than
-//!   half of it for long (a new normal).
-//! - **AIMD** (AWS's adaptive retry mode, TCP): `limit − limit × 0.1` after a window with a drop,
-//!   `+1` after a window whose attempts used at least half the cap.
-//!
-//! Both: any drop in a window lowers the cap by at least 10 % (**falls fast**); a rise is
-//! smoothed (20 % of the step per window, **rises slowly**); a window in which the dependency
-//! was used at less than half the cap (`app-limited`) never raises it — so a quiet period does
-//! not leave a cap the dependency never proved it can take. The working cap stays in
-//! `[min, max]`, and a change never revokes a permit: a lower cap takes effect as attempts end.
 //!
 //! The per-attempt cost is one atomic add (the window's count and latency packed in one word)
 //! and a load; the window's end takes a lock, once.
@@ -40,12 +43,16 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// Answers a window needs before the cap moves.
 pub const MIN_SAMPLES: u64 = 10;
-/// Windows the Gradient2 baseline averages over.
+/// Windows the Gradient2 baseline averages over, after the warm-up.
 pub const BASELINE_WINDOWS: f64 = 600.0;
-/// A rise takes this share of its step per window.
+/// Windows whose plain average is the first baseline.
+pub const WARM_UP: u64 = 10;
+/// Gradient2 moves this share of the way to its target per window.
 pub const SMOOTHING: f64 = 0.2;
-/// A window with a drop lowers the cap to at most this share of it.
+/// A window with drops lowers the cap to at most this share of it.
 pub const BACKOFF: f64 = 0.9;
+/// A window is a drop window when more than this share of its answers were drops.
+pub const DROP_SHARE: f64 = 0.1;
 /// Gradient2's largest queue allowance: how far the cap may grow past what the latency says.
 pub const QUEUE_ALLOWANCE: f64 = 4.0;
 /// The default least time a window gathers samples.
@@ -221,8 +228,33 @@ pub struct AdaptiveLimit {
 struct State {
     /// The working cap, unrounded.
     estimate: f64,
-    /// The Gradient2 baseline, µs; 0 before the first window.
-    baseline: f64,
+    baseline: Baseline,
+}
+
+/// Gradient2's baseline latency.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Baseline {
+    /// In µs; 0 before the first window.
+    pub us: f64,
+    /// Windows read so far.
+    pub windows: u64,
+}
+
+impl Baseline {
+    /// Takes a window's mean latency `current` (µs).
+    fn read(&mut self, current: f64) {
+        self.windows += 1;
+        self.us = if self.windows <= WARM_UP {
+            self.us + (current - self.us) / self.windows as f64
+        } else {
+            self.us + (current - self.us) / BASELINE_WINDOWS
+        };
+        // Far above what the dependency answers in now: it recovered from a slow spell that
+        // the average had taken in.
+        if self.us > 2.0 * current {
+            self.us *= 0.95;
+        }
+    }
 }
 
 /// One window's samples.
@@ -232,8 +264,8 @@ pub struct Window {
     pub samples: u64,
     /// Their mean latency, µs.
     pub mean_us: f64,
-    /// Any of them dropped.
-    pub dropped: bool,
+    /// How many were drops.
+    pub drops: u64,
     /// The most in flight one was admitted with.
     pub in_flight: u64,
 }
@@ -253,7 +285,7 @@ impl AdaptiveLimit {
             lowered: AtomicU64::new(0),
             baseline_ns: AtomicU64::new(u64::MAX),
             current_ns: AtomicU64::new(u64::MAX),
-            state: Mutex::new(State { estimate: initial as f64, baseline: 0.0 }),
+            state: Mutex::new(State { estimate: initial as f64, baseline: Baseline::default() }),
         }
     }
 
@@ -320,13 +352,13 @@ impl AdaptiveLimit {
         let w = Window {
             samples,
             mean_us: (packed >> COUNT_BITS) as f64 / samples as f64,
-            dropped: self.drops.swap(0, Ordering::Relaxed) > 0,
+            drops: self.drops.swap(0, Ordering::Relaxed),
             in_flight: self.in_flight.swap(0, Ordering::Relaxed),
         };
         let before = self.limit.load(Ordering::Relaxed);
         let State { estimate, baseline } = &mut *state;
         *estimate = next_limit(&self.config, baseline, *estimate, &w);
-        let (estimate, baseline) = (*estimate, *baseline);
+        let (estimate, baseline) = (*estimate, baseline.us);
         let after = (estimate.round() as u64).clamp(self.config.min, self.config.max);
         self.current_ns.store((w.mean_us * 1000.0) as u64, Ordering::Relaxed);
         if baseline > 0.0 {
@@ -359,42 +391,35 @@ impl AdaptiveLimit {
     }
 }
 
-/// The working cap after window `w` (unrounded, within `[min, max]`), from `limit`; `baseline`
-/// is Gradient2's, in µs (0: none yet), updated here. Pure: the simulator and the tests call it.
-pub fn next_limit(config: &AdaptiveConfig, baseline: &mut f64, limit: f64, w: &Window) -> f64 {
+/// The working cap after window `w` (unrounded, within `[min, max]`), from `limit`;
+/// `baseline` is Gradient2's, updated here. Pure: the simulator and the tests call it.
+pub fn next_limit(config: &AdaptiveConfig, baseline: &mut Baseline, limit: f64, w: &Window) -> f64 {
     let (min, max) = (config.min as f64, config.max as f64);
+    let dropped = w.drops as f64 > DROP_SHARE * w.samples as f64;
     let app_limited = (w.in_flight as f64) < limit / 2.0;
-    let target = match config.algorithm {
+    let next = match config.algorithm {
         Algorithm::Gradient2 => {
             let current = w.mean_us.max(1.0);
-            *baseline = if *baseline <= 0.0 || current < *baseline {
-                // A lower reading is the truth at once: the dependency can be this fast.
-                current
-            } else {
-                let mut b = *baseline + (current - *baseline) / BASELINE_WINDOWS;
-                // Far below the current latency for long: a new normal, not queueing.
-                if b * 2.0 < current {
-                    b *= 1.0 / 0.95;
-                }
-                b
-            };
-            let gradient =
-                (f64::from(config.tolerance) / 100.0 * *baseline / current).clamp(0.5, 1.0);
-            gradient * limit + limit.sqrt().min(QUEUE_ALLOWANCE)
-        }
-        Algorithm::Aimd => {
-            if w.dropped {
-                limit * BACKOFF
-            } else {
-                limit + 1.0
+            baseline.read(current);
+            if baseline.windows <= WARM_UP && !dropped {
+                // Learning the baseline at the planned cap: the cap holds still.
+                return limit.clamp(min, max);
             }
+            let tolerance = f64::from(config.tolerance) / 100.0;
+            let gradient = (tolerance * baseline.us / current).clamp(0.5, 1.0);
+            let target = gradient * limit + limit.sqrt().min(QUEUE_ALLOWANCE);
+            limit + (target - limit) * SMOOTHING
         }
+        Algorithm::Aimd if dropped => limit * BACKOFF,
+        Algorithm::Aimd => limit + 1.0,
     };
-    let target = if w.dropped { target.min(limit * BACKOFF) } else { target };
-    let next = if target > limit {
-        if app_limited { limit } else { limit + (target - limit) * SMOOTHING }
+    let next = if dropped {
+        // Falls fast: at once, whatever the latency says.
+        next.min(limit * BACKOFF)
+    } else if app_limited {
+        next.min(limit)
     } else {
-        target
+        next
     };
     next.clamp(min, max)
 }
@@ -404,14 +429,19 @@ mod tests {
     use super::*;
 
     fn window(mean_ms: f64, in_flight: u64, dropped: bool) -> Window {
-        Window { samples: 100, mean_us: mean_ms * 1000.0, dropped, in_flight }
+        Window {
+            samples: 100,
+            mean_us: mean_ms * 1000.0,
+            drops: if dropped { 11 } else { 0 },
+            in_flight,
+        }
     }
 
     /// A dependency that works on `workers` at full speed and stretches every answer by
     /// in flight / workers past that, driven at `offered` in flight: the working cap settles
     /// near `workers + 4`.
     fn settle(config: &AdaptiveConfig, start: f64, workers: f64, windows: usize) -> f64 {
-        let mut baseline = 0.0;
+        let mut baseline = Baseline::default();
         let mut limit = start;
         for _ in 0..windows {
             let in_flight = limit.floor();
@@ -428,17 +458,18 @@ mod tests {
         let settled = settle(&c, 20.0, 20.0, 60);
         assert!((22.0..=25.0).contains(&settled), "{settled}");
         // A dependency that never slows: up to the ceiling, slowly.
-        let flat = settle(&c, 20.0, 1000.0, 10);
+        // (The first 10 windows learn the baseline, the cap holding still.)
+        let flat = settle(&c, 20.0, 1000.0, 20);
         assert!(flat > 25.0 && flat < 45.0, "{flat}");
         assert_eq!(settle(&c, 20.0, 1000.0, 200), 100.0);
-        // Half the workers: it falls within a few windows.
-        let mut baseline = 0.0;
+        let mut baseline = Baseline::default();
         let mut limit: f64 = 20.0;
         for _ in 0..30 {
             let l = 50.0 * (limit.floor() / 20.0).max(1.0);
             limit = next_limit(&c, &mut baseline, limit, &window(l, limit as u64, false));
         }
-        for _ in 0..5 {
+        // Half the workers: within 10 windows it is near 10 + 4.
+        for _ in 0..10 {
             let l = 50.0 * (limit.floor() / 10.0).max(1.0);
             limit = next_limit(&c, &mut baseline, limit, &window(l, limit as u64, false));
         }
@@ -448,20 +479,20 @@ mod tests {
     #[test]
     fn a_drop_lowers_at_once_and_a_rise_is_slow() {
         let c = AdaptiveConfig::new(4, 100);
-        let mut b = 50_000.0;
+        let mut b = Baseline { us: 50_000.0, windows: 20 };
         let dropped = next_limit(&c, &mut b, 40.0, &window(50.0, 40, true));
         assert!(dropped <= 36.0, "{dropped}");
-        let mut b = 50_000.0;
+        let mut b = Baseline { us: 50_000.0, windows: 20 };
         let raised = next_limit(&c, &mut b, 40.0, &window(50.0, 40, false));
         assert!(raised > 40.0 && raised < 42.0, "{raised}");
         // App-limited: never raised.
-        let mut b = 50_000.0;
+        let mut b = Baseline { us: 50_000.0, windows: 20 };
         assert_eq!(next_limit(&c, &mut b, 40.0, &window(50.0, 10, false)), 40.0);
         // Bounds.
-        let mut b = 50_000.0;
+        let mut b = Baseline { us: 50_000.0, windows: 20 };
         assert_eq!(next_limit(&c, &mut b, 4.0, &window(500.0, 4, true)), 4.0);
         let aimd = AdaptiveConfig { algorithm: Algorithm::Aimd, ..c };
-        let mut b = 0.0;
+        let mut b = Baseline::default();
         assert_eq!(next_limit(&aimd, &mut b, 100.0, &window(50.0, 100, false)), 100.0);
         assert_eq!(next_limit(&aimd, &mut b, 20.0, &window(50.0, 20, true)), 18.0);
     }
@@ -485,6 +516,54 @@ mod tests {
         }
         assert!(a.limit() <= 46, "{}", a.limit());
         assert_eq!(a.snapshot().lowered, 1);
+    }
+
+    /// A flat dependency whose window means scatter by 12 % (a long tail, or a heavy-tailed
+    /// latency) for 1 000 windows: the cap is never lowered below the planned 20. A rule whose
+    /// baseline follows any lower reading at once and which takes each lower target whole (an
+    /// earlier version of this one) ratchets down on the same noise.
+    #[test]
+    fn noise_does_not_ratchet_the_cap_down() {
+        use crate::random::{RandomSource, SplitMix64};
+        let c = AdaptiveConfig::new(4, 40);
+        let earlier = |b: &mut f64, limit: f64, current: f64| {
+            *b = if *b <= 0.0 || current < *b { current } else { *b + (current - *b) / 600.0 };
+            let target = (*b / current).clamp(0.5, 1.0) * limit + limit.sqrt().min(4.0);
+            if target < limit { target } else { limit + (target - limit) * SMOOTHING }
+        };
+        let run = |use_earlier: bool| {
+            let mut rng = SplitMix64::new(7);
+            let (mut baseline, mut b) = (Baseline::default(), 0.0);
+            let (mut limit, mut lowest) = (20.0_f64, 20.0_f64);
+            for _ in 0..1_000 {
+                // A normal draw from the sum of 12 uniforms (Irwin-Hall), scaled to 12 %.
+                let z: f64 = (0..12)
+                    .map(|_| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+                    .sum::<f64>()
+                    - 6.0;
+                let current = 100.0 * (1.0 + 0.12 * z);
+                limit = match use_earlier {
+                    false => next_limit(&c, &mut baseline, limit, &window(current, 40, false)),
+                    true => earlier(&mut b, limit, current * 1000.0).clamp(4.0, 40.0),
+                };
+                lowest = lowest.min(limit);
+            }
+            lowest
+        };
+        assert!(run(false) >= 20.0, "lowest {}", run(false));
+        assert!(run(true) < 15.0, "the earlier rule: lowest {}", run(true));
+    }
+
+    /// A few percent of drops (a healthy dependency's 503s, timeouts near its p99) are not
+    /// overload; more than 10 % are.
+    #[test]
+    fn a_drop_window_is_more_than_a_tenth_of_drops() {
+        let c = AdaptiveConfig { algorithm: Algorithm::Aimd, ..AdaptiveConfig::new(4, 100) };
+        let mut b = Baseline::default();
+        let w = |drops| Window { samples: 100, mean_us: 50_000.0, drops, in_flight: 40 };
+        assert_eq!(next_limit(&c, &mut b, 40.0, &w(5)), 41.0);
+        assert_eq!(next_limit(&c, &mut b, 40.0, &w(10)), 41.0);
+        assert_eq!(next_limit(&c, &mut b, 40.0, &w(11)), 36.0);
     }
 
     /// A window that fills before its time closes anyway: the packed count never overflows

@@ -341,7 +341,8 @@ fn check_body_limit(config: &DependencyConfig) -> Result<(), DependencyError> {
 /// The total cap's limiter settings, with several upstreams and `total_cap` set.
 fn total_config(config: &DependencyConfig) -> Option<LimiterConfig> {
     match (config.upstreams.len() > 1, config.total_cap) {
-        (true, Some(cap)) => Some(LimiterConfig { cap, ..config.limiter }),
+        // The total is a fixed bound over the upstreams' working caps: it does not adapt.
+        (true, Some(cap)) => Some(LimiterConfig { cap, adaptive: None, ..config.limiter }),
         _ => None,
     }
 }
