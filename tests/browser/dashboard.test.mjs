@@ -1,8 +1,11 @@
 // The proxy's /dashboard in headless Chromium, under load: the page loads, the charts draw,
 // and the numbers move between two readings; without JavaScript it still shows the numbers.
+// Then a proxy with an adaptive cap: its panel, and its chart of the working cap and the floor
+// against the ceiling, beside the in-flight chart.
 //
 // It starts `stormguard demo` itself (chaos upstreams, the proxy and the load, all on
-// 127.0.0.1 with ephemeral ports), reads the dashboard URL it prints, and stops it at the end.
+// 127.0.0.1 with ephemeral ports), reads the dashboard URL it prints, and stops it at the end;
+// then `stormguard proxy --adaptive-cap 4..40` (no traffic: the working cap stays at --cap's 20).
 // Usage: node dashboard.test.mjs [--screenshot PATH]
 // Environment: STORMGUARD_BIN (default ../../target/debug/stormguard), CHROMIUM
 // (default /usr/bin/chromium). Every wait is bounded; the whole test gives up after 90 s.
@@ -64,6 +67,7 @@ for (const until = Date.now() + 10_000; ;) {
   await new Promise((r) => setTimeout(r, 100));
 }
 
+let adaptive = null;
 const browser = await chromium.launch({
   executablePath,
   headless: true,
@@ -123,9 +127,58 @@ try {
   const n = Number(await p2.locator('td[data-f="requests"]').textContent());
   check(Number.isFinite(n) && n > 0, `without JavaScript the numbers are shown (first tries ${n})`);
   check(await p2.locator("polyline").count() === 0, "without JavaScript no chart is drawn");
+  // The demo's page would go on polling it: closed first.
+  await page.close();
+  demo.kill("SIGTERM");
+
+  // An adaptive cap: `stormguard proxy` prints its admin address on stderr.
+  adaptive = spawn(bin, ["proxy", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+    "--adaptive-cap", "4..40", "--duration", "60s"], { stdio: ["ignore", "ignore", "pipe"] });
+  let proxyErr = "";
+  const admin = await new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`no admin address within 20 s:\n${proxyErr}`)), 20_000);
+    adaptive.stderr.on("data", (b) => {
+      proxyErr += b;
+      const m = proxyErr.match(/admin on (http:\/\/127\.0\.0\.1:\d+)/);
+      if (m) { clearTimeout(t); resolve(m[1]); }
+    });
+    adaptive.on("exit", (code) => reject(new Error(`stormguard proxy exited (${code}):\n${proxyErr}`)));
+    adaptive.on("error", reject);
+  });
+  const p3 = await context.newPage();
+  const errors3 = [];
+  p3.on("pageerror", (e) => errors3.push(String(e)));
+  p3.on("console", (m) => { if (m.type() === "error") errors3.push(m.text()); });
+  p3.on("request", (r) => { if (!r.url().startsWith(admin)) elsewhere.push(r.url()); });
+  const r3 = await p3.goto(admin + "/dashboard", { waitUntil: "load", timeout: 15_000 });
+  check(r3 && r3.status() === 200, `the adaptive proxy's /dashboard answers 200 (got ${r3 && r3.status()})`);
+  check(await p3.locator("section.dep div.adaptive h3").textContent() === "adaptive cap", "the adaptive cap's panel is there");
+  // Its chart comes third, beside the in-flight chart, and draws the working cap, the floor and
+  // the ceiling once two readings are in.
+  const title = "Adaptive cap: working cap vs. ceiling";
+  const adaptiveDrawn = await p3.waitForFunction((title) => {
+    const svgs = Array.from(document.querySelectorAll("section.dep .chart svg"));
+    const svg = svgs[2];
+    if (!svg || svg.getAttribute("aria-label") !== title) return false;
+    const lines = Array.from(svg.querySelectorAll("polyline")).map((p) => (p.getAttribute("points") || "").trim().split(/\s+/).length);
+    return lines.length === 3 && lines.every((n) => n >= 2);
+  }, title, { timeout: 15_000, polling: 250 }).then(() => true, () => false);
+  check(adaptiveDrawn, "the adaptive chart, third, draws the working cap, the floor and the ceiling");
+  const shown = await p3.evaluate(() => {
+    const legend = document.querySelectorAll("section.dep .chart .legend")[2];
+    const row = Array.from(document.querySelectorAll("section.dep table.adaptive tbody td")).map((td) => td.textContent);
+    return { legend: legend ? legend.textContent : "", row, cap: document.querySelector('section.dep td[data-f="cap"]').textContent };
+  });
+  console.log(`adaptive: ${JSON.stringify(shown)}`);
+  check(["working cap 20", "floor 4", "ceiling 40"].every((s) => shown.legend.includes(s)), `its legend: working cap 20, floor 4, ceiling 40 (${shown.legend})`);
+  check(shown.row[1] === "20 / 40" && shown.row[2] === "4", `its panel: working cap 20 of the ceiling 40, floor 4 (${shown.row.join(" | ")})`);
+  check(shown.cap === "20 of 40", `the cap in force of the ceiling (${shown.cap})`);
+  check(errors3.length === 0, `no script errors on the adaptive proxy's page (${errors3.join("; ")})`);
+  check(elsewhere.length === 0, `nothing is fetched from elsewhere by either page (${elsewhere.join(", ")})`);
 } finally {
   await browser.close();
   demo.kill("SIGTERM");
+  if (adaptive) adaptive.kill("SIGTERM");
   clearTimeout(guard);
 }
 if (failures.length) {

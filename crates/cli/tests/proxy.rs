@@ -60,6 +60,35 @@ fn bad_flags_exit_2_naming_the_flag() {
         .stderr(predicate::str::contains("--cap"));
 }
 
+/// `--adaptive-cap MIN..MAX`: a range that does not read, or a floor above the ceiling, is
+/// refused naming the flag and saying why; a ceiling past the largest cap names the flag too.
+#[test]
+fn a_bad_adaptive_cap_exits_2_saying_why() {
+    let proxy = |range: &str| {
+        let mut cmd = stormguard();
+        cmd.args(["proxy", "--upstream", "http://127.0.0.1:9000", "--admin", "off"]).args([
+            "--adaptive-cap",
+            range,
+            "--duration",
+            "100ms",
+        ]);
+        cmd
+    };
+    proxy("40..4").assert().code(2).stderr(predicate::str::contains(
+        "invalid value '40..4' for '--adaptive-cap <MIN..MAX>': the floor 40 is above the ceiling 4 (MIN..MAX, such as 4..40)",
+    ));
+    proxy("0..4")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("'--adaptive-cap <MIN..MAX>': the floor is 0"));
+    proxy("4-40").assert().code(2).stderr(predicate::str::contains(
+        "'--adaptive-cap <MIN..MAX>': `4-40` is not a range of caps such as 4..40",
+    ));
+    proxy("4..99999999").assert().code(2).stderr(predicate::str::contains(
+        "--adaptive-cap: adaptive.max must be at most 16777216, got 99999999",
+    ));
+}
+
 /// A non-loopback admin address is refused by check-config and by the proxy (exit 2, naming
 /// the key and the flag), unless `admin_allow_remote` says so.
 #[test]

@@ -154,22 +154,39 @@ impl AdaptiveConfig {
     }
 }
 
-/// A `min..max` range that does not read (`--adaptive-cap 4..40`).
+/// A `min..max` range that does not read (`--adaptive-cap 4..40`), and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a range of caps such as 4..40")]
-pub struct BadRange(pub String);
+pub enum BadRange {
+    /// Not two whole numbers around `..`.
+    #[error("`{0}` is not a range of caps such as 4..40")]
+    NotRange(String),
+    /// A floor of 0: the working cap could fall to nothing.
+    #[error("the floor is 0: an adaptive cap's floor is at least 1 (MIN..MAX, such as 4..40)")]
+    ZeroFloor,
+    /// The floor above the ceiling.
+    #[error("the floor {min} is above the ceiling {max} (MIN..MAX, such as 4..40)")]
+    FloorAboveCeiling {
+        /// The floor given.
+        min: u64,
+        /// The ceiling given.
+        max: u64,
+    },
+}
 
 impl std::str::FromStr for AdaptiveConfig {
     type Err = BadRange;
 
     /// `"4..40"`: Gradient2 between 4 and 40.
     fn from_str(s: &str) -> Result<AdaptiveConfig, BadRange> {
-        let bad = || BadRange(s.to_string());
+        let bad = || BadRange::NotRange(s.to_string());
         let (lo, hi) = s.split_once("..").ok_or_else(bad)?;
         let min: u64 = lo.trim().parse().map_err(|_| bad())?;
         let max: u64 = hi.trim().parse().map_err(|_| bad())?;
-        if min == 0 || min > max {
-            return Err(bad());
+        if min == 0 {
+            return Err(BadRange::ZeroFloor);
+        }
+        if min > max {
+            return Err(BadRange::FloorAboveCeiling { min, max });
         }
         Ok(AdaptiveConfig::new(min, max))
     }
@@ -587,6 +604,12 @@ mod tests {
         for bad in ["4", "0..4", "40..4", "a..b", ""] {
             assert!(bad.parse::<AdaptiveConfig>().is_err(), "{bad}");
         }
+        assert_eq!(
+            "40..4".parse::<AdaptiveConfig>(),
+            Err(BadRange::FloorAboveCeiling { min: 40, max: 4 })
+        );
+        assert_eq!("0..4".parse::<AdaptiveConfig>(), Err(BadRange::ZeroFloor));
+        assert_eq!("4-40".parse::<AdaptiveConfig>(), Err(BadRange::NotRange("4-40".into())));
         assert!(AdaptiveConfig::new(4, 40).validate(1 << 24).is_ok());
         assert!(
             AdaptiveConfig { tolerance: 50, ..AdaptiveConfig::new(4, 40) }.validate(64).is_err()

@@ -137,14 +137,18 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
         std::iter::once((s.upstream_name.as_deref().unwrap_or(""), &s.limiter))
             .chain(s.others.iter().map(|u| (u.name.as_str(), &u.limiter)))
             .map(|(name, l)| {
-                json!({
+                let mut u = json!({
                     "name": name,
                     "cap": l.cap,
                     "effective_cap": l.effective_cap,
                     "in_flight": l.in_flight,
                     "in_flight_max": l.high_water,
                     "held_slots": l.held,
-                })
+                });
+                if let Some(a) = &l.adaptive {
+                    u["adaptive"] = adaptive_json(a);
+                }
+                u
             })
             .collect()
     };
@@ -194,7 +198,26 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
     if let Some(rate) = rate_json(&s) {
         v["rate"] = rate;
     }
+    // Only with an adaptive cap, likewise (of the first upstream; each one's in `upstreams`).
+    if let Some(a) = &s.limiter.adaptive {
+        v["adaptive"] = adaptive_json(a);
+    }
     v
+}
+
+/// An adaptive cap's state: the working cap (the cap in force unless a limit header or a fleet
+/// lease holds it lower: `effective_cap`), its floor and ceiling, the windows that raised and
+/// lowered it, and the latencies it compares (`null` before the first window).
+fn adaptive_json(a: &stormguard_core::adaptive::AdaptiveSnapshot) -> serde_json::Value {
+    json!({
+        "working_cap": a.limit,
+        "min": a.min,
+        "max": a.max,
+        "raised": a.raised,
+        "lowered": a.lowered,
+        "baseline_seconds": a.baseline.map(|d| d.as_secs_f64()),
+        "current_seconds": a.current.map(|d| d.as_secs_f64()),
+    })
 }
 
 /// Rate admission's limits, per upstream (labelled as the rate metrics are: its name, or `0`
@@ -437,6 +460,47 @@ impl Admin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/stats.json` carries an adaptive cap's state, moved by a window of refused attempts on
+    /// a manual clock; a fixed cap's JSON has no `adaptive`.
+    #[tokio::test]
+    async fn stats_carry_the_adaptive_caps_state() {
+        use std::time::Duration;
+        use stormguard_core::AttemptKind;
+        use stormguard_core::adaptive::AdaptiveConfig;
+        use stormguard_core::clock::ManualClock;
+        use stormguard_tower::DependencyConfig;
+
+        let clock = ManualClock::new();
+        let mut config = DependencyConfig::new("llm");
+        config.limiter.cap = 20;
+        config.limiter.adaptive = Some(AdaptiveConfig::new(4, 40));
+        let dep = Dependency::with_clock(config, Arc::new(clock.clone())).unwrap();
+        let v = stats_json(&dep);
+        assert_eq!(
+            v["adaptive"],
+            json!({ "working_cap": 20, "min": 4, "max": 40, "raised": 0, "lowered": 0,
+                    "baseline_seconds": null, "current_seconds": null })
+        );
+        assert_eq!((v["cap"].as_u64(), v["effective_cap"].as_u64()), (Some(40), Some(20)));
+        // Ten attempts refused for overload after 250 ms, past the window: lowered by 10 %.
+        let permits: Vec<_> = (0..10)
+            .map(|_| dep.upstream().limiter.try_acquire(AttemptKind::Primary).unwrap())
+            .collect();
+        clock.advance(Duration::from_millis(1_250));
+        for mut p in permits {
+            p.mark_dropped();
+        }
+        let v = stats_json(&dep);
+        assert_eq!(
+            v["adaptive"],
+            json!({ "working_cap": 18, "min": 4, "max": 40, "raised": 0, "lowered": 1,
+                    "baseline_seconds": 1.25, "current_seconds": 1.25 })
+        );
+        assert_eq!(v["effective_cap"], 18);
+        let fixed = Dependency::try_new(DependencyConfig::new("fixed")).unwrap();
+        assert!(stats_json(&fixed).get("adaptive").is_none());
+    }
 
     #[test]
     fn the_admin_host_is_an_address_never_a_name() {

@@ -19,6 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use stormguard_chaos::{ChaosServer, Phase};
+use stormguard_core::adaptive::AdaptiveConfig;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_proxy::config::{ProxyConfig, ProxyDependency, RouteConfig};
@@ -264,9 +265,10 @@ async fn get(c: &Client<HttpConnector, Full<Bytes>>, uri: &str) -> (StatusCode, 
     (status, resp.into_body().collect().await.unwrap().to_bytes())
 }
 
-/// A proxy with two dependencies, each with a breaker (one with a ratio budget, one with a
-/// concurrency budget), one behind a route and failing: after
-/// a few requests (successes, and a failure that is retried) every family is in the scrape.
+/// A proxy with three dependencies, each with a breaker (one with a ratio budget, one with a
+/// concurrency budget), two behind a route, one failing, two with an adaptive cap (one of them
+/// with two upstreams): after a few requests (successes, and a failure that is retried) every
+/// family is in the scrape — the adaptive cap's latencies once a window has closed.
 async fn scrape_of_a_busy_proxy() -> Scrape {
     let healthy = chaos(Phase::default()).await;
     let failing = chaos(Phase { error_rate: 1.0, status: 503, ..Phase::default() }).await;
@@ -276,7 +278,13 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
         d.backoff = BackoffConfig::parse_range("1ms..2ms").unwrap();
         d
     };
-    let mut config = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), dep("payments", &healthy));
+    // An adaptive cap whose window closes at its tenth answer (a window's least time, 1 ns, has
+    // passed by then): its latency series are in the scrape after ten requests.
+    let adaptive =
+        Some(AdaptiveConfig { window: Duration::from_nanos(1), ..AdaptiveConfig::new(2, 40) });
+    let mut payments = dep("payments", &healthy);
+    payments.adaptive = adaptive;
+    let mut config = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), payments);
     // ledger's budget is a concurrency one: the rules and the dashboard read each policy's
     // percent by the `policy` label, so both values must be in the scrape.
     let mut ledger = dep("ledger", &failing);
@@ -286,6 +294,7 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
     let mut models = dep("models", &healthy);
     models.upstreams.push(failing.url("").parse().unwrap());
     models.total_cap = Some(30);
+    models.adaptive = adaptive;
     config.dependencies.push(models);
     config.routes.push(RouteConfig {
         host: None,
@@ -305,14 +314,30 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
     let p = start(config).await.unwrap();
     let c = Client::builder(TokioExecutor::new()).build_http();
     let proxy = format!("http://{}", p.listen_addrs()[0]);
-    for _ in 0..3 {
+    for _ in 0..10 {
         assert_eq!(get(&c, &format!("{proxy}/")).await.0, StatusCode::OK);
     }
     assert_eq!(get(&c, &format!("{proxy}/models/x")).await.0, StatusCode::OK);
     for _ in 0..2 {
         assert_eq!(get(&c, &format!("{proxy}/ledger/x")).await.0, StatusCode::SERVICE_UNAVAILABLE);
     }
-    let (status, body) = get(&c, &format!("http://{}/metrics", p.admin_addr().unwrap())).await;
+    // The tenth answer's slot comes back as its body ends, which the client may see first: wait
+    // (10 s at most) for the window it closes.
+    let admin = format!("http://{}", p.admin_addr().unwrap());
+    let closed = async {
+        loop {
+            let (_, body) = get(&c, &format!("{admin}/stats.json")).await;
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if v["dependencies"][0]["adaptive"]["current_seconds"].is_number() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("payments' adaptive cap closed no window after ten answers in 10 s");
+    let (status, body) = get(&c, &format!("{admin}/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     p.shutdown().await;
     let text = String::from_utf8(body.to_vec()).unwrap();
@@ -326,7 +351,7 @@ async fn scrape_of_a_busy_proxy() -> Scrape {
             .parse::<f64>()
             .unwrap()
     };
-    assert_eq!(value("stormguard_requests_total", "payments"), 3.0, "{text}");
+    assert_eq!(value("stormguard_requests_total", "payments"), 10.0, "{text}");
     assert_eq!(value("stormguard_requests_total", "ledger"), 2.0, "{text}");
     assert!(value("stormguard_retries_total", "ledger") >= 1.0, "the failures were not retried");
     scrape
@@ -388,6 +413,10 @@ async fn every_metric_the_rules_and_the_dashboard_query_is_in_the_proxys_scrape(
         "stormguard_execution_seconds_bucket",
         "stormguard_oldest_permit_seconds",
         "stormguard_retries_enabled",
+        "stormguard_cap_floor",
+        "stormguard_cap_adjustments_total",
+        "stormguard_cap_latency_seconds",
+        "stormguard_upstream_cap_floor",
     ] {
         assert!(all.contains(needed), "nothing in deploy/ queries {needed}: {all:?}");
     }

@@ -8,16 +8,19 @@
 //! | signal | metrics |
 //! | --- | --- |
 //! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_hedges_total`, `stormguard_hedges_won_total`, `stormguard_hedges_denied_total{reason}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
-//! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap`, `stormguard_queued`, `stormguard_held_slots` |
+//! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap` (the cap in force), `stormguard_cap_configured`, `stormguard_queued`, `stormguard_held_slots` |
 //! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
 //! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
 //! | state | `stormguard_breaker_state{state}`, `stormguard_pushback_hold_seconds`, `stormguard_oldest_permit_seconds`, `stormguard_enforce`, `stormguard_malformed_headers_total{header}` |
+//! | adaptive cap (only with one) | `stormguard_cap` is its working cap and `stormguard_cap_configured` its ceiling (as for a fixed cap: the cap in force and the configured one); `stormguard_cap_floor` (its min), `stormguard_cap_adjustments_total{direction="up"\|"down"}` (windows that moved it), `stormguard_cap_latency_seconds{kind="baseline"\|"current"}` (once a window has read them) |
 //! | slots that outlive their caller | `stormguard_held_slots` (held now), `stormguard_abandoned_total{outcome="finished"\|"cut"}`, `stormguard_slot_holds_expired_total` (holds that passed before the dependency answered) |
 //!
 //! With several upstreams each one's series carry an `upstream` label
 //! (`stormguard_upstream_in_flight`, `stormguard_upstream_slot_wait_seconds`,
-//! `stormguard_upstream_execution_seconds`, `stormguard_upstream_cap`, …), and with a
-//! `total_cap` the cap across them has its own (`stormguard_total_in_flight`,
+//! `stormguard_upstream_execution_seconds`, `stormguard_upstream_cap`,
+//! `stormguard_upstream_effective_cap`, an adaptive cap's `stormguard_upstream_cap_floor`,
+//! `stormguard_upstream_cap_adjustments_total` and `stormguard_upstream_cap_latency_seconds`, …),
+//! and with a `total_cap` the cap across them has its own (`stormguard_total_in_flight`,
 //! `stormguard_total_slot_wait_seconds`, `stormguard_total_execution_seconds`, …). The
 //! dependency-level series describe the first upstream. `stormguard_in_flight_max` is this
 //! reader's own high-water mark ([`Reader::Metrics`]): `/stats.json` reading does not reset it.
@@ -34,6 +37,7 @@ use stormguard_core::Denied;
 use stormguard_core::histogram::HistogramSnapshot;
 use stormguard_http::headers::HeaderKind;
 
+use stormguard_core::adaptive::AdaptiveSnapshot;
 use stormguard_core::limiter::{LimiterSnapshot, Reader};
 use stormguard_core::signals::Abandoned;
 
@@ -188,15 +192,19 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     gauge(
         &mut enc,
         "stormguard_cap",
-        "The cap in force (lowered by the dependency's limit header).",
+        "The cap in force: the configured cap, or an adaptive cap's working cap, lowered by the \
+         dependency's limit header or a fleet lease.",
         &[(base.clone(), l.effective_cap as f64)],
     )?;
     gauge(
         &mut enc,
         "stormguard_cap_configured",
-        "The configured cap.",
+        "The configured cap (an adaptive cap's ceiling).",
         &[(base.clone(), l.cap as f64)],
     )?;
+    if let Some(a) = &l.adaptive {
+        adaptive(&mut enc, "stormguard", &[(base.clone(), a)])?;
+    }
     gauge(
         &mut enc,
         "stormguard_in_flight_now",
@@ -341,6 +349,58 @@ fn signal_histograms(
     Ok(())
 }
 
+/// An adaptive cap's series, one label set per limiter, under `{prefix}_cap_floor`,
+/// `{prefix}_cap_adjustments_total{direction}` and `{prefix}_cap_latency_seconds{kind}` (the
+/// latencies only once a window has read them). Its working cap is the cap in force
+/// (`stormguard_cap`) and its ceiling the configured cap (`stormguard_cap_configured`).
+fn adaptive<'a>(
+    enc: &mut DescriptorEncoder,
+    prefix: &str,
+    series: &[(Labels<'a>, &AdaptiveSnapshot)],
+) -> std::fmt::Result {
+    fn with<'a>(labels: &Labels<'a>, key: &'static str, value: &'static str) -> Labels<'a> {
+        let mut l = labels.clone();
+        l.push((key, LabelValue(value)));
+        l
+    }
+    gauge(
+        enc,
+        &format!("{prefix}_cap_floor"),
+        "An adaptive cap's floor: the least its working cap falls to.",
+        &series.iter().map(|(l, a)| (l.clone(), a.min as f64)).collect::<Vec<_>>(),
+    )?;
+    let moves: Vec<_> = series
+        .iter()
+        .flat_map(|(l, a)| {
+            [(with(l, "direction", "up"), a.raised), (with(l, "direction", "down"), a.lowered)]
+        })
+        .collect();
+    counter(
+        enc,
+        &format!("{prefix}_cap_adjustments"),
+        "Windows at whose end an adaptive cap's working cap moved, by direction (up, down).",
+        &moves,
+    )?;
+    let latencies: Vec<_> = series
+        .iter()
+        .flat_map(|(l, a)| {
+            [("baseline", a.baseline), ("current", a.current)]
+                .into_iter()
+                .filter_map(|(kind, d)| Some((with(l, "kind", kind), d?.as_secs_f64())))
+        })
+        .collect();
+    if !latencies.is_empty() {
+        gauge(
+            enc,
+            &format!("{prefix}_cap_latency_seconds"),
+            "An adaptive cap's latency readings: the baseline it compares with (Gradient2) and \
+             the last window's mean (current).",
+            &latencies,
+        )?;
+    }
+    Ok(())
+}
+
 /// Rate admission: each upstream's limits per minute (configured or learned from the
 /// provider's headers), what is available and reserved now, and any hold, labelled `upstream`
 /// (its name, or its index with one unnamed upstream) and `quantity` (`requests`, `tokens`,
@@ -449,15 +509,26 @@ fn upstreams(s: &DependencySnapshot, enc: &mut DescriptorEncoder) -> std::fmt::R
     gauge(
         enc,
         "stormguard_upstream_cap",
-        "Each upstream's cap.",
+        "Each upstream's cap (an adaptive cap's ceiling).",
         &series(&|u| u.limiter.cap as f64),
     )?;
     gauge(
         enc,
         "stormguard_upstream_effective_cap",
-        "Each upstream's cap in force (lowered by its stated limit).",
+        "Each upstream's cap in force (an adaptive cap's working cap; lowered by its stated \
+         limit).",
         &series(&|u| u.limiter.effective_cap as f64),
     )?;
+    let adaptive_caps: Vec<(Labels<'_>, &AdaptiveSnapshot)> = all
+        .iter()
+        .filter_map(|u| {
+            let labels = vec![("dependency", dep), ("upstream", LabelValue(&u.name))];
+            Some((labels, u.limiter.adaptive.as_ref()?))
+        })
+        .collect();
+    if !adaptive_caps.is_empty() {
+        adaptive(enc, "stormguard_upstream", &adaptive_caps)?;
+    }
     gauge(
         enc,
         "stormguard_upstream_in_flight_now",
@@ -594,6 +665,120 @@ mod tests {
         }
         assert!(!text.contains("quantile"));
         assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("stormguard_")));
+    }
+
+    /// The value of the series `name{labels}` (labels as written, in order) in `text`.
+    fn value(text: &str, name: &str, labels: &str) -> Option<f64> {
+        let prefix = format!("{name}{{{labels}}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+    }
+
+    fn scrape(dep: &Dependency) -> String {
+        let mut registry = Registry::default();
+        register(&mut registry, dep);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    }
+
+    /// An adaptive cap on a manual clock: its floor, the moves of its working cap (the cap in
+    /// force) under its ceiling (the configured cap), and its latencies once a window read them.
+    /// A fixed cap has none of the adaptive series.
+    #[tokio::test]
+    async fn exports_an_adaptive_caps_working_cap_moves_and_latencies() {
+        use std::sync::Arc;
+        use std::time::Duration;
+        use stormguard_core::AttemptKind;
+        use stormguard_core::adaptive::AdaptiveConfig;
+        use stormguard_core::clock::ManualClock;
+
+        let clock = ManualClock::new();
+        let mut config = DependencyConfig::new("llm");
+        config.limiter.cap = 20;
+        config.limiter.adaptive = Some(AdaptiveConfig::new(4, 40));
+        let dep = Dependency::with_clock(config, Arc::new(clock.clone())).unwrap();
+        let dep_label = "dependency=\"llm\"";
+        let down = "dependency=\"llm\",direction=\"down\"";
+        let up = "dependency=\"llm\",direction=\"up\"";
+        let baseline = "dependency=\"llm\",kind=\"baseline\"";
+        let current = "dependency=\"llm\",kind=\"current\"";
+
+        // Before any window: the working cap starts at the cap, nothing moved, no latency.
+        let text = scrape(&dep);
+        assert_eq!(value(&text, "stormguard_cap", dep_label), Some(20.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_configured", dep_label), Some(40.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_floor", dep_label), Some(4.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_adjustments_total", up), Some(0.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_adjustments_total", down), Some(0.0), "{text}");
+        assert!(!text.contains("stormguard_cap_latency_seconds"), "{text}");
+
+        // One window: ten attempts admitted at once, each refused for overload (a 429) a
+        // second later, past the window. A drop lowers the cap by 10 %: 20 to 18.
+        let limiter = &dep.upstream().limiter;
+        let window = |answer_after: Duration, dropped: bool| {
+            let permits: Vec<_> =
+                (0..10).map(|_| limiter.try_acquire(AttemptKind::Primary).unwrap()).collect();
+            clock.advance(answer_after);
+            for mut p in permits {
+                if dropped {
+                    p.mark_dropped();
+                }
+                drop(p);
+            }
+        };
+        window(Duration::from_secs(1), true);
+        let text = scrape(&dep);
+        assert_eq!(value(&text, "stormguard_cap", dep_label), Some(18.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_adjustments_total", down), Some(1.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_adjustments_total", up), Some(0.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_latency_seconds", baseline), Some(1.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_latency_seconds", current), Some(1.0), "{text}");
+
+        // A second window, answered (not refused) but twice as slow as the baseline: Gradient2
+        // lowers the cap again (0.5 × 18 + √18 ≈ 13), and the baseline barely moves.
+        window(Duration::from_secs(2), false);
+        let text = scrape(&dep);
+        assert_eq!(value(&text, "stormguard_cap", dep_label), Some(13.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_configured", dep_label), Some(40.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_adjustments_total", down), Some(2.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap_latency_seconds", current), Some(2.0), "{text}");
+        let b = value(&text, "stormguard_cap_latency_seconds", baseline).unwrap();
+        assert!((1.0..1.01).contains(&b), "{b}");
+
+        // A fixed cap: the cap in force and the configured cap, and nothing adaptive.
+        let fixed = Dependency::try_new(DependencyConfig::new("fixed")).unwrap();
+        let text = scrape(&fixed);
+        assert_eq!(value(&text, "stormguard_cap", "dependency=\"fixed\""), Some(20.0));
+        assert_eq!(value(&text, "stormguard_cap_configured", "dependency=\"fixed\""), Some(20.0));
+        for name in ["stormguard_cap_floor", "stormguard_cap_adjustments", "stormguard_cap_latency"]
+        {
+            assert!(!text.contains(name), "{name} for a fixed cap:\n{text}");
+        }
+    }
+
+    /// With several upstreams, each one's adaptive cap under the `upstream` label.
+    #[tokio::test]
+    async fn exports_each_upstreams_adaptive_cap() {
+        use stormguard_core::adaptive::AdaptiveConfig;
+
+        let mut config = DependencyConfig::new("models");
+        config.upstreams = [("a", 8), ("b", 50)]
+            .map(|(name, cap)| crate::UpstreamSpec { name: name.into(), cap })
+            .to_vec();
+        config.limiter.adaptive = Some(AdaptiveConfig::new(4, 40));
+        let dep = Dependency::try_new(config).unwrap();
+        let text = scrape(&dep);
+        for (u, cap) in [("a", 8.0), ("b", 40.0)] {
+            let labels = format!("dependency=\"models\",upstream=\"{u}\"");
+            let l = labels.as_str();
+            // Each working cap starts at its own cap, within [4, 40].
+            assert_eq!(value(&text, "stormguard_upstream_effective_cap", l), Some(cap), "{text}");
+            assert_eq!(value(&text, "stormguard_upstream_cap", l), Some(40.0), "{text}");
+            assert_eq!(value(&text, "stormguard_upstream_cap_floor", l), Some(4.0), "{text}");
+            let down = format!("{labels},direction=\"down\"");
+            let n = value(&text, "stormguard_upstream_cap_adjustments_total", &down);
+            assert_eq!(n, Some(0.0), "{text}");
+        }
     }
 
     /// The percent's `policy` label says what it is a share of; the policies without a percent

@@ -5,9 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
+use stormguard_core::adaptive::AdaptiveConfig;
 use stormguard_core::breaker::BreakerConfig;
+use stormguard_core::clock::ManualClock;
 use stormguard_tower::{Dependency, DependencyConfig};
 
 /// Series only the proxy exports (its own collector): skipped here, and checked with every other
@@ -34,10 +37,22 @@ fn scraped_families() -> (BTreeMap<String, String>, String) {
         .map(|name| stormguard_tower::UpstreamSpec { name: name.into(), cap: 4, adaptive: None })
         .to_vec();
     models.total_cap = Some(6);
+    models.limiter.adaptive = Some(AdaptiveConfig::new(2, 8));
     let models = Dependency::try_new(models).unwrap();
+    // An adaptive cap on a manual clock, one window closed: its latencies are known.
+    let clock = ManualClock::new();
+    let mut llm = DependencyConfig::new("llm");
+    llm.limiter.adaptive = Some(AdaptiveConfig::new(4, 40));
+    let llm = Dependency::with_clock(llm, Arc::new(clock.clone())).unwrap();
+    let permits: Vec<_> = (0..10)
+        .map(|_| llm.upstream().limiter.try_acquire(stormguard_core::AttemptKind::Primary).unwrap())
+        .collect();
+    clock.advance(std::time::Duration::from_secs(1));
+    drop(permits);
     let mut registry = Registry::default();
     stormguard_tower::metrics::register(&mut registry, &dep);
     stormguard_tower::metrics::register(&mut registry, &models);
+    stormguard_tower::metrics::register(&mut registry, &llm);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     let families = text
@@ -183,6 +198,10 @@ fn dashboard_is_json_with_the_panels() {
         "stormguard_breaker_state",
         "stormguard_pushback_hold_seconds",
         "stormguard_oldest_permit_seconds",
+        "stormguard_cap_configured",
+        "stormguard_cap_floor",
+        "stormguard_cap_adjustments_total",
+        "stormguard_cap_latency_seconds",
     ] {
         assert!(exprs.iter().any(|e| e.contains(needed)), "no panel queries {needed}");
     }
@@ -201,7 +220,7 @@ fn every_alert_has_a_runbook_section() {
             urls.push(u.trim().trim_matches('"').to_string());
         }
     }
-    assert_eq!(alerts.len(), 10, "{alerts:?}");
+    assert_eq!(alerts.len(), 11, "{alerts:?}");
     assert_eq!(urls.len(), alerts.len(), "every alert needs one runbook_url: {urls:?}");
     assert_eq!(rules.matches("severity:").count(), alerts.len());
     for (alert, url) in alerts.iter().zip(&urls) {

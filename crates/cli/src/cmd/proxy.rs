@@ -236,11 +236,18 @@ fn overrides(args: &ProxyArgs) -> Overrides {
 /// A config error after the flags were applied, naming the flag.
 fn flag_error(e: stormguard_proxy::config::RuleViolation) -> Failure {
     use stormguard_proxy::config::Segment;
-    let last = e.key.segments().iter().rev().find_map(|s| match s {
-        Segment::Key(k) => Some(k.as_str()),
-        Segment::Index(_) => None,
-    });
-    let flag = match last.unwrap_or_default() {
+    let keys: Vec<&str> = e
+        .key
+        .segments()
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Key(k) => Some(k.as_str()),
+            Segment::Index(_) => None,
+        })
+        .collect();
+    let flag = match keys.last().copied().unwrap_or_default() {
+        // `adaptive.max` and its kin: all from --adaptive-cap.
+        _ if keys.contains(&"adaptive") => "adaptive-cap".to_string(),
         "upstreams" => "upstream".to_string(),
         k => k.replace('_', "-"),
     };

@@ -7,6 +7,11 @@
 //! and quantity, what is available of the limit per minute, what is booked, any hold, and
 //! whether it cools down; and a chart of what is available, as a share of each limit.
 //!
+//! A dependency with an adaptive cap has a panel of it: per upstream, the working cap against
+//! its ceiling, its floor, the baseline and last window's latency, and the windows that raised
+//! and lowered it; and, beside the in-flight chart, a chart of the working cap and the floor
+//! against the ceiling.
+//!
 //! The numbers are rendered into the page on every GET from the very JSON `/stats.json`
 //! serves, so without JavaScript the page still shows them (and reloads itself every 5 s);
 //! the script then keeps them current and draws the charts as inline SVG.
@@ -178,6 +183,86 @@ fn rate_panel(d: &Value) -> String {
     html
 }
 
+/// A mean latency: `50.0 ms`, `1.25 s`; a dash when not read yet.
+fn latency(seconds: Option<f64>) -> String {
+    match seconds {
+        Some(s) if s < 1.0 => format!("{:.1} ms", s * 1e3),
+        Some(s) => format!("{s:.2} s"),
+        None => "–".to_string(),
+    }
+}
+
+/// The headings of the adaptive-cap panel; [`adaptive_rows`] fills one row per heading's order.
+const ADAPTIVE_HEADINGS: [&str; 7] = [
+    "upstream",
+    "working cap / ceiling",
+    "floor",
+    "baseline latency",
+    "last window",
+    "raised",
+    "lowered",
+];
+
+/// The rows of the adaptive-cap panel, read from a dependency's `/stats.json` object: one per
+/// upstream with several (their names), else one (`–`). `None` without an adaptive cap. The
+/// page's script computes the same rows.
+pub(crate) fn adaptive_rows(d: &Value) -> Option<Vec<[String; 7]>> {
+    if !d["adaptive"].is_object() {
+        return None;
+    }
+    let n = |v: &Value| v.as_u64().map_or("–".to_string(), |v| v.to_string());
+    let row = |name: String, a: &Value| {
+        [
+            name,
+            format!("{} / {}", n(&a["working_cap"]), n(&a["max"])),
+            n(&a["min"]),
+            latency(a["baseline_seconds"].as_f64()),
+            latency(a["current_seconds"].as_f64()),
+            n(&a["raised"]),
+            n(&a["lowered"]),
+        ]
+    };
+    let upstreams: Vec<_> = d["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|u| u["adaptive"].is_object())
+        .map(|u| row(u["name"].as_str().unwrap_or("").to_string(), &u["adaptive"]))
+        .collect();
+    Some(if upstreams.is_empty() {
+        vec![row("–".to_string(), &d["adaptive"])]
+    } else {
+        upstreams
+    })
+}
+
+/// The adaptive-cap panel of a dependency with one; empty without it.
+fn adaptive_panel(d: &Value) -> String {
+    let Some(rows) = adaptive_rows(d) else { return String::new() };
+    let mut html = String::from(
+        "<div class=\"adaptive\">\n<h3>adaptive cap</h3>\n<table class=\"now adaptive\"><thead><tr>",
+    );
+    for heading in ADAPTIVE_HEADINGS {
+        let _ = write!(html, "<th>{heading}</th>");
+    }
+    html.push_str("</tr></thead>\n<tbody>");
+    for row in &rows {
+        html.push_str("<tr>");
+        for cell in row {
+            let _ = write!(html, "<td>{}</td>", esc(cell));
+        }
+        html.push_str("</tr>");
+    }
+    html.push_str(
+        "</tbody></table>\n<p class=\"muted\">The working cap follows what the upstream can \
+         take, between its floor and its ceiling (the configured cap): lowered when a window's \
+         attempts were refused for overload or timed out (and, by Gradient2, when its answers \
+         were slower than the baseline), raised slowly when not and the cap was in use. The cap in force is the working cap, unless the \
+         upstream's limit header holds it lower.</p>\n</div>\n",
+    );
+    html
+}
+
 /// The page with the numbers of `deps` (their `/stats.json` objects) in it.
 pub(crate) fn page(deps: &[Value]) -> String {
     let mut sections = String::new();
@@ -204,6 +289,7 @@ pub(crate) fn page(deps: &[Value]) -> String {
              upstream” are slots of attempts timed out or abandoned by their caller that the \
              upstream is still working on. The charts show each second.</p>\n",
         );
+        sections.push_str(&adaptive_panel(d));
         sections.push_str(&rate_panel(d));
         sections.push_str("<div class=\"grid\"></div>\n</section>\n");
     }
@@ -310,6 +396,44 @@ mod tests {
         let rows = rate_rows(&learning).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0][1], "no limit known yet");
+    }
+
+    #[test]
+    fn the_adaptive_cap_panel_is_there_with_an_adaptive_cap_only() {
+        let mut one = dep("one");
+        one["cap"] = json!(40);
+        one["effective_cap"] = json!(12);
+        one["adaptive"] = json!({ "working_cap": 12, "min": 4, "max": 40, "raised": 3,
+            "lowered": 5, "baseline_seconds": 0.0504, "current_seconds": 1.5 });
+        let mut two = dep("two");
+        two["adaptive"] = json!({ "working_cap": 20, "min": 4, "max": 40, "raised": 0,
+            "lowered": 0, "baseline_seconds": null, "current_seconds": null });
+        two["upstreams"] = json!([
+            { "name": "a", "adaptive": two["adaptive"].clone() },
+            { "name": "b", "adaptive": { "working_cap": 6, "min": 4, "max": 40, "raised": 1,
+              "lowered": 2, "baseline_seconds": 0.02, "current_seconds": 0.04 } },
+        ]);
+        let html = page(&[one, two, dep("plain")]);
+        let one = section(&html, "one");
+        assert!(one.contains("<h3>adaptive cap</h3>"), "{one}");
+        assert!(
+            one.contains(
+                "<tr><td>–</td><td>12 / 40</td><td>4</td><td>50.4 ms</td><td>1.50 s</td><td>3</td><td>5</td></tr>"
+            ),
+            "{one}"
+        );
+        // The numbers' cap is the cap in force of the ceiling.
+        assert!(one.contains("<td data-f=\"cap\">12 of 40</td>"), "{one}");
+        let two = section(&html, "two");
+        for row in [
+            "<tr><td>a</td><td>20 / 40</td><td>4</td><td>–</td><td>–</td><td>0</td><td>0</td></tr>",
+            "<tr><td>b</td><td>6 / 40</td><td>4</td><td>20.0 ms</td><td>40.0 ms</td><td>1</td><td>2</td></tr>",
+        ] {
+            assert!(two.contains(row), "{row}\n{two}");
+        }
+        let plain = section(&html, "plain");
+        assert!(!plain.contains("adaptive"), "{plain}");
+        assert_eq!(adaptive_rows(&dep("plain")), None);
     }
 
     #[test]

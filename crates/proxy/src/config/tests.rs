@@ -351,3 +351,78 @@ fn provider_keys_read_and_their_mistakes_are_located() {
         err(&format!("{BASE}output_tokens_per_minute = 0\n"))
     );
 }
+
+/// `adaptive = { … }`: each mistake at its line, column and key inside the table, and a valid
+/// one read into the model and shown in `/config`'s view, defaults filled in.
+#[test]
+fn adaptive_cap_keys_read_and_their_mistakes_are_located() {
+    let adaptive = |table: &str| err(&format!("{BASE}adaptive = {table}\n"));
+    assert_eq!(
+        adaptive("{ min = 0, max = 40 }"),
+        "f.toml:8:20: dependency[0].adaptive.min: adaptive.min must be between 1 and 40, got 0"
+    );
+    assert_eq!(
+        adaptive("{ min = 50, max = 40 }"),
+        "f.toml:8:20: dependency[0].adaptive.min: adaptive.min must be between 1 and 40, got 50"
+    );
+    assert_eq!(
+        adaptive("{ min = 4, max = 40, algorithm = \"vegas\" }"),
+        "f.toml:8:45: dependency[0].adaptive.algorithm: algorithm: `vegas` is not \"gradient2\" or \"aimd\""
+    );
+    assert!(
+        adaptive("{ min = 4, max = 40, bogus = 1 }")
+            .starts_with("f.toml:8:33: dependency[0].adaptive.bogus: unknown field `bogus`"),
+        "{}",
+        adaptive("{ min = 4, max = 40, bogus = 1 }")
+    );
+    assert_eq!(
+        adaptive("{ min = 4, max = 99999999 }"),
+        "f.toml:8:29: dependency[0].adaptive.max: adaptive.max must be at most 16777216, got 99999999"
+    );
+    assert_eq!(
+        adaptive("{ min = 4, max = 40, tolerance = 50 }"),
+        "f.toml:8:45: dependency[0].adaptive.tolerance: adaptive.tolerance must be between 100 and 400, got 50"
+    );
+    // As a table of its own, the key is located on its line.
+    assert_eq!(
+        err(&format!("{BASE}\n[dependency.adaptive]\nmin = 0\nmax = 40\n")),
+        "f.toml:10:7: dependency[0].adaptive.min: adaptive.min must be between 1 and 40, got 0"
+    );
+
+    let view = |table: &str| {
+        let c =
+            ProxyConfig::parse(&format!("{BASE}cap = 12\nadaptive = {table}\n"), "f.toml").unwrap();
+        (c.dependencies[0].adaptive, c.to_json()["dependencies"][0].clone())
+    };
+    let (model, json) =
+        view("{ min = 4, max = 40, algorithm = \"aimd\", window = \"500ms\", tolerance = 150 }");
+    let a = model.unwrap();
+    assert_eq!(
+        (a.min, a.max, a.algorithm, a.window, a.tolerance),
+        (4, 40, stormguard_core::adaptive::Algorithm::Aimd, Duration::from_millis(500), 150)
+    );
+    assert_eq!(json["cap"], 12);
+    assert_eq!(
+        json["adaptive"],
+        serde_json::json!({ "min": 4, "max": 40, "algorithm": "aimd", "window": "500ms", "tolerance": 150 })
+    );
+    // The view's values read back as the same config.
+    let back = format!(
+        "{{ min = {}, max = {}, algorithm = {}, window = {}, tolerance = {} }}",
+        json["adaptive"]["min"],
+        json["adaptive"]["max"],
+        json["adaptive"]["algorithm"],
+        json["adaptive"]["window"],
+        json["adaptive"]["tolerance"]
+    );
+    assert_eq!(view(&back).0, Some(a));
+    // Defaults: Gradient2, a 1 s window, a tolerance of 100 %; no adaptive cap without the key.
+    let (_, json) = view("{ min = 4, max = 40 }");
+    assert_eq!(
+        json["adaptive"],
+        serde_json::json!({ "min": 4, "max": 40, "algorithm": "gradient2", "window": "1000ms", "tolerance": 100 })
+    );
+    let c = ProxyConfig::parse(BASE, "f.toml").unwrap();
+    assert_eq!(c.dependencies[0].adaptive, None);
+    assert!(c.to_json()["dependencies"][0]["adaptive"].is_null());
+}
