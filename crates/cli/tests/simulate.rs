@@ -131,13 +131,16 @@ fn list_and_print_scenario() {
     stormguard().args(["simulate", "--list"]).assert().success().stdout(
         predicate::str::contains("metastable")
             .and(predicate::str::contains("fleet"))
-            .and(predicate::str::contains("model-provider")),
+            .and(predicate::str::contains("model-provider"))
+            .and(predicate::str::contains("capacity-drop")),
     );
-    stormguard()
-        .args(["simulate", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("model-provider"));
+    // The help lists every built-in scenario.
+    let help = stormguard().args(["simulate", "--help"]).output().unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    for name in stormguard_sim::builtin::names() {
+        assert!(help.lines().any(|l| l.trim_start().starts_with(name)), "{name} in\n{help}");
+    }
     let out = simulate(&["--builtin", "worked-example", "--print-scenario"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("[[policy]]") && text.contains("cap = 20"));

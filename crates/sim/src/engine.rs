@@ -505,6 +505,9 @@ pub(crate) struct Run<'s> {
     hedge: Option<HedgeConfig>,
     /// The idempotency draw's threshold (`client.non_idempotent`).
     non_idempotent: u64,
+    /// Each unit's working cap when last read (an adaptive cap; empty otherwise), and their sum.
+    working_caps: Vec<u64>,
+    working_cap: u64,
 }
 
 /// Events handled at one instant of the virtual clock before a run is called stuck: closed-loop
@@ -576,8 +579,17 @@ impl<'s> Run<'s> {
             RetryRule::Naive { backoff: Some(b), .. } => Some(Backoff::try_new(*b)?),
             _ => None,
         };
-        let stats =
+        let mut stats =
             RunStats::new(horizon, nanos(sc.bucket), segs.iter().map(|s| s.start).collect());
+        // An adaptive cap's working cap is followed over time, as the in-flight count is.
+        let working_caps = match policy.cap.filter(|c| c.adaptive.is_some()) {
+            Some(c) => vec![c.initial(); units.len()],
+            None => Vec::new(),
+        };
+        let working_cap = working_caps.iter().sum();
+        if !working_caps.is_empty() {
+            stats.follow_cap(working_cap);
+        }
         Ok(Run {
             sc,
             policy,
@@ -624,6 +636,8 @@ impl<'s> Run<'s> {
             max_attempts: crate::scenario::MAX_ATTEMPTS,
             hedge: policy.hedge,
             non_idempotent: dist::threshold(sc.client.non_idempotent),
+            working_caps,
+            working_cap,
         })
     }
 
@@ -1058,6 +1072,7 @@ impl<'s> Run<'s> {
                 Err(_) => {
                     if let Some(p) = permit {
                         p.release_at(ts);
+                        self.note_cap(unit);
                     }
                     match kind {
                         Sent::Primary => self.primary_refused(call, Denied::Breaker),
@@ -1149,7 +1164,7 @@ impl<'s> Run<'s> {
     }
 
     fn timed_out(&mut self, att: Ref) {
-        let Some(call) = self.give_up(att, AttemptResult::UpstreamFailure) else { return };
+        let Some(call) = self.give_up(att, AttemptResult::UpstreamFailure, true) else { return };
         self.stats.timeouts += 1;
         if self.one_fewer(call) == 0 {
             self.attempt_failed(call, AttemptFailure::Timeout, None);
@@ -1158,7 +1173,10 @@ impl<'s> Run<'s> {
 
     /// The client stops waiting for an attempt (its per-try timeout, or another attempt of
     /// its request won) while the dependency may still be working on it. Returns its request.
-    fn give_up(&mut self, att: Ref, result: AttemptResult) -> Option<Ref> {
+    /// `timed_out`: an adaptive cap counts it as a drop, as the tower layer marks a per-try
+    /// timeout's permit (`hold_slots`); an attempt abandoned for another's answer says nothing
+    /// of the dependency.
+    fn give_up(&mut self, att: Ref, result: AttemptResult, timed_out: bool) -> Option<Ref> {
         let a = self.attempts.get_mut(att)?;
         if !a.waiting {
             return None;
@@ -1172,12 +1190,18 @@ impl<'s> Run<'s> {
         if let Some(p) = probe {
             p.record(ts, result);
         }
-        if let Some(p) = permit {
+        if let Some(mut p) = permit {
+            if timed_out {
+                p.mark_dropped();
+            }
             // The dependency is still working on it: the slot is held, as the tower layer
             // holds it, for `timeout_slot_hold` (default 30 s, the proxy's), never shortened to
             // the attempt's own limit.
             let hold = self.hold.max(1);
             let held = p.hold(Duration::from_nanos(hold));
+            if !pooled {
+                self.note_cap(unit);
+            }
             if self.release_held_on_answer
                 && let Some(a) = self.attempts.get_mut(att)
             {
@@ -1300,6 +1324,7 @@ impl<'s> Run<'s> {
                     if let Some(p) = permit {
                         p.release_at(ts);
                     }
+                    self.note_cap(unit);
                     self.hedge_refused(unit, charges, Denied::Rate);
                     return;
                 }
@@ -1323,11 +1348,20 @@ impl<'s> Run<'s> {
         self.stats.hedge_denied(reason);
     }
 
-    /// The client has the attempt's answer (or the dependency's refusal).
+    /// The client has the attempt's answer (or the dependency's refusal). The model's errors
+    /// are 503s (an `error_rate` answer, a full queue's refusal): an adaptive cap counts them
+    /// as drops, as the tower layer marks every 429, 503 and 529 (`overload_answer`), not
+    /// knowing why the dependency said it.
     fn answered(&mut self, a: Attempt, ok: bool) {
         let ts = self.ts();
-        if let Some(p) = a.permit {
+        if let Some(mut p) = a.permit {
+            if !ok {
+                p.mark_dropped();
+            }
             p.release_at(ts);
+            if !a.pooled {
+                self.note_cap(a.unit);
+            }
         }
         if let Some(p) = a.probe {
             p.record(ts, if ok { AttemptResult::Success } else { AttemptResult::UpstreamFailure });
@@ -1383,8 +1417,13 @@ impl<'s> Run<'s> {
             return;
         }
         let ts = self.ts();
-        if let Some(p) = a.permit {
+        if let Some(mut p) = a.permit {
+            // A 429 is an overload answer: a drop for an adaptive cap.
+            p.mark_dropped();
             p.release_at(ts);
+            if !a.pooled {
+                self.note_cap(a.unit);
+            }
         }
         if let Some(p) = a.probe {
             p.record(ts, AttemptResult::NotCounted);
@@ -1409,7 +1448,7 @@ impl<'s> Run<'s> {
         for att in together {
             if self.attempts.get(att).is_some_and(|a| a.call == call) {
                 // The breaker learns nothing from an answer nobody read.
-                self.give_up(att, AttemptResult::NotCounted);
+                self.give_up(att, AttemptResult::NotCounted, false);
             }
         }
     }
@@ -1535,6 +1574,8 @@ impl<'s> Run<'s> {
                                 p.release_at(ts);
                             }
                             policy.counters().denied(Denied::Rate);
+                            let unit = c.unit;
+                            self.note_cap(unit);
                             self.deny(call, Denied::Rate);
                             return;
                         }
@@ -1572,6 +1613,8 @@ impl<'s> Run<'s> {
                     if let Some(p) = permit {
                         p.release_at(ts);
                     }
+                    let unit = c.unit;
+                    self.note_cap(unit);
                     self.deny(call, Denied::Rate);
                     return;
                 }
@@ -1636,6 +1679,20 @@ impl<'s> Run<'s> {
             if at < self.horizon {
                 self.push(at, Ev::Start(a.instance));
             }
+        }
+    }
+
+    /// A permit of `unit`'s shared cap came back (a sample for an adaptive cap, which may
+    /// have closed a window and moved the working cap): the run's working cap follows.
+    #[inline]
+    fn note_cap(&mut self, unit: u32) {
+        let Some(seen) = self.working_caps.get_mut(unit as usize) else { return };
+        let Some(up) = &self.units[unit as usize].upstream else { return };
+        let now = up.limiter.effective_cap();
+        if now != *seen {
+            self.working_cap = self.working_cap + now - *seen;
+            *seen = now;
+            self.stats.set_cap(self.working_cap);
         }
     }
 

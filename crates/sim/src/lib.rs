@@ -50,6 +50,7 @@ pub use dist::{ServiceTime, ServiceTimeError};
 pub use engine::{Footprint, RunError};
 pub use report::{
     InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, RateLimitReport, Report, Series,
+    WorkingCap,
 };
 pub use scenario::{InvalidScenario, Scenario, ScenarioError};
 

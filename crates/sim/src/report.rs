@@ -63,8 +63,25 @@ pub struct InFlight {
     /// The most at any instant.
     pub max: u64,
     /// The policy's cap over the fleet (per-instance caps added up, a separate retry pool
-    /// included), or `None` without one.
+    /// included; an adaptive cap's ceiling), or `None` without one.
     pub cap: Option<u64>,
+}
+
+/// An adaptive cap's working cap over the run, summed over the policy's limiters (one per
+/// instance, or one for the fleet), weighted by time.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct WorkingCap {
+    /// Where it started (the planned cap, clamped into the range).
+    pub initial: u64,
+    /// The time-weighted mean.
+    pub mean: f64,
+    /// The least it was.
+    pub min: u64,
+    /// The most it was.
+    pub max: u64,
+    /// Where it was at the end of arrivals.
+    #[serde(rename = "final")]
+    pub last: u64,
 }
 
 /// The dependency's requests and tokens per minute, as one policy met them.
@@ -141,6 +158,9 @@ pub struct PolicyReport {
     pub amplification: f64,
     /// Attempts in flight at the dependency.
     pub in_flight: InFlight,
+    /// An adaptive cap's working cap (only for a policy with `adaptive`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_cap: Option<WorkingCap>,
     /// The fraction of user actions that succeeded (every call, within the deadline).
     pub goodput: f64,
     /// Successful user actions per second.
@@ -199,10 +219,17 @@ pub struct PhaseReport {
     /// one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<Latency>,
+    /// Latency of the actions that started in the segment and succeeded (when the timeline
+    /// has more than one segment, and some did).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ok_ms: Option<Latency>,
     /// The time-weighted mean of attempts in flight at the dependency.
     pub in_flight_mean: f64,
     /// The most at any instant.
     pub in_flight_max: u64,
+    /// The time-weighted mean of an adaptive cap's working cap (only with `adaptive`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_cap_mean: Option<f64>,
     /// The fraction of actions started in the segment that succeeded.
     pub goodput: f64,
     /// The fraction that failed.
@@ -234,6 +261,9 @@ pub struct Series {
     pub goodput_per_s: Vec<f64>,
     /// Failed actions per second (by the bucket they started in).
     pub errors_per_s: Vec<f64>,
+    /// An adaptive cap's time-weighted mean working cap (empty without one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub working_cap: Vec<f64>,
 }
 
 /// Rounds to 4 decimals, so reports read well (and stay byte-identical run to run).
@@ -251,6 +281,12 @@ fn by_reason(counts: &[u64; Denied::ALL.len()]) -> BTreeMap<&'static str, u64> {
         .filter(|d| counts[d.index()] > 0)
         .map(|d| (d.as_str(), counts[d.index()]))
         .collect()
+}
+
+/// A latency histogram's p50 and p99, in milliseconds.
+fn latency(h: &crate::stats::LogHistogram) -> Latency {
+    let ms = |q: f64| r4(h.quantile(q).unwrap_or(0) as f64 / 1e6);
+    Latency { p50: ms(0.5), p99: ms(0.99) }
 }
 
 /// The smallest count at which the time spent at or below it reaches `q` of the total.
@@ -286,7 +322,8 @@ impl PolicyReport {
             Share::Fleet => 1,
             Share::Instance => u64::from(sc.fleet.instances),
         };
-        let cap = p.cap.map(|c| (c.cap + c.retry_pool.unwrap_or(0)) * units);
+        let cap = p.cap.map(|c| (c.ceiling() + c.retry_pool.unwrap_or(0)) * units);
+        let adaptive = s.cap.is_some();
         let mut series = Series::default();
         for (i, b) in s.buckets.iter().enumerate() {
             let start = i as f64 * bucket_s;
@@ -305,6 +342,9 @@ impl PolicyReport {
                 .push((b.actions > 0).then(|| r4(ratio(b.actions - b.actions_ok, b.actions))));
             series.goodput_per_s.push(r4(b.actions_ok as f64 * 1e9 / width));
             series.errors_per_s.push(r4((b.actions - b.actions_ok) as f64 * 1e9 / width));
+            if adaptive {
+                series.working_cap.push(r4(b.cap_area as f64 / width));
+            }
         }
         // Recovery is judged from the end of the trigger up to the next phase (a later
         // disturbance is not the trigger's doing) or the end of the run.
@@ -337,12 +377,15 @@ impl PolicyReport {
                     offered_per_s: r4((st.primaries + st.retries + st.hedges) as f64 / width),
                     retry_fraction: r4(ratio(st.retries, st.primaries)),
                     hedge_fraction: r4(ratio(st.hedges, st.primaries)),
-                    latency_ms: st.latency.as_ref().map(|h| {
-                        let ms = |q: f64| r4(h.quantile(q).unwrap_or(0) as f64 / 1e6);
-                        Latency { p50: ms(0.5), p99: ms(0.99) }
-                    }),
+                    latency_ms: st.latency.as_ref().map(latency),
+                    latency_ok_ms: st
+                        .latency_ok
+                        .as_ref()
+                        .filter(|h| h.quantile(0.5).is_some())
+                        .map(latency),
                     in_flight_mean: r4(st.in_flight_area as f64 / (width * 1e9)),
                     in_flight_max: u64::from(st.in_flight_max),
+                    working_cap_mean: adaptive.then(|| r4(st.cap_area as f64 / (width * 1e9))),
                     goodput: r4(ratio(st.actions_ok, st.actions)),
                     error_rate: r4(ratio(st.actions - st.actions_ok, st.actions)),
                     fast_actions: sc
@@ -373,6 +416,13 @@ impl PolicyReport {
                 max: u64::from(s.in_flight_max),
                 cap,
             },
+            working_cap: s.cap.map(|c| WorkingCap {
+                initial: p.cap.map_or(0, |c| c.initial()) * units,
+                mean: r4(s.buckets.iter().map(|b| b.cap_area).sum::<u128>() as f64 / horizon),
+                min: c.min,
+                max: c.max,
+                last: c.now,
+            }),
             goodput: r4(ratio(s.actions_ok, s.actions)),
             goodput_per_s: r4(s.actions_ok as f64 / duration_s),
             error_rate: r4(ratio(s.actions - s.actions_ok, s.actions)),
@@ -654,6 +704,7 @@ impl Report {
             }
             table(out, &rows)?;
         }
+        let adaptive = self.policies.iter().any(|p| p.working_cap.is_some());
         if self.phases.len() > 1 {
             let hedged = self.policies.iter().any(|p| p.hedges_issued > 0);
             let mut tables = vec![
@@ -667,6 +718,12 @@ impl Report {
                     .push(("in flight at the dependency (most) by phase", PhaseCell::InFlightMax));
                 tables.push(("latency p99 by phase", PhaseCell::LatencyP99));
             }
+            if adaptive {
+                tables.push((
+                    "latency p50 / p99 of the actions that succeeded by phase",
+                    PhaseCell::LatencyOk,
+                ));
+            }
             for (title, cell) in tables {
                 writeln!(out, "\n{title}")?;
                 let mut rows = vec![
@@ -676,20 +733,28 @@ impl Report {
                 ];
                 for p in &self.policies {
                     let mut row = vec![p.name.clone()];
-                    row.extend(p.phases.iter().map(|ph| match cell {
-                        PhaseCell::InFlight => format!("{:.2}", ph.in_flight_mean),
-                        PhaseCell::Goodput => pct(ph.goodput),
-                        PhaseCell::RetryFraction => format!("{:.3}", ph.retry_fraction),
-                        PhaseCell::HedgeFraction => format!("{:.3}", ph.hedge_fraction),
-                        PhaseCell::InFlightMax => ph.in_flight_max.to_string(),
-                        PhaseCell::LatencyP99 => {
-                            ph.latency_ms.map_or("-".into(), |l| format!("{:.1}ms", l.p99))
+                    row.extend(p.phases.iter().map(|ph| {
+                        match cell {
+                            PhaseCell::InFlight => format!("{:.2}", ph.in_flight_mean),
+                            PhaseCell::Goodput => pct(ph.goodput),
+                            PhaseCell::RetryFraction => format!("{:.3}", ph.retry_fraction),
+                            PhaseCell::HedgeFraction => format!("{:.3}", ph.hedge_fraction),
+                            PhaseCell::InFlightMax => ph.in_flight_max.to_string(),
+                            PhaseCell::LatencyP99 => {
+                                ph.latency_ms.map_or("-".into(), |l| format!("{:.1}ms", l.p99))
+                            }
+                            PhaseCell::LatencyOk => ph
+                                .latency_ok_ms
+                                .map_or("-".into(), |l| format!("{:.1} / {:.1}ms", l.p50, l.p99)),
                         }
                     }));
                     rows.push(row);
                 }
                 table(out, &rows)?;
             }
+        }
+        if adaptive {
+            self.write_working_caps(out)?;
         }
         if self.policies.iter().any(|p| p.fast_actions.is_some()) {
             writeln!(out, "\nactions that succeeded within fast_within")?;
@@ -710,6 +775,41 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The working cap of each adaptive policy (mean by phase, the least and the most it was,
+    /// where it ended), beside the fixed caps of the others for comparison.
+    fn write_working_caps(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "\nworking cap (mean) by phase; fixed caps as set")?;
+        let phases = if self.phases.len() > 1 { self.phases.as_slice() } else { &[] };
+        let mut rows = vec![
+            std::iter::once("policy".to_string())
+                .chain(phases.iter().map(|p| p.name.clone()))
+                .chain(["mean", "min", "max", "final"].map(String::from))
+                .collect::<Vec<_>>(),
+        ];
+        for p in &self.policies {
+            let mut row = vec![p.name.clone()];
+            match (&p.working_cap, p.in_flight.cap) {
+                (Some(w), _) => {
+                    row.extend(
+                        p.phases.iter().take(phases.len()).map(|ph| {
+                            ph.working_cap_mean.map_or("-".into(), |m| format!("{m:.1}"))
+                        }),
+                    );
+                    row.push(format!("{:.1}", w.mean));
+                    row.extend([w.min, w.max, w.last].map(|n| n.to_string()));
+                }
+                (None, Some(cap)) => {
+                    row.extend(std::iter::repeat_n(cap.to_string(), phases.len() + 4));
+                }
+                (None, None) => continue,
+            }
+            rows.push(row);
+        }
+        table(out, &rows)
+    }
+}
+
 #[derive(Clone, Copy)]
 enum PhaseCell {
     InFlight,
@@ -718,6 +818,7 @@ enum PhaseCell {
     HedgeFraction,
     InFlightMax,
     LatencyP99,
+    LatencyOk,
 }
 
 /// Rates and shares in the tables: one decimal, fixed, so the columns line up.

@@ -80,6 +80,8 @@ pub(crate) struct Bucket {
     /// Attempts in flight at the dependency × nanoseconds.
     pub in_flight_area: u128,
     pub in_flight_max: u32,
+    /// An adaptive cap's working cap × nanoseconds.
+    pub cap_area: u128,
     /// Actions that started in this bucket, and how they ended.
     pub actions: u64,
     pub actions_ok: u64,
@@ -94,13 +96,16 @@ pub(crate) struct SegmentStats {
     pub hedges: u64,
     pub in_flight_area: u128,
     pub in_flight_max: u32,
+    /// An adaptive cap's working cap × nanoseconds.
+    pub cap_area: u128,
     pub actions: u64,
     pub actions_ok: u64,
     pub actions_fast: u64,
     pub requests: u64,
-    /// Latency of the actions that started in the segment (kept only when the timeline has
-    /// more than one segment).
+    /// Latency of the actions that started in the segment, and of those that succeeded (kept
+    /// only when the timeline has more than one segment).
     pub latency: Option<LogHistogram>,
+    pub latency_ok: Option<LogHistogram>,
 }
 
 /// Everything one policy's run measured.
@@ -146,6 +151,18 @@ pub(crate) struct RunStats {
     pub hedges: u64,
     pub hedges_won: u64,
     pub hedges_denied: [u64; Denied::ALL.len()],
+    /// An adaptive cap's working cap (summed over the policy's limiters) now, the least and
+    /// the most it was over `[0, horizon)`; `None` for a fixed cap or none.
+    pub cap: Option<CapSeen>,
+}
+
+/// An adaptive cap's working cap, as the run saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CapSeen {
+    /// Now (at the end of arrivals, once the run is over).
+    pub now: u64,
+    pub min: u64,
+    pub max: u64,
 }
 
 impl RunStats {
@@ -158,6 +175,7 @@ impl RunStats {
             segments: vec![
                 SegmentStats {
                     latency: (seg_starts.len() > 1).then(LogHistogram::new),
+                    latency_ok: (seg_starts.len() > 1).then(LogHistogram::new),
                     ..SegmentStats::default()
                 };
                 seg_starts.len()
@@ -190,6 +208,26 @@ impl RunStats {
             hedges: 0,
             hedges_won: 0,
             hedges_denied: [0; Denied::ALL.len()],
+            cap: None,
+        }
+    }
+
+    /// Follows an adaptive cap's working cap from `initial` (before the first event).
+    pub(crate) fn follow_cap(&mut self, initial: u64) {
+        self.cap = Some(CapSeen { now: initial, min: initial, max: initial });
+    }
+
+    /// The working cap changed (after [`advance`](Self::advance) to now). Changes after the
+    /// end of arrivals are not counted.
+    #[inline]
+    pub(crate) fn set_cap(&mut self, cap: u64) {
+        if self.last >= self.horizon {
+            return;
+        }
+        if let Some(c) = &mut self.cap {
+            c.now = cap;
+            c.min = c.min.min(cap);
+            c.max = c.max.max(cap);
         }
     }
 
@@ -206,6 +244,7 @@ impl RunStats {
         if count >= self.time_at.len() {
             self.time_at.resize(count + 1, 0);
         }
+        let cap = self.cap.map_or(0, |c| u128::from(c.now));
         let mut t = self.last;
         while t < end {
             let seg_end = self.seg_starts.get(self.seg + 1).copied().unwrap_or(u64::MAX);
@@ -215,6 +254,8 @@ impl RunStats {
             self.time_at[count] += dt;
             self.buckets[self.bucket].in_flight_area += area;
             self.segments[self.seg].in_flight_area += area;
+            self.buckets[self.bucket].cap_area += u128::from(dt) * cap;
+            self.segments[self.seg].cap_area += u128::from(dt) * cap;
             t = stop;
             if t == self.bucket_end && t < self.horizon {
                 self.bucket += 1;
@@ -332,6 +373,9 @@ impl RunStats {
         s.actions_fast += u64::from(fast);
         s.requests += u64::from(calls);
         if let Some(h) = &mut s.latency {
+            h.record(latency);
+        }
+        if ok && let Some(h) = &mut s.latency_ok {
             h.record(latency);
         }
     }

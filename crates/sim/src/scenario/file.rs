@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::{self as serde_de, Deserializer, Unexpected, Visitor};
 use stormguard_config::Document;
 use stormguard_config::de::{self, ScalarOrTable};
+use stormguard_core::adaptive::Algorithm;
 use stormguard_core::backoff::Jitter;
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::conditions::RetryOn;
@@ -171,6 +172,21 @@ pub(super) struct PolicyFile {
     #[serde(default, deserialize_with = "de::option_duration")]
     pub hedge_floor: Option<Duration>,
     pub max_hedges: Option<u64>,
+    /// `adaptive = { min = 4, max = 40 }` or `[policy.adaptive]`.
+    pub adaptive: Option<AdaptiveFile>,
+}
+
+/// `adaptive = { min, max, algorithm, window, tolerance }`: the proxy's key of the same name.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename = "adaptive")]
+pub(super) struct AdaptiveFile {
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    #[serde(default, deserialize_with = "de::option_from_str")]
+    pub algorithm: Option<Algorithm>,
+    #[serde(default, deserialize_with = "de::option_duration")]
+    pub window: Option<Duration>,
+    pub tolerance: Option<u64>,
 }
 
 /// `breaker = { ... }` or `[policy.breaker]`.

@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use stormguard_core::ConfigError;
+use stormguard_core::adaptive::AdaptiveConfig;
 use stormguard_core::backoff::{BackoffConfig, Jitter};
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
@@ -441,6 +442,11 @@ pub struct CapConfig {
     /// `Some(n)`: retries take slots from a separate pool of `n` instead of the shared cap
     /// (the arrangement the worked example warns against: the pools add up).
     pub retry_pool: Option<u64>,
+    /// An adaptive cap (`adaptive = { min, max }`, the proxy's key): core's
+    /// [`AdaptiveLimit`](stormguard_core::adaptive::AdaptiveLimit) moves the shared cap's
+    /// working cap within `[min, max]`, starting at [`cap`](Self::cap) (clamped into the
+    /// range). A retry pool stays fixed.
+    pub adaptive: Option<AdaptiveConfig>,
 }
 
 /// Whether a policy's cap, budget and breaker belong to each instance or to the fleet
@@ -504,8 +510,19 @@ impl CapConfig {
             cap: self.cap,
             queue_len: self.queue_len,
             queue_timeout: self.queue_timeout,
-            adaptive: None,
+            adaptive: self.adaptive,
         }
+    }
+
+    /// Where the working cap starts: the cap, clamped into an adaptive cap's range.
+    pub fn initial(&self) -> u64 {
+        self.adaptive.map_or(self.cap, |a| self.cap.clamp(a.min, a.max))
+    }
+
+    /// The most attempts the shared cap ever lets in flight: an adaptive cap's ceiling, or the
+    /// cap.
+    pub fn ceiling(&self) -> u64 {
+        self.limiter_config().ceiling()
     }
 }
 
@@ -557,6 +574,9 @@ impl PolicyConfig {
         if let (Some(c), false) = (&self.cap, matches!(self.retry, RetryRule::Budget { .. })) {
             name.push_str(&format!("+cap{}", c.cap));
         }
+        if let Some(a) = self.cap.and_then(|c| c.adaptive) {
+            name.push_str(&format!("+adaptive{}-{}", a.min, a.max));
+        }
         if let Some(n) = self.cap.and_then(|c| c.retry_pool) {
             name.push_str(&format!("+retry-pool{n}"));
         }
@@ -600,12 +620,21 @@ impl PolicyConfig {
             }
         }];
         if let Some(c) = &self.cap {
+            let cap = match c.adaptive {
+                None => format!("cap {}", c.cap),
+                Some(a) => format!(
+                    "adaptive cap {}..{} ({}), starting at {}",
+                    a.min,
+                    a.max,
+                    a.algorithm,
+                    c.initial()
+                ),
+            };
             match c.retry_pool {
-                None => parts.push(format!("cap {} shared by every attempt", c.cap)),
-                Some(n) => parts.push(format!(
-                    "cap {} for primaries + a separate pool of {n} for retries",
-                    c.cap
-                )),
+                None => parts.push(format!("{cap} shared by every attempt")),
+                Some(n) => {
+                    parts.push(format!("{cap} for primaries + a separate pool of {n} for retries"))
+                }
             }
         }
         if let Some(n) = self.scope_retries {
@@ -772,7 +801,8 @@ pub enum InvalidScenario {
     /// More than 32 policies.
     #[error("at most 32 policies")]
     TooManyPolicies,
-    /// `queue`, `queue_timeout`, `retry_pool` or rate admission on a policy without a cap.
+    /// `queue`, `queue_timeout`, `retry_pool`, `adaptive` or rate admission on a policy without
+    /// a cap.
     #[error("needs a cap")]
     NeedsCap,
     /// `scope_retries` on a policy without a budget.
@@ -893,6 +923,14 @@ mod tests {
         assert!(
             window.starts_with("t.toml:7:22: policy[0].breaker.window: window must be between"),
             "{window}"
+        );
+        assert_eq!(
+            e("[[policy]]\nbudget = \"ratio\"\nadaptive = { min = 4, max = 0 }\n"),
+            "t.toml:8:29: policy[0].adaptive.max: must be between 1 and 16777216, got 0"
+        );
+        assert!(
+            e("[[policy]]\nbudget = \"ratio\"\n[policy.adaptive]\nmin = 4\nmax = 40\nwindow = \"0s\"\n")
+                .starts_with("t.toml:11:10: policy[0].adaptive.window: ")
         );
         let syntax = Scenario::parse("t.toml", "a = \n").unwrap_err();
         assert_eq!(syntax.position().map(|(line, _)| line), Some(1));

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use stormguard_config::de::ScalarOrTable;
 use stormguard_config::{Invalid, KeyPath};
+use stormguard_core::adaptive::AdaptiveConfig;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::decimal::Fraction;
@@ -14,8 +15,8 @@ use stormguard_core::defaults;
 use stormguard_core::limiter::{LimiterConfig, MAX_CAP};
 
 use super::file::{
-    BreakerFile, ClientFile, ConditionsFile, DependencyFile, FleetFile, PhaseFile, PolicyFile,
-    Queue, ScenarioFile,
+    AdaptiveFile, BreakerFile, ClientFile, ConditionsFile, DependencyFile, FleetFile, PhaseFile,
+    PolicyFile, Queue, ScenarioFile,
 };
 use super::{
     Arrivals, CapConfig, ClientConfig, Conditions, Fleet, HedgeAfter, HedgeConfig, HeldSlotRelease,
@@ -356,6 +357,37 @@ fn backoff(
     }
 }
 
+impl AdaptiveFile {
+    /// The proxy's `adaptive` table: `min` and `max` required, the rest core's defaults; core's
+    /// rules (`1 <= min <= max <= MAX_CAP`, a window above 0, a tolerance in 100..=400 %)
+    /// refuse at the key they are about.
+    fn check(&self, t: &Table) -> Rule<AdaptiveConfig> {
+        let missing = |key, what| t.fail(key, InvalidScenario::Missing { what });
+        let min = t
+            .range("min", self.min, 1, MAX_CAP)?
+            .ok_or_else(|| missing("min", "the least working cap (e.g. min = 4)"))?;
+        let max = t
+            .range("max", self.max, 1, MAX_CAP)?
+            .ok_or_else(|| missing("max", "the ceiling of the working cap (e.g. max = 40)"))?;
+        let mut c = AdaptiveConfig::new(min, max);
+        if let Some(a) = self.algorithm {
+            c.algorithm = a;
+        }
+        if let Some(w) = self.window {
+            c.window = w;
+        }
+        if let Some(p) = t.range32("tolerance", self.tolerance, 100, 400)? {
+            c.tolerance = p;
+        }
+        c.validate(MAX_CAP).map_err(|e| {
+            // Core names them `adaptive.min`, `adaptive.window`: the key inside this table.
+            let key = e.key().rsplit('.').next().unwrap_or("min");
+            t.fail(key, InvalidScenario::Core(e))
+        })?;
+        Ok(c)
+    }
+}
+
 impl BreakerFile {
     fn check(&self, t: &Table) -> Rule<BreakerConfig> {
         let mut c = BreakerConfig::default();
@@ -460,6 +492,7 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
                 ("queue", f.queue.is_some()),
                 ("queue_timeout", f.queue_timeout.is_some()),
                 ("retry_pool", f.retry_pool.is_some()),
+                ("adaptive", f.adaptive.is_some()),
             ];
             if let Some((key, _)) = given.iter().find(|(_, set)| *set) {
                 return Err(t.fail(key, InvalidScenario::NeedsCap));
@@ -473,6 +506,7 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
                 queue_len: t.range("queue", f.queue, 0, MAX_CAP)?.unwrap_or(stormguard.queue_len),
                 queue_timeout: f.queue_timeout.unwrap_or(stormguard.queue_timeout),
                 retry_pool: t.range("retry_pool", f.retry_pool, 1, MAX_CAP)?,
+                adaptive: f.adaptive.as_ref().map(|a| a.check(&t.sub("adaptive"))).transpose()?,
             })
         }
     };
