@@ -277,11 +277,11 @@ impl Baseline {
 /// One window's samples.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Window {
-    /// Answers.
+    /// Answers, drops included.
     pub samples: u64,
-    /// Their mean latency, µs.
+    /// The mean latency of the answers that were not drops, µs.
     pub mean_us: f64,
-    /// How many were drops.
+    /// How many were drops (counted in `samples`, not in `mean_us`).
     pub drops: u64,
     /// The most in flight one was admitted with.
     pub in_flight: u64,
@@ -317,9 +317,11 @@ impl AdaptiveLimit {
         self.limit.load(Ordering::Relaxed)
     }
 
-    /// An attempt ended at `now` after `latency`, admitted with `in_flight` attempts in flight
-    /// (itself included); `dropped` when the dependency refused it for overload or it timed
-    /// out. Returns the new working cap when this sample closed a window that moved it.
+    /// The dependency answered an attempt at `now` after `latency`, admitted with `in_flight`
+    /// attempts in flight (itself included); `dropped` when it refused it for overload or it
+    /// timed out — a drop counts in the window's drop share, and its latency (a fast refusal,
+    /// or the timeout) is not averaged. Returns the new working cap when this sample closed a
+    /// window that moved it.
     #[inline]
     pub fn sample(
         &self,
@@ -328,16 +330,18 @@ impl AdaptiveLimit {
         in_flight: u64,
         dropped: bool,
     ) -> Option<u64> {
-        // At most ~16.8 s a sample, so a full window's sum fits the word's high bits.
-        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).min(MAX_SAMPLE_US);
-        let packed = self.window.fetch_add((us << COUNT_BITS) | 1, Ordering::Relaxed) + 1;
-        if dropped {
-            self.drops.fetch_add(1, Ordering::Relaxed);
-        }
         if in_flight > self.in_flight.load(Ordering::Relaxed) {
             self.in_flight.fetch_max(in_flight, Ordering::Relaxed);
         }
-        let count = packed & COUNT_MASK;
+        let count = if dropped {
+            let drops = self.drops.fetch_add(1, Ordering::Relaxed) + 1;
+            drops + (self.window.load(Ordering::Relaxed) & COUNT_MASK)
+        } else {
+            // At most ~16.8 s a sample, so a full window's sum fits the word's high bits.
+            let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).min(MAX_SAMPLE_US);
+            let packed = self.window.fetch_add((us << COUNT_BITS) | 1, Ordering::Relaxed) + 1;
+            packed & COUNT_MASK
+        };
         let window = crate::clock::duration_nanos(self.config.window);
         let full = count >= FULL;
         if !full
@@ -356,20 +360,25 @@ impl AdaptiveLimit {
         let mut state = self.state.try_lock()?;
         let started = self.started.load(Ordering::Relaxed);
         let window = crate::clock::duration_nanos(self.config.window);
-        if !full && now.as_nanos().saturating_sub(started) < window {
-            // Another closer ended this window first.
+        // Re-read under the lock: another closer may have ended this window first.
+        let seen =
+            (self.window.load(Ordering::Relaxed) & COUNT_MASK) + self.drops.load(Ordering::Relaxed);
+        let due = seen >= MIN_SAMPLES && now.as_nanos().saturating_sub(started) >= window;
+        if !(due || full && seen >= FULL) {
             return None;
         }
         let packed = self.window.swap(0, Ordering::Relaxed);
-        let samples = packed & COUNT_MASK;
-        if samples == 0 {
-            return None;
-        }
+        let answered = packed & COUNT_MASK;
+        let drops = self.drops.swap(0, Ordering::Relaxed);
         self.started.store(now.as_nanos(), Ordering::Relaxed);
         let w = Window {
-            samples,
-            mean_us: (packed >> COUNT_BITS) as f64 / samples as f64,
-            drops: self.drops.swap(0, Ordering::Relaxed),
+            samples: answered + drops,
+            // A window of drops only: its latency is not known, the baseline's stands in.
+            mean_us: match answered {
+                0 => state.baseline.us,
+                n => (packed >> COUNT_BITS) as f64 / n as f64,
+            },
+            drops,
             in_flight: self.in_flight.swap(0, Ordering::Relaxed),
         };
         let before = self.limit.load(Ordering::Relaxed);
@@ -381,11 +390,12 @@ impl AdaptiveLimit {
         if baseline > 0.0 {
             self.baseline_ns.store((baseline * 1000.0) as u64, Ordering::Relaxed);
         }
-        drop(state);
         if after == before {
             return None;
         }
+        // Stored under the lock, so a later window's cap is never overwritten by this one's.
         self.limit.store(after, Ordering::Relaxed);
+        drop(state);
         if after > before { &self.raised } else { &self.lowered }.fetch_add(1, Ordering::Relaxed);
         Some(after)
     }

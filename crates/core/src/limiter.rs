@@ -547,8 +547,9 @@ impl Inner {
         cap.min(self.lease_cap(now))
     }
 
-    /// An attempt ended (`dropped`: refused for overload, or timed out): a sample for the
-    /// adaptive cap, if there is one; a higher working cap may admit waiters.
+    /// The dependency answered an attempt (`dropped`: refused it for overload), or it timed
+    /// out (`dropped`): a sample for the adaptive cap, if there is one; a higher working cap
+    /// may admit waiters.
     #[inline]
     fn adapt(&self, admitted_at: Timestamp, in_flight: u64, dropped: bool, now: Timestamp) {
         if let Some(a) = &self.adaptive
@@ -654,6 +655,7 @@ impl Inner {
             kind,
             in_flight,
             dropped: false,
+            sampled: false,
         }
     }
 
@@ -776,8 +778,10 @@ pub struct Permit {
     kind: AttemptKind,
     /// In flight when it was admitted, itself included (for the adaptive cap).
     in_flight: u32,
-    /// The dependency refused it for overload, or it timed out (for the adaptive cap).
+    /// It timed out: a drop for the adaptive cap when it is held or released.
     dropped: bool,
+    /// The adaptive cap has had its sample (at most one per attempt).
+    sampled: bool,
 }
 
 impl fmt::Debug for Permit {
@@ -800,11 +804,36 @@ impl Permit {
         self.admitted_at
     }
 
-    /// The dependency refused this attempt for overload (429, 503, an overload answer) or it
-    /// timed out: an adaptive cap counts it as a drop when the slot comes back. No effect on a
-    /// fixed cap.
+    /// The attempt timed out on our side: an adaptive cap counts it as a drop when its slot
+    /// is held or comes back (unless the answer was sampled already). No effect on a fixed
+    /// cap.
     pub fn mark_dropped(&mut self) {
         self.dropped = true;
+    }
+
+    /// The dependency answered (its response's head arrived), now on the limiter's clock;
+    /// `overload` when the answer says it is overloaded (429, 503, 529): the adaptive cap's
+    /// sample of this attempt, its latency from admission to the answer (not to the body's
+    /// end, which measures the body's length as much as the dependency). An attempt never
+    /// answered and not timed out (a transport error, a caller that left) is no sample.
+    pub fn answered(&mut self, overload: bool) {
+        if let Some(inner) = &self.inner
+            && inner.adaptive.is_some()
+        {
+            let now = inner.clock.now();
+            self.answered_at(now, overload);
+        }
+    }
+
+    /// [`answered`](Self::answered) at `now` (from the limiter's clock).
+    pub fn answered_at(&mut self, now: Timestamp, overload: bool) {
+        if self.sampled {
+            return;
+        }
+        if let Some(inner) = &self.inner {
+            self.sampled = true;
+            inner.adapt(self.admitted_at, u64::from(self.in_flight), overload, now);
+        }
     }
 
     /// The attempt timed out on our side, or its caller went away, but the dependency may still
@@ -818,7 +847,7 @@ impl Permit {
         inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
         // A timed-out attempt is a drop; one its caller abandoned says nothing of the
         // dependency (the layer above marks which).
-        if self.dropped {
+        if self.dropped && !self.sampled {
             inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
         }
         let until = now.saturating_add(hold);
@@ -843,7 +872,9 @@ impl Permit {
             retire(&inner, self.kind);
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
-            inner.adapt(self.admitted_at, u64::from(self.in_flight), self.dropped, now);
+            if self.dropped && !self.sampled {
+                inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
+            }
         }
     }
 }
@@ -856,7 +887,9 @@ impl Drop for Permit {
             let now = inner.clock.now();
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
-            inner.adapt(self.admitted_at, u64::from(self.in_flight), self.dropped, now);
+            if self.dropped && !self.sampled {
+                inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
+            }
         }
     }
 }

@@ -423,7 +423,7 @@ fn max_connections(config: &ProxyConfig) -> usize {
     let upstream_slots: u64 = config
         .dependencies
         .iter()
-        .map(|d| (0..d.upstreams.len()).map(|i| d.upstream_cap(i)).sum::<u64>())
+        .map(|d| (0..d.upstreams.len()).map(|i| d.upstream_ceiling(i)).sum::<u64>())
         .sum();
     let admin = if config.admin.is_some() { config.connections.admin_max_connections } else { 0 };
     let max = listener::default_max_connections(

@@ -174,9 +174,9 @@ pub(crate) async fn send(
             dep.apply_limits_at(0, resp.headers());
             stormguard_tower::rate::answered(dep, 0, now, resp.status(), resp.headers(), false);
             let mut slots = out.take();
-            if stormguard_tower::cap::overload_answer(resp.status()) {
-                mark_dropped(&mut slots);
-            }
+            // The adaptive cap's sample: latency to the answer's head, or a drop.
+            let overload = stormguard_tower::cap::overload_answer(resp.status());
+            slots.0.iter_mut().chain(slots.1.iter_mut()).for_each(|p| p.answered(overload));
             Ok(response::holding(resp, slots, rate, dep))
         }
         Err(e) => match classify(&e) {
@@ -251,7 +251,7 @@ fn timed_out(dep: &Dependency, mut slots: Slots, probe: Option<BreakerPermit>) {
     drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
 }
 
-/// The dependency refused the attempt for overload, or it timed out: a drop for an adaptive cap.
+/// The attempt timed out: a drop for an adaptive cap.
 fn mark_dropped((permit, total): &mut Slots) {
     permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
 }

@@ -1260,7 +1260,17 @@ impl<'s> Run<'s> {
         let u = &self.units[unit as usize];
         let upstream = u.retry_upstream.as_ref().or(u.upstream.as_ref());
         let pooled = u.retry_upstream.is_some();
-        let (permit, charges) = match &u.policy {
+        // Under rate admission a hedge, like a retry, never waits for the provider's window.
+        let most = self.tokens.most;
+        let book = |u: &Unit| -> Result<Option<Booking>, ()> {
+            match &u.rate {
+                None => Ok(None),
+                Some(meter) => {
+                    meter.book(ts, most, Duration::ZERO).map(|(b, _)| Some(b)).map_err(|_| ())
+                }
+            }
+        };
+        let (permit, charges, booking) = match &u.policy {
             Some(policy) => {
                 let upstream = upstream.expect("a budget has a cap");
                 if u.counts_active {
@@ -1285,9 +1295,24 @@ impl<'s> Run<'s> {
                     }
                     Decision::NotRetryable => return,
                 };
+                // The provider's window before the slot, as in the tower layer.
+                let booking = match book(u) {
+                    Ok(b) => b,
+                    Err(()) => {
+                        policy.give_up(ts, ticket);
+                        policy.counters().hedge_denied(Denied::Rate);
+                        self.stats.hedge_denied(Denied::Rate);
+                        return;
+                    }
+                };
                 match policy.admit_hedge(upstream, ticket, &mut c.state) {
-                    Ok(mut admitted) => (admitted.take_permit(), Some(admitted.into_charges())),
+                    Ok(mut admitted) => {
+                        (admitted.take_permit(), Some(admitted.into_charges()), booking)
+                    }
                     Err(reason) => {
+                        if let Some(b) = booking {
+                            b.refund(ts);
+                        }
                         self.stats.hedge_denied(reason);
                         return;
                     }
@@ -1305,30 +1330,26 @@ impl<'s> Run<'s> {
                     self.stats.hedge_denied(reason);
                     return;
                 }
+                let Ok(booking) = book(u) else {
+                    self.stats.hedge_denied(Denied::Rate);
+                    return;
+                };
                 // Its own slot under the same cap, never queued.
                 match upstream.map(|up| up.limiter.try_acquire_at(AttemptKind::Retry, ts)) {
-                    None => (None, None),
-                    Some(Ok(p)) => (Some(p), None),
+                    None => (None, None, booking),
+                    Some(Ok(p)) => (Some(p), None, booking),
                     Some(Err(reason)) => {
+                        if let Some(b) = booking {
+                            b.refund(ts);
+                        }
                         self.stats.hedge_denied(reason);
                         return;
                     }
                 }
             }
         };
-        // Under rate admission a hedge, like a retry, never waits for the provider's window.
-        if let Some(meter) = &u.rate {
-            match meter.book(ts, self.tokens.most, Duration::ZERO) {
-                Ok((booking, _)) => c.rare().booking = Some(booking),
-                Err(_) => {
-                    if let Some(p) = permit {
-                        p.release_at(ts);
-                    }
-                    self.note_cap(unit);
-                    self.hedge_refused(unit, charges, Denied::Rate);
-                    return;
-                }
-            }
+        if let Some(b) = booking {
+            c.rare().booking = Some(b);
         }
         c.hedges += 1;
         let Some(hedge) = self.send(call, permit, Sent::Hedge, pooled, charges) else { return };
@@ -1355,9 +1376,7 @@ impl<'s> Run<'s> {
     fn answered(&mut self, a: Attempt, ok: bool) {
         let ts = self.ts();
         if let Some(mut p) = a.permit {
-            if !ok {
-                p.mark_dropped();
-            }
+            p.answered_at(ts, !ok);
             p.release_at(ts);
             if !a.pooled {
                 self.note_cap(a.unit);
@@ -1419,7 +1438,7 @@ impl<'s> Run<'s> {
         let ts = self.ts();
         if let Some(mut p) = a.permit {
             // A 429 is an overload answer: a drop for an adaptive cap.
-            p.mark_dropped();
+            p.answered_at(ts, true);
             p.release_at(ts);
             if !a.pooled {
                 self.note_cap(a.unit);

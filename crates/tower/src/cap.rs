@@ -648,9 +648,9 @@ fn finish<RB, E: Into<BoxError>>(
             }
             dep.apply_limits_at(target, resp.headers());
             crate::rate::answered_response(&dep, target, sent_at, &resp);
-            if overload_answer(resp.status()) {
-                permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
-            }
+            // The adaptive cap's sample: latency to the answer's head, or a drop.
+            let overload = overload_answer(resp.status());
+            permit.iter_mut().chain(total.iter_mut()).for_each(|p| p.answered(overload));
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {

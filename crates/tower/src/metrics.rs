@@ -763,7 +763,7 @@ mod tests {
 
         let mut config = DependencyConfig::new("models");
         config.upstreams = [("a", 8), ("b", 50)]
-            .map(|(name, cap)| crate::UpstreamSpec { name: name.into(), cap })
+            .map(|(name, cap)| crate::UpstreamSpec { name: name.into(), cap, adaptive: None })
             .to_vec();
         config.limiter.adaptive = Some(AdaptiveConfig::new(4, 40));
         let dep = Dependency::try_new(config).unwrap();

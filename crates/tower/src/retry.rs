@@ -364,6 +364,8 @@ pin_project! {
         },
         /// Retrying, or finished without a first attempt.
         Boxed { fut: BoxFuture<Result<Response<RetryBody<RB>>, BoxError>> },
+        /// Answered.
+        Done { answered: () },
     }
 }
 
@@ -375,6 +377,7 @@ where
         match self {
             RetryFuture::First { .. } => f.write_str("RetryFuture::First"),
             RetryFuture::Boxed { .. } => f.write_str("RetryFuture::Boxed"),
+            RetryFuture::Done { .. } => f.write_str("RetryFuture::Done"),
         }
     }
 }
@@ -395,6 +398,7 @@ where
         loop {
             let next = match self.as_mut().project() {
                 RetryProj::Boxed { fut } => return fut.as_mut().poll(cx),
+                RetryProj::Done { .. } => panic!("a RetryFuture polled after it finished"),
                 RetryProj::First { mut attempt, rest, hedge } => loop {
                     // The first attempt, unless it already failed beside its hedge.
                     if !matches!(hedge, Hedge::Alone(_))
@@ -410,8 +414,8 @@ where
                             // A hedge still in flight is dropped here: the cap runs it on in
                             // the background, holding its slot (the abandoned-attempt rules).
                             _ => match first_answered(*r, result, attempt.span()) {
-                                Ok(answer) => return Poll::Ready(answer),
-                                Err(decision_loop) => break decision_loop,
+                                Ok(answer) => break Next::Answer(answer),
+                                Err(decision_loop) => break Next::Loop(decision_loop),
                             },
                         }
                     }
@@ -453,16 +457,30 @@ where
                             let mut r = r;
                             r.target = h.target;
                             match first_answered(*r, result, &h.span) {
-                                Ok(answer) => return Poll::Ready(answer),
-                                Err(decision_loop) => break decision_loop,
+                                Ok(answer) => break Next::Answer(answer),
+                                Err(decision_loop) => break Next::Loop(decision_loop),
                             }
                         }
                     }
                 },
             };
-            self.set(RetryFuture::Boxed { fut: next });
+            match next {
+                Next::Loop(fut) => self.set(RetryFuture::Boxed { fut }),
+                Next::Answer(answer) => {
+                    // A hedge's loser still in place goes now (the cap runs it on with its
+                    // slot), not when the caller drops this future.
+                    self.set(RetryFuture::Done { answered: () });
+                    return Poll::Ready(answer);
+                }
+            }
         }
     }
+}
+
+/// What the first attempt's state came to: the caller's answer, or the decision loop.
+enum Next<T> {
+    Answer(T),
+    Loop(BoxFuture<T>),
 }
 
 /// Whether an attempt's answer is one the caller takes (not a failure to retry).

@@ -1,7 +1,8 @@
 //! What the tower layer tells an adaptive cap: an answer that says the dependency is overloaded
 //! (429, 503, 529) and a per-try timeout are drops, and lower the working cap; a fast success
 //! raises it (the dependency had room), and a 500 — a failure, not overload — leaves it where
-//! the latency puts it. Virtual time: 20 requests at once every 100 ms for 3 s against a
+//! the latency puts it. Virtual time: 20 requests at once every 100 ms for 15 s (the first 10
+//! windows of 1 s learn the baseline, the cap holding still) against a
 //! service that answers each way, with a planned cap of 20 adapting within 4..40.
 
 use std::time::Duration;
@@ -17,7 +18,7 @@ use tower::{Layer, ServiceExt};
 
 type Req = Request<ReplayBody<Full<Bytes>>>;
 
-/// The working cap after 3 s of answers of `status`, each after `delay`.
+/// The working cap after 15 s of answers of `status`, each after `delay`.
 async fn working_cap(status: u16, delay: Duration) -> u64 {
     let mut c = DependencyConfig::new("adaptive");
     c.limiter.cap = 20;
@@ -32,7 +33,7 @@ async fn working_cap(status: u16, delay: Duration) -> u64 {
         Ok::<_, BoxError>(resp)
     });
     let stack = StormguardLayer::new(dep.clone()).layer(svc);
-    for _ in 0..30 {
+    for _ in 0..150 {
         let calls: Vec<_> = (0..20)
             .map(|_| {
                 let req = Request::get("http://dep/")

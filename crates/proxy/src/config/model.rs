@@ -491,14 +491,34 @@ impl ProxyDependency {
         self.http2.max_concurrent_streams.map_or(cap, |m| cap.min(u64::from(m)))
     }
 
-    /// The adaptive cap upstream `i`'s limiter is built with: its own, or the dependency's.
+    /// The adaptive cap upstream `i`'s limiter is built with: its own, or the dependency's,
+    /// its ceiling at most `max_concurrent_streams` (as the cap is).
     pub fn upstream_adaptive(&self, i: usize) -> Option<stormguard_core::adaptive::AdaptiveConfig> {
-        self.upstream_adaptive.get(i).copied().flatten().or(self.adaptive)
+        let a = self.upstream_adaptive.get(i).copied().flatten().or(self.adaptive)?;
+        Some(self.clamp_adaptive(a))
     }
 
-    /// The largest of the upstreams' caps: the connection pool's size.
+    /// An adaptive cap whose ceiling (and floor) are at most `max_concurrent_streams`.
+    pub(crate) fn clamp_adaptive(
+        &self,
+        mut a: stormguard_core::adaptive::AdaptiveConfig,
+    ) -> stormguard_core::adaptive::AdaptiveConfig {
+        if let Some(m) = self.http2.max_concurrent_streams {
+            a.max = a.max.min(u64::from(m)).max(1);
+            a.min = a.min.min(a.max);
+        }
+        a
+    }
+
+    /// The most attempts upstream `i` may ever have in flight: its adaptive cap's ceiling, or
+    /// its cap.
+    pub fn upstream_ceiling(&self, i: usize) -> u64 {
+        self.upstream_adaptive(i).map_or(self.upstream_cap(i), |a| a.max)
+    }
+
+    /// The largest of the upstreams' ceilings: the connection pool's size.
     pub fn largest_upstream_cap(&self) -> u64 {
-        (0..self.upstreams.len()).map(|i| self.upstream_cap(i)).max().unwrap_or(self.cap)
+        (0..self.upstreams.len()).map(|i| self.upstream_ceiling(i)).max().unwrap_or(self.cap)
     }
 }
 

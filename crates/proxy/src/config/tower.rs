@@ -13,7 +13,12 @@ impl ProxyDependency {
             cap: self.upstream_cap(0),
             queue_len: self.queue,
             queue_timeout: self.queue_timeout,
-            adaptive: self.upstream_adaptive(0),
+            // With one upstream its own adaptive cap (or the dependency's); with several, the
+            // dependency's, each upstream's resolved in its own spec below.
+            adaptive: match self.upstreams.len() {
+                1 => self.upstream_adaptive(0),
+                _ => self.adaptive.map(|a| self.clamp_adaptive(a)),
+            },
         };
         c.budget = self.budget;
         c.retry.retry_on = self.retry_on.clone();
