@@ -14,8 +14,9 @@
 //! - `limiter_permit`: `Limiter::try_acquire(Retry)` + drop, reading a `MonotonicClock` (the
 //!   limiter reads its own clock, twice); `limiter_permit_manual_clock` is the same over a
 //!   `ManualClock`, to show what the clock reads cost; `limiter_permit_time_passed_in` is
-//!   `try_acquire_at(Retry, now)` + `release_at(now)`, the way the tower layer calls it;
-//!   `limiter_permit_adaptive` is the same with an adaptive cap (each release a sample; the
+//!   `try_acquire_at(Retry, now)` + `answered_at(now)` + `release_at(now)`, the way the tower
+//!   layer calls it; `limiter_permit_adaptive` is the same with an adaptive cap (each answer a
+//!   sample; the
 //!   time passed in never moves, so a window closes only when full, every 524 288 samples);
 //! - `rate_request`: rate admission's decision for one request, `RateLimit::try_acquire(now, 1)`
 //!   then `settle`; `rate_request_tokens`: a request and its tokens booked in two buckets and
@@ -183,7 +184,13 @@ fn limiter_time_passed_in(adaptive: Option<AdaptiveConfig>) -> impl Fn(&Refusals
     )
     .expect("valid limiter");
     move |refusals| match limiter.try_acquire_at(AttemptKind::Retry, NOW) {
-        Ok(permit) => black_box(permit).release_at(NOW),
+        Ok(permit) => {
+            let mut permit = black_box(permit);
+            // What the tower layer tells every permit of its answer (a sample only when the
+            // cap adapts).
+            permit.answered_at(NOW, false);
+            permit.release_at(NOW)
+        }
         Err(_) => refusals.refused(),
     }
 }

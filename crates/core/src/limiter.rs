@@ -816,6 +816,7 @@ impl Permit {
     /// sample of this attempt, its latency from admission to the answer (not to the body's
     /// end, which measures the body's length as much as the dependency). An attempt never
     /// answered and not timed out (a transport error, a caller that left) is no sample.
+    #[inline]
     pub fn answered(&mut self, overload: bool) {
         if let Some(inner) = &self.inner
             && inner.adaptive.is_some()
@@ -826,6 +827,7 @@ impl Permit {
     }
 
     /// [`answered`](Self::answered) at `now` (from the limiter's clock).
+    #[inline]
     pub fn answered_at(&mut self, now: Timestamp, overload: bool) {
         if self.sampled {
             return;
