@@ -87,6 +87,10 @@ fn the_proxys_flags_default_to_its_config_file() {
     assert_eq!(from_flags.upstream_cap(0), from_file.upstream_cap(0));
     assert_eq!(from_file.upstream_caps, [None]);
     from_flags.upstream_caps = vec![None];
+    // The same for each upstream's own adaptive cap.
+    assert_eq!(from_flags.upstream_adaptive(0), from_file.upstream_adaptive(0));
+    assert_eq!(from_file.upstream_adaptive, [None]);
+    from_flags.upstream_adaptive = vec![None];
     assert_eq!(&from_flags, from_file);
 }
 

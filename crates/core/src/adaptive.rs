@@ -386,7 +386,9 @@ impl AdaptiveLimit {
         *estimate = next_limit(&self.config, baseline, *estimate, &w);
         let (estimate, baseline) = (*estimate, baseline.us);
         let after = (estimate.round() as u64).clamp(self.config.min, self.config.max);
-        self.current_ns.store((w.mean_us * 1000.0) as u64, Ordering::Relaxed);
+        if answered > 0 {
+            self.current_ns.store((w.mean_us * 1000.0) as u64, Ordering::Relaxed);
+        }
         if baseline > 0.0 {
             self.baseline_ns.store((baseline * 1000.0) as u64, Ordering::Relaxed);
         }
@@ -425,6 +427,8 @@ pub fn next_limit(config: &AdaptiveConfig, baseline: &mut Baseline, limit: f64, 
     let dropped = w.drops as f64 > DROP_SHARE * w.samples as f64;
     let app_limited = (w.in_flight as f64) < limit / 2.0;
     let next = match config.algorithm {
+        // Only drops: no latency was read, so neither the baseline nor the gradient moves.
+        Algorithm::Gradient2 if w.drops >= w.samples => limit,
         Algorithm::Gradient2 => {
             let current = w.mean_us.max(1.0);
             baseline.read(current);

@@ -436,6 +436,11 @@ impl Limiter {
         self.inner.effective_cap(self.inner.clock.now())
     }
 
+    /// The adaptive cap's working cap now; `None` for a fixed cap.
+    pub fn working_cap(&self) -> Option<u64> {
+        self.inner.adaptive.as_ref().map(|a| a.limit())
+    }
+
     /// The execution-time histogram alone (admission to release, nanoseconds): what a
     /// percentile-based hedge delay reads, without a whole snapshot.
     pub fn execution_histogram(&self) -> HistogramSnapshot {

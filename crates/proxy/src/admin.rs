@@ -483,14 +483,19 @@ mod tests {
                     "baseline_seconds": null, "current_seconds": null })
         );
         assert_eq!((v["cap"].as_u64(), v["effective_cap"].as_u64()), (Some(40), Some(20)));
-        // Ten attempts refused for overload after 250 ms, past the window: lowered by 10 %.
-        let permits: Vec<_> = (0..10)
-            .map(|_| dep.upstream().limiter.try_acquire(AttemptKind::Primary).unwrap())
-            .collect();
-        clock.advance(Duration::from_millis(1_250));
-        for mut p in permits {
-            p.mark_dropped();
-        }
+        // A window of ten answers after 1.25 s: the latencies are read, the cap holds (the
+        // baseline is being learned); then ten refused for overload: lowered by 10 %.
+        let window = |overload: bool| {
+            let permits: Vec<_> = (0..10)
+                .map(|_| dep.upstream().limiter.try_acquire(AttemptKind::Primary).unwrap())
+                .collect();
+            clock.advance(Duration::from_millis(1_250));
+            for mut p in permits {
+                p.answered(overload);
+            }
+        };
+        window(false);
+        window(true);
         let v = stats_json(&dep);
         assert_eq!(
             v["adaptive"],

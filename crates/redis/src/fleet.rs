@@ -682,7 +682,10 @@ impl FleetWorker {
         let in_flight = self.limiter.in_flight();
         let held = if lease_valid { s.slots.load(Ordering::Acquire) } else { 0 };
         let committed = in_flight.max(held);
-        let cap = self.limiter.config().cap.min(s.config.fleet_cap);
+        // An adaptive cap asks for what its working cap would admit: it adapts within its lease,
+        // and slots it could not use stay with the fleet.
+        let cap =
+            self.limiter.working_cap().unwrap_or(self.limiter.config().cap).min(s.config.fleet_cap);
         let want = (in_flight + self.limiter.queued() + 1).min(cap);
         let spent_now = s.spent.swap(0, Ordering::AcqRel);
         self.unreported += spent_now;

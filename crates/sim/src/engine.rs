@@ -394,12 +394,31 @@ struct Rare {
 }
 
 impl Call {
+    /// What the retry rules need to know of the request: every request in the model is
+    /// replayable and arrives unmarked.
+    fn facts(&self) -> RequestFacts {
+        RequestFacts {
+            idempotent: self.idempotent,
+            replayable: true,
+            stacked: false,
+            deadline: Some(Timestamp::from_nanos(self.deadline)),
+        }
+    }
+
     fn rare(&mut self) -> &mut Rare {
         self.rare.get_or_insert_with(Box::default)
     }
 
     fn queued(&self) -> bool {
         self.rare.as_ref().is_some_and(|r| r.acquire.is_some())
+    }
+}
+
+/// The scopes an action's retries and hedges are charged to.
+fn scopes_of(actions: &Slab<Action>, action: Ref) -> &[Scope] {
+    match actions.get(action).and_then(|a| a.scope.as_ref()) {
+        Some(s) => std::slice::from_ref(s),
+        None => &[],
     }
 }
 
@@ -1276,17 +1295,8 @@ impl<'s> Run<'s> {
                 if u.counts_active {
                     policy.budget().set_active(u.active_primaries, 0);
                 }
-                let facts = RequestFacts {
-                    idempotent: c.idempotent,
-                    replayable: true,
-                    stacked: false,
-                    deadline: Some(Timestamp::from_nanos(c.deadline)),
-                };
-                let scopes: &[Scope] =
-                    match self.actions.get(c.action).and_then(|a| a.scope.as_ref()) {
-                        Some(s) => std::slice::from_ref(s),
-                        None => &[],
-                    };
+                let facts = c.facts();
+                let scopes = scopes_of(&self.actions, c.action);
                 let ticket = match policy.decide_hedge(ts, upstream, &facts, &c.state, scopes) {
                     Decision::Retry(ticket) => ticket,
                     Decision::Denied(reason) => {
@@ -1517,17 +1527,8 @@ impl<'s> Run<'s> {
                 }
                 let upstream =
                     u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
-                let facts = RequestFacts {
-                    idempotent: c.idempotent,
-                    replayable: true,
-                    stacked: false,
-                    deadline: Some(Timestamp::from_nanos(c.deadline)),
-                };
-                let scopes: &[Scope] =
-                    match self.actions.get(c.action).and_then(|a| a.scope.as_ref()) {
-                        Some(s) => std::slice::from_ref(s),
-                        None => &[],
-                    };
+                let facts = c.facts();
+                let scopes = scopes_of(&self.actions, c.action);
                 let failed = FailedAttempt {
                     failure,
                     unsent: false,

@@ -713,17 +713,15 @@ mod tests {
         assert!(!text.contains("stormguard_cap_latency_seconds"), "{text}");
 
         // One window: ten attempts admitted at once, each refused for overload (a 429) a
-        // second later, past the window. A drop lowers the cap by 10 %: 20 to 18.
+        // second later, past the window. A drop window lowers the cap by 10 %: 20 to 18; it
+        // read no latency.
         let limiter = &dep.upstream().limiter;
-        let window = |answer_after: Duration, dropped: bool| {
+        let window = |answer_after: Duration, overload: bool| {
             let permits: Vec<_> =
                 (0..10).map(|_| limiter.try_acquire(AttemptKind::Primary).unwrap()).collect();
             clock.advance(answer_after);
             for mut p in permits {
-                if dropped {
-                    p.mark_dropped();
-                }
-                drop(p);
+                p.answered(overload);
             }
         };
         window(Duration::from_secs(1), true);
@@ -731,14 +729,22 @@ mod tests {
         assert_eq!(value(&text, "stormguard_cap", dep_label), Some(18.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_adjustments_total", down), Some(1.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_adjustments_total", up), Some(0.0), "{text}");
+        assert!(!text.contains("stormguard_cap_latency_seconds"), "{text}");
+
+        // Ten windows answered in 1 s: the baseline, learned while the cap holds still.
+        for _ in 0..10 {
+            window(Duration::from_secs(1), false);
+        }
+        let text = scrape(&dep);
+        assert_eq!(value(&text, "stormguard_cap", dep_label), Some(18.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_latency_seconds", baseline), Some(1.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_latency_seconds", current), Some(1.0), "{text}");
 
-        // A second window, answered (not refused) but twice as slow as the baseline: Gradient2
-        // lowers the cap again (0.5 × 18 + √18 ≈ 13), and the baseline barely moves.
+        // A window twice as slow as the baseline: Gradient2 moves a fifth of the way to
+        // 0.5 × 18 + 4 = 13, to 17, and the baseline barely moves.
         window(Duration::from_secs(2), false);
         let text = scrape(&dep);
-        assert_eq!(value(&text, "stormguard_cap", dep_label), Some(13.0), "{text}");
+        assert_eq!(value(&text, "stormguard_cap", dep_label), Some(17.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_configured", dep_label), Some(40.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_adjustments_total", down), Some(2.0), "{text}");
         assert_eq!(value(&text, "stormguard_cap_latency_seconds", current), Some(2.0), "{text}");

@@ -39,7 +39,7 @@ fn scraped_families() -> (BTreeMap<String, String>, String) {
     models.total_cap = Some(6);
     models.limiter.adaptive = Some(AdaptiveConfig::new(2, 8));
     let models = Dependency::try_new(models).unwrap();
-    // An adaptive cap on a manual clock, one window closed: its latencies are known.
+    // An adaptive cap on a manual clock, one window of answers closed: its latencies are known.
     let clock = ManualClock::new();
     let mut llm = DependencyConfig::new("llm");
     llm.limiter.adaptive = Some(AdaptiveConfig::new(4, 40));
@@ -48,7 +48,9 @@ fn scraped_families() -> (BTreeMap<String, String>, String) {
         .map(|_| llm.upstream().limiter.try_acquire(stormguard_core::AttemptKind::Primary).unwrap())
         .collect();
     clock.advance(std::time::Duration::from_secs(1));
-    drop(permits);
+    for mut p in permits {
+        p.answered(false);
+    }
     let mut registry = Registry::default();
     stormguard_tower::metrics::register(&mut registry, &dep);
     stormguard_tower::metrics::register(&mut registry, &models);

@@ -159,27 +159,42 @@ pub(crate) fn rate_rows(d: &Value) -> Option<Vec<[String; 6]>> {
 /// The provider-limits panel of a dependency with rate admission; empty without it.
 fn rate_panel(d: &Value) -> String {
     let Some(rows) = rate_rows(d) else { return String::new() };
-    let mut html = String::from(
-        "<div class=\"rate\">\n<h3>provider limits</h3>\n<table class=\"now rate\"><thead><tr>",
+    panel(
+        "rate",
+        "provider limits",
+        &RATE_HEADINGS,
+        &rows,
+        "Rate admission's view of the provider's limits per minute (configured, or learned from \
+         its headers): what may be sent now, what attempts not yet answered have booked, how \
+         long a 429 or a spent quota still holds first tries, and whether an overloaded answer \
+         cools the upstream down (first tries go to another meanwhile). Refusals are counted as \
+         <code>rate</code> in denied.",
+    )
+}
+
+/// A panel of a dependency's section: a table of `rows` under `headings`, and a note (HTML).
+fn panel<const N: usize>(
+    class: &str,
+    title: &str,
+    headings: &[&str; N],
+    rows: &[[String; N]],
+    note: &str,
+) -> String {
+    let mut html = format!(
+        "<div class=\"{class}\">\n<h3>{title}</h3>\n<table class=\"now {class}\"><thead><tr>"
     );
-    for heading in RATE_HEADINGS {
+    for heading in headings {
         let _ = write!(html, "<th>{heading}</th>");
     }
     html.push_str("</tr></thead>\n<tbody>");
-    for row in &rows {
+    for row in rows {
         html.push_str("<tr>");
         for cell in row {
             let _ = write!(html, "<td>{}</td>", esc(cell));
         }
         html.push_str("</tr>");
     }
-    html.push_str(
-        "</tbody></table>\n<p class=\"muted\">Rate admission's view of the provider's limits \
-         per minute (configured, or learned from its headers): what may be sent now, what \
-         attempts not yet answered have booked, how long a 429 or a spent quota still holds \
-         first tries, and whether an overloaded answer cools the upstream down (first tries go \
-         to another meanwhile). Refusals are counted as <code>rate</code> in denied.</p>\n</div>\n",
-    );
+    let _ = write!(html, "</tbody></table>\n<p class=\"muted\">{note}</p>\n</div>\n");
     html
 }
 
@@ -239,28 +254,17 @@ pub(crate) fn adaptive_rows(d: &Value) -> Option<Vec<[String; 7]>> {
 /// The adaptive-cap panel of a dependency with one; empty without it.
 fn adaptive_panel(d: &Value) -> String {
     let Some(rows) = adaptive_rows(d) else { return String::new() };
-    let mut html = String::from(
-        "<div class=\"adaptive\">\n<h3>adaptive cap</h3>\n<table class=\"now adaptive\"><thead><tr>",
-    );
-    for heading in ADAPTIVE_HEADINGS {
-        let _ = write!(html, "<th>{heading}</th>");
-    }
-    html.push_str("</tr></thead>\n<tbody>");
-    for row in &rows {
-        html.push_str("<tr>");
-        for cell in row {
-            let _ = write!(html, "<td>{}</td>", esc(cell));
-        }
-        html.push_str("</tr>");
-    }
-    html.push_str(
-        "</tbody></table>\n<p class=\"muted\">The working cap follows what the upstream can \
-         take, between its floor and its ceiling (the configured cap): lowered when a window's \
-         attempts were refused for overload or timed out (and, by Gradient2, when its answers \
-         were slower than the baseline), raised slowly when not and the cap was in use. The cap in force is the working cap, unless the \
-         upstream's limit header holds it lower.</p>\n</div>\n",
-    );
-    html
+    panel(
+        "adaptive",
+        "adaptive cap",
+        &ADAPTIVE_HEADINGS,
+        &rows,
+        "The working cap follows what the upstream can take, between its floor and its ceiling: \
+         lowered at once when more than a tenth of a window's answers were overload refusals \
+         (429, 503, 529) or timeouts, and, by Gradient2, a fifth of the way each window when its \
+         answers were slower than the baseline; raised slowly when not and the cap was in use. \
+         The cap in force is the working cap, unless the upstream's limit header holds it lower.",
+    )
 }
 
 /// The page with the numbers of `deps` (their `/stats.json` objects) in it.
