@@ -228,6 +228,8 @@ struct Shared {
     phase_headers: Vec<HeaderValue>,
     bodies: Vec<Bytes>,
     limiters: Vec<Option<RateLimiter>>,
+    /// Each phase's servers, when it has a number of them: FIFO (tokio's semaphore is fair).
+    servers: Vec<Option<Arc<tokio::sync::Semaphore>>>,
     sampler: Sampler,
     on_disconnect: OnDisconnect,
     clock: PhaseClock,
@@ -252,6 +254,15 @@ impl Shared {
                 .collect(),
             bodies: phases.iter().map(|p| body_of(p.body_bytes)).collect(),
             limiters: phases.iter().map(|p| p.rate_limit.map(RateLimiter::new)).collect(),
+            servers: phases
+                .iter()
+                .map(|p| {
+                    let n = usize::try_from(p.servers?).unwrap_or(usize::MAX);
+                    Some(Arc::new(tokio::sync::Semaphore::new(
+                        n.min(tokio::sync::Semaphore::MAX_PERMITS),
+                    )))
+                })
+                .collect(),
             sampler: Sampler::new(config.seed),
             on_disconnect: config.on_disconnect,
             clock: PhaseClock::new(
@@ -868,7 +879,7 @@ async fn handle(
 
     draw.latency = stretched(draw.latency, n, phase);
     match shared.on_disconnect {
-        OnDisconnect::Finish if !draw.latency.is_zero() => {
+        OnDisconnect::Finish if !draw.latency.is_zero() || phase.servers.is_some() => {
             // The work is its own task, so the connection going away cannot cancel it.
             let (tx, rx) = oneshot::channel();
             tokio::spawn(async move {
@@ -964,10 +975,16 @@ async fn work(
     n: u64,
     taken: Option<Taken>,
 ) -> Answer {
+    let shared = guard.shared.clone();
+    // With a number of servers, the request waits for one (first come, first served), and
+    // holds it while it is worked on.
+    let _server = match &shared.servers[guard.phase] {
+        Some(servers) => Some(servers.clone().acquire_owned().await.expect("never closed")),
+        None => None,
+    };
     if !draw.latency.is_zero() {
         tokio::time::sleep(draw.latency).await;
     }
-    let shared = guard.shared.clone();
     let phase = &shared.phases[guard.phase];
     let mut resp = match draw.action {
         Action::Reset => {

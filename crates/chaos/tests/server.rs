@@ -345,3 +345,42 @@ async fn truncation_and_resets_match_the_draws() {
     assert_eq!(st.total.status_counts[&503], count(Action::Error));
     assert_eq!(st.total.status_counts[&200], count(Action::Respond) + count(Action::Truncate));
 }
+
+/// `servers = 2`: six requests at once are worked on two at a time, first come first served —
+/// the last two answer after three service times at the earliest, and all six count as in
+/// flight while they wait (the dependency has them). Without servers all six are worked on at
+/// once and the slowest answers in about one service time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_work_on_so_many_at_once_and_queue_the_rest() {
+    async fn six(phase: Phase) -> (Vec<Duration>, u64) {
+        let s = server(phase).await;
+        let addr = s.local_addr();
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let got = get(addr, "/").await.unwrap();
+                    assert_eq!(got.status, 200);
+                    t.elapsed()
+                })
+            })
+            .collect();
+        let mut took = Vec::new();
+        for t in tasks {
+            took.push(t.await.unwrap());
+        }
+        took.sort();
+        (took, s.stats().total.in_flight.max)
+    }
+    let queued = six(Phase { latency: fixed(100), servers: Some(2), ..Phase::default() }).await;
+    assert!(queued.0[4] >= ms(300), "two servers, six requests: {:?}", queued.0);
+    assert_eq!(queued.1, 6, "waiting requests are in flight");
+    let parallel = six(Phase { latency: fixed(100), ..Phase::default() }).await;
+    assert!(parallel.0[5] < ms(290), "no servers: {:?}", parallel.0);
+
+    // Either model, not both.
+    let both = Phase { workers: Some(2), servers: Some(2), ..Phase::default() };
+    assert_eq!(both.validate().unwrap_err().key(), "servers");
+    let none = Phase { servers: Some(0), ..Phase::default() };
+    assert_eq!(none.validate().unwrap_err().key(), "servers");
+}

@@ -84,6 +84,7 @@ struct PhaseFile {
     latency_max: Option<Duration>,
     max_concurrency: Option<u64>,
     workers: Option<u64>,
+    servers: Option<u64>,
     #[serde(default, deserialize_with = "de::option_from_str")]
     rate_limit: Option<Rate>,
     rate_burst: Option<u64>,
@@ -239,6 +240,7 @@ impl PhaseFile {
             latency_max: self.latency_max.unwrap_or(defaults.latency_max),
             max_concurrency: self.max_concurrency,
             workers: self.workers,
+            servers: self.servers,
             rate_limit: None,
             body_bytes: match self.body_bytes {
                 None => defaults.body_bytes,

@@ -234,6 +234,13 @@ pub struct Phase {
     /// flight / `workers` (up to `latency_max`), so overload slows every caller down, as it
     /// does a real dependency. TOML `workers`; default none (latency does not depend on load).
     pub workers: Option<u64>,
+    /// How many requests the server works on at once (>= 1), like a server with that many
+    /// threads and a queue in front of them: a request that arrives with every server busy
+    /// waits, first come first served, then takes its drawn latency — the simulator's
+    /// dependency (`capacity` servers and a queue). Waiting requests count as in flight (the
+    /// dependency has them). A request is served by the servers of the phase it arrived in.
+    /// TOML `servers`; default none (every request is worked on at once). Not with `workers`.
+    pub servers: Option<u64>,
     /// A token bucket; a request that finds it empty is answered 429 with `Retry-After` (whole
     /// seconds, at least 1) and `retry-after-ms`. TOML `rate_limit = "100/s"`, with `rate_burst`
     /// for the bucket size; default none.
@@ -260,6 +267,7 @@ impl Default for Phase {
             latency_max: DEFAULT_LATENCY_MAX,
             max_concurrency: None,
             workers: None,
+            servers: None,
             rate_limit: None,
             body_bytes: DEFAULT_BODY_BYTES,
             slow_body: None,
@@ -333,6 +341,11 @@ pub enum PhaseError {
     /// `latency_p99` alone.
     #[error("latency_p99 needs latency_p50")]
     P99WithoutP50,
+    /// Both `workers` and `servers`.
+    #[error(
+        "give either workers (overload stretches every answer) or servers (a queue in front of them), not both"
+    )]
+    WorkersAndServers,
     /// `rate_burst` without `rate_limit`.
     #[error("rate_burst needs rate_limit")]
     BurstWithoutRate,
@@ -384,6 +397,7 @@ impl PhaseError {
             PhaseError::DistWithoutQuantiles => "latency_dist",
             PhaseError::LatencyTwice | PhaseError::P50WithoutP99 => "latency_p50",
             PhaseError::P99WithoutP50 => "latency_p99",
+            PhaseError::WorkersAndServers => "servers",
             PhaseError::BurstWithoutRate => "rate_burst",
             PhaseError::LatencyDistMissing => "latency.dist",
             PhaseError::ParetoNeedsAlpha => "latency.alpha",
@@ -436,6 +450,12 @@ impl Phase {
         self.latency.validate().map_err(|error| PhaseError::Latency { key: "latency", error })?;
         if self.workers == Some(0) {
             return Err(PhaseError::Zero { key: "workers" });
+        }
+        if self.servers == Some(0) {
+            return Err(PhaseError::Zero { key: "servers" });
+        }
+        if self.workers.is_some() && self.servers.is_some() {
+            return Err(PhaseError::WorkersAndServers);
         }
         if self.max_concurrency == Some(0) {
             return Err(PhaseError::Zero { key: "max_concurrency" });

@@ -66,6 +66,11 @@ pub struct ChaosArgs {
     /// Phases over time, from a TOML file. Cannot be combined with the one-phase flags below.
     #[arg(long, value_name = "FILE", conflicts_with = "one_phase")]
     pub script: Option<PathBuf>,
+    /// Serve a simulator scenario's dependency over its timeline (its capacity as servers, its
+    /// error rate as 503s, its service time as the latency), for `stormguard simulate` of the
+    /// same file to be checked against. Cannot be combined with --script or the one-phase flags.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["one_phase", "script"])]
+    pub scenario: Option<PathBuf>,
     /// Fraction of requests answered with --status, 0 to 1.
     #[arg(long, value_name = "FRACTION", group = "one_phase")]
     pub error_rate: Option<f64>,
@@ -99,6 +104,10 @@ pub struct ChaosArgs {
     /// flight / workers (overload slows every caller).
     #[arg(long, value_name = "N", group = "one_phase")]
     pub workers: Option<u64>,
+    /// Work on this many at once; the rest wait for one, first come first served (a server's
+    /// threads and its queue, as the simulator's `capacity`). Not with --workers.
+    #[arg(long, value_name = "N", group = "one_phase", conflicts_with = "workers")]
+    pub servers: Option<u64>,
     /// Answer 429 (with Retry-After) above this rate, e.g. 100/s, 5/100ms.
     #[arg(long, value_name = "RATE", group = "one_phase", value_parser = args::rate)]
     pub rate_limit: Option<Rate>,
@@ -211,6 +220,7 @@ fn flag_of(key: &str) -> &'static str {
         "latency" => "--latency",
         "max_concurrency" => "--max-concurrency",
         "workers" => "--workers",
+        "servers" => "--servers",
         "rate_limit" => "--rate-limit",
         "rate_burst" => "--rate-burst",
         "body_bytes" => "--body-bytes",
@@ -259,6 +269,7 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
     }
     p.max_concurrency = args.max_concurrency;
     p.workers = args.workers;
+    p.servers = args.servers;
     if let Some(rate) = args.rate_limit {
         let mut limit = RateLimit::new(rate);
         if let Some(b) = args.rate_burst {
@@ -278,10 +289,16 @@ fn phase_from_flags(args: &ChaosArgs) -> Result<Phase, Failure> {
 
 /// The server's config from the flags (or the script they name).
 pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
-    let script = match &args.script {
-        Some(path) => Script::load(path).map_err(|e| Failure::usage(e.to_string()))?,
-        None if args.overloaded.is_empty() => Script::single(phase_from_flags(args)?),
-        None => Script::overloaded_during(phase_from_flags(args)?, &args.overloaded)
+    let script = match (&args.script, &args.scenario) {
+        (Some(path), _) => Script::load(path).map_err(|e| Failure::usage(e.to_string()))?,
+        (None, Some(path)) => {
+            let s = stormguard_sim::Scenario::from_file(path)
+                .map_err(|e| Failure::usage(e.to_string()))?;
+            super::chaos_scenario::script(&s)
+                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
+        }
+        (None, None) if args.overloaded.is_empty() => Script::single(phase_from_flags(args)?),
+        (None, None) => Script::overloaded_during(phase_from_flags(args)?, &args.overloaded)
             .map_err(|e| Failure::usage(format!("--overloaded: {e}")))?,
     };
     let mut config = ChaosConfig::new(script);
@@ -382,7 +399,11 @@ pub fn run(args: &ChaosArgs, out: &mut dyn Write) -> Result<(), Failure> {
 
 /// `--check`: one line for the script, one per phase.
 fn summarize(args: &ChaosArgs, config: &ChaosConfig, out: &mut dyn Write) -> Result<(), Failure> {
-    let source = args.script.as_ref().map_or("the flags".to_string(), |p| p.display().to_string());
+    let source = match (&args.script, &args.scenario) {
+        (Some(p), _) => p.display().to_string(),
+        (None, Some(p)) => format!("the scenario {}", p.display()),
+        (None, None) => "the flags".to_string(),
+    };
     let s = &config.script;
     let n = s.phases.len();
     writeln!(
@@ -405,7 +426,12 @@ fn summarize(args: &ChaosArgs, config: &ChaosConfig, out: &mut dyn Write) -> Res
         } else {
             String::new()
         };
-        writeln!(out, "  phase[{i}] {}: {lasts}, {errors}{overloaded}", p.name)?;
+        let load = match (p.servers, p.workers) {
+            (Some(n), _) => format!(", {n} servers"),
+            (None, Some(n)) => format!(", {n} workers"),
+            (None, None) => String::new(),
+        };
+        writeln!(out, "  phase[{i}] {}: {lasts}, {errors}{overloaded}{load}", p.name)?;
     }
     if let Some(p) = &config.provider {
         let o = &config.provider_options;

@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod chaos;
+pub mod chaos_scenario;
 pub mod demo;
 pub mod load;
 pub mod plan;
