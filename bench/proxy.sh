@@ -22,6 +22,8 @@
 # on one core (taskset PROXY_CPU), the load generator and the upstream on the other (LOAD_CPU).
 #
 # Usage: bench/proxy.sh            (from anywhere in the repository; not part of CI)
+#        bench/proxy.sh --quick    one round of `cost` only (about a minute once built): CPU per
+#                                  100k requests, added p99 and peak RSS, with the ratios
 # Knobs (environment): ROUNDS=3 DURATION=10 CONNECTIONS=16 STORM_RATE=500 SLOW_RATE=100
 #                      ABANDON_RATE=80 PROXY_CPU=0 LOAD_CPU=1 SCENARIOS="cost storm slow abandon"
 #                      PROXIES="stormguard envoy haproxy"
@@ -33,6 +35,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
+QUICK=0
+case "${1:-}" in
+  --quick) QUICK=1 ;;
+  "") ;;
+  *) echo "usage: bench/proxy.sh [--quick]" >&2; exit 2 ;;
+esac
+if [ "$QUICK" = 1 ]; then
+  ROUNDS=${ROUNDS:-1}
+  SCENARIOS=${SCENARIOS:-cost}
+fi
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-16}
@@ -489,7 +501,7 @@ run_header() {
   echo "Versions: $("$BIN" --version 2>/dev/null | head -1), $( [ -n "$ENVOY" ] && "$ENVOY" --version 2>/dev/null | grep -o '1\.[0-9]*\.[0-9]*' | head -1 | sed 's/^/Envoy /'), $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3), $("$NGINX" -v 2>&1 | cut -d' ' -f3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)."
   echo
   echo '```sh'
-  echo "$KNOBS bench/proxy.sh"
+  if [ "$QUICK" = 1 ]; then echo "bench/proxy.sh --quick"; else echo "$KNOBS bench/proxy.sh"; fi
   echo '```'
   echo
   [ -n "$ENVOY_NOTE" ] && { echo "**$ENVOY_NOTE.**"; echo; }
