@@ -148,6 +148,17 @@ pub fn svg_chart(spec: &ChartSpec<'_>) -> Result<String, ChartError> {
 
 type Line = ChartLine;
 
+/// The dashed cap line of policy `i` on the in-flight chart, to `end` seconds: its cap, or an
+/// adaptive cap's working cap over time (not its ceiling).
+fn cap_line(p: &crate::report::PolicyReport, i: usize, end: f64) -> Option<Line> {
+    if p.series.working_cap.is_empty() {
+        let cap = p.in_flight.cap? as f64;
+        return Some(Line { series: i, points: vec![(0.0, cap), (end, cap)], dashed: true });
+    }
+    let points = p.series.t_s.iter().copied().zip(p.series.working_cap.iter().copied()).collect();
+    Some(Line { series: i, points, dashed: true })
+}
+
 /// Renders the whole report as one HTML page.
 pub fn render(report: &Report) -> String {
     let mut h = String::new();
@@ -200,7 +211,8 @@ pub fn render(report: &Report) -> String {
     }
     h.push_str(
         "<br><span class=\"muted\">Shaded: the timeline's phases (red: the trigger). Dashed: \
-         each policy's cap (in flight) or budget (retries per first try).</span></div>\n",
+         each policy's cap (in flight; an adaptive cap's working cap over time) or budget \
+         (retries per first try).</span></div>\n",
     );
 
     let series = |f: &dyn Fn(&crate::Series) -> Vec<f64>| -> Vec<Line> {
@@ -224,13 +236,7 @@ pub fn render(report: &Report) -> String {
     chart(&mut h, report, "Offered load at the dependency", "attempts / s", offered, false);
 
     let mut in_flight = series(&|s| s.in_flight_mean.clone());
-    in_flight.extend(
-        report
-            .policies
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| reference(p.in_flight.cap.map(|c| c as f64), i)),
-    );
+    in_flight.extend(report.policies.iter().enumerate().filter_map(|(i, p)| cap_line(p, i, end)));
     chart(
         &mut h,
         report,
@@ -486,4 +492,28 @@ where
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The capacity-drop built-in: the fixed caps' lines are flat at their cap, the adaptive
+    /// cap's follows its working cap down and back up, below its ceiling of 40.
+    #[test]
+    fn an_adaptive_caps_line_is_its_working_cap() {
+        let s = crate::builtin::scenario("capacity-drop").unwrap();
+        let r = crate::simulate(&s).unwrap();
+        let end = r.duration_s;
+        for (i, p) in r.policies.iter().enumerate() {
+            let line = cap_line(p, i, end).expect("every policy here has a cap");
+            let ys: Vec<f64> = line.points.iter().map(|(_, y)| *y).collect();
+            let (lo, hi) = ys.iter().fold((f64::MAX, 0.0_f64), |(l, h), y| (l.min(*y), h.max(*y)));
+            if p.name == "adaptive" {
+                assert!(hi < 40.0 && lo < 17.0 && ys.len() > 10, "{lo}..{hi}");
+            } else {
+                assert_eq!(ys, [p.in_flight.cap.unwrap() as f64; 2], "{}", p.name);
+            }
+        }
+    }
 }
