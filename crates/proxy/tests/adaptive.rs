@@ -11,10 +11,10 @@
 //!   times the unloaded latency plus the queue timeout; with a fixed cap of 100 neither holds.
 //! - The workers drop from 20 to 10 mid-run, then come back: the adaptive cap follows (lower in
 //!   flight within 10 s of the drop, higher again after the recovery), and its success rate is
-//!   at least that of the best of the fixed caps 10, 20 and 40 chosen in hindsight, within 5
+//!   at least that of the better of the fixed caps 20 and 40 chosen in hindsight, within 5
 //!   points.
 //!
-//! The runs take about 3 minutes together and run one at a time (the machine's two cores are
+//! The runs take about 2.5 minutes together and run one at a time (the machine's two cores are
 //! the proxy's, chaos's and the callers').
 
 mod common;
@@ -156,20 +156,20 @@ async fn run(phases: Vec<Phase>, secs: u64, cap: u64, adaptive: Option<AdaptiveC
 /// 100 lets the overload through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_adaptive_cap_settles_near_what_the_dependency_can_take() {
-    const SECS: u64 = 20;
+    const SECS: u64 = 16;
     let bound = LATENCY * 3 + QUEUE_TIMEOUT;
     let phases = || vec![phase("20 workers", 20, None)];
     let adaptive = run(phases(), SECS, 20, Some("4..100".parse().unwrap())).await;
-    let (mean, p99) = (adaptive.mean_in_flight(10.0, 20.0), adaptive.p99_ok(10.0, 20.0));
+    let (mean, p99) = (adaptive.mean_in_flight(8.0, 16.0), adaptive.p99_ok(8.0, 16.0));
     eprintln!(
-        "adaptive 4..100: mean in flight {mean:.1} (10-20 s), p99 {p99:?}, success {:.1} %",
-        adaptive.success(0.0, 20.0) * 100.0
+        "adaptive 4..100: mean in flight {mean:.1} (8-16 s), p99 {p99:?}, success {:.1} %",
+        adaptive.success(0.0, 16.0) * 100.0
     );
     let fixed = run(phases(), SECS, 100, None).await;
-    let (f_mean, f_p99) = (fixed.mean_in_flight(10.0, 20.0), fixed.p99_ok(10.0, 20.0));
+    let (f_mean, f_p99) = (fixed.mean_in_flight(8.0, 16.0), fixed.p99_ok(8.0, 16.0));
     eprintln!(
-        "fixed 100: mean in flight {f_mean:.1} (10-20 s), p99 {f_p99:?}, success {:.1} %",
-        fixed.success(0.0, 20.0) * 100.0
+        "fixed 100: mean in flight {f_mean:.1} (8-16 s), p99 {f_p99:?}, success {:.1} %",
+        fixed.success(0.0, 16.0) * 100.0
     );
     assert!((14.0..=26.0).contains(&mean), "adaptive: mean in flight {mean:.1}");
     assert!(p99 <= bound, "adaptive: p99 {p99:?} above {bound:?}");
@@ -178,10 +178,12 @@ async fn the_adaptive_cap_settles_near_what_the_dependency_can_take() {
 }
 
 /// The workers drop from 20 to 10 at 10 s and come back at 25 s: the adaptive cap follows, and
-/// succeeds as often as the best fixed cap.
+/// succeeds as often as the better of the fixed caps 20 (the plan) and 40. (A fixed cap of 10
+/// cannot be the best here: it serves at most 100 of the 300 offered a second — 33.4 % when it
+/// was run beside them; it is left out to keep the test's time down.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_adaptive_cap_follows_a_capacity_drop_and_the_recovery() {
-    const SECS: u64 = 40;
+    const SECS: u64 = 37;
     let phases = || {
         vec![
             phase("20 workers", 20, Some(10)),
@@ -192,22 +194,22 @@ async fn the_adaptive_cap_follows_a_capacity_drop_and_the_recovery() {
     let adaptive = run(phases(), SECS, 20, Some("4..40".parse().unwrap())).await;
     let before = adaptive.mean_in_flight(5.0, 10.0);
     let dropped = adaptive.mean_in_flight(20.0, 25.0);
-    let recovered = adaptive.mean_in_flight(35.0, 40.0);
+    let recovered = adaptive.mean_in_flight(33.0, 37.0);
     let success = adaptive.success(0.0, SECS as f64);
     eprintln!(
         "adaptive 4..40: in flight {before:.1} before, {dropped:.1} 10-15 s after the drop, \
-         {recovered:.1} 10-15 s after the recovery; success {:.1} %",
+         {recovered:.1} 8-12 s after the recovery; success {:.1} %",
         success * 100.0
     );
     let mut best = (0.0, 0);
-    for cap in [10, 20, 40] {
+    for cap in [20, 40] {
         let fixed = run(phases(), SECS, cap, None).await;
         let s = fixed.success(0.0, SECS as f64);
         eprintln!(
             "fixed {cap}: in flight {:.1} / {:.1} / {:.1}, success {:.1} %",
             fixed.mean_in_flight(5.0, 10.0),
             fixed.mean_in_flight(20.0, 25.0),
-            fixed.mean_in_flight(35.0, 40.0),
+            fixed.mean_in_flight(33.0, 37.0),
             s * 100.0
         );
         if s > best.0 {
