@@ -831,6 +831,15 @@ impl Permit {
         }
     }
 
+    /// A timed-out attempt's drop sample, when its slot is held or comes back (unless its
+    /// answer was sampled already).
+    #[inline]
+    fn timed_out_sample(&self, inner: &Inner, now: Timestamp) {
+        if self.dropped && !self.sampled {
+            inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
+        }
+    }
+
     /// [`answered`](Self::answered) at `now` (from the limiter's clock).
     #[inline]
     pub fn answered_at(&mut self, now: Timestamp, overload: bool) {
@@ -854,9 +863,7 @@ impl Permit {
         inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
         // A timed-out attempt is a drop; one its caller abandoned says nothing of the
         // dependency (the layer above marks which).
-        if self.dropped && !self.sampled {
-            inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
-        }
+        self.timed_out_sample(&inner, now);
         let until = now.saturating_add(hold);
         let id = {
             let mut slow = inner.slow.lock();
@@ -879,9 +886,7 @@ impl Permit {
             retire(&inner, self.kind);
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
-            if self.dropped && !self.sampled {
-                inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
-            }
+            self.timed_out_sample(&inner, now);
         }
     }
 }
@@ -894,9 +899,7 @@ impl Drop for Permit {
             let now = inner.clock.now();
             inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
             inner.release(self.slot, now);
-            if self.dropped && !self.sampled {
-                inner.adapt(self.admitted_at, u64::from(self.in_flight), true, now);
-            }
+            self.timed_out_sample(&inner, now);
         }
     }
 }

@@ -174,9 +174,11 @@ pub(crate) async fn send(
             dep.apply_limits_at(0, resp.headers());
             stormguard_tower::rate::answered(dep, 0, now, resp.status(), resp.headers(), false);
             let mut slots = out.take();
-            // The adaptive cap's sample: latency to the answer's head, or a drop.
-            let overload = stormguard_tower::cap::overload_answer(resp.status());
-            slots.0.iter_mut().chain(slots.1.iter_mut()).for_each(|p| p.answered(overload));
+            // The adaptive cap's sample (the upstream's: a total cap never adapts): latency to
+            // the answer's head, or a drop.
+            if let Some(p) = &mut slots.0 {
+                p.answered(stormguard_tower::cap::overload_answer(resp.status()));
+            }
             Ok(response::holding(resp, slots, rate, dep))
         }
         Err(e) => match classify(&e) {
@@ -240,20 +242,17 @@ impl Drop for Outstanding<'_> {
 
 /// A timed-out attempt: the breaker counts it, and its slots are held for `timeout_slot_hold`,
 /// since the dependency keeps working on the request its client gave up on.
-fn timed_out(dep: &Dependency, mut slots: Slots, probe: Option<BreakerPermit>) {
+fn timed_out(dep: &Dependency, (mut permit, total): Slots, probe: Option<BreakerPermit>) {
     if let Some(p) = probe {
         stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::UpstreamFailure);
     }
-    mark_dropped(&mut slots);
-    let (permit, total) = slots;
+    // A drop for an adaptive cap (the upstream's: a total cap never adapts).
+    if let Some(p) = &mut permit {
+        p.mark_dropped();
+    }
     let hold: Duration = dep.config().timeout_slot_hold;
     // Dropping a held slot keeps the hold; the limiter gives the slot back when it passes.
     drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
-}
-
-/// The attempt timed out: a drop for an adaptive cap.
-fn mark_dropped((permit, total): &mut Slots) {
-    permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
 }
 
 /// What an error from the rest of the chain was, read by type, never by message; `None` for an

@@ -598,12 +598,15 @@ fn hold_slots(
     {
         judge(&a.dep, a.target, p, a.dep.now(), AttemptResult::UpstreamFailure);
     }
-    let (mut permit, mut total) = (a.permit, a.total);
-    if why == Orphaned::TimedOut {
-        // A timeout is a drop for an adaptive cap; an abandoned caller says nothing.
-        permit.iter_mut().chain(total.iter_mut()).for_each(Permit::mark_dropped);
+    let mut permit = a.permit;
+    if let Some(p) = &mut permit
+        && why == Orphaned::TimedOut
+    {
+        // A timeout is a drop for an adaptive cap (the upstream's: the total cap never
+        // adapts); an abandoned caller says nothing.
+        p.mark_dropped();
     }
-    (permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold)))
+    (permit.map(|p| p.hold(hold)), a.total.map(|p| p.hold(hold)))
 }
 
 /// An answer that says the dependency is overloaded (429, 503, 529): a drop for an adaptive
@@ -632,7 +635,7 @@ fn finish<RB, E: Into<BoxError>>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
-    let Attempt { dep, mut permit, mut total, probe, now, target, rate, .. } = attempt;
+    let Attempt { dep, mut permit, total, probe, now, target, rate, .. } = attempt;
     let sent_at = now;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };
@@ -648,9 +651,11 @@ fn finish<RB, E: Into<BoxError>>(
             }
             dep.apply_limits_at(target, resp.headers());
             crate::rate::answered_response(&dep, target, sent_at, &resp);
-            // The adaptive cap's sample: latency to the answer's head, or a drop.
-            let overload = overload_answer(resp.status());
-            permit.iter_mut().chain(total.iter_mut()).for_each(|p| p.answered(overload));
+            // The adaptive cap's sample (the upstream's: the total cap never adapts): latency
+            // to the answer's head, or a drop.
+            if let Some(p) = &mut permit {
+                p.answered(overload_answer(resp.status()));
+            }
             Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {
