@@ -59,6 +59,12 @@ pub enum Latency {
         /// 99th percentile.
         p99: Duration,
     },
+    /// Exponential with this mean (> 0): the service time of a memoryless server, the
+    /// simulator's `exponential 50ms`.
+    Exponential {
+        /// The mean.
+        mean: Duration,
+    },
     /// Pareto (type I) with scale `min` and shape `alpha` (> 0): a heavy tail, where a few
     /// requests take far longer than the rest. `alpha <= 1` has no finite mean; the phase's
     /// `latency_max` keeps draws bounded. [`Latency::pareto_from_quantiles`] fits it to a p50
@@ -91,6 +97,9 @@ pub enum LatencyError {
     /// A log-normal latency without `p99 >= p50 > 0`.
     #[error("a log-normal latency needs p99 >= p50 > 0")]
     LogNormal,
+    /// An exponential latency with a zero mean.
+    #[error("an exponential latency needs a mean above zero")]
+    Exponential,
     /// A Pareto latency without `min > 0` and a finite `alpha > 0`.
     #[error("a Pareto latency needs min > 0 and alpha > 0")]
     Pareto,
@@ -123,6 +132,7 @@ impl Latency {
                 let sigma = (p99.as_secs_f64() / p50.as_secs_f64()).ln() / Z99;
                 seconds(p50.as_secs_f64() * (sigma * inverse_normal_cdf(u)).exp())
             }
+            Latency::Exponential { mean } => seconds(mean.as_secs_f64() * -(1.0 - u).ln()),
             Latency::Pareto { min, alpha } => {
                 // P(X > x) = (min / x)^alpha, so x = min / (1 - u)^(1 / alpha).
                 seconds(min.as_secs_f64() / (1.0 - u).powf(1.0 / alpha))
@@ -140,6 +150,8 @@ impl Latency {
                 Err(LatencyError::LogNormal)
             }
             Latency::LogNormal { .. } => Ok(()),
+            Latency::Exponential { mean } if mean.is_zero() => Err(LatencyError::Exponential),
+            Latency::Exponential { .. } => Ok(()),
             Latency::Pareto { min, alpha }
                 if min.is_zero() || !(alpha > 0.0 && alpha.is_finite()) =>
             {

@@ -78,6 +78,9 @@ pub struct ChaosConfig {
     /// The provider's split token limits, streams and quota; used only with `provider`.
     /// Default: the script's, or [`ProviderOptions::default`].
     pub provider_options: ProviderOptions,
+    /// When the timeline begins; until then the first phase plays. Default: when the server
+    /// starts. A later start lets a caller line its traffic up with the phases exactly.
+    pub start: Option<Instant>,
 }
 
 impl ChaosConfig {
@@ -89,6 +92,7 @@ impl ChaosConfig {
             in_flight_buckets: 4096,
             provider: script.provider,
             provider_options: script.provider_options,
+            start: None,
             script,
         }
     }
@@ -188,6 +192,11 @@ impl ChaosServer {
         self.shared.names[i].clone()
     }
 
+    /// When its timeline began (the first phase's start): phases run from here.
+    pub fn started(&self) -> Instant {
+        self.shared.clock.origin
+    }
+
     /// The current phase's name.
     pub fn phase(&self) -> String {
         self.shared.names[self.shared.clock.current()].clone()
@@ -228,8 +237,8 @@ struct Shared {
     phase_headers: Vec<HeaderValue>,
     bodies: Vec<Bytes>,
     limiters: Vec<Option<RateLimiter>>,
-    /// Each phase's servers, when it has a number of them: FIFO (tokio's semaphore is fair).
-    servers: Vec<Option<Arc<tokio::sync::Semaphore>>>,
+    /// Each phase's servers, when it has a number of them.
+    servers: Vec<Option<Servers>>,
     sampler: Sampler,
     on_disconnect: OnDisconnect,
     clock: PhaseClock,
@@ -258,16 +267,21 @@ impl Shared {
                 .iter()
                 .map(|p| {
                     let n = usize::try_from(p.servers?).unwrap_or(usize::MAX);
-                    Some(Arc::new(tokio::sync::Semaphore::new(
-                        n.min(tokio::sync::Semaphore::MAX_PERMITS),
-                    )))
+                    Some(Servers {
+                        free: Arc::new(tokio::sync::Semaphore::new(
+                            n.min(tokio::sync::Semaphore::MAX_PERMITS),
+                        )),
+                        waiting: AtomicU64::new(0),
+                        queue: p.queue,
+                    })
                 })
                 .collect(),
             sampler: Sampler::new(config.seed),
             on_disconnect: config.on_disconnect,
-            clock: PhaseClock::new(
+            clock: PhaseClock::starting(
                 phases.iter().map(|p| p.duration).collect(),
                 config.script.repeat,
+                config.start.unwrap_or_else(Instant::now),
             ),
             seq: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -325,11 +339,22 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl PhaseClock {
-    pub(crate) fn new(durations: Vec<Option<Duration>>, repeat: bool) -> PhaseClock {
+    #[cfg(test)]
+    fn new(durations: Vec<Option<Duration>>, repeat: bool) -> PhaseClock {
+        PhaseClock::starting(durations, repeat, Instant::now())
+    }
+
+    /// A clock whose first phase starts at `origin` (now or later; before it, time stands at
+    /// zero).
+    pub(crate) fn starting(
+        durations: Vec<Option<Duration>>,
+        repeat: bool,
+        origin: Instant,
+    ) -> PhaseClock {
         let clock = PhaseClock {
             durations,
             repeat,
-            origin: Instant::now(),
+            origin,
             index: AtomicUsize::new(0),
             deadline: AtomicU64::new(u64::MAX),
             inner: Mutex::new((0, Duration::ZERO)),
@@ -966,6 +991,44 @@ fn concurrency_headers(resp: &mut Response<ChaosBody>, phase: &Phase, in_flight:
     }
 }
 
+/// A phase's servers: FIFO (tokio's semaphore is fair), with a bounded or unbounded line.
+#[derive(Debug)]
+struct Servers {
+    free: Arc<tokio::sync::Semaphore>,
+    /// Requests waiting for a server now.
+    waiting: AtomicU64,
+    /// The most that may wait; `None`: no bound.
+    queue: Option<u64>,
+}
+
+impl Servers {
+    /// A server, at once or after waiting in line; `None` when every server is busy and the
+    /// line is full.
+    async fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(server) = self.free.clone().try_acquire_owned() {
+            return Some(server);
+        }
+        let waiting = self.waiting.fetch_add(1, Ordering::AcqRel);
+        // Leaves the line however the wait ends (served, or the request cancelled).
+        let _in_line = scopeguard(&self.waiting);
+        if self.queue.is_some_and(|q| waiting >= q) {
+            return None;
+        }
+        Some(self.free.clone().acquire_owned().await.expect("never closed"))
+    }
+}
+
+/// Takes one off `count` when dropped.
+fn scopeguard(count: &AtomicU64) -> impl Drop + '_ {
+    struct Leave<'a>(&'a AtomicU64);
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    Leave(count)
+}
+
 /// The drawn work: wait, then answer (or reset).
 async fn work(
     mut guard: InFlight,
@@ -977,9 +1040,17 @@ async fn work(
 ) -> Answer {
     let shared = guard.shared.clone();
     // With a number of servers, the request waits for one (first come, first served), and
-    // holds it while it is worked on.
+    // holds it while it is worked on; past a bounded queue it is answered at once.
     let _server = match &shared.servers[guard.phase] {
-        Some(servers) => Some(servers.clone().acquire_owned().await.expect("never closed")),
+        Some(servers) => match servers.take().await {
+            Some(server) => Some(server),
+            None => {
+                let phase = &shared.phases[guard.phase];
+                let status =
+                    StatusCode::from_u16(phase.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                return Ok(respond(guard, status, Bytes::from_static(b"queue full\n")));
+            }
+        },
         None => None,
     };
     if !draw.latency.is_zero() {

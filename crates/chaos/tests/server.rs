@@ -383,4 +383,37 @@ async fn servers_work_on_so_many_at_once_and_queue_the_rest() {
     assert_eq!(both.validate().unwrap_err().key(), "servers");
     let none = Phase { servers: Some(0), ..Phase::default() };
     assert_eq!(none.validate().unwrap_err().key(), "servers");
+    let lineless = Phase { queue: Some(3), ..Phase::default() };
+    assert_eq!(lineless.validate().unwrap_err().key(), "queue");
+}
+
+/// `servers = 2, queue = 2`: of six requests at once, two are worked on, two wait, and the last
+/// two find the line full and are answered 503 at once — as the simulator's bounded queue does.
+/// Without the bound (above) all six are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_line_is_answered_at_once() {
+    let s =
+        server(Phase { latency: fixed(200), servers: Some(2), queue: Some(2), ..Phase::default() })
+            .await;
+    let addr = s.local_addr();
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            tokio::spawn(async move {
+                // In order, so the line fills in a known order.
+                tokio::time::sleep(ms(10 * i)).await;
+                let t = Instant::now();
+                let got = get(addr, "/").await.unwrap();
+                (got.status, t.elapsed())
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for t in tasks {
+        seen.push(t.await.unwrap());
+    }
+    let statuses: Vec<u16> = seen.iter().map(|(s, _)| s.as_u16()).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 503, 503], "{seen:?}");
+    assert!(seen[4].1 < ms(150) && seen[5].1 < ms(150), "refused at once: {seen:?}");
+    assert!(seen[3].1 >= ms(300), "the second in line waited two service times: {seen:?}");
+    assert_eq!(s.stats().total.status_counts[&503], 2);
 }

@@ -37,6 +37,9 @@ pub enum Command {
     /// Simulate a retry storm: every policy in a scenario on the same arrivals, running
     /// stormguard-core's own limiter, breaker and retry decision on a virtual clock.
     Simulate(cmd::simulate::SimulateArgs),
+    /// The simulator's prediction beside a live loopback run of the same scenario: chaos
+    /// serving its timeline, the proxy with each policy, the simulator's own arrivals.
+    Verify(cmd::verify::VerifyArgs),
     /// Serve a fault-injecting upstream (errors, latency, limits, resets) that counts what
     /// reaches it, in-flight exactly.
     Chaos(cmd::chaos::ChaosArgs),
@@ -88,6 +91,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
         Command::Plan(args) => cmd::plan::run(&args, out),
         Command::Replay(args) => cmd::replay::run(&args, out),
         Command::Simulate(args) => cmd::simulate::run(&args, out),
+        Command::Verify(args) => cmd::verify::run(&args, out),
         Command::Chaos(args) => cmd::chaos::run(&args, out),
         Command::Load(args) => cmd::load::run(&args, out),
         Command::Demo(args) => cmd::demo::run(&args, out),

@@ -136,6 +136,17 @@ async fn a_scenario_served_by_chaos_measures_what_the_simulator_predicts() {
     }
 }
 
+/// A bounded queue and exponential service times are served as the model has them.
+#[test]
+fn a_queue_and_an_exponential_service_time_are_served() {
+    let text = SCENARIO
+        .replace("capacity = 100", "capacity = 100\nqueue = 10")
+        .replace("lognormal median=40ms sigma=0.3", "exponential 40ms");
+    let s = script(&Scenario::parse("served.toml", &text).unwrap()).unwrap();
+    assert_eq!((s.phases[0].servers, s.phases[0].queue), (Some(100), Some(10)));
+    assert_eq!(s.phases[1].latency, Latency::Exponential { mean: Duration::from_millis(40) });
+}
+
 /// What chaos cannot play as the model does is refused by name.
 #[test]
 fn what_chaos_cannot_serve_is_named() {
@@ -143,10 +154,14 @@ fn what_chaos_cannot_serve_is_named() {
         let text = SCENARIO.replace(from, to);
         script(&Scenario::parse("served.toml", &text).unwrap()).unwrap_err()
     };
-    assert_eq!(with("capacity = 100", "capacity = 100\nqueue = 10"), NotServed::BoundedQueue);
-    let e = with("lognormal median=40ms sigma=0.3", "exponential 40ms");
+    let e = with("error_rate = 0.3", "error_rate = 0.3\nerror_time = \"fixed 1ms\"");
+    assert_eq!(e, NotServed::ErrorTime { at: "failing".to_string() });
+    let e = with(
+        "lognormal median=40ms sigma=0.3",
+        "lognormal median=40ms sigma=0.3 tail=0.1 tail_median=1s",
+    );
     assert!(matches!(e, NotServed::ServiceTime { .. }), "{e}");
-    assert!(e.to_string().contains("exponential 40ms"), "{e}");
+    assert!(e.to_string().contains("tail_median=1s"), "{e}");
 }
 
 /// `stormguard chaos --scenario FILE --check` prints the phases it would serve; a scenario it
@@ -165,8 +180,9 @@ fn the_flag_reads_a_scenario_file() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("healthy") && text.contains("failing"), "{text}");
-    let bad = dir.join("queued.toml");
-    std::fs::write(&bad, SCENARIO.replace("capacity = 100", "capacity = 100\nqueue = 10")).unwrap();
+    let bad = dir.join("tailed.toml");
+    let tailed = SCENARIO.replace("sigma=0.3", "sigma=0.3 tail=0.1 tail_median=1s");
+    std::fs::write(&bad, tailed).unwrap();
     let out = assert_cmd::Command::cargo_bin("stormguard")
         .unwrap()
         .args(["chaos", "--scenario", bad.to_str().unwrap(), "--check"])
@@ -174,6 +190,6 @@ fn the_flag_reads_a_scenario_file() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("queued.toml") && err.contains("queue"), "{err}");
+    assert!(err.contains("tailed.toml") && err.contains("tail"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

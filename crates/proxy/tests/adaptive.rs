@@ -14,8 +14,8 @@
 //!   at least that of the better of the fixed caps 20 and 40 chosen in hindsight, within 5
 //!   points.
 //!
-//! The runs take about 2.5 minutes together and run one at a time (the machine's two cores are
-//! the proxy's, chaos's and the callers').
+//! The runs compared in one test go side by side (each its own chaos and proxy), so each sees
+//! the same machine; the two tests take their turns. Together about 55 s.
 
 mod common;
 
@@ -37,8 +37,24 @@ const PER_SECOND: u64 = 300;
 /// The proxy's queue timeout.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One run at a time.
+/// One test's runs at a time.
 static RUNS: Mutex<()> = Mutex::const_new(());
+
+/// The runs side by side, under the lock.
+async fn side_by_side(
+    phases: impl Fn() -> Vec<Phase>,
+    secs: u64,
+    caps: &[(u64, Option<AdaptiveConfig>)],
+) -> Vec<Run> {
+    let _one = RUNS.lock().await;
+    let runs: Vec<_> =
+        caps.iter().map(|&(cap, a)| tokio::spawn(run(phases(), secs, cap, a))).collect();
+    let mut out = Vec::new();
+    for r in runs {
+        out.push(r.await.unwrap());
+    }
+    out
+}
 
 fn phase(name: &str, workers: u64, secs: Option<u64>) -> Phase {
     Phase {
@@ -94,7 +110,6 @@ impl Run {
 /// Runs the open loop for `secs` through a proxy with `cap` (and `adaptive`) in front of a
 /// chaos playing `phases`.
 async fn run(phases: Vec<Phase>, secs: u64, cap: u64, adaptive: Option<AdaptiveConfig>) -> Run {
-    let _one = RUNS.lock().await;
     let upstream = dependency(phases).await;
     let mut d = ProxyDependency::new("dep", upstream.url("").parse().unwrap());
     d.cap = cap;
@@ -159,13 +174,16 @@ async fn the_adaptive_cap_settles_near_what_the_dependency_can_take() {
     const SECS: u64 = 16;
     let bound = LATENCY * 3 + QUEUE_TIMEOUT;
     let phases = || vec![phase("20 workers", 20, None)];
-    let adaptive = run(phases(), SECS, 20, Some("4..100".parse().unwrap())).await;
+    let mut runs =
+        side_by_side(phases, SECS, &[(20, Some("4..100".parse().unwrap())), (100, None)])
+            .await
+            .into_iter();
+    let (adaptive, fixed) = (runs.next().unwrap(), runs.next().unwrap());
     let (mean, p99) = (adaptive.mean_in_flight(8.0, 16.0), adaptive.p99_ok(8.0, 16.0));
     eprintln!(
         "adaptive 4..100: mean in flight {mean:.1} (8-16 s), p99 {p99:?}, success {:.1} %",
         adaptive.success(0.0, 16.0) * 100.0
     );
-    let fixed = run(phases(), SECS, 100, None).await;
     let (f_mean, f_p99) = (fixed.mean_in_flight(8.0, 16.0), fixed.p99_ok(8.0, 16.0));
     eprintln!(
         "fixed 100: mean in flight {f_mean:.1} (8-16 s), p99 {f_p99:?}, success {:.1} %",
@@ -191,7 +209,11 @@ async fn the_adaptive_cap_follows_a_capacity_drop_and_the_recovery() {
             phase("20 again", 20, None),
         ]
     };
-    let adaptive = run(phases(), SECS, 20, Some("4..40".parse().unwrap())).await;
+    let mut runs =
+        side_by_side(phases, SECS, &[(20, Some("4..40".parse().unwrap())), (20, None), (40, None)])
+            .await
+            .into_iter();
+    let adaptive = runs.next().unwrap();
     let before = adaptive.mean_in_flight(5.0, 10.0);
     let dropped = adaptive.mean_in_flight(20.0, 25.0);
     let recovered = adaptive.mean_in_flight(33.0, 37.0);
@@ -202,8 +224,7 @@ async fn the_adaptive_cap_follows_a_capacity_drop_and_the_recovery() {
         success * 100.0
     );
     let mut best = (0.0, 0);
-    for cap in [20, 40] {
-        let fixed = run(phases(), SECS, cap, None).await;
+    for (cap, fixed) in [20, 40].into_iter().zip(runs) {
         let s = fixed.success(0.0, SECS as f64);
         eprintln!(
             "fixed {cap}: in flight {:.1} / {:.1} / {:.1}, success {:.1} %",

@@ -775,18 +775,14 @@ impl<'s> Run<'s> {
     /// `now`, or `None` past the horizon.
     fn arrival_after(&mut self, i: u32, k: u64) -> Option<u64> {
         let Load::Open { rate, arrivals } = self.sc.fleet.load else { return None };
-        let period = 1e9 / rate;
-        let at = match arrivals {
-            Arrivals::Poisson => {
-                let gap = dist::exponential(&mut self.arrival_rngs[i as usize], period);
-                self.now + (gap as u64).max(1)
-            }
-            Arrivals::Uniform => {
-                let offset = period * f64::from(i) / f64::from(self.sc.fleet.instances);
-                (offset + period * k as f64) as u64
-            }
-        };
-        (at < self.horizon).then_some(at)
+        next_arrival(
+            &mut self.arrival_rngs[i as usize],
+            (rate, arrivals),
+            (i, self.sc.fleet.instances),
+            k,
+            self.now,
+        )
+        .filter(|at| *at < self.horizon)
     }
 
     fn dispatch(&mut self, ev: Ev) {
@@ -1853,6 +1849,48 @@ pub(crate) fn budget_percent(p: &PolicyConfig) -> Option<f64> {
         RetryRule::Budget { spec: BudgetSpec::Ratio(c), .. } => Some(c.percent.as_f64()),
         _ => None,
     }
+}
+
+/// Instance `i` (of `instances`)'s arrival number `k` (0-based), the previous one having come
+/// at `now`: an exponential gap drawn from the instance's own stream, or the uniform timetable
+/// (each instance offset by its share of the period).
+fn next_arrival(
+    rng: &mut SplitMix64,
+    (rate, arrivals): (f64, Arrivals),
+    (i, instances): (u32, u32),
+    k: u64,
+    now: u64,
+) -> Option<u64> {
+    let period = 1e9 / rate;
+    Some(match arrivals {
+        Arrivals::Poisson => now + (dist::exponential(rng, period) as u64).max(1),
+        Arrivals::Uniform => {
+            (period * f64::from(i) / f64::from(instances) + period * k as f64) as u64
+        }
+    })
+}
+
+/// The user actions an open-loop scenario starts, in time order: when, and from which
+/// instance — the very arrivals [`simulate`](crate::simulate) runs every policy on, so a live
+/// run can be sent the same ones. `None` for a closed loop, whose arrivals depend on answers.
+pub fn arrivals(sc: &Scenario) -> Option<Vec<(Duration, u32)>> {
+    let Load::Open { rate, arrivals } = sc.fleet.load else { return None };
+    let horizon = dist::nanos(sc.duration);
+    let seed = dist::stream_seed(sc.seed, Stream::Arrivals);
+    let mut out = Vec::new();
+    for i in 0..sc.fleet.instances {
+        let mut rng = SplitMix64::new(mix(seed, u64::from(i)));
+        let (mut now, mut k) = (0, 0);
+        while let Some(at) =
+            next_arrival(&mut rng, (rate, arrivals), (i, sc.fleet.instances), k, now)
+                .filter(|at| *at < horizon)
+        {
+            out.push((Duration::from_nanos(at), i));
+            (now, k) = (at, k + 1);
+        }
+    }
+    out.sort_unstable();
+    Some(out)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub use dist::{ServiceTime, ServiceTimeError};
-pub use engine::{Footprint, RunError};
+pub use engine::{Footprint, RunError, arrivals};
 pub use report::{
     InFlight, Latency, PhaseInfo, PhaseReport, PolicyReport, RateLimitReport, Report, Series,
     WorkingCap,

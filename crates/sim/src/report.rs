@@ -225,6 +225,8 @@ pub struct PhaseReport {
     pub latency_ok_ms: Option<Latency>,
     /// The time-weighted mean of attempts in flight at the dependency.
     pub in_flight_mean: f64,
+    /// The 99th percentile over the segment's time.
+    pub in_flight_p99: u64,
     /// The most at any instant.
     pub in_flight_max: u64,
     /// The time-weighted mean of an adaptive cap's working cap (only with `adaptive`).
@@ -384,6 +386,7 @@ impl PolicyReport {
                         .filter(|h| h.quantile(0.5).is_some())
                         .map(latency),
                     in_flight_mean: r4(st.in_flight_area as f64 / (width * 1e9)),
+                    in_flight_p99: time_quantile(&st.time_at, 0.99),
                     in_flight_max: u64::from(st.in_flight_max),
                     working_cap_mean: adaptive.then(|| r4(st.cap_area as f64 / (width * 1e9))),
                     goodput: r4(ratio(st.actions_ok, st.actions)),

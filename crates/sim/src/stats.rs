@@ -96,6 +96,8 @@ pub(crate) struct SegmentStats {
     pub hedges: u64,
     pub in_flight_area: u128,
     pub in_flight_max: u32,
+    /// Nanoseconds spent at each in-flight count (index) within the segment.
+    pub time_at: Vec<u64>,
     /// An adaptive cap's working cap × nanoseconds.
     pub cap_area: u128,
     pub actions: u64,
@@ -253,7 +255,12 @@ impl RunStats {
             let area = u128::from(dt) * count as u128;
             self.time_at[count] += dt;
             self.buckets[self.bucket].in_flight_area += area;
-            self.segments[self.seg].in_flight_area += area;
+            let seg = &mut self.segments[self.seg];
+            seg.in_flight_area += area;
+            if count >= seg.time_at.len() {
+                seg.time_at.resize(count + 1, 0);
+            }
+            seg.time_at[count] += dt;
             self.buckets[self.bucket].cap_area += u128::from(dt) * cap;
             self.segments[self.seg].cap_area += u128::from(dt) * cap;
             t = stop;

@@ -130,3 +130,31 @@ fn closed_loop_self_limits_and_capacity_phases_bound_throughput() {
     assert!(squeezed.in_flight_mean > 19.0, "the workers wait in the dependency's queue");
     assert_eq!(p.error_rate, 0.0);
 }
+
+/// `arrivals` gives the very actions the model starts: as many, and in the same places, for
+/// Poisson and uniform spacing and several instances; a closed loop has none to give.
+#[test]
+fn the_arrivals_given_out_are_the_ones_the_model_runs() {
+    for spacing in ["poisson", "uniform"] {
+        let text = format!(
+            "duration = \"7s\"\nseed = 4\n[fleet]\ninstances = 3\nrate = 40\narrivals = \"{spacing}\"\n\
+             [dependency]\ncapacity = 50\nservice_time = \"fixed 20ms\"\n[[phase]]\nname = \"late\"\n\
+             start = \"5s\"\nend = \"7s\"\n[[policy]]\nretries = 0\n"
+        );
+        let sc = stormguard_sim::Scenario::parse("a.toml", &text).unwrap();
+        let arrivals = stormguard_sim::arrivals(&sc).unwrap();
+        let report = stormguard_sim::simulate(&sc).unwrap();
+        assert_eq!(arrivals.len() as u64, report.policies[0].actions, "{spacing}");
+        assert!(arrivals.windows(2).all(|w| w[0] <= w[1]), "{spacing}: in time order");
+        assert!(arrivals.iter().all(|(t, i)| *t < sc.duration && *i < 3));
+        // Each instance's share, and the late segment's: what the model counted there.
+        let late = arrivals.iter().filter(|(t, _)| t.as_secs_f64() >= 5.0).count() as f64;
+        let primaries_late = report.policies[0].phases[1].offered_per_s * 2.0;
+        assert!((late - primaries_late).abs() <= 1.0, "{spacing}: {late} vs {primaries_late}");
+    }
+    let closed = "[fleet]\nconcurrency = 4\n[dependency]\ncapacity = 5\nservice_time = \"5ms\"\n[[policy]]\nretries = 0\n";
+    assert!(
+        stormguard_sim::arrivals(&stormguard_sim::Scenario::parse("c.toml", closed).unwrap())
+            .is_none()
+    );
+}

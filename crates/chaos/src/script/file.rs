@@ -85,6 +85,7 @@ struct PhaseFile {
     max_concurrency: Option<u64>,
     workers: Option<u64>,
     servers: Option<u64>,
+    queue: Option<u64>,
     #[serde(default, deserialize_with = "de::option_from_str")]
     rate_limit: Option<Rate>,
     rate_burst: Option<u64>,
@@ -241,6 +242,7 @@ impl PhaseFile {
             max_concurrency: self.max_concurrency,
             workers: self.workers,
             servers: self.servers,
+            queue: self.queue,
             rate_limit: None,
             body_bytes: match self.body_bytes {
                 None => defaults.body_bytes,

@@ -241,6 +241,10 @@ pub struct Phase {
     /// dependency has them). A request is served by the servers of the phase it arrived in.
     /// TOML `servers`; default none (every request is worked on at once). Not with `workers`.
     pub servers: Option<u64>,
+    /// With `servers`: how many requests may wait for one (>= 0); a request that finds every
+    /// server busy and this many waiting is answered at once with the phase's `status` — the
+    /// simulator's `queue`. TOML `queue`; default none (the queue has no bound).
+    pub queue: Option<u64>,
     /// A token bucket; a request that finds it empty is answered 429 with `Retry-After` (whole
     /// seconds, at least 1) and `retry-after-ms`. TOML `rate_limit = "100/s"`, with `rate_burst`
     /// for the bucket size; default none.
@@ -268,6 +272,7 @@ impl Default for Phase {
             max_concurrency: None,
             workers: None,
             servers: None,
+            queue: None,
             rate_limit: None,
             body_bytes: DEFAULT_BODY_BYTES,
             slow_body: None,
@@ -346,6 +351,9 @@ pub enum PhaseError {
         "give either workers (overload stretches every answer) or servers (a queue in front of them), not both"
     )]
     WorkersAndServers,
+    /// `queue` without `servers`.
+    #[error("queue needs servers (it is the line in front of them)")]
+    QueueWithoutServers,
     /// `rate_burst` without `rate_limit`.
     #[error("rate_burst needs rate_limit")]
     BurstWithoutRate,
@@ -398,6 +406,7 @@ impl PhaseError {
             PhaseError::LatencyTwice | PhaseError::P50WithoutP99 => "latency_p50",
             PhaseError::P99WithoutP50 => "latency_p99",
             PhaseError::WorkersAndServers => "servers",
+            PhaseError::QueueWithoutServers => "queue",
             PhaseError::BurstWithoutRate => "rate_burst",
             PhaseError::LatencyDistMissing => "latency.dist",
             PhaseError::ParetoNeedsAlpha => "latency.alpha",
@@ -456,6 +465,9 @@ impl Phase {
         }
         if self.workers.is_some() && self.servers.is_some() {
             return Err(PhaseError::WorkersAndServers);
+        }
+        if self.queue.is_some() && self.servers.is_none() {
+            return Err(PhaseError::QueueWithoutServers);
         }
         if self.max_concurrency == Some(0) {
             return Err(PhaseError::Zero { key: "max_concurrency" });

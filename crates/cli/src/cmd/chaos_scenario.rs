@@ -1,12 +1,12 @@
 //! `stormguard chaos --scenario FILE`: a simulator scenario's dependency served live.
 //!
-//! The scenario's timeline becomes chaos's phases, one per stretch of time: the dependency's
-//! baseline conditions where no phase applies, each phase's where it does. Each chaos phase has
-//! the scenario's `capacity` as its servers (the rest wait, first come first served, as in the
-//! model), its `error_rate` answered 503, and its service time as chaos's latency. What chaos
-//! cannot yet play as the model does is refused by name rather than approximated: a bounded
-//! dependency queue, an `error_time` of its own, a provider's limits, and service times that are
-//! not fixed or log-normal.
+//! The scenario's timeline becomes chaos's phases, one per segment of the simulator's report
+//! (`Scenario::segments`: the dependency's baseline conditions where no phase applies, each
+//! phase's where it does), with the same names. Each chaos phase has the scenario's `capacity`
+//! as its servers and its `queue` as their line (the rest wait, first come first served, as in
+//! the model; past a full line, 503 at once), its `error_rate` answered 503, and its service time
+//! as chaos's latency. What chaos cannot yet play as the model does is refused by name rather
+//! than approximated: an `error_time` of its own, a provider's limits, and a slow tail.
 
 use std::time::Duration;
 
@@ -20,9 +20,6 @@ const Z_P99: f64 = 2.326_347_874_040_841;
 /// Why a scenario's dependency cannot be served by chaos (yet).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum NotServed {
-    /// `[dependency] queue`: chaos's servers queue without bound.
-    #[error("[dependency] queue: chaos's servers queue without bound; leave queue out")]
-    BoundedQueue,
     /// `error_time`: chaos's errors take the drawn latency.
     #[error("{at}: error_time: chaos's errors take the service time; leave error_time out")]
     ErrorTime {
@@ -33,7 +30,9 @@ pub enum NotServed {
     #[error("[dependency] requests/tokens per minute: serve a provider with chaos --provider")]
     ProviderRate,
     /// A service time chaos does not draw.
-    #[error("{at}: service_time {got}: chaos serves fixed and log-normal service times")]
+    #[error(
+        "{at}: service_time {got}: chaos serves fixed, exponential and log-normal service times"
+    )]
     ServiceTime {
         /// Where: `[dependency]` or the phase's name.
         at: String,
@@ -45,27 +44,17 @@ pub enum NotServed {
 /// The chaos script that plays `scenario`'s dependency over its timeline.
 pub fn script(scenario: &Scenario) -> Result<Script, NotServed> {
     let dep = &scenario.dependency;
-    if dep.queue.is_some() {
-        return Err(NotServed::BoundedQueue);
-    }
     if dep.rate.is_some() {
         return Err(NotServed::ProviderRate);
     }
-    let mut phases = Vec::new();
-    let mut at = Duration::ZERO;
-    let mut sorted: Vec<_> = scenario.phases.iter().collect();
-    sorted.sort_by_key(|p| p.start);
-    for p in sorted {
-        if p.start > at {
-            phases.push(phase("baseline", &dep.base, p.start - at, "[dependency]")?);
-        }
-        phases.push(phase(&p.name, &p.conditions, p.end - p.start, &p.name)?);
-        at = p.end;
-    }
-    if scenario.duration > at || phases.is_empty() {
-        let left = scenario.duration.saturating_sub(at).max(Duration::from_millis(1));
-        phases.push(phase("baseline", &dep.base, left, "[dependency]")?);
-    }
+    let phases = scenario
+        .segments()
+        .iter()
+        .map(|seg| {
+            let at = if seg.conditions == dep.base { "[dependency]" } else { seg.name.as_str() };
+            phase(&seg.name, &seg.conditions, seg.end - seg.start, dep.queue, at)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut script = Script::single(phases[0].clone());
     script.phases = phases;
     script.seed = Some(scenario.seed);
@@ -73,7 +62,13 @@ pub fn script(scenario: &Scenario) -> Result<Script, NotServed> {
 }
 
 /// One chaos phase of `duration` playing `c`; `at` names it in errors.
-fn phase(name: &str, c: &Conditions, duration: Duration, at: &str) -> Result<Phase, NotServed> {
+fn phase(
+    name: &str,
+    c: &Conditions,
+    duration: Duration,
+    queue: Option<u32>,
+    at: &str,
+) -> Result<Phase, NotServed> {
     if c.error_time.is_some() {
         return Err(NotServed::ErrorTime { at: at.to_string() });
     }
@@ -84,6 +79,7 @@ fn phase(name: &str, c: &Conditions, duration: Duration, at: &str) -> Result<Pha
         status: 503,
         latency: latency(c.service_time, at)?,
         servers: Some(u64::from(c.capacity)),
+        queue: queue.map(u64::from),
         ..Phase::default()
     })
 }
@@ -92,6 +88,7 @@ fn phase(name: &str, c: &Conditions, duration: Duration, at: &str) -> Result<Pha
 fn latency(t: ServiceTime, at: &str) -> Result<Latency, NotServed> {
     match t {
         ServiceTime::Fixed(d) => Ok(Latency::Fixed(d)),
+        ServiceTime::Exponential(mean) => Ok(Latency::Exponential { mean }),
         ServiceTime::LogNormal { median, sigma: 0.0 } => Ok(Latency::Fixed(median)),
         ServiceTime::LogNormal { median, sigma } => {
             Ok(Latency::LogNormal { p50: median, p99: median.mul_f64((Z_P99 * sigma).exp()) })

@@ -10,3 +10,4 @@ pub mod plan_systems;
 pub mod proxy;
 pub mod replay;
 pub mod simulate;
+pub mod verify;

@@ -83,26 +83,7 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         }
         return Ok(());
     }
-    let (mut scenario, text) = match (&args.builtin, &args.file) {
-        (Some(name), _) => {
-            let scenario = builtin::scenario(name).map_err(|e| Failure::usage(e.to_string()))?;
-            (scenario, builtin::text(name).unwrap_or_default().to_string())
-        }
-        (None, Some(path)) => {
-            let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(
-                |e| Failure::usage(format!("{}: cannot read the scenario: {e}", path.display())),
-            )?;
-            let scenario = Scenario::parse(&path.display().to_string(), &text)
-                .map_err(|e| Failure::usage(e.to_string()))?;
-            (scenario, text)
-        }
-        (None, None) => {
-            return Err(Failure::usage(format!(
-                "give a scenario FILE or --builtin NAME (one of: {})",
-                builtin::names().join(", ")
-            )));
-        }
-    };
+    let (mut scenario, text) = load(args.builtin.as_deref(), args.file.as_ref())?;
     if args.print_scenario {
         out.write_all(text.as_bytes())?;
         return Ok(());
@@ -110,19 +91,7 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if let Some(seed) = args.seed {
         scenario.seed = seed;
     }
-    if !args.policies.is_empty() {
-        for wanted in &args.policies {
-            if !scenario.policies.iter().any(|p| &p.name == wanted) {
-                let names: Vec<&str> = scenario.policies.iter().map(|p| p.name.as_str()).collect();
-                return Err(Failure::usage(format!(
-                    "no policy `{wanted}` in scenario {} (it has: {})",
-                    scenario.name,
-                    names.join(", ")
-                )));
-            }
-        }
-        scenario.policies.retain(|p| args.policies.contains(&p.name));
-    }
+    select(&mut scenario, &args.policies)?;
     let jobs =
         args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if jobs == 0 {
@@ -157,6 +126,50 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             writeln!(out, "\nwrote {}", path.display())?;
         }
     }
+    Ok(())
+}
+
+/// The scenario named by `--builtin NAME` or a FILE, and its text.
+pub(crate) fn load(
+    builtin: Option<&str>,
+    file: Option<&PathBuf>,
+) -> Result<(Scenario, String), Failure> {
+    match (builtin, file) {
+        (Some(name), _) => {
+            let scenario = builtin::scenario(name).map_err(|e| Failure::usage(e.to_string()))?;
+            Ok((scenario, builtin::text(name).unwrap_or_default().to_string()))
+        }
+        (None, Some(path)) => {
+            let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(
+                |e| Failure::usage(format!("{}: cannot read the scenario: {e}", path.display())),
+            )?;
+            let scenario = Scenario::parse(&path.display().to_string(), &text)
+                .map_err(|e| Failure::usage(e.to_string()))?;
+            Ok((scenario, text))
+        }
+        (None, None) => Err(Failure::usage(format!(
+            "give a scenario FILE or --builtin NAME (one of: {})",
+            builtin::names().join(", ")
+        ))),
+    }
+}
+
+/// Keeps only the `--policy` names given (all when none), refusing a name the scenario lacks.
+pub(crate) fn select(scenario: &mut Scenario, wanted: &[String]) -> Result<(), Failure> {
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    for name in wanted {
+        if !scenario.policies.iter().any(|p| &p.name == name) {
+            let names: Vec<&str> = scenario.policies.iter().map(|p| p.name.as_str()).collect();
+            return Err(Failure::usage(format!(
+                "no policy `{name}` in scenario {} (it has: {})",
+                scenario.name,
+                names.join(", ")
+            )));
+        }
+    }
+    scenario.policies.retain(|p| wanted.contains(&p.name));
     Ok(())
 }
 

@@ -13,7 +13,7 @@
 //! the printed URL; at the end it prints a side-by-side table and writes an HTML report with
 //! the time series.
 
-mod naive;
+pub(crate) mod naive;
 mod report;
 mod sample;
 mod scenario;
@@ -188,9 +188,10 @@ async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
     let proxy = stormguard_proxy::start(proxy_config(&guarded_up.url(""), args.admin)?)
         .await
         .map_err(|e| Failure::runtime(format!("cannot start the proxy: {e}")))?;
+    let retries = naive::Retries { per_try_timeout: Some(PER_TRY_TIMEOUT), max: 1, backoff: None };
     let naive = naive::start(
         naive_up.url("").parse().map_err(|e| Failure::runtime(format!("{e}")))?,
-        PER_TRY_TIMEOUT,
+        retries,
     )
     .await
     .map_err(|e| Failure::runtime(format!("cannot start the naive client: {e}")))?;
