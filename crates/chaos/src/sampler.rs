@@ -28,12 +28,10 @@
 
 use std::time::Duration;
 
+use stormguard_core::dist::{self, Z_P99, unit};
 use stormguard_core::random::{RandomSource, SplitMix64};
 
 use crate::script::Phase;
-
-/// The 99th percentile of the standard normal distribution.
-const Z99: f64 = 2.326_347_874_040_841;
 
 /// How long a request takes before the server answers it.
 ///
@@ -129,10 +127,10 @@ impl Latency {
                 if p99 <= p50 {
                     return p50;
                 }
-                let sigma = (p99.as_secs_f64() / p50.as_secs_f64()).ln() / Z99;
-                seconds(p50.as_secs_f64() * (sigma * inverse_normal_cdf(u)).exp())
+                let sigma = (p99.as_secs_f64() / p50.as_secs_f64()).ln() / Z_P99;
+                seconds(dist::lognormal(p50.as_secs_f64(), sigma, u))
             }
-            Latency::Exponential { mean } => seconds(mean.as_secs_f64() * -(1.0 - u).ln()),
+            Latency::Exponential { mean } => seconds(dist::exponential(mean.as_secs_f64(), u)),
             Latency::Pareto { min, alpha } => {
                 // P(X > x) = (min / x)^alpha, so x = min / (1 - u)^(1 / alpha).
                 seconds(min.as_secs_f64() / (1.0 - u).powf(1.0 / alpha))
@@ -267,67 +265,6 @@ impl Sampler {
     }
 }
 
-/// A uniform draw in the open interval (0, 1), with 53 bits of precision.
-fn unit(rng: &mut impl RandomSource) -> f64 {
-    ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-}
-
-/// The standard normal quantile function, by Acklam's rational approximation (relative error
-/// below 1.2e-9 over (0, 1)): one uniform in, one normal out, so a draw's rank is preserved and
-/// the fitted quantiles come out exact.
-pub fn inverse_normal_cdf(p: f64) -> f64 {
-    const A: [f64; 6] = [
-        -3.969_683_028_665_376e1,
-        2.209_460_984_245_205e2,
-        -2.759_285_104_469_687e2,
-        1.383_577_518_672_69e2,
-        -3.066_479_806_614_716e1,
-        2.506_628_277_459_239,
-    ];
-    const B: [f64; 5] = [
-        -5.447_609_879_822_406e1,
-        1.615_858_368_580_409e2,
-        -1.556_989_798_598_866e2,
-        6.680_131_188_771_972e1,
-        -1.328_068_155_288_572e1,
-    ];
-    const C: [f64; 6] = [
-        -7.784_894_002_430_293e-3,
-        -3.223_964_580_411_365e-1,
-        -2.400_758_277_161_838,
-        -2.549_732_539_343_734,
-        4.374_664_141_464_968,
-        2.938_163_982_698_783,
-    ];
-    const D: [f64; 4] = [
-        7.784_695_709_041_462e-3,
-        3.224_671_290_700_398e-1,
-        2.445_134_137_142_996,
-        3.754_408_661_907_416,
-    ];
-    const LOW: f64 = 0.024_25;
-    if p <= 0.0 {
-        return f64::NEG_INFINITY;
-    }
-    if p >= 1.0 {
-        return f64::INFINITY;
-    }
-    let tail = |q: f64| {
-        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
-            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
-    };
-    if p < LOW {
-        tail((-2.0 * p.ln()).sqrt())
-    } else if p <= 1.0 - LOW {
-        let q = p - 0.5;
-        let r = q * q;
-        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
-            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
-    } else {
-        -tail((-2.0 * (1.0 - p).ln()).sqrt())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,19 +290,6 @@ mod tests {
     fn within(actual: Duration, expected: Duration, tolerance: f64) -> bool {
         let (a, e) = (actual.as_secs_f64(), expected.as_secs_f64());
         (a - e).abs() <= tolerance * e
-    }
-
-    #[test]
-    fn inverse_normal_known_values() {
-        assert!(inverse_normal_cdf(0.5).abs() < 1e-9);
-        assert!((inverse_normal_cdf(0.99) - Z99).abs() < 1e-8);
-        assert!((inverse_normal_cdf(0.975) - 1.959_963_984_540_054).abs() < 1e-8);
-        assert!((inverse_normal_cdf(0.001) + 3.090_232_306_167_813).abs() < 1e-7);
-        assert!((inverse_normal_cdf(0.01) + Z99).abs() < 1e-8);
-        assert_eq!(inverse_normal_cdf(0.0), f64::NEG_INFINITY);
-        // Monotone across the region boundaries.
-        let ps = [0.02, 0.024_25, 0.025, 0.5, 0.975, 0.975_75, 0.98];
-        assert!(ps.windows(2).all(|w| inverse_normal_cdf(w[0]) < inverse_normal_cdf(w[1])));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod decimal;
 pub mod decision;
 pub mod defaults;
 pub mod denied;
+pub mod dist;
 pub mod error;
 pub mod format;
 pub mod hedge;

@@ -11,10 +11,8 @@ use std::fmt;
 use std::time::Duration;
 
 use stormguard_core::decimal::{format_duration, parse_duration};
+use stormguard_core::dist::Z_P99;
 use stormguard_core::random::{RandomSource, SplitMix64};
-
-/// The z-score of the 99th percentile of a standard normal distribution.
-const Z_P99: f64 = 2.326_347_874_040_841;
 
 /// How long the dependency works on one attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -11,11 +11,9 @@
 use std::time::Duration;
 
 use stormguard_chaos::{Latency, Phase, Script};
+use stormguard_core::dist::Z_P99;
 use stormguard_sim::ServiceTime;
 use stormguard_sim::scenario::{Conditions, Scenario};
-
-/// The z-score of the 99th percentile of a standard normal distribution.
-const Z_P99: f64 = 2.326_347_874_040_841;
 
 /// Why a scenario's dependency cannot be served by chaos (yet).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -47,7 +47,7 @@ simulator's own arrivals) and prints, per policy and segment, predicted beside m
 flight at the dependency (mean, p99, max), amplification, success rate, latency p50 and p99.
 
   stormguard verify --builtin worked-example
-  stormguard verify my-scenario.toml --policy ratio-budget+cap20 --json
+  stormguard verify deploy/examples/storm.toml --policy ratio-budget --json
 
 Exit codes: 0 every stormguard policy agreed within the tolerance, 1 one did not (or the run
 failed), 2 bad flags or a scenario that cannot run live (the reason is printed).")]
