@@ -237,8 +237,8 @@ struct Shared {
     phase_headers: Vec<HeaderValue>,
     bodies: Vec<Bytes>,
     limiters: Vec<Option<RateLimiter>>,
-    /// Each phase's servers, when it has a number of them.
-    servers: Vec<Option<Servers>>,
+    /// The servers, one pool across the phases that have a number of them.
+    servers: Servers,
     sampler: Sampler,
     on_disconnect: OnDisconnect,
     clock: PhaseClock,
@@ -263,19 +263,7 @@ impl Shared {
                 .collect(),
             bodies: phases.iter().map(|p| body_of(p.body_bytes)).collect(),
             limiters: phases.iter().map(|p| p.rate_limit.map(RateLimiter::new)).collect(),
-            servers: phases
-                .iter()
-                .map(|p| {
-                    let n = usize::try_from(p.servers?).unwrap_or(usize::MAX);
-                    Some(Servers {
-                        free: Arc::new(tokio::sync::Semaphore::new(
-                            n.min(tokio::sync::Semaphore::MAX_PERMITS),
-                        )),
-                        waiting: AtomicU64::new(0),
-                        queue: p.queue,
-                    })
-                })
-                .collect(),
+            servers: Servers::new(),
             sampler: Sampler::new(config.seed),
             on_disconnect: config.on_disconnect,
             clock: PhaseClock::starting(
@@ -991,30 +979,93 @@ fn concurrency_headers(resp: &mut Response<ChaosBody>, phase: &Phase, in_flight:
     }
 }
 
-/// A phase's servers: FIFO (tokio's semaphore is fair), with a bounded or unbounded line.
+/// The dependency's servers: one pool, FIFO (tokio's semaphore is fair), resized to each
+/// phase's `servers` when the phase's first request comes — as the simulator's dependency keeps
+/// one set of servers and one queue whose capacity a phase changes. Growing adds servers at
+/// once; shrinking retires idle ones at once and busy ones as they finish (no work is cut
+/// short). A request still waiting from an earlier phase keeps its place in line.
 #[derive(Debug)]
 struct Servers {
     free: Arc<tokio::sync::Semaphore>,
+    /// Servers still to retire as they finish their work.
+    debt: Arc<AtomicU64>,
     /// Requests waiting for a server now.
     waiting: AtomicU64,
-    /// The most that may wait; `None`: no bound.
-    queue: Option<u64>,
+    /// The phase whose size is in force (`usize::MAX`: none yet), and that size.
+    sized: Mutex<(usize, u64)>,
+    sized_phase: AtomicUsize,
+}
+
+/// A server held while a request is worked on; retired on release if the pool shrank.
+struct Server {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    debt: Arc<AtomicU64>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let retire =
+            self.debt.fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1));
+        if let (Ok(_), Some(p)) = (retire, self.permit.take()) {
+            p.forget();
+        }
+    }
 }
 
 impl Servers {
-    /// A server, at once or after waiting in line; `None` when every server is busy and the
-    /// line is full.
-    async fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if let Ok(server) = self.free.clone().try_acquire_owned() {
-            return Some(server);
+    fn new() -> Servers {
+        Servers {
+            free: Arc::new(tokio::sync::Semaphore::new(0)),
+            debt: Arc::new(AtomicU64::new(0)),
+            waiting: AtomicU64::new(0),
+            sized: Mutex::new((usize::MAX, 0)),
+            sized_phase: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// Makes the pool `n` servers for `phase` (once per phase change).
+    fn resize(&self, phase: usize, n: u64) {
+        if self.sized_phase.load(Ordering::Acquire) == phase {
+            return;
+        }
+        let mut sized = self.sized.lock().unwrap_or_else(|e| e.into_inner());
+        if sized.0 == phase {
+            return;
+        }
+        let n = n.min(tokio::sync::Semaphore::MAX_PERMITS as u64);
+        let old = sized.1;
+        if n > old {
+            // Cancel retirements still owed before adding servers.
+            let mut more = n - old;
+            let owed = self.debt.swap(0, Ordering::AcqRel);
+            let cancelled = owed.min(more);
+            self.debt.fetch_add(owed - cancelled, Ordering::AcqRel);
+            more -= cancelled;
+            self.free.add_permits(more as usize);
+        } else if n < old {
+            let cut = old - n;
+            let idle = self.free.forget_permits(cut as usize) as u64;
+            self.debt.fetch_add(cut - idle, Ordering::AcqRel);
+        }
+        *sized = (phase, n);
+        self.sized_phase.store(phase, Ordering::Release);
+    }
+
+    /// A server, at once or after waiting in line; `None` when every server is busy and
+    /// `queue` (if any) are already waiting.
+    async fn take(&self, queue: Option<u64>) -> Option<Server> {
+        let debt = self.debt.clone();
+        if let Ok(permit) = self.free.clone().try_acquire_owned() {
+            return Some(Server { permit: Some(permit), debt });
         }
         let waiting = self.waiting.fetch_add(1, Ordering::AcqRel);
         // Leaves the line however the wait ends (served, or the request cancelled).
         let _in_line = scopeguard(&self.waiting);
-        if self.queue.is_some_and(|q| waiting >= q) {
+        if queue.is_some_and(|q| waiting >= q) {
             return None;
         }
-        Some(self.free.clone().acquire_owned().await.expect("never closed"))
+        let permit = self.free.clone().acquire_owned().await.expect("never closed");
+        Some(Server { permit: Some(permit), debt })
     }
 }
 
@@ -1041,16 +1092,19 @@ async fn work(
     let shared = guard.shared.clone();
     // With a number of servers, the request waits for one (first come, first served), and
     // holds it while it is worked on; past a bounded queue it is answered at once.
-    let _server = match &shared.servers[guard.phase] {
-        Some(servers) => match servers.take().await {
-            Some(server) => Some(server),
-            None => {
-                let phase = &shared.phases[guard.phase];
-                let status =
-                    StatusCode::from_u16(phase.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-                return Ok(respond(guard, status, Bytes::from_static(b"queue full\n")));
+    let phase = &shared.phases[guard.phase];
+    let _server = match phase.servers {
+        Some(n) => {
+            shared.servers.resize(guard.phase, n);
+            match shared.servers.take(phase.queue).await {
+                Some(server) => Some(server),
+                None => {
+                    let status = StatusCode::from_u16(phase.status)
+                        .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                    return Ok(respond(guard, status, Bytes::from_static(b"queue full\n")));
+                }
             }
-        },
+        }
         None => None,
     };
     if !draw.latency.is_zero() {

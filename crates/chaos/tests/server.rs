@@ -387,6 +387,39 @@ async fn servers_work_on_so_many_at_once_and_queue_the_rest() {
     assert_eq!(lineless.validate().unwrap_err().key(), "queue");
 }
 
+/// The servers are one pool across phases, as the simulator's: two servers for 100 ms, then
+/// one. Two requests of 300 ms take both at 0; a third at 150 ms finds the pool shrunk to one
+/// with both still busy, so it waits for the first to finish *and* for the retired server not
+/// to come back: it is served at 300 ms and answers at about 600 ms (a pool of its own per
+/// phase would have served it at once, answering at 450 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_are_one_pool_resized_by_each_phase() {
+    let phase = |name: &str, servers, duration| Phase {
+        name: name.into(),
+        latency: fixed(300),
+        servers: Some(servers),
+        duration,
+        ..Phase::default()
+    };
+    let mut c = ChaosConfig::single(phase("two", 2, Some(ms(100))));
+    c.script.phases.push(phase("one", 1, None));
+    let s = stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = s.local_addr();
+    let start = Instant::now();
+    let call = |after: u64| {
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(after)).await;
+            let got = get(addr, "/").await.unwrap();
+            assert_eq!(got.status, 200);
+            start.elapsed()
+        })
+    };
+    let (a, b, c) = (call(0), call(0), call(150));
+    let (a, b, c) = (a.await.unwrap(), b.await.unwrap(), c.await.unwrap());
+    assert!(a < ms(450) && b < ms(450), "the first two at once: {a:?} {b:?}");
+    assert!(c >= ms(580), "the third waited for the one server left: {c:?}");
+}
+
 /// `servers = 2, queue = 2`: of six requests at once, two are worked on, two wait, and the last
 /// two find the line full and are answered 503 at once — as the simulator's bounded queue does.
 /// Without the bound (above) all six are served.

@@ -238,8 +238,10 @@ pub struct Phase {
     /// threads and a queue in front of them: a request that arrives with every server busy
     /// waits, first come first served, then takes its drawn latency — the simulator's
     /// dependency (`capacity` servers and a queue). Waiting requests count as in flight (the
-    /// dependency has them). A request is served by the servers of the phase it arrived in.
-    /// TOML `servers`; default none (every request is worked on at once). Not with `workers`.
+    /// dependency has them). The servers are one pool across the phases: a phase's number
+    /// resizes it when the phase begins (fewer: busy servers retire as they finish, no work is
+    /// cut short), and a request waiting from an earlier phase keeps its place in line. TOML
+    /// `servers`; default none (every request is worked on at once). Not with `workers`.
     pub servers: Option<u64>,
     /// With `servers`: how many requests may wait for one (>= 0); a request that finds every
     /// server busy and this many waiting is answered at once with the phase's `status` — the

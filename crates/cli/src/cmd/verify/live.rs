@@ -104,6 +104,19 @@ impl Plan {
         Ok(Plan::Proxy(Box::new(d)))
     }
 
+    /// Checks what the plan will run, before anything runs: the proxy's config as the proxy
+    /// would check it.
+    pub fn check(&self) -> Result<(), Failure> {
+        match self {
+            Plan::Proxy(d) => {
+                ProxyConfig::single(SocketAddr::from(([127, 0, 0, 1], 0)), (**d).clone())
+                    .validate()
+                    .map_err(|e| Failure::usage(format!("the proxy's config: {e}")))
+            }
+            Plan::Naive(_) => Ok(()),
+        }
+    }
+
     /// What stands in front of chaos, in words.
     pub fn front_name(&self) -> &'static str {
         match self {

@@ -116,9 +116,19 @@ pub fn verify(scenario: &Scenario, tolerance: f64) -> Result<Comparison, Failure
         .enable_all()
         .build()
         .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    // Every plan is made and checked before the first live run, so a policy the proxy refuses
+    // is reported at once, not after the others have run.
+    let plans: Vec<_> = scenario.policies.iter().map(|p| live::Plan::of(scenario, p)).collect();
+    for (policy, plan) in scenario.policies.iter().zip(&plans) {
+        if let Ok(plan) = plan {
+            plan.check().map_err(|e| {
+                Failure::usage(format!("{}: policy {}: {}", scenario.name, policy.name, e.message))
+            })?;
+        }
+    }
     let mut policies = Vec::new();
-    for (policy, report) in scenario.policies.iter().zip(&predicted.policies) {
-        let run = match live::Plan::of(scenario, policy) {
+    for ((policy, report), plan) in scenario.policies.iter().zip(&predicted.policies).zip(plans) {
+        let run = match plan {
             Ok(plan) => {
                 tracing::info!(
                     policy = %policy.name,
