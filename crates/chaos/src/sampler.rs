@@ -254,6 +254,14 @@ impl Sampler {
         Draw { action, latency }
     }
 
+    /// Request `k`'s latency under `phase`: the latency of [`Sampler::draw`], from the same
+    /// uniform, so a request keeps its rank under another phase's distribution.
+    pub fn latency(&self, phase: &Phase, k: u64) -> Duration {
+        let mut rng = self.rng_for(k);
+        rng.next_u64();
+        phase.latency.quantile(unit(&mut rng)).min(phase.latency_max)
+    }
+
     /// Whether request `k`'s streamed answer is cut after its first event, at `rate` (a
     /// fraction in `[0, 1]`): the third uniform of `k`'s generator, after the two of
     /// [`Sampler::draw`], so it never changes the action or the latency.
@@ -290,6 +298,15 @@ mod tests {
     fn within(actual: Duration, expected: Duration, tolerance: f64) -> bool {
         let (a, e) = (actual.as_secs_f64(), expected.as_secs_f64());
         (a - e).abs() <= tolerance * e
+    }
+
+    #[test]
+    fn a_latency_alone_is_the_draws() {
+        let phase =
+            Phase { latency: Latency::LogNormal { p50: ms(20), p99: ms(90) }, ..Phase::default() };
+        for k in 0..100 {
+            assert_eq!(Sampler::new(5).latency(&phase, k), Sampler::new(5).draw(&phase, k).latency);
+        }
     }
 
     #[test]

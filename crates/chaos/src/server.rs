@@ -444,6 +444,8 @@ struct InFlight {
     shared: Arc<Shared>,
     epoch: Arc<Epoch>,
     phase: usize,
+    /// The request's sequence number: the sampler's `k`.
+    seq: u64,
     /// The handler has really finished (answer delivered, reset or truncation done). Dropped
     /// without it, the client left first.
     done: bool,
@@ -819,7 +821,7 @@ async fn handle(
     let epoch = shared.epoch();
     let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
     let n = shared.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-    let guard = InFlight { shared: shared.clone(), epoch, phase: phase_index, done: false };
+    let guard = InFlight { shared: shared.clone(), epoch, phase: phase_index, seq, done: false };
     guard.record(|c| c.arrive(n, retry));
     let phase = &shared.phases[phase_index];
     // The draw is a pure function of the sequence number: made now, so an overloaded provider
@@ -1083,7 +1085,7 @@ fn scopeguard(count: &AtomicU64) -> impl Drop + '_ {
 /// The drawn work: wait, then answer (or reset).
 async fn work(
     mut guard: InFlight,
-    draw: Draw,
+    mut draw: Draw,
     h2: bool,
     conn_reset: Arc<AtomicBool>,
     n: u64,
@@ -1107,6 +1109,14 @@ async fn work(
         }
         None => None,
     };
+    // A request that waited into a later phase takes that phase's service time (its own
+    // uniform, so its rank): the simulator draws a service time when service starts.
+    if _server.is_some() {
+        let now = shared.clock.current();
+        if now != guard.phase && shared.phases[now].servers.is_some() {
+            draw.latency = shared.sampler.latency(&shared.phases[now], guard.seq);
+        }
+    }
     if !draw.latency.is_zero() {
         tokio::time::sleep(draw.latency).await;
     }

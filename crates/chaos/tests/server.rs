@@ -420,6 +420,37 @@ async fn the_servers_are_one_pool_resized_by_each_phase() {
     assert!(c >= ms(580), "the third waited for the one server left: {c:?}");
 }
 
+/// A request that waits for a server into the next phase is served at that phase's service
+/// time, as the simulator draws a service time when service starts: one server, 300 ms for the
+/// first 100 ms, then 50 ms. A request at 50 ms waits behind the first until 300 ms and answers
+/// at about 350 ms (at its arrival phase's 300 ms it would answer at 600 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_takes_the_service_time_of_the_phase_that_serves_it() {
+    let phase = |name: &str, latency, duration| Phase {
+        name: name.into(),
+        latency: fixed(latency),
+        servers: Some(1),
+        duration,
+        ..Phase::default()
+    };
+    let mut c = ChaosConfig::single(phase("slow", 300, Some(ms(100))));
+    c.script.phases.push(phase("fast", 50, None));
+    let s = stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = s.local_addr();
+    let start = Instant::now();
+    let call = |after: u64| {
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(after)).await;
+            assert_eq!(get(addr, "/").await.unwrap().status, 200);
+            start.elapsed()
+        })
+    };
+    let (a, b) = (call(0), call(50));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert!(a >= ms(300) && a < ms(450), "the first at the slow phase's 300 ms: {a:?}");
+    assert!(b >= ms(340) && b < ms(500), "the second served in the fast phase: {b:?}");
+}
+
 /// `servers = 2, queue = 2`: of six requests at once, two are worked on, two wait, and the last
 /// two find the line full and are answered 503 at once — as the simulator's bounded queue does.
 /// Without the bound (above) all six are served.

@@ -119,15 +119,18 @@ async fn run(case: Case, admission: bool) -> (u64, u64) {
     (seen.get(&429).copied().unwrap_or(0), seen.get(&200).copied().unwrap_or(0))
 }
 
+/// With and without admission side by side (each its own provider and proxy; the load is
+/// light, tens of requests a second).
 async fn judge(case: Case) {
-    let (limited, served) = run(case, true).await;
+    let (with, without) = tokio::join!(run(case, true), run(case, false));
+    let (limited, served) = with;
     let reached = limited + served;
     eprintln!("with rate admission: {served} served, {limited} 429s at the provider");
     assert!(limited * 100 <= reached.max(1), "{limited} 429s of {reached} at the provider");
     // What the refill allows over the run.
     let refill = SECS * case.per_minute() / 60;
     assert!(served * 10 >= refill * 9, "{served} served, the limit allows {refill}");
-    let (limited, served) = run(case, false).await;
+    let (limited, served) = without;
     eprintln!("without: {served} served, {limited} 429s at the provider");
     assert!(limited * 10 >= (limited + served) * 4, "{limited} 429s of {}", limited + served);
 }

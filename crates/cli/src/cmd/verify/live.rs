@@ -77,8 +77,7 @@ impl Plan {
             return Err(NotLive::NaiveUnderCap);
         }
         // The upstream is chaos's, known once it listens.
-        let mut d =
-            ProxyDependency::new(&policy.name, http::Uri::from_static("http://127.0.0.1:9"));
+        let mut d = ProxyDependency::new("verify", http::Uri::from_static("http://127.0.0.1:9"));
         d.cap = cap.cap;
         d.queue = cap.queue_len;
         d.queue_timeout = cap.queue_timeout;
