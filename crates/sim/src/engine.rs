@@ -775,9 +775,10 @@ impl<'s> Run<'s> {
     /// `now`, or `None` past the horizon.
     fn arrival_after(&mut self, i: u32, k: u64) -> Option<u64> {
         let Load::Open { rate, arrivals } = self.sc.fleet.load else { return None };
+        let recorded = self.sc.fleet.recorded.clone();
         next_arrival(
             &mut self.arrival_rngs[i as usize],
-            (rate, arrivals),
+            (rate, arrivals, recorded.as_deref()),
             (i, self.sc.fleet.instances),
             k,
             self.now,
@@ -1852,11 +1853,11 @@ pub(crate) fn budget_percent(p: &PolicyConfig) -> Option<f64> {
 }
 
 /// Instance `i` (of `instances`)'s arrival number `k` (0-based), the previous one having come
-/// at `now`: an exponential gap drawn from the instance's own stream, or the uniform timetable
-/// (each instance offset by its share of the period).
+/// at `now`: an exponential gap drawn from the instance's own stream, the uniform timetable
+/// (each instance offset by its share of the period), or the `k`-th recorded instant.
 fn next_arrival(
     rng: &mut SplitMix64,
-    (rate, arrivals): (f64, Arrivals),
+    (rate, arrivals, recorded): (f64, Arrivals, Option<&[u64]>),
     (i, instances): (u32, u32),
     k: u64,
     now: u64,
@@ -1867,6 +1868,7 @@ fn next_arrival(
         Arrivals::Uniform => {
             (period * f64::from(i) / f64::from(instances) + period * k as f64) as u64
         }
+        Arrivals::Recorded => *recorded?.get(usize::try_from(k).ok()?)?,
     })
 }
 
@@ -1881,8 +1883,9 @@ pub fn arrivals(sc: &Scenario) -> Option<Vec<(Duration, u32)>> {
     for i in 0..sc.fleet.instances {
         let mut rng = SplitMix64::new(mix(seed, u64::from(i)));
         let (mut now, mut k) = (0, 0);
+        let recorded = sc.fleet.recorded.as_deref();
         while let Some(at) =
-            next_arrival(&mut rng, (rate, arrivals), (i, sc.fleet.instances), k, now)
+            next_arrival(&mut rng, (rate, arrivals, recorded), (i, sc.fleet.instances), k, now)
                 .filter(|at| *at < horizon)
         {
             out.push((Duration::from_nanos(at), i));

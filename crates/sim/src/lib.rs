@@ -41,6 +41,7 @@ mod rate;
 mod report;
 pub mod scenario;
 mod stats;
+mod trace;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;

@@ -462,6 +462,7 @@ impl Report {
                 let a = match arrivals {
                     crate::scenario::Arrivals::Poisson => "poisson",
                     crate::scenario::Arrivals::Uniform => "uniform",
+                    crate::scenario::Arrivals::Recorded => "recorded",
                 };
                 format!("{rate}/s open loop ({a})")
             }

@@ -158,3 +158,48 @@ fn the_arrivals_given_out_are_the_ones_the_model_runs() {
             .is_none()
     );
 }
+
+/// A trace the proxy recorded runs as the fleet's arrivals: its first tries of the chosen
+/// dependency, at their instants, and nothing else (other dependencies, other events and what
+/// comes after `duration` are left out). A trace that cannot be used is refused at its key,
+/// naming the file and the line.
+#[test]
+fn a_recorded_trace_is_the_arrivals() {
+    let dir = std::env::temp_dir().join(format!("sg-sim-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut trace = String::new();
+    for ms in (0..3_000).step_by(7) {
+        trace.push_str(&format!("{{\"t_ms\":{ms},\"op\":\"request\",\"dependency\":\"pay\"}}\n"));
+        trace.push_str(&format!("{{\"t_ms\":{ms},\"op\":\"success\",\"dependency\":\"pay\"}}\n"));
+        trace.push_str(&format!("{{\"t_ms\":{ms},\"op\":\"request\",\"dependency\":\"ship\"}}\n"));
+    }
+    std::fs::write(dir.join("incident.jsonl"), &trace).unwrap();
+    let scenario = |fleet: &str| {
+        let text = format!(
+            "duration = \"2s\"\n[fleet]\n{fleet}\n[dependency]\ncapacity = 50\n\
+             service_time = \"fixed 20ms\"\n[[policy]]\nretries = 0\n"
+        );
+        let path = dir.join("s.toml");
+        std::fs::write(&path, text).unwrap();
+        stormguard_sim::Scenario::from_file(&path)
+    };
+    let sc = scenario("trace = \"incident.jsonl\"\ntrace_dependency = \"pay\"").unwrap();
+    let arrivals = stormguard_sim::arrivals(&sc).unwrap();
+    let expected: Vec<_> = (0..2_000u64).step_by(7).map(std::time::Duration::from_millis).collect();
+    assert_eq!(arrivals.iter().map(|(t, _)| *t).collect::<Vec<_>>(), expected);
+    let report = stormguard_sim::simulate(&sc).unwrap();
+    assert_eq!(report.policies[0].actions, expected.len() as u64);
+
+    let err = |fleet: &str| scenario(fleet).unwrap_err().to_string();
+    let e = err("trace = \"incident.jsonl\"");
+    assert!(e.contains("fleet.trace") && e.contains("more than one dependency (pay, ship)"), "{e}");
+    let e = err("trace = \"incident.jsonl\"\nrate = 10");
+    assert!(e.contains("fleet.rate") && e.contains("either trace or rate"), "{e}");
+    std::fs::write(dir.join("broken.jsonl"), "{\"t_ms\":1,\"op\":\"request\"}\nnot json\n")
+        .unwrap();
+    let e = err("trace = \"broken.jsonl\"");
+    assert!(e.contains("broken.jsonl:2: not JSON"), "{e}");
+    let e = err("trace = \"missing.jsonl\"");
+    assert!(e.contains("cannot read the trace"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

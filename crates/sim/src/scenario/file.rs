@@ -54,6 +54,8 @@ pub(super) struct FleetFile {
     pub fan_out: Option<u64>,
     pub input_tokens: Option<u64>,
     pub max_tokens: Option<u64>,
+    pub trace: Option<String>,
+    pub trace_dependency: Option<String>,
 }
 
 /// `[client]`.
@@ -260,7 +262,9 @@ impl Scenario {
             .trim_end_matches(".toml")
             .trim_start_matches("--builtin ")
             .to_string();
-        file.into_scenario(default_name).map_err(|e| doc.invalid(e))
+        // A trace named by a file is found beside it.
+        let base = std::path::Path::new(origin).parent().map(Path::to_path_buf);
+        file.into_scenario(default_name, base.as_deref()).map_err(|e| doc.invalid(e))
     }
 }
 

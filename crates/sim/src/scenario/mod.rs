@@ -110,6 +110,9 @@ pub struct Fleet {
     pub load: Load,
     /// Parallel calls to the dependency per user action, 1..=100. Default 1.
     pub fan_out: u32,
+    /// With [`Arrivals::Recorded`]: the recorded first tries' instants from the start of the
+    /// run, in nanoseconds, in order (those before `duration`).
+    pub recorded: Option<std::sync::Arc<[u64]>>,
     /// What each call sends a model provider: its prompt, in tokens, 0..=10^8. Default 0.
     pub input_tokens: u64,
     /// The most output tokens each call asks for (a request's `max_tokens`), 0..=10^8.
@@ -161,6 +164,10 @@ pub enum Arrivals {
     /// Evenly spaced, each instance offset by a share of the gap: the worked example's
     /// arithmetic, without the noise.
     Uniform,
+    /// At the instants of a recorded trace (`[fleet] trace = "FILE"`): the first tries the
+    /// proxy's record mode wrote, so a real incident's arrivals run through the model.
+    #[serde(skip)]
+    Recorded,
 }
 
 /// The client's timeouts and what it retries.
@@ -756,6 +763,12 @@ pub enum InvalidScenario {
     /// `arrivals` with a closed loop.
     #[error("arrivals are for open loop (rate)")]
     ArrivalsInClosedLoop,
+    /// A trace that cannot be used as arrivals.
+    #[error("{reason}")]
+    Trace {
+        /// Why: the file, and the line where it went wrong.
+        reason: String,
+    },
     /// A key the scenario needs.
     #[error("missing: {what}")]
     Missing {

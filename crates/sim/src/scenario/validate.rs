@@ -121,7 +121,11 @@ impl Table {
 }
 
 impl ScenarioFile {
-    pub(super) fn into_scenario(self, default_name: String) -> Rule<Scenario> {
+    pub(super) fn into_scenario(
+        self,
+        default_name: String,
+        base: Option<&std::path::Path>,
+    ) -> Rule<Scenario> {
         let root = Table::root();
         let duration = self.duration.unwrap_or(Duration::from_secs(60));
         if duration.is_zero() || duration > Duration::from_secs(86_400) {
@@ -136,7 +140,7 @@ impl ScenarioFile {
         }
         let recovered_at = root.fraction("recovered_at", self.recovered_at)?.unwrap_or(0.95);
         let fleet_table = root.sub("fleet");
-        let fleet = self.fleet.check(&fleet_table)?;
+        let fleet = self.fleet.check(&fleet_table, base, duration)?;
         let client = self.client.check(&root.sub("client"))?;
         let call_tokens = fleet.input_tokens.saturating_add(fleet.max_tokens);
         let dependency = self.dependency.check(&root.sub("dependency"), call_tokens)?;
@@ -166,16 +170,53 @@ impl ScenarioFile {
 }
 
 impl FleetFile {
-    fn check(&self, t: &Table) -> Rule<Fleet> {
+    fn check(&self, t: &Table, base: Option<&std::path::Path>, duration: Duration) -> Rule<Fleet> {
         let instances = t.range32("instances", self.instances, 1, 10_000)?.unwrap_or(1);
         let fan_out = t.range32("fan_out", self.fan_out, 1, 100)?.unwrap_or(1);
-        let rate = t.finite("rate", self.rate)?;
+        let mut recorded = None;
+        let rate = match &self.trace {
+            Some(path) => {
+                for (key, given) in [
+                    ("rate", self.rate.is_some()),
+                    ("concurrency", self.concurrency.is_some()),
+                    ("arrivals", self.arrivals.is_some()),
+                ] {
+                    if given {
+                        let reason = format!("give either trace or {key}, not both");
+                        return Err(t.fail(key, InvalidScenario::Trace { reason }));
+                    }
+                }
+                if instances != 1 {
+                    let reason = "a trace is the whole fleet's arrivals: leave instances at 1";
+                    return Err(
+                        t.fail("instances", InvalidScenario::Trace { reason: reason.into() })
+                    );
+                }
+                let at = base.map_or_else(|| std::path::PathBuf::from(path), |b| b.join(path));
+                let times =
+                    crate::trace::first_tries(&at, self.trace_dependency.as_deref(), duration)
+                        .map_err(|reason| t.fail("trace", InvalidScenario::Trace { reason }))?;
+                let rate = times.len() as f64 / duration.as_secs_f64();
+                recorded = Some(times.into());
+                Some(rate.max(f64::MIN_POSITIVE))
+            }
+            None => {
+                if self.trace_dependency.is_some() {
+                    let reason = "trace_dependency needs trace".to_string();
+                    return Err(t.fail("trace_dependency", InvalidScenario::Trace { reason }));
+                }
+                t.finite("rate", self.rate)?
+            }
+        };
         let concurrency = t.range32("concurrency", self.concurrency, 1, 100_000)?;
         let load = match (rate, concurrency) {
             (Some(_), Some(_)) => {
                 return Err(t.fail("concurrency", InvalidScenario::OpenAndClosed));
             }
             (None, None) => return Err(t.fail("rate", InvalidScenario::NoLoad)),
+            (Some(rate), None) if recorded.is_some() => {
+                Load::Open { rate, arrivals: Arrivals::Recorded }
+            }
             (Some(rate), None) => {
                 if rate <= 0.0 || rate > 10_000_000.0 {
                     return Err(t.fail("rate", InvalidScenario::Rate { got: rate }));
@@ -197,6 +238,7 @@ impl FleetFile {
         Ok(Fleet {
             instances,
             load,
+            recorded,
             fan_out,
             input_tokens: input_tokens.unwrap_or(0),
             max_tokens: max_tokens.unwrap_or(0),

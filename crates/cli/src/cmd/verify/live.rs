@@ -191,7 +191,12 @@ pub async fn run(sc: &Scenario, plan: &Plan) -> Result<Vec<Measured>, Failure> {
     let t0 = chaos.started();
     let samples = sample_in_flight(chaos.clone(), t0, sc.duration);
     let outcomes = send(sc, target, t0).await?;
-    let samples = samples.join().map_err(|_| Failure::runtime("the in-flight sampler failed"))?;
+    // The sampler stops at the end of arrivals; joined off the runtime's threads.
+    let samples = tokio::task::spawn_blocking(move || samples.join())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| Failure::runtime("the in-flight sampler failed"))?;
     let stats = chaos.stats();
     if let Front::Proxy(p) = front {
         p.shutdown().await;
