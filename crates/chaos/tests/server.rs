@@ -394,30 +394,41 @@ async fn servers_work_on_so_many_at_once_and_queue_the_rest() {
 /// phase would have served it at once, answering at 450 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_servers_are_one_pool_resized_by_each_phase() {
-    let phase = |name: &str, servers, duration| Phase {
+    let done = two_phases((2, 300), (1, 300), &[0, 0, 150]).await;
+    assert!(done[0] < ms(450) && done[1] < ms(450), "the first two at once: {done:?}");
+    assert!(done[2] >= ms(580), "the third waited for the one server left: {done:?}");
+}
+
+/// Two phases of servers with fixed service times, (servers, ms) each, the first 100 ms long;
+/// a GET sent at each offset (ms); when each answered (200), from the start.
+async fn two_phases(first: (u64, u64), second: (u64, u64), at: &[u64]) -> Vec<Duration> {
+    let phase = |name: &str, (servers, latency): (u64, u64), duration| Phase {
         name: name.into(),
-        latency: fixed(300),
+        latency: fixed(latency),
         servers: Some(servers),
         duration,
         ..Phase::default()
     };
-    let mut c = ChaosConfig::single(phase("two", 2, Some(ms(100))));
-    c.script.phases.push(phase("one", 1, None));
+    let mut c = ChaosConfig::single(phase("first", first, Some(ms(100))));
+    c.script.phases.push(phase("second", second, None));
     let s = stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let addr = s.local_addr();
     let start = Instant::now();
-    let call = |after: u64| {
-        tokio::spawn(async move {
-            tokio::time::sleep(ms(after)).await;
-            let got = get(addr, "/").await.unwrap();
-            assert_eq!(got.status, 200);
-            start.elapsed()
+    let calls: Vec<_> = at
+        .iter()
+        .map(|&after| {
+            tokio::spawn(async move {
+                tokio::time::sleep(ms(after)).await;
+                assert_eq!(get(addr, "/").await.unwrap().status, 200);
+                start.elapsed()
+            })
         })
-    };
-    let (a, b, c) = (call(0), call(0), call(150));
-    let (a, b, c) = (a.await.unwrap(), b.await.unwrap(), c.await.unwrap());
-    assert!(a < ms(450) && b < ms(450), "the first two at once: {a:?} {b:?}");
-    assert!(c >= ms(580), "the third waited for the one server left: {c:?}");
+        .collect();
+    let mut done = Vec::new();
+    for c in calls {
+        done.push(c.await.unwrap());
+    }
+    done
 }
 
 /// A request that waits for a server into the next phase is served at that phase's service
@@ -426,27 +437,8 @@ async fn the_servers_are_one_pool_resized_by_each_phase() {
 /// at about 350 ms (at its arrival phase's 300 ms it would answer at 600 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_request_takes_the_service_time_of_the_phase_that_serves_it() {
-    let phase = |name: &str, latency, duration| Phase {
-        name: name.into(),
-        latency: fixed(latency),
-        servers: Some(1),
-        duration,
-        ..Phase::default()
-    };
-    let mut c = ChaosConfig::single(phase("slow", 300, Some(ms(100))));
-    c.script.phases.push(phase("fast", 50, None));
-    let s = stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let addr = s.local_addr();
-    let start = Instant::now();
-    let call = |after: u64| {
-        tokio::spawn(async move {
-            tokio::time::sleep(ms(after)).await;
-            assert_eq!(get(addr, "/").await.unwrap().status, 200);
-            start.elapsed()
-        })
-    };
-    let (a, b) = (call(0), call(50));
-    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let done = two_phases((1, 300), (1, 50), &[0, 50]).await;
+    let (a, b) = (done[0], done[1]);
     assert!(a >= ms(300) && a < ms(450), "the first at the slow phase's 300 ms: {a:?}");
     assert!(b >= ms(340) && b < ms(500), "the second served in the fast phase: {b:?}");
 }

@@ -154,6 +154,20 @@ async fn wait_for_cap(c: &Client, p: &Proxy, cap: u64) -> Value {
     panic!("the reload to cap {cap} was not applied: {:?}", config_json(c, p).await);
 }
 
+/// The reload counters once they read `want` (the new config is published a moment before its
+/// reload is counted; the bound only says when to give up).
+async fn reloads_reach(c: &Client, p: &Proxy, want: (&str, &str)) -> (String, String) {
+    let mut seen = reloads(c, p).await;
+    for _ in 0..200 {
+        if (seen.0.as_str(), seen.1.as_str()) == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        seen = reloads(c, p).await;
+    }
+    seen
+}
+
 async fn reloads(c: &Client, p: &Proxy) -> (String, String) {
     let m = send(c, "GET", format!("{}/metrics", p.admin)).await.1;
     let count = |result: &str| {
@@ -186,13 +200,13 @@ async fn record_beside_config_survives_sighup_and_post_reload() {
     let json = wait_for_cap(&c, &p, 7).await;
     assert_eq!(json["record"], trace.to_str().unwrap());
     assert_eq!(json["overrides"]["record"], trace.to_str().unwrap());
-    assert_eq!(reloads(&c, &p).await, ("1".into(), "0".into()));
+    assert_eq!(reloads_reach(&c, &p, ("1", "0")).await, ("1".into(), "0".into()));
     // POST /reload goes the same way.
     std::fs::write(&path, config("127.0.0.1:0", &up.url(""), 9)).unwrap();
     let (status, body) = send(&c, "POST", format!("{}/reload", p.admin)).await;
     assert_eq!(status, http::StatusCode::OK, "{body}");
     wait_for_cap(&c, &p, 9).await;
-    assert_eq!(reloads(&c, &p).await, ("2".into(), "0".into()));
+    assert_eq!(reloads_reach(&c, &p, ("2", "0")).await, ("2".into(), "0".into()));
     for _ in 0..5 {
         assert_eq!(send(&c, "GET", format!("{}/b", p.listen)).await.0, http::StatusCode::OK);
     }
@@ -246,7 +260,7 @@ async fn process_flags_apply_over_the_file_and_survive_a_reload() {
     std::fs::write(&path, text(7)).unwrap();
     p.signal("-HUP");
     check(&wait_for_cap(&c, &p, 7).await);
-    assert_eq!(reloads(&c, &p).await, ("1".into(), "0".into()));
+    assert_eq!(reloads_reach(&c, &p, ("1", "0")).await, ("1".into(), "0".into()));
     p.signal("-TERM");
     p.wait_for("stormguard proxy: draining (up to 3000 ms)");
     assert!(p.child.wait().unwrap().success());
@@ -292,7 +306,7 @@ async fn listener_flags_apply_over_the_file_and_survive_a_reload() {
     std::fs::write(&path, text(7)).unwrap();
     p.signal("-HUP");
     check(&wait_for_cap(&c, &p, 7).await);
-    assert_eq!(reloads(&c, &p).await, ("1".into(), "0".into()));
+    assert_eq!(reloads_reach(&c, &p, ("1", "0")).await, ("1".into(), "0".into()));
     // An admin token that is not an environment variable is refused, naming the flag.
     stormguard()
         .args(["proxy", "--config", path.to_str().unwrap(), "--admin-token", "hunter2"])

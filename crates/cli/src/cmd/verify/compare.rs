@@ -137,6 +137,18 @@ impl PolicyComparison {
     }
 }
 
+impl PolicyComparison {
+    /// What ran and what it came to, with the words for agreeing and not.
+    fn verdict(&self, agrees: &str, disagrees: &str) -> String {
+        match (self.live, self.agrees) {
+            (None, _) => format!("predicted only: {}", self.not_live.as_deref().unwrap_or("")),
+            (Some(front), Some(true)) => format!("{front}: {agrees}"),
+            (Some(front), Some(false)) => format!("{front}: {disagrees}"),
+            (Some(front), None) => format!("{front}: shown, not judged"),
+        }
+    }
+}
+
 /// Whether `measured` is within `tolerance` of `predicted`; a count of attempts in flight also
 /// agrees within one (a whole number of requests cannot come closer to a fractional bound).
 fn agree(name: &str, predicted: f64, measured: f64, tolerance: f64) -> bool {
@@ -195,12 +207,7 @@ impl Comparison {
             trim(self.tolerance * 100.0)
         );
         for p in &self.policies {
-            let verdict = match (p.live, p.agrees) {
-                (None, _) => format!("predicted only: {}", p.not_live.as_deref().unwrap_or("")),
-                (Some(front), Some(true)) => format!("{front}: agrees"),
-                (Some(front), Some(false)) => format!("{front}: DISAGREES"),
-                (Some(front), None) => format!("{front}: shown, not judged"),
-            };
+            let verdict = p.verdict("agrees", "DISAGREES");
             let _ = writeln!(t, "\n{} — {verdict}", p.name);
             let _ = writeln!(
                 t,
@@ -250,12 +257,8 @@ impl Comparison {
             tol = trim(self.tolerance * 100.0)
         );
         for p in &self.policies {
-            let verdict = match (p.live, p.agrees) {
-                (None, _) => format!("predicted only: {}", p.not_live.as_deref().unwrap_or("")),
-                (Some(front), Some(true)) => format!("{front}: <span class=ok>agrees</span>"),
-                (Some(front), Some(false)) => format!("{front}: <span class=bad>disagrees</span>"),
-                (Some(front), None) => format!("{front}: shown, not judged"),
-            };
+            let verdict =
+                p.verdict("<span class=ok>agrees</span>", "<span class=bad>disagrees</span>");
             let _ = write!(
                 h,
                 "<h2>{}</h2><p>{verdict}</p><table><tr><th>segment</th><th>figure</th>\
