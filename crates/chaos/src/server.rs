@@ -1037,13 +1037,13 @@ impl Servers {
         let n = n.min(tokio::sync::Semaphore::MAX_PERMITS as u64);
         let old = sized.1;
         if n > old {
-            // Cancel retirements still owed before adding servers.
-            let mut more = n - old;
-            let owed = self.debt.swap(0, Ordering::AcqRel);
-            let cancelled = owed.min(more);
-            self.debt.fetch_add(owed - cancelled, Ordering::AcqRel);
-            more -= cancelled;
-            self.free.add_permits(more as usize);
+            // Retirements still owed are cancelled first; the rest are new servers.
+            let more = n - old;
+            let owed = self
+                .debt
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| Some(d - d.min(more)))
+                .unwrap_or(0);
+            self.free.add_permits((more - owed.min(more)) as usize);
         } else if n < old {
             let cut = old - n;
             let idle = self.free.forget_permits(cut as usize) as u64;
@@ -1095,7 +1095,8 @@ async fn work(
     // With a number of servers, the request waits for one (first come, first served), and
     // holds it while it is worked on; past a bounded queue it is answered at once.
     let phase = &shared.phases[guard.phase];
-    let _server = match phase.servers {
+    // Held until the answer: the server is busy while the request is worked on.
+    let server = match phase.servers {
         Some(n) => {
             shared.servers.resize(guard.phase, n);
             match shared.servers.take(phase.queue).await {
@@ -1111,7 +1112,7 @@ async fn work(
     };
     // A request that waited into a later phase takes that phase's service time (its own
     // uniform, so its rank): the simulator draws a service time when service starts.
-    if _server.is_some() {
+    if server.is_some() {
         let now = shared.clock.current();
         if now != guard.phase && shared.phases[now].servers.is_some() {
             draw.latency = shared.sampler.latency(&shared.phases[now], guard.seq);

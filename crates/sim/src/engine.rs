@@ -774,12 +774,12 @@ impl<'s> Run<'s> {
     /// The time of instance `i`'s arrival number `k` (0-based), given the previous one's time
     /// `now`, or `None` past the horizon.
     fn arrival_after(&mut self, i: u32, k: u64) -> Option<u64> {
-        let Load::Open { rate, arrivals } = self.sc.fleet.load else { return None };
-        let recorded = self.sc.fleet.recorded.clone();
+        let sc = self.sc;
+        let Load::Open { rate, arrivals } = sc.fleet.load else { return None };
         next_arrival(
             &mut self.arrival_rngs[i as usize],
-            (rate, arrivals, recorded.as_deref()),
-            (i, self.sc.fleet.instances),
+            (rate, arrivals, sc.fleet.recorded.as_deref()),
+            (i, sc.fleet.instances),
             k,
             self.now,
         )
@@ -1879,11 +1879,11 @@ pub fn arrivals(sc: &Scenario) -> Option<Vec<(Duration, u32)>> {
     let Load::Open { rate, arrivals } = sc.fleet.load else { return None };
     let horizon = dist::nanos(sc.duration);
     let seed = dist::stream_seed(sc.seed, Stream::Arrivals);
+    let recorded = sc.fleet.recorded.as_deref();
     let mut out = Vec::new();
     for i in 0..sc.fleet.instances {
         let mut rng = SplitMix64::new(mix(seed, u64::from(i)));
         let (mut now, mut k) = (0, 0);
-        let recorded = sc.fleet.recorded.as_deref();
         while let Some(at) =
             next_arrival(&mut rng, (rate, arrivals, recorded), (i, sc.fleet.instances), k, now)
                 .filter(|at| *at < horizon)

@@ -196,9 +196,10 @@ impl FleetFile {
                 let times =
                     crate::trace::first_tries(&at, self.trace_dependency.as_deref(), duration)
                         .map_err(|reason| t.fail("trace", InvalidScenario::Trace { reason }))?;
+                // At least one first try (an empty trace is refused): the rate is above zero.
                 let rate = times.len() as f64 / duration.as_secs_f64();
                 recorded = Some(times.into());
-                Some(rate.max(f64::MIN_POSITIVE))
+                Some(rate)
             }
             None => {
                 if self.trace_dependency.is_some() {

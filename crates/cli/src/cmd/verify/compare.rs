@@ -4,6 +4,8 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use stormguard_core::format::number;
+use stormguard_sim::html::escape;
 use stormguard_sim::{PolicyReport, Report, Scenario};
 
 use super::live::{Measured, NotLive};
@@ -137,7 +139,31 @@ impl PolicyComparison {
     }
 }
 
+/// One line of a policy's table, as text: the segment's name on its first figure only.
+struct Row<'a> {
+    segment: &'a str,
+    figure: &'static str,
+    predicted: String,
+    measured: String,
+    ratio: String,
+    agrees: Option<bool>,
+}
+
 impl PolicyComparison {
+    /// The table's lines, for the text and the HTML alike.
+    fn rows(&self) -> impl Iterator<Item = Row<'_>> {
+        self.segments.iter().flat_map(|s| {
+            s.figures.iter().enumerate().map(move |(i, f)| Row {
+                segment: if i == 0 { s.name.as_str() } else { "" },
+                figure: f.name,
+                predicted: value(f.name, f.predicted),
+                measured: f.measured.map_or("—".to_string(), |m| value(f.name, m)),
+                ratio: f.ratio.map_or("—".to_string(), |r| format!("{r:.2}")),
+                agrees: f.agrees,
+            })
+        })
+    }
+
     /// What ran and what it came to, with the words for agreeing and not.
     fn verdict(&self, agrees: &str, disagrees: &str) -> String {
         match (self.live, self.agrees) {
@@ -198,13 +224,13 @@ impl Comparison {
             "verify {} (seed {}, {} s): predicted by the simulator, measured live on loopback",
             self.scenario,
             self.seed,
-            trim(self.duration_s)
+            number(self.duration_s, 3)
         );
         let _ = writeln!(
             t,
             "judged: in flight p99 and amplification of the stormguard policies, within ±{} % \
              (in flight also within 1)",
-            trim(self.tolerance * 100.0)
+            number(self.tolerance * 100.0, 3)
         );
         for p in &self.policies {
             let verdict = p.verdict("agrees", "DISAGREES");
@@ -214,24 +240,17 @@ impl Comparison {
                 "  {:<20} {:<16} {:>10} {:>10} {:>7}",
                 "segment", "figure", "predicted", "measured", "ratio"
             );
-            for s in &p.segments {
-                for (i, f) in s.figures.iter().enumerate() {
-                    let seg = if i == 0 { s.name.as_str() } else { "" };
-                    let mark = match f.agrees {
-                        Some(true) => "  ok",
-                        Some(false) => "  DIFFERS",
-                        None => "",
-                    };
-                    let _ = writeln!(
-                        t,
-                        "  {:<20} {:<16} {:>10} {:>10} {:>7}{mark}",
-                        seg,
-                        f.name,
-                        value(f.name, f.predicted),
-                        f.measured.map_or("—".to_string(), |m| value(f.name, m)),
-                        f.ratio.map_or("—".to_string(), |r| format!("{r:.2}")),
-                    );
-                }
+            for r in p.rows() {
+                let mark = match r.agrees {
+                    Some(true) => "  ok",
+                    Some(false) => "  DIFFERS",
+                    None => "",
+                };
+                let _ = writeln!(
+                    t,
+                    "  {:<20} {:<16} {:>10} {:>10} {:>7}{mark}",
+                    r.segment, r.figure, r.predicted, r.measured, r.ratio
+                );
             }
         }
         t
@@ -253,8 +272,8 @@ impl Comparison {
              the stormguard policies, within ±{tol} % (in flight also within 1).</p>",
             name = escape(&self.scenario),
             seed = self.seed,
-            dur = trim(self.duration_s),
-            tol = trim(self.tolerance * 100.0)
+            dur = number(self.duration_s, 3),
+            tol = number(self.tolerance * 100.0, 3)
         );
         for p in &self.policies {
             let verdict =
@@ -265,23 +284,21 @@ impl Comparison {
                  <th>predicted</th><th>measured</th><th>ratio</th></tr>",
                 escape(&p.name)
             );
-            for s in &p.segments {
-                for (i, f) in s.figures.iter().enumerate() {
-                    let class = match f.agrees {
-                        Some(true) => " class=ok",
-                        Some(false) => " class=bad",
-                        None => "",
-                    };
-                    let _ = write!(
-                        h,
-                        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{class}>{}</td></tr>",
-                        if i == 0 { escape(&s.name) } else { String::new() },
-                        f.name,
-                        value(f.name, f.predicted),
-                        f.measured.map_or("—".to_string(), |m| value(f.name, m)),
-                        f.ratio.map_or("—".to_string(), |r| format!("{r:.2}")),
-                    );
-                }
+            for r in p.rows() {
+                let class = match r.agrees {
+                    Some(true) => " class=ok",
+                    Some(false) => " class=bad",
+                    None => "",
+                };
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{class}>{}</td></tr>",
+                    escape(r.segment),
+                    r.figure,
+                    r.predicted,
+                    r.measured,
+                    r.ratio
+                );
             }
             h.push_str("</table>");
         }
@@ -298,13 +315,4 @@ fn value(name: &str, v: f64) -> String {
         "amplification" => format!("{v:.3}"),
         _ => format!("{v:.1}"),
     }
-}
-
-/// A number without a needless decimal.
-fn trim(v: f64) -> String {
-    if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v}") }
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
