@@ -1,4 +1,5 @@
-//! Lock-free histograms for the four signals.
+//! Histograms: lock-free fixed-bucket ones for the four signals, and one log-linear type for
+//! percentiles, shared by the simulator and the live measurements it is checked against.
 //!
 //! Percentiles do not add across instances or time, so stormguard exports bucket counts and lets
 //! Prometheus compute quantiles. A [`Histogram`] is a fixed list of upper bounds and one atomic
@@ -14,6 +15,20 @@
 //! let s = h.snapshot();
 //! assert_eq!(s.count, 2);
 //! assert_eq!(s.count_at_or_below(1_000_000), 1);
+//! ```
+//!
+//! A [`LogHistogram`] answers percentiles: the simulator's latencies, `stormguard load`'s and
+//! `stormguard verify`'s live ones all go through it, so a predicted p99 and a measured one
+//! are read by the same arithmetic (the middle of the bucket the rank falls in).
+//!
+//! ```
+//! use stormguard_core::histogram::LogHistogram;
+//!
+//! let mut h = LogHistogram::new(6, u64::MAX); // 64 buckets per power of two: within 1.6 %
+//! (1..=1000u64).for_each(|ms| h.record(ms * 1_000_000));
+//! let p99 = h.quantile(0.99).unwrap() as f64 / 1e6;
+//! assert!((p99 - 990.0).abs() < 990.0 / 64.0, "{p99}");
+//! assert_eq!((h.len(), h.max()), (1000, Some(1_000_000_000)));
 //! ```
 
 use crate::sync::{AtomicU64, Ordering};
@@ -144,6 +159,133 @@ impl HistogramSnapshot {
     }
 }
 
+/// A log-linear histogram of `u64` values for percentiles: exact below `2 × 2^bits`, then
+/// `2^bits` buckets per power of two, so a value is kept to within `2^-bits` of itself (6 bits:
+/// 1.6 %; 10 bits: 0.1 %, HdrHistogram's three significant digits). Values above `max` count
+/// as `max`. Fixed size, no allocation after creation; not shared between threads (merge
+/// per-thread ones with [`LogHistogram::merge`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogHistogram {
+    bits: u32,
+    max_value: u64,
+    counts: Vec<u64>,
+    total: u64,
+    sum: u128,
+    min: u64,
+    max: u64,
+}
+
+impl LogHistogram {
+    /// A histogram with `2^bits` buckets per power of two (`bits` clamped to `1..=16`), for
+    /// values up to `max`.
+    pub fn new(bits: u32, max: u64) -> LogHistogram {
+        let bits = bits.clamp(1, 16);
+        let len = Self::index_of(bits, max) + 1;
+        LogHistogram {
+            bits,
+            max_value: max,
+            counts: vec![0; len],
+            total: 0,
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+        }
+    }
+
+    #[inline]
+    fn index_of(bits: u32, v: u64) -> usize {
+        let sub = 1u64 << bits;
+        if v < 2 * sub {
+            return v as usize;
+        }
+        let shift = (63 - v.leading_zeros()) - bits;
+        (u64::from(shift) * sub + (v >> shift)) as usize
+    }
+
+    /// The middle of bucket `i`'s range.
+    fn value_of(&self, i: usize) -> u64 {
+        let sub = 1usize << self.bits;
+        if i < 2 * sub {
+            return i as u64;
+        }
+        let shift = (i / sub - 1) as u32;
+        let top = (i - (i / sub - 1) * sub) as u64;
+        (top << shift) + (1u64 << shift) / 2
+    }
+
+    /// Records one value.
+    #[inline]
+    pub fn record(&mut self, v: u64) {
+        let v = v.min(self.max_value);
+        self.counts[Self::index_of(self.bits, v)] += 1;
+        self.total += 1;
+        self.sum += u128::from(v);
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
+
+    /// Adds another histogram's values. Both must have been made with the same `bits` and
+    /// `max`; a histogram of another shape is added value by value at its buckets' middles.
+    pub fn merge(&mut self, other: &LogHistogram) {
+        if other.total == 0 {
+            return;
+        }
+        if (other.bits, other.max_value) == (self.bits, self.max_value) {
+            self.counts.iter_mut().zip(&other.counts).for_each(|(a, b)| *a += b);
+            self.total += other.total;
+            self.sum += other.sum;
+            self.min = self.min.min(other.min);
+            self.max = self.max.max(other.max);
+        } else {
+            for (i, c) in other.counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+                (0..*c).for_each(|_| self.record(other.value_of(i)));
+            }
+        }
+    }
+
+    /// How many values were recorded.
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// The mean of the values recorded (exact), or `None` when empty.
+    pub fn mean(&self) -> Option<f64> {
+        (self.total > 0).then(|| self.sum as f64 / self.total as f64)
+    }
+
+    /// The smallest value recorded (exact), or `None` when empty.
+    pub fn min(&self) -> Option<u64> {
+        (self.total > 0).then_some(self.min)
+    }
+
+    /// The largest value recorded (exact), or `None` when empty.
+    pub fn max(&self) -> Option<u64> {
+        (self.total > 0).then_some(self.max)
+    }
+
+    /// The value at quantile `q` (`0..=1`): the middle of the bucket holding the
+    /// `ceil(q × len)`-th smallest value, or `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<u64> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(self.value_of(i));
+            }
+        }
+        None
+    }
+}
+
 #[cfg(all(test, not(stormguard_loom)))]
 mod tests {
     use super::*;
@@ -176,5 +318,43 @@ mod tests {
         assert!(LATENCY_BOUNDS_NANOS.contains(&1_000_000));
         assert!(LATENCY_BOUNDS_NANOS.contains(&10_000_000));
         assert!(LATENCY_BOUNDS_NANOS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn log_histogram_keeps_values_within_its_precision() {
+        for bits in [6, 10] {
+            let tolerance = 1.0 / f64::from(1u32 << bits);
+            for v in [0u64, 1, 127, 128, 129, 1_000, 65_535, 1_000_000, 123_456_789, u64::MAX / 3] {
+                let mut h = LogHistogram::new(bits, u64::MAX);
+                h.record(v);
+                let got = h.quantile(0.5).unwrap();
+                let err = (got as f64 - v as f64).abs() / (v as f64).max(1.0);
+                assert!(err <= tolerance, "{bits} bits: {v} -> {got}");
+                assert_eq!((h.min(), h.max()), (Some(v), Some(v)));
+            }
+        }
+        let mut h = LogHistogram::new(6, u64::MAX);
+        assert_eq!((h.quantile(0.5), h.mean(), h.max()), (None, None, None));
+        (1..=1000u64).for_each(|v| h.record(v * 1000));
+        let p99 = h.quantile(0.99).unwrap() as f64;
+        assert!((p99 - 990_000.0).abs() / 990_000.0 < 0.02, "{p99}");
+        assert_eq!(h.mean(), Some(500_500.0));
+    }
+
+    #[test]
+    fn log_histogram_clamps_at_its_max_and_merges() {
+        let mut a = LogHistogram::new(10, 1_000_000);
+        a.record(5);
+        a.record(u64::MAX);
+        assert_eq!(a.max(), Some(1_000_000));
+        let mut b = LogHistogram::new(10, 1_000_000);
+        b.record(7);
+        a.merge(&b);
+        assert_eq!((a.len(), a.min(), a.quantile(0.5)), (3, Some(5), Some(7)));
+        // Another shape is added at its buckets' middles.
+        let mut c = LogHistogram::new(6, u64::MAX);
+        c.record(3);
+        a.merge(&c);
+        assert_eq!((a.len(), a.min()), (4, Some(3)));
     }
 }

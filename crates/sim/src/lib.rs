@@ -54,6 +54,7 @@ pub use report::{
     WorkingCap,
 };
 pub use scenario::{InvalidScenario, Scenario, ScenarioError};
+pub use stats::latency_histogram;
 
 /// A scenario that could not be run: its policies could not be built (scenarios read with
 /// [`Scenario::parse`] are already validated; this is for ones built in code), or a run passed

@@ -286,7 +286,7 @@ fn by_reason(counts: &[u64; Denied::ALL.len()]) -> BTreeMap<&'static str, u64> {
 }
 
 /// A latency histogram's p50 and p99, in milliseconds.
-fn latency(h: &crate::stats::LogHistogram) -> Latency {
+fn latency(h: &stormguard_core::histogram::LogHistogram) -> Latency {
     let ms = |q: f64| r4(h.quantile(q).unwrap_or(0) as f64 / 1e6);
     Latency { p50: ms(0.5), p99: ms(0.99) }
 }

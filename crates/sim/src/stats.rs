@@ -2,65 +2,12 @@
 //! requests in flight and the number of time buckets, not the requests simulated.
 
 use stormguard_core::Denied;
+use stormguard_core::histogram::LogHistogram;
 
-/// Sub-buckets per power of two in [`LogHistogram`]: values are kept to within 1/64 (1.6 %).
-const SUB: usize = 64;
-const SUB_BITS: u32 = 6;
-
-/// A log-linear histogram of `u64` values (nanoseconds): exact below 128, then 64 buckets per
-/// power of two. Fixed size, no allocation after creation.
-#[derive(Debug, Clone)]
-pub(crate) struct LogHistogram {
-    counts: Vec<u64>,
-    total: u64,
-}
-
-impl LogHistogram {
-    pub(crate) fn new() -> LogHistogram {
-        LogHistogram { counts: vec![0; SUB * 60], total: 0 }
-    }
-
-    #[inline]
-    fn index(v: u64) -> usize {
-        if v < (2 * SUB) as u64 {
-            return v as usize;
-        }
-        let log = 63 - v.leading_zeros();
-        let shift = log - SUB_BITS;
-        shift as usize * SUB + (v >> shift) as usize
-    }
-
-    /// The middle of bucket `i`'s range.
-    fn value(i: usize) -> u64 {
-        if i < 2 * SUB {
-            return i as u64;
-        }
-        let shift = (i / SUB - 1) as u32;
-        let top = (i - (i / SUB - 1) * SUB) as u64;
-        (top << shift) + (1u64 << shift) / 2
-    }
-
-    #[inline]
-    pub(crate) fn record(&mut self, v: u64) {
-        self.counts[Self::index(v)] += 1;
-        self.total += 1;
-    }
-
-    /// The value at quantile `q` (bucket middle), or `None` when empty.
-    pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
-        if self.total == 0 {
-            return None;
-        }
-        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Some(Self::value(i));
-            }
-        }
-        None
-    }
+/// A latency histogram: core's log-linear one, 64 buckets per power of two (within 1.6 %), the
+/// one `stormguard verify` reads the live latencies with.
+pub fn latency_histogram() -> LogHistogram {
+    LogHistogram::new(6, u64::MAX)
 }
 
 /// What kind of attempt was sent.
@@ -176,8 +123,8 @@ impl RunStats {
             buckets: vec![Bucket::default(); n],
             segments: vec![
                 SegmentStats {
-                    latency: (seg_starts.len() > 1).then(LogHistogram::new),
-                    latency_ok: (seg_starts.len() > 1).then(LogHistogram::new),
+                    latency: (seg_starts.len() > 1).then(latency_histogram),
+                    latency_ok: (seg_starts.len() > 1).then(latency_histogram),
                     ..SegmentStats::default()
                 };
                 seg_starts.len()
@@ -190,7 +137,7 @@ impl RunStats {
             bucket: 0,
             bucket_end: bucket_nanos.min(horizon),
             seg: 0,
-            latency: LogHistogram::new(),
+            latency: latency_histogram(),
             actions: 0,
             actions_ok: 0,
             actions_fast: 0,
@@ -391,21 +338,6 @@ impl RunStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_histogram_keeps_values_within_two_percent() {
-        for v in [0u64, 1, 127, 128, 129, 1_000, 65_535, 1_000_000, 123_456_789, u64::MAX / 3] {
-            let mut h = LogHistogram::new();
-            h.record(v);
-            let got = h.quantile(0.5).unwrap();
-            let err = (got as f64 - v as f64).abs() / (v as f64).max(1.0);
-            assert!(err < 0.02, "{v} -> {got}");
-        }
-        let mut h = LogHistogram::new();
-        (1..=1000u64).for_each(|v| h.record(v * 1000));
-        let p99 = h.quantile(0.99).unwrap() as f64;
-        assert!((p99 - 990_000.0).abs() / 990_000.0 < 0.02, "{p99}");
-    }
 
     #[test]
     fn in_flight_time_splits_across_buckets_and_segments() {

@@ -215,12 +215,15 @@ pub async fn run(sc: &Scenario, plan: &Plan) -> Result<Vec<Measured>, Failure> {
             counts.sort_unstable();
             let phase = stats.phases.iter().find(|p| p.index == i).map(|p| &p.counts);
             let (requests, retries) = phase.map_or((0, 0), |c| (c.requests, c.retries));
-            let mut actions: Vec<&Outcome> =
+            let actions: Vec<&Outcome> =
                 outcomes.iter().filter(|(at, ..)| in_segment(*at)).collect();
-            actions.sort_unstable_by_key(|(_, _, took)| *took);
             let ok = actions.iter().filter(|(_, ok, _)| *ok).count();
-            let ms =
-                |q: f64| quantile(&actions, q).map_or(0.0, |(_, _, took)| took.as_secs_f64() * 1e3);
+            // The simulator's histogram, read the simulator's way.
+            let mut took = stormguard_sim::latency_histogram();
+            actions
+                .iter()
+                .for_each(|(_, _, t)| took.record(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)));
+            let ms = |q: f64| took.quantile(q).map_or(0.0, |n| n as f64 / 1e6);
             Measured {
                 in_flight_mean: counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64,
                 in_flight_p99: quantile(&counts, 0.99).copied().unwrap_or(0),
