@@ -119,10 +119,11 @@ impl Latency {
     pub fn quantile(&self, u: f64) -> Duration {
         match *self {
             Latency::Fixed(d) => d,
-            Latency::Uniform { min, max } => {
-                let span = max.saturating_sub(min).as_secs_f64();
-                min + Duration::from_secs_f64(span * u)
-            }
+            Latency::Uniform { min, max } => Duration::from_secs_f64(dist::uniform(
+                min.as_secs_f64(),
+                max.as_secs_f64().max(min.as_secs_f64()),
+                u,
+            )),
             Latency::LogNormal { p50, p99 } => {
                 if p99 <= p50 {
                     return p50;

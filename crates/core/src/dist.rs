@@ -36,6 +36,12 @@ pub fn lognormal(median: f64, sigma: f64, u: f64) -> f64 {
     median * (sigma * inverse_normal_cdf(u)).exp()
 }
 
+/// The uniform distribution over `[min, max]` at cumulative probability `u`, in their unit.
+#[inline]
+pub fn uniform(min: f64, max: f64, u: f64) -> f64 {
+    min + (max - min) * u
+}
+
 /// The exponential with this mean at cumulative probability `u`: `−mean × ln(1 − u)`, in the
 /// mean's unit.
 #[inline]

@@ -21,6 +21,13 @@ pub enum ServiceTime {
     Fixed(Duration),
     /// Exponential with this mean: `exponential 50ms`.
     Exponential(Duration),
+    /// Uniform between two durations, both included: `uniform min=80ms max=120ms`.
+    Uniform {
+        /// The shortest.
+        min: Duration,
+        /// The longest.
+        max: Duration,
+    },
     /// Log-normal with this median and shape: `lognormal median=20ms sigma=0.7`.
     LogNormal {
         /// The median (the 50th percentile).
@@ -45,7 +52,7 @@ pub enum ServiceTime {
 }
 
 /// The forms a service time is written in, for the messages.
-const FORMS: &str = "expected `fixed 50ms`, `exponential 50ms`, \
+const FORMS: &str = "expected `fixed 50ms`, `exponential 50ms`, `uniform min=80ms max=120ms`, \
      `lognormal median=20ms sigma=0.7` (with `tail=0.05 tail_median=400ms` for a slow tail) or \
      `p50=20ms p99=100ms`";
 
@@ -95,6 +102,9 @@ pub enum ServiceTimeError {
         /// The key given.
         key: String,
     },
+    /// A uniform without both ends, with another key, or with `max < min`.
+    #[error("uniform needs min=DURATION and max=DURATION, max at least min")]
+    Uniform,
     /// A lognormal without both parameters, or with a zero median.
     #[error("lognormal needs median=DURATION (above zero) and sigma=NUMBER")]
     LognormalIncomplete,
@@ -158,6 +168,20 @@ impl ServiceTime {
                     return Err(ServiceTimeError::ZeroMean);
                 }
                 Ok(ServiceTime::Exponential(mean))
+            }
+            ["uniform", rest @ ..] => {
+                let (mut min, mut max) = (None, None);
+                for (k, v) in pairs(rest)? {
+                    match k.as_str() {
+                        "min" => min = Some(dur(&v)?),
+                        "max" => max = Some(dur(&v)?),
+                        _ => return Err(ServiceTimeError::Uniform),
+                    }
+                }
+                match (min, max) {
+                    (Some(min), Some(max)) if max >= min => Ok(ServiceTime::Uniform { min, max }),
+                    _ => Err(ServiceTimeError::Uniform),
+                }
             }
             ["lognormal", rest @ ..] => {
                 let (mut median, mut sigma) = (None, None);
@@ -225,6 +249,7 @@ impl ServiceTime {
     pub fn mean(&self) -> Duration {
         match *self {
             ServiceTime::Fixed(d) | ServiceTime::Exponential(d) => d,
+            ServiceTime::Uniform { min, max } => (min + max) / 2,
             ServiceTime::LogNormal { median, sigma } => {
                 median.mul_f64((sigma * sigma / 2.0).exp().min(1e9))
             }
@@ -244,6 +269,9 @@ impl ServiceTime {
             ServiceTime::Fixed(d) => return nanos(d).max(1),
             ServiceTime::Exponential(mean) => {
                 dist::exponential(nanos(mean) as f64, dist::unit(rng))
+            }
+            ServiceTime::Uniform { min, max } => {
+                dist::uniform(nanos(min) as f64, nanos(max) as f64, dist::unit(rng))
             }
             ServiceTime::LogNormal { median, sigma } => {
                 dist::lognormal(nanos(median) as f64, sigma, dist::unit(rng))
@@ -272,6 +300,9 @@ impl fmt::Display for ServiceTime {
         match *self {
             ServiceTime::Fixed(d) => write!(f, "fixed {}", format_duration(d)),
             ServiceTime::Exponential(d) => write!(f, "exponential {}", format_duration(d)),
+            ServiceTime::Uniform { min, max } => {
+                write!(f, "uniform min={} max={}", format_duration(min), format_duration(max))
+            }
             ServiceTime::LogNormal { median, sigma } => {
                 write!(f, "lognormal median={} sigma={sigma:.3}", format_duration(median))
             }
@@ -355,6 +386,18 @@ mod tests {
         };
         assert_eq!(median, ms(20));
         assert!((sigma - 5f64.ln() / Z_P99).abs() < 1e-12);
+        let uniform = ServiceTime::parse("uniform min=80ms max=120ms").unwrap();
+        assert_eq!(uniform, ServiceTime::Uniform { min: ms(80), max: ms(120) });
+        assert_eq!(ServiceTime::parse(&uniform.to_string()).unwrap(), uniform);
+        assert_eq!(uniform.mean(), ms(100));
+        for bad in ["uniform min=80ms", "uniform min=2ms max=1ms", "uniform min=1ms mid=2ms"] {
+            assert_eq!(ServiceTime::parse(bad), Err(ServiceTimeError::Uniform), "{bad}");
+        }
+        let mut rng = SplitMix64::new(5);
+        let draws: Vec<u64> = (0..10_000).map(|_| uniform.sample(&mut rng)).collect();
+        assert!(draws.iter().all(|d| (80_000_000..=120_000_000).contains(d)));
+        let mean = draws.iter().sum::<u64>() as f64 / 1e4 / 1e6;
+        assert!((mean - 100.0).abs() < 0.5, "{mean}");
         for bad in ["", "fast", "exponential", "exponential 0ms", "p50=20ms", "p50=1s p99=1ms"] {
             assert!(ServiceTime::parse(bad).is_err(), "{bad}");
         }

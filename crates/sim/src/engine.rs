@@ -226,11 +226,16 @@ impl Wake for CallWaker {
     }
 }
 
+/// The longest an overloaded dependency's `workers` stretch a service time (virtual ns): 60 s,
+/// chaos's default `latency_max`.
+const STRETCH_MAX: u64 = 60_000_000_000;
+
 /// The conditions of one timeline segment, ready for drawing.
 #[derive(Debug, Clone, Copy)]
 struct Seg {
     start: u64,
     capacity: u32,
+    workers: Option<u32>,
     error_threshold: u64,
     service: ServiceTime,
     error_time: Option<ServiceTime>,
@@ -586,6 +591,7 @@ impl<'s> Run<'s> {
             .map(|p| Seg {
                 start: nanos(p.start),
                 capacity: p.conditions.capacity,
+                workers: p.conditions.workers,
                 error_threshold: dist::threshold(p.conditions.error_rate),
                 service: p.conditions.service_time,
                 error_time: p.conditions.error_time,
@@ -1163,7 +1169,7 @@ impl<'s> Run<'s> {
             }
         }
         if self.dep.busy < capacity {
-            let done = self.start_service(att);
+            let done = self.start_service(att, u64::from(self.dep.in_flight) + 1);
             self.dep_in_flight(1);
             if done > now + limit {
                 self.push(now + limit, Ev::Timeout(att));
@@ -1722,15 +1728,23 @@ impl<'s> Run<'s> {
     }
 
     /// A server starts on an attempt: its service time is drawn now, under the conditions in
-    /// force now. Returns when it will be done.
+    /// force now, and stretched by `in_flight` (counting this attempt) past the segment's
+    /// `workers`. Returns when it will be done.
     #[inline]
-    fn start_service(&mut self, att: Ref) -> u64 {
+    fn start_service(&mut self, att: Ref, in_flight: u64) -> u64 {
         let a = self.attempts.get(att).expect("an attempt at the dependency is in the slab");
         let seg = &self.segs[self.seg];
         let mut rng = SplitMix64::new(a.key ^ SERVICE_SALT);
         let service = match (a.error, seg.error_time) {
             (true, Some(t)) => t.sample(&mut rng),
             _ => seg.service.sample(&mut rng),
+        };
+        let service = match seg.workers {
+            Some(w) if in_flight > u64::from(w) => {
+                let stretched = service as f64 * in_flight as f64 / f64::from(w);
+                (stretched as u64).clamp(service, STRETCH_MAX.max(service))
+            }
+            _ => service,
         };
         self.dep.busy += 1;
         let done = self.now + service;
@@ -1741,7 +1755,7 @@ impl<'s> Run<'s> {
     fn fill_servers(&mut self) {
         while self.dep.busy < self.segs[self.seg].capacity {
             let Some(next) = self.dep.queue.pop_front() else { break };
-            self.start_service(next);
+            self.start_service(next, u64::from(self.dep.in_flight));
         }
     }
 

@@ -491,10 +491,10 @@ impl Report {
             ));
         }
         let setup = format!(
-            "{} instance(s) × {load}, fan-out {}; dependency: {} servers, queue {}, {}{rate}; client: per-try timeout {}, deadline {}",
+            "{} instance(s) × {load}, fan-out {}; dependency: {}, queue {}, {}{rate}; client: per-try timeout {}, deadline {}",
             sc.fleet.instances,
             sc.fleet.fan_out,
-            d.base.capacity,
+            d.base.describe_servers(),
             d.queue.map_or("unbounded".to_string(), |q| q.to_string()),
             d.base.service_time,
             sc.client.per_try_timeout.map_or("none".to_string(), fmt_d),
@@ -506,8 +506,8 @@ impl Report {
             .map(|p| {
                 let c = &p.conditions;
                 let mut words = format!(
-                    "{} servers, {} errors, {}",
-                    c.capacity,
+                    "{}, {} errors, {}",
+                    c.describe_servers(),
                     pct(c.error_rate),
                     c.service_time
                 );

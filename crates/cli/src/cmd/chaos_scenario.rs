@@ -29,7 +29,7 @@ pub enum NotServed {
     ProviderRate,
     /// A service time chaos does not draw.
     #[error(
-        "{at}: service_time {got}: chaos serves fixed, exponential and log-normal service times"
+        "{at}: service_time {got}: chaos serves fixed, exponential, uniform and log-normal service times"
     )]
     ServiceTime {
         /// Where: `[dependency]` or the phase's name.
@@ -76,7 +76,8 @@ fn phase(
         error_rate: c.error_rate,
         status: 503,
         latency: latency(c.service_time, at)?,
-        servers: Some(u64::from(c.capacity)),
+        servers: c.servers().map(u64::from),
+        workers: c.workers.map(u64::from),
         queue: queue.map(u64::from),
         ..Phase::default()
     })
@@ -87,6 +88,7 @@ fn latency(t: ServiceTime, at: &str) -> Result<Latency, NotServed> {
     match t {
         ServiceTime::Fixed(d) => Ok(Latency::Fixed(d)),
         ServiceTime::Exponential(mean) => Ok(Latency::Exponential { mean }),
+        ServiceTime::Uniform { min, max } => Ok(Latency::Uniform { min, max }),
         ServiceTime::LogNormal { median, sigma: 0.0 } => Ok(Latency::Fixed(median)),
         ServiceTime::LogNormal { median, sigma } => {
             Ok(Latency::LogNormal { p50: median, p99: median.mul_f64((Z_P99 * sigma).exp()) })

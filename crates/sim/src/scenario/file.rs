@@ -80,6 +80,7 @@ pub(super) struct ClientFile {
 #[derive(Debug, Default)]
 pub(super) struct ConditionsFile {
     pub capacity: Option<u64>,
+    pub workers: Option<u64>,
     pub error_rate: Option<f64>,
     pub service_time: Option<ServiceTime>,
     pub error_time: Option<ServiceTime>,
@@ -90,6 +91,7 @@ pub(super) struct ConditionsFile {
 #[serde(deny_unknown_fields, rename = "dependency")]
 pub(super) struct DependencyFile {
     pub capacity: Option<u64>,
+    pub workers: Option<u64>,
     pub error_rate: Option<f64>,
     #[serde(default, deserialize_with = "de::option_from_str")]
     pub service_time: Option<ServiceTime>,
@@ -116,6 +118,7 @@ pub(super) struct PhaseFile {
     pub duration: Option<Duration>,
     pub trigger: Option<bool>,
     pub capacity: Option<u64>,
+    pub workers: Option<u64>,
     pub error_rate: Option<f64>,
     #[serde(default, deserialize_with = "de::option_from_str")]
     pub service_time: Option<ServiceTime>,
@@ -127,6 +130,7 @@ impl DependencyFile {
     pub fn conditions(&self) -> ConditionsFile {
         ConditionsFile {
             capacity: self.capacity,
+            workers: self.workers,
             error_rate: self.error_rate,
             service_time: self.service_time,
             error_time: self.error_time,
@@ -138,6 +142,7 @@ impl PhaseFile {
     pub fn conditions(&self) -> ConditionsFile {
         ConditionsFile {
             capacity: self.capacity,
+            workers: self.workers,
             error_rate: self.error_rate,
             service_time: self.service_time,
             error_time: self.error_time,

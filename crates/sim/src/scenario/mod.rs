@@ -214,14 +214,38 @@ pub enum HeldSlotRelease {
 /// The dependency's conditions at one time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Conditions {
-    /// Attempts served in parallel, 1..=1 000 000.
+    /// Attempts served in parallel, 1..=1 000 000 (with `workers` and no `capacity`: 1 000 000,
+    /// every attempt served at once).
     pub capacity: u32,
+    /// Past this many attempts in flight, each attempt takes `in flight / workers` times its
+    /// drawn service time (fixed when its service starts, never past 60 s nor below the draw):
+    /// a server whose work slows as it is overloaded, as chaos's `workers` plays one. `None`:
+    /// load does not change the service time.
+    pub workers: Option<u32>,
     /// The fraction of attempts answered with a 503, drawn when each arrives, in `[0, 1]`.
     pub error_rate: f64,
     /// How long serving one attempt takes, drawn when it starts.
     pub service_time: ServiceTime,
     /// How long a failing attempt takes instead; `None`: the same as a success.
     pub error_time: Option<ServiceTime>,
+}
+
+impl Conditions {
+    /// The servers, or `None` when every attempt is served at once (`workers` without a
+    /// `capacity`).
+    pub fn servers(&self) -> Option<u32> {
+        (self.workers.is_none() || self.capacity < 1_000_000).then_some(self.capacity)
+    }
+
+    /// The servers and workers in words: `20 servers`, `22 workers`, `20 servers, 22 workers`.
+    pub fn describe_servers(&self) -> String {
+        match (self.servers(), self.workers) {
+            (Some(s), None) => format!("{s} servers"),
+            (None, Some(w)) => format!("{w} workers"),
+            (Some(s), Some(w)) => format!("{s} servers, {w} workers"),
+            (None, None) => unreachable!("servers() is None only with workers"),
+        }
+    }
 }
 
 /// The dependency: its baseline conditions, its queue and its rate limit.

@@ -277,10 +277,12 @@ impl ConditionsFile {
     /// dependency's baseline, where `capacity` and `service_time` are needed).
     fn check(self, t: &Table, base: Option<&Conditions>) -> Rule<Conditions> {
         let capacity = t.range32("capacity", self.capacity, 1, 1_000_000)?;
+        let workers = t.range32("workers", self.workers, 1, 1_000_000)?;
         let error_rate = t.fraction("error_rate", self.error_rate)?;
         match base {
             Some(b) => Ok(Conditions {
                 capacity: capacity.unwrap_or(b.capacity),
+                workers: workers.or(b.workers),
                 error_rate: error_rate.unwrap_or(b.error_rate),
                 service_time: self.service_time.unwrap_or(b.service_time),
                 error_time: self.error_time.or(b.error_time),
@@ -288,9 +290,15 @@ impl ConditionsFile {
             None => {
                 let missing = |key, what| t.fail(key, InvalidScenario::Missing { what });
                 Ok(Conditions {
-                    capacity: capacity.ok_or_else(|| {
-                        missing("capacity", "how many attempts the dependency serves in parallel")
-                    })?,
+                    capacity: match (capacity, workers) {
+                        (Some(c), _) => c,
+                        (None, Some(_)) => 1_000_000,
+                        (None, None) => Err(missing(
+                            "capacity",
+                            "how many attempts the dependency serves in parallel (or workers)",
+                        ))?,
+                    },
+                    workers,
                     error_rate: error_rate.unwrap_or(0.0),
                     service_time: self
                         .service_time

@@ -31,13 +31,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use stormguard_chaos::load::{self, Live, LoadConfig, LoadReport, Mode};
-use stormguard_chaos::{
-    ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase, Rate, Script, Stats,
-};
+use stormguard_chaos::{ChaosConfig, ChaosServer, OnDisconnect, Rate, Script, Stats};
 use stormguard_core::Denied;
-use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::decimal::format_duration;
-use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
+use stormguard_proxy::config::ProxyConfig;
 
 use crate::Failure;
 
@@ -173,10 +170,12 @@ async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
         tty: std::io::stderr().is_terminal() && format == crate::log::LogFormat::Text,
         format,
     };
-    let plan = plan(duration);
+    let sc = scenario(duration, args.seed)?;
+    let plan = plan(&sc);
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let script = script(&sc)?;
     let start = |name: &'static str| {
-        let config = ChaosConfig::new(script(&plan, args.seed));
+        let config = ChaosConfig::new(script.clone());
         async move {
             stormguard_chaos::spawn(config, any)
                 .await
@@ -185,10 +184,10 @@ async fn demo(args: &DemoArgs, duration: Duration) -> Result<Summary, Failure> {
     };
     // Both upstreams start together, so their phases switch together.
     let (guarded_up, naive_up) = tokio::try_join!(start("stormguard"), start("naive"))?;
-    let proxy = stormguard_proxy::start(proxy_config(&guarded_up.url(""), args.admin)?)
+    let proxy = stormguard_proxy::start(proxy_config(&sc, &guarded_up.url(""), args.admin)?)
         .await
         .map_err(|e| Failure::runtime(format!("cannot start the proxy: {e}")))?;
-    let retries = naive::Retries { per_try_timeout: Some(PER_TRY_TIMEOUT), max: 1, backoff: None };
+    let retries = naive_retries(&sc)?;
     let naive = naive::start(
         naive_up.url("").parse().map_err(|e| Failure::runtime(format!("{e}")))?,
         retries,
@@ -290,7 +289,8 @@ mod tests {
 
     #[test]
     fn the_phases_cover_the_run_in_order() {
-        let p = plan(Duration::from_secs(60));
+        let sc = scenario(Duration::from_secs(60), 7).unwrap();
+        let p = plan(&sc);
         assert_eq!(p.len(), 5);
         assert_eq!(p[0].start_s, 0.0);
         assert!((p[4].end_s - 60.0).abs() < 1e-9);
@@ -299,18 +299,52 @@ mod tests {
         }
         let errors: Vec<f64> = p.iter().map(|p| p.error_rate).collect();
         assert_eq!(errors, [0.05, 0.2, 0.4, 0.0, 0.0]);
-        let s = script(&p, 7);
+        assert_eq!(p[1].conditions, "20 % answered 503; latency 80–120 ms");
+        assert_eq!(
+            p[3].conditions,
+            "no errors; latency 200–500 ms against a per-try timeout of 350 ms"
+        );
+        assert_eq!(p[4].conditions, "healthy; latency 80–120 ms");
+        let s = script(&sc).unwrap();
         assert!(s.validate().is_ok());
         assert_eq!(s.phases[4].duration, None, "recovery lasts until the end");
         assert_eq!(s.phases[2].duration, Some(Duration::from_secs(15)));
+        assert!(s.phases.iter().all(|p| p.workers == Some(WORKERS) && p.servers.is_none()));
+        // Stretched to another duration, in the same shares.
+        let half = plan(&scenario(Duration::from_secs(30), 7).unwrap());
+        assert_eq!((half[2].start_s, half[2].end_s), (9.0, 16.5));
     }
 
+    /// The demo's figures in its table and report are the scenario's, which the demo serves.
     #[test]
-    fn the_proxy_config_is_the_worked_example() {
-        let c = proxy_config("http://127.0.0.1:9", SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    fn the_demo_is_its_scenario() {
+        let sc = stormguard_sim::builtin::scenario("demo").unwrap();
+        let (args, _) = {
+            use clap::Parser;
+            #[derive(Parser)]
+            struct Cli {
+                #[command(flatten)]
+                demo: DemoArgs,
+            }
+            (Cli::parse_from(["demo"]).demo, ())
+        };
+        assert_eq!(args.seed, sc.seed);
+        assert_eq!(args.duration, sc.duration);
+        assert!(matches!(
+            sc.fleet.load,
+            stormguard_sim::scenario::Load::Open { rate, .. } if rate == RATE_PER_S
+        ));
+        assert_eq!(sc.client.per_try_timeout, Some(PER_TRY_TIMEOUT));
+        assert_eq!(sc.dependency.base.workers, Some(WORKERS as u32));
+        let c =
+            proxy_config(&sc, "http://127.0.0.1:9", SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         assert!(c.validate().is_ok());
         let d = &c.dependencies[0];
-        assert_eq!((d.cap, d.planned_primary, d.max_retries), (20, Some(16), 1));
+        assert_eq!((d.cap, d.planned_primary, d.max_retries), (CAP, Some(PLANNED_PRIMARY), 1));
+        assert_eq!(d.budget, BUDGET.parse().unwrap());
+        assert_eq!((d.queue, d.queue_timeout), (100, Duration::from_millis(200)));
+        let naive = naive_retries(&sc).unwrap();
+        assert_eq!((naive.max, naive.per_try_timeout), (1, Some(PER_TRY_TIMEOUT)));
         // (cap − planned) / planned
         assert_eq!(BUDGET_PERCENT, (CAP - PLANNED_PRIMARY) as f64 / PLANNED_PRIMARY as f64);
     }

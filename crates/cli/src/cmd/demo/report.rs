@@ -50,7 +50,7 @@ pub fn render(s: &Summary) -> String {
             "{}–{} s <b>{}</b>: {}<br>",
             super::secs(p.plan.start_s),
             super::secs(p.plan.end_s),
-            escape(p.plan.name),
+            escape(&p.plan.name),
             escape(&p.plan.conditions)
         );
     }
@@ -241,7 +241,7 @@ fn summary_table(h: &mut String, s: &Summary) {
 fn phase_table(h: &mut String, s: &Summary) {
     h.push_str("<h2>By phase</h2>\n<table><tr><th>path</th>");
     for p in &s.phases {
-        let _ = write!(h, "<th colspan=\"4\">{}</th>", escape(p.plan.name));
+        let _ = write!(h, "<th colspan=\"4\">{}</th>", escape(&p.plan.name));
     }
     h.push_str("</tr>\n<tr><th></th>");
     for _ in &s.phases {

@@ -1,12 +1,17 @@
-//! What the demo plays: the phases, the chaos script, and the two paths' configs.
+//! What the demo plays: the simulator's `demo` built-in, served by chaos, with the two paths its
+//! two policies describe — the scenario `stormguard verify --builtin demo` predicts and checks.
+
+use stormguard_sim::Scenario;
+use stormguard_sim::ServiceTime;
 
 use super::*;
+use crate::cmd::verify::Plan;
 
 /// One phase of the script, placed on the run's timeline.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhasePlan {
     /// Its name.
-    pub name: &'static str,
+    pub name: String,
     /// When it starts, in seconds from the start of the run.
     pub start_s: f64,
     /// When it ends.
@@ -15,103 +20,102 @@ pub struct PhasePlan {
     pub error_rate: f64,
     /// What the upstream does, in words.
     pub conditions: String,
-    #[serde(skip)]
-    latency: Latency,
 }
 
-pub(super) const NORMAL: (u64, u64) = (80, 120);
-pub(super) const SPIKE: (u64, u64) = (200, 500);
-
-pub(super) fn uniform((lo, hi): (u64, u64)) -> Latency {
-    Latency::Uniform { min: Duration::from_millis(lo), max: Duration::from_millis(hi) }
+/// The `demo` built-in with its timeline stretched or shrunk to `duration`, drawn from `seed`.
+pub fn scenario(duration: Duration, seed: u64) -> Result<Scenario, Failure> {
+    let mut sc = stormguard_sim::builtin::scenario("demo")
+        .map_err(|e| Failure::runtime(format!("the demo's scenario: {e}")))?;
+    let k = duration.as_secs_f64() / sc.duration.as_secs_f64();
+    for p in &mut sc.phases {
+        p.start = p.start.mul_f64(k);
+        p.end = p.end.mul_f64(k);
+    }
+    sc.duration = duration;
+    sc.seed = seed;
+    Ok(sc)
 }
 
-/// The five phases over `duration`: 15 % at 5 % errors, 15 % at 20 %, 25 % at 40 %, 20 % of a
-/// latency spike, 25 % of recovery.
-pub fn plan(duration: Duration) -> Vec<PhasePlan> {
-    let d = duration.as_secs_f64();
-    let normal = format!("latency {}–{} ms", NORMAL.0, NORMAL.1);
-    let steps: [(&'static str, f64, f64, (u64, u64)); 5] = [
-        ("5 % errors", 0.15, 0.05, NORMAL),
-        ("20 % errors", 0.15, 0.20, NORMAL),
-        ("40 % errors", 0.25, 0.40, NORMAL),
-        ("latency spike", 0.20, 0.0, SPIKE),
-        ("recovery", 0.25, 0.0, NORMAL),
-    ];
-    let mut start = 0.0;
-    steps
+/// The scenario's timeline, in words, for the table and the report.
+pub fn plan(sc: &Scenario) -> Vec<PhasePlan> {
+    let per_try = sc.client.per_try_timeout;
+    sc.segments()
         .iter()
-        .map(|&(name, share, error_rate, latency)| {
-            let end = start + share * d;
-            let conditions = if latency == SPIKE {
-                format!(
-                    "no errors; latency {}–{} ms against a per-try timeout of {} ms",
-                    latency.0,
-                    latency.1,
-                    PER_TRY_TIMEOUT.as_millis()
-                )
-            } else if error_rate > 0.0 {
-                format!(
-                    "{} answered 503; {normal}",
-                    stormguard_core::format::percent(error_rate, 0)
-                )
-            } else {
-                format!("healthy; {normal}")
+        .map(|seg| {
+            let c = &seg.conditions;
+            let latency = match c.service_time {
+                ServiceTime::Uniform { min, max } => {
+                    format!("latency {}–{} ms", min.as_millis(), max.as_millis())
+                }
+                other => format!("latency {other}"),
             };
-            let p = PhasePlan {
-                name,
-                start_s: start,
-                end_s: end,
-                error_rate,
+            let past_timeout = per_try.is_some_and(|t| c.service_time.mean() * 2 > t);
+            let conditions = match (c.error_rate > 0.0, past_timeout, per_try) {
+                (true, ..) => format!(
+                    "{} answered 503; {latency}",
+                    stormguard_core::format::percent(c.error_rate, 0)
+                ),
+                (false, true, Some(t)) => format!(
+                    "no errors; {latency} against a per-try timeout of {} ms",
+                    t.as_millis()
+                ),
+                _ => format!("healthy; {latency}"),
+            };
+            PhasePlan {
+                name: seg.name.clone(),
+                start_s: seg.start.as_secs_f64(),
+                end_s: seg.end.as_secs_f64(),
+                error_rate: c.error_rate,
                 conditions,
-                latency: uniform(latency),
-            };
-            start = end;
-            p
+            }
         })
         .collect()
 }
 
-pub(super) fn script(plan: &[PhasePlan], seed: u64) -> Script {
-    let last = plan.len() - 1;
-    Script {
-        phases: plan
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Phase {
-                name: p.name.to_string(),
-                // The last phase lasts until the servers stop.
-                duration: (i < last).then(|| Duration::from_secs_f64(p.end_s - p.start_s)),
-                error_rate: p.error_rate,
-                status: 503,
-                latency: p.latency,
-                workers: Some(WORKERS),
-                ..Phase::default()
-            })
-            .collect(),
-        repeat: false,
-        seed: Some(seed),
-        // The dependency does not know its client gave up: a timed-out request keeps it busy.
-        on_disconnect: Some(OnDisconnect::Finish),
-        ..Script::single(Phase::default())
+/// The chaos script that serves the scenario (`stormguard chaos --scenario`'s), with the last
+/// phase lasting until the servers stop and the work of an abandoned request finished.
+pub(super) fn script(sc: &Scenario) -> Result<Script, Failure> {
+    let mut s = crate::cmd::chaos_scenario::script(sc)
+        .map_err(|e| Failure::runtime(format!("the demo's scenario: {e}")))?;
+    if let Some(last) = s.phases.last_mut() {
+        last.duration = None;
+    }
+    // The dependency does not know its client gave up: a timed-out request keeps it busy.
+    s.on_disconnect = Some(OnDisconnect::Finish);
+    Ok(s)
+}
+
+/// The policy named `name`, as `stormguard verify` runs it.
+fn policy(sc: &Scenario, name: &str) -> Result<Plan, Failure> {
+    let p =
+        sc.policies.iter().find(|p| p.name == name).ok_or_else(|| {
+            Failure::runtime(format!("the demo's scenario has no policy `{name}`"))
+        })?;
+    Plan::of(sc, p).map_err(|e| Failure::runtime(format!("the demo's `{name}` policy: {e}")))
+}
+
+/// The naive path: the scenario's `naive` policy.
+pub(super) fn naive_retries(sc: &Scenario) -> Result<naive::Retries, Failure> {
+    match policy(sc, "naive")? {
+        Plan::Naive(r) => Ok(r),
+        Plan::Proxy(_) => Err(Failure::runtime("the demo's `naive` policy has a cap")),
     }
 }
 
-pub(super) fn proxy_config(upstream: &str, admin: SocketAddr) -> Result<ProxyConfig, Failure> {
-    let bad = |e: String| Failure::runtime(format!("demo proxy config: {e}"));
-    let mut d =
-        ProxyDependency::new(DEPENDENCY, upstream.parse().map_err(|e| bad(format!("{e}")))?);
-    d.cap = CAP;
+/// The stormguard path: the scenario's `stormguard` policy as the proxy's one dependency.
+pub(super) fn proxy_config(
+    sc: &Scenario,
+    upstream: &str,
+    admin: SocketAddr,
+) -> Result<ProxyConfig, Failure> {
+    let Plan::Proxy(d) = policy(sc, "stormguard")? else {
+        return Err(Failure::runtime("the demo's `stormguard` policy has no cap"));
+    };
+    let mut d = *d;
+    d.name = DEPENDENCY.into();
+    d.upstreams =
+        vec![upstream.parse().map_err(|e| Failure::runtime(format!("demo upstream: {e}")))?];
     d.planned_primary = Some(PLANNED_PRIMARY);
-    d.budget = BUDGET.parse().map_err(|e| bad(format!("{e}")))?;
-    // Like the naive path, a timed-out attempt is a failure worth one retry: the default
-    // `retry_on` already says so.
-    d.max_retries = 1;
-    d.per_try_timeout = Some(PER_TRY_TIMEOUT);
-    // Retries go out (almost) at once, as in the worked example and on the naive path.
-    d.backoff = BackoffConfig::parse_range("1ms..5ms").map_err(|e| bad(e.to_string()))?;
-    d.queue = 100;
-    d.queue_timeout = Duration::from_millis(200);
     let mut config = ProxyConfig::single(SocketAddr::from(([127, 0, 0, 1], 0)), d);
     config.admin = Some(admin);
     Ok(config)
@@ -120,6 +124,7 @@ pub(super) fn proxy_config(upstream: &str, admin: SocketAddr) -> Result<ProxyCon
 pub(super) fn load_config(target: SocketAddr, duration: Duration) -> Result<LoadConfig, Failure> {
     let mut c = LoadConfig::new(&format!("http://{target}/"))
         .map_err(|e| Failure::runtime(format!("demo load: {e}")))?;
+    // Evenly spaced, as the scenario's `arrivals = "uniform"`.
     c.mode = Mode::Open {
         rate: Rate { count: RATE_PER_S, per: Duration::from_secs(1) },
         max_outstanding: 5_000,

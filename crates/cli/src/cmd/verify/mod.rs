@@ -33,6 +33,7 @@ use stormguard_sim::scenario::{HeldSlotRelease, Load};
 
 use crate::Failure;
 pub use compare::{Comparison, Figure, LiveRun, PolicyComparison, SegmentComparison};
+pub(crate) use live::Plan;
 pub use live::{Measured, NotLive};
 
 /// First tries a second that a loopback run on this machine is trusted to carry.
