@@ -162,6 +162,21 @@ fn what_chaos_cannot_serve_is_named() {
     );
     assert!(matches!(e, NotServed::ServiceTime { .. }), "{e}");
     assert!(e.to_string().contains("tail_median=1s"), "{e}");
+    let e = with("capacity = 100", "capacity = 100\nworkers = 22");
+    assert_eq!(e, NotServed::ServersAndWorkers { at: "[dependency]".to_string() });
+}
+
+/// A dependency with workers and no capacity is chaos's `workers`; a uniform service time is
+/// chaos's uniform latency.
+#[test]
+fn workers_and_a_uniform_service_time_are_served() {
+    let text = SCENARIO
+        .replace("capacity = 100", "workers = 22")
+        .replace("lognormal median=40ms sigma=0.3", "uniform min=80ms max=120ms");
+    let s = script(&Scenario::parse("served.toml", &text).unwrap()).unwrap();
+    assert_eq!((s.phases[0].servers, s.phases[0].workers), (None, Some(22)));
+    let ms = Duration::from_millis;
+    assert_eq!(s.phases[1].latency, Latency::Uniform { min: ms(80), max: ms(120) });
 }
 
 /// `stormguard chaos --scenario FILE --check` prints the phases it would serve; a scenario it

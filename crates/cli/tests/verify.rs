@@ -8,7 +8,8 @@
 //!   the documented ±10 % in both segments.
 //! - The same measurements against a model whose dependency is twice as slow (in the model
 //!   only) disagree: the comparison can fail.
-//! - A scenario that cannot run live is refused, exit 2, with the reason.
+//! - A scenario that cannot run live is refused, exit 2, with the reason (one too large for
+//!   the machine names the `--scale` that fits it; a factor outside (0, 1] is refused).
 
 use stormguard::cmd::verify::verify;
 use stormguard_sim::Scenario;
@@ -83,7 +84,7 @@ fn a_scenario_that_cannot_run_live_is_refused_with_the_reason() {
     for (name, from, to, reason) in [
         ("closed.toml", "rate = 200", "concurrency = 10", "closed loop"),
         ("fleet.toml", "rate = 200", "instances = 3\nrate = 200", "fleet.instances = 3"),
-        ("fast.toml", "rate = 200", "rate = 50000", "more than a loopback run"),
+        ("fast.toml", "rate = 200", "rate = 50000", "--scale 0.04 runs it at that fraction"),
         (
             "tail.toml",
             "fixed 50ms",
@@ -101,6 +102,19 @@ fn a_scenario_that_cannot_run_live_is_refused_with_the_reason() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name}: {err}");
         assert!(err.contains("cannot run live") && err.contains(reason), "{name}: {err}");
+    }
+    // Scaled only when asked, by a factor that makes sense.
+    let path = dir.join("fast.toml");
+    for (scale, reason) in [("0", "--scale: must be above 0 and at most 1, got 0"), ("2", "got 2")]
+    {
+        let out = assert_cmd::Command::cargo_bin("stormguard")
+            .unwrap()
+            .args(["verify", path.to_str().unwrap(), "--scale", scale])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(reason), "{err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

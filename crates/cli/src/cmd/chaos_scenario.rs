@@ -5,8 +5,9 @@
 //! phase's where it does), with the same names. Each chaos phase has the scenario's `capacity`
 //! as its servers and its `queue` as their line (the rest wait, first come first served, as in
 //! the model; past a full line, 503 at once), its `error_rate` answered 503, and its service time
-//! as chaos's latency. What chaos cannot yet play as the model does is refused by name rather
-//! than approximated: an `error_time` of its own, a provider's limits, and a slow tail.
+//! as chaos's latency; a dependency with `workers` and no `capacity` is chaos's `workers`. What
+//! chaos cannot yet play as the model does is refused by name rather than approximated: an
+//! `error_time` of its own, a provider's limits, a slow tail, servers with workers.
 
 use std::time::Duration;
 
@@ -27,6 +28,12 @@ pub enum NotServed {
     /// A provider's limits.
     #[error("[dependency] requests/tokens per minute: serve a provider with chaos --provider")]
     ProviderRate,
+    /// Servers and workers in one phase: chaos's `servers` and `workers` do not combine.
+    #[error("{at}: capacity and workers: chaos serves one or the other; give only one")]
+    ServersAndWorkers {
+        /// Where: `[dependency]` or the phase's name.
+        at: String,
+    },
     /// A service time chaos does not draw.
     #[error(
         "{at}: service_time {got}: chaos serves fixed, exponential, uniform and log-normal service times"
@@ -69,6 +76,9 @@ fn phase(
 ) -> Result<Phase, NotServed> {
     if c.error_time.is_some() {
         return Err(NotServed::ErrorTime { at: at.to_string() });
+    }
+    if c.servers().is_some() && c.workers.is_some() {
+        return Err(NotServed::ServersAndWorkers { at: at.to_string() });
     }
     Ok(Phase {
         name: name.to_string(),

@@ -31,6 +31,8 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
                    the cap; a naive hedger overloads at 40 % errors
   capacity-drop    the servers halve for 30 s: fixed caps of 10, 20 and 40 against an adaptive
                    cap that follows the capacity down and back up
+  demo             stormguard demo's script: an upstream that slows past 22 in flight; retry
+                   once against a cap of 20 and a 25 % budget (the demo serves this scenario)
 
 Examples:
   stormguard simulate --builtin metastable --html report.html

@@ -18,10 +18,12 @@
 //!
 //! - this module: flags, the run, the verdict;
 //! - `live`: one policy's live run;
-//! - `compare`: predicted beside measured, the table and the JSON.
+//! - `compare`: predicted beside measured, the table and the JSON;
+//! - `scale`: `--scale F`, a scenario too large for the machine at a fraction of its size.
 
 mod compare;
 mod live;
+mod scale;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,6 +37,7 @@ use crate::Failure;
 pub use compare::{Comparison, Figure, LiveRun, PolicyComparison, SegmentComparison};
 pub(crate) use live::Plan;
 pub use live::{Measured, NotLive};
+pub use scale::{NotScalable, scale};
 
 /// First tries a second that a loopback run on this machine is trusted to carry.
 pub const MAX_LIVE_RATE: f64 = 2_000.0;
@@ -71,6 +74,11 @@ pub struct VerifyArgs {
     /// Write a self-contained HTML report here.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Run the scenario at this fraction of its size (0 < F <= 1): the arrival rate, servers,
+    /// queues, caps and budgets' absolute amounts scaled; both the model and the live run take
+    /// the scaled scenario.
+    #[arg(long, value_name = "F")]
+    pub scale: Option<f64>,
 }
 
 /// Runs `stormguard verify`.
@@ -83,6 +91,9 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
     }
     let (mut scenario, _) = super::simulate::load(args.builtin.as_deref(), args.file.as_ref())?;
     super::simulate::select(&mut scenario, &args.policies)?;
+    if let Some(f) = args.scale {
+        scenario = scale(&scenario, f).map_err(|e| Failure::usage(e.to_string()))?;
+    }
     let comparison = verify(&scenario, args.tolerance)?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &comparison)
@@ -183,7 +194,9 @@ fn runnable(sc: &Scenario) -> Result<(), Failure> {
         return refuse(format!(
             "{rate} first tries a second is more than a loopback run on this machine carries \
              (about {MAX_LIVE_RATE:.0} a second, with the proxy, chaos and the callers sharing the \
-             cores); lower fleet.rate (and the capacities and caps with it) in a copy of the file"
+             cores); --scale {:.2} runs it at that fraction of its size (rate, servers, caps and \
+             budgets scaled alike)",
+            (MAX_LIVE_RATE / rate * 100.0).floor() / 100.0
         ));
     }
     Ok(())
