@@ -92,8 +92,6 @@ pub fn filter(value: Option<&str>) -> Result<EnvFilter, Failure> {
 /// Called once, by `main`; tests that call [`crate::run`] install nothing.
 pub fn install(format: LogFormat, access: Option<&AccessLog>) -> Result<(), Failure> {
     let filter = filter(std::env::var(ENV).ok().as_deref())?;
-    let not_access = filter_fn(|m: &Metadata<'_>| m.target() != ACCESS_TARGET);
-    let log = layer(format, Writer::Stderr).with_filter(filter.and(not_access));
     let access = match access {
         None => None,
         Some(AccessLog(path)) => Some(Writer::File(Mutex::new(
@@ -103,15 +101,34 @@ pub fn install(format: LogFormat, access: Option<&AccessLog>) -> Result<(), Fail
                 .open(path)
                 .map_err(|e| Failure::usage(format!("--access-log {}: {e}", path.display())))?,
         ))),
-    }
-    .map(|w| {
-        layer(format, w)
-            .with_filter(Targets::new().with_target(ACCESS_TARGET, tracing::Level::INFO))
-    });
-    let subscriber = Registry::default().with(log).with(access);
+    };
     // Only `main` installs one; a second call (never made) would keep the first.
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    let _ =
+        tracing::subscriber::set_global_default(subscriber(format, filter, Writer::Stderr, access));
     Ok(())
+}
+
+/// The subscriber: the log through `filter` to `log`, the access log to `access` when given.
+/// The layers are a list, not an optional layer: an absent `Option` layer says it wants every
+/// callsite, which would turn on every span and event the filter turns off, and the proxy
+/// would build a span per attempt and an event per `debug!` only to drop them.
+fn subscriber(
+    format: LogFormat,
+    filter: EnvFilter,
+    log: Writer,
+    access: Option<Writer>,
+) -> impl Subscriber + Send + Sync {
+    let not_access = filter_fn(|m: &Metadata<'_>| m.target() != ACCESS_TARGET);
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> =
+        vec![layer(format, log).with_filter(filter.and(not_access)).boxed()];
+    if let Some(w) = access {
+        layers.push(
+            layer(format, w)
+                .with_filter(Targets::new().with_target(ACCESS_TARGET, tracing::Level::INFO))
+                .boxed(),
+        );
+    }
+    Registry::default().with(layers)
 }
 
 /// Where one layer writes.
@@ -160,6 +177,32 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the filter turns off is not built: no attempt span, no debug event, with or
+    /// without an access log beside the log.
+    #[test]
+    fn what_the_filter_turns_off_is_never_built() {
+        for access in [false, true] {
+            let w = || Writer::File(Mutex::new(tempfile_in_target()));
+            let s = subscriber(LogFormat::Text, filter(None).unwrap(), w(), access.then(w));
+            tracing::subscriber::with_default(s, || {
+                let span = tracing::info_span!(target: "stormguard::attempt", "stormguard.attempt");
+                assert!(span.is_disabled(), "access log {access}: the attempt span is built");
+                assert!(!tracing::enabled!(tracing::Level::DEBUG), "access log {access}");
+                assert!(tracing::enabled!(tracing::Level::INFO));
+                assert_eq!(
+                    tracing::enabled!(target: "stormguard::access", tracing::Level::INFO),
+                    access
+                );
+            });
+        }
+    }
+
+    fn tempfile_in_target() -> std::fs::File {
+        let dir = std::env::temp_dir().join(format!("sg-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::File::create(dir.join("log")).unwrap()
+    }
 
     #[test]
     fn the_filter_reads_env_filter_syntax_and_refuses_what_it_cannot_read() {
