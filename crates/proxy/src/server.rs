@@ -17,6 +17,7 @@ use crate::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use crate::hop::strip_hop_by_hop;
 use crate::scopes::TraceScopes;
 use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, ProxyService, local};
+use crate::traffic::Caller;
 
 /// One dependency at run time. Kept whole across a reload that leaves its config unchanged.
 pub(crate) struct DepRuntime {
@@ -211,7 +212,10 @@ pub(crate) async fn handle(
     let shared = state.current();
     let (addr, default_dep, downstream_pushback) = shared.listeners[listener];
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    // The caller's target, for the route and the access log: a clone of the parsed URI shares
+    // its bytes.
+    let target = req.uri().clone();
+    let path = target.path();
     if method == Method::CONNECT {
         state.refused_not_routable.fetch_add(1, Ordering::Relaxed);
         return local(
@@ -245,7 +249,7 @@ pub(crate) async fn handle(
         return resp;
     }
     let host = request_host(&req);
-    let route_index = route(&shared, host.as_deref(), &path);
+    let route_index = route(&shared, host.as_deref(), path);
     let (dep_index, route) = match route_index.map(|i| &shared.routes[i]) {
         Some(r) => (r.dep, Some(r)),
         None => match default_dep {
@@ -261,11 +265,13 @@ pub(crate) async fn handle(
         },
     };
     let dep = &shared.deps[dep_index];
-    let client = match &shared.client_header {
+    // The caller: the configured header's value, or the peer's address (formatted only if
+    // the access log or a new label needs its text).
+    let named = match &shared.client_header {
         Some(h) => req.headers().get(h).and_then(|v| v.to_str().ok()).map(str::to_string),
         None => None,
-    }
-    .unwrap_or_else(|| peer.ip().to_string());
+    };
+    let client = named.as_deref().map_or(Caller::Addr(peer.ip()), Caller::Named);
     let (mut parts, body) = req.into_parts();
     // The host the route was chosen by is the host the upstream acts on: an absolute-form
     // target's authority replaces any Host (RFC 9112 §3.2.2), and an HTTP/2 caller's
@@ -374,7 +380,7 @@ pub(crate) async fn handle(
         dependency: &dep.name,
         upstream: &dep.upstream_labels[log.target().min(dep.upstream_labels.len() - 1)],
         route: route_label,
-        client: &client,
+        client,
         status: resp.status().as_u16(),
         attempts: log.attempts(),
         denied: denied.parse().ok(),
