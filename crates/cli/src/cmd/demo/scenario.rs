@@ -49,6 +49,8 @@ pub fn plan(sc: &Scenario) -> Vec<PhasePlan> {
                 }
                 other => format!("latency {other}"),
             };
+            // A phase whose service times reach the per-try timeout (a mean above half of it:
+            // the spike's 200-500 ms against 350 ms) is described against it.
             let past_timeout = per_try.is_some_and(|t| c.service_time.mean() * 2 > t);
             let conditions = match (c.error_rate > 0.0, past_timeout, per_try) {
                 (true, ..) => format!(
