@@ -248,7 +248,8 @@ pub(crate) async fn handle(
             .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         return resp;
     }
-    let host = request_host(&req);
+    // The host matters only to a route that names one.
+    let host = shared.routes.iter().any(|r| r.host.is_some()).then(|| request_host(&req)).flatten();
     let route_index = route(&shared, host.as_deref(), path);
     let (dep_index, route) = match route_index.map(|i| &shared.routes[i]) {
         Some(r) => (r.dep, Some(r)),

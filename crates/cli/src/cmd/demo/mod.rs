@@ -319,14 +319,15 @@ mod tests {
     #[test]
     fn the_demo_is_its_scenario() {
         let sc = stormguard_sim::builtin::scenario("demo").unwrap();
-        let (args, _) = {
+        // The demo's flags left out.
+        let args = {
             use clap::Parser;
             #[derive(Parser)]
             struct Cli {
                 #[command(flatten)]
                 demo: DemoArgs,
             }
-            (Cli::parse_from(["demo"]).demo, ())
+            Cli::parse_from(["demo"]).demo
         };
         assert_eq!(args.seed, sc.seed);
         assert_eq!(args.duration, sc.duration);
