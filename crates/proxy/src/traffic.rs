@@ -47,19 +47,20 @@ impl Counts {
     }
 }
 
-/// Key: the dependency, upstream and route labels *by identity* (the `Arc`s a configuration
-/// generation holds), and the caller's index (`usize::MAX`: other). Counting hashes four words
-/// and clones nothing; the export groups the series by their labels' text, so a reload (new
-/// `Arc`s, same labels) goes on counting in the same series.
+/// The fast key: the dependency, upstream and route labels *by identity* (the `Arc`s a
+/// configuration generation holds), and the caller's index (`usize::MAX`: other). Counting
+/// hashes four words and clones nothing.
 type Key = (usize, usize, usize, usize);
 
-/// The labels behind a key, kept alive so that its addresses are not reused.
+/// A series' labels by text, and the caller's index: what the export names.
+type Labels = (Arc<str>, Arc<str>, Arc<str>, usize);
+
+/// A fast key's target: the series, and the labels it was made from, held so that their
+/// addresses are not reused while the key exists.
 #[derive(Debug)]
-struct Series {
-    dependency: Arc<str>,
-    upstream: Arc<str>,
-    route: Arc<str>,
-    counts: Counts,
+struct Alias {
+    series: usize,
+    held: [Arc<str>; 3],
 }
 
 /// A word hasher for the keys (addresses and indices): one multiply and rotate per word (the
@@ -69,7 +70,8 @@ struct WordHasher(u64);
 
 impl Hasher for WordHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The product's high bits are the well-mixed ones; the table indexes by the low bits.
+        self.0.rotate_left(26)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -93,11 +95,19 @@ type Words = BuildHasherDefault<WordHasher>;
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Callers named by their address (no `client_header`), and by a header's value.
-    by_addr: HashMap<IpAddr, usize, Words>,
+    /// Callers named by their address (no `client_header`), and by a header's value: keyed by
+    /// what callers choose, so hashed with the default, seeded hasher.
+    by_addr: HashMap<IpAddr, usize>,
     by_name: HashMap<String, usize>,
     names: Vec<String>,
-    counts: HashMap<Key, Series, Words>,
+    /// The series, one per distinct label text (bounded as the labels are: routes from the
+    /// config, callers by `client_max`).
+    series: Vec<(Labels, Counts)>,
+    by_labels: HashMap<Labels, usize>,
+    /// Fast keys of the configuration generations in use. A reload brings new `Arc`s, so new
+    /// keys to the same series; keys whose labels only this map still holds (a generation
+    /// gone) are dropped whenever a key is added, so the map does not grow with reloads.
+    aliases: HashMap<Key, Alias, Words>,
 }
 
 /// The per-route counters of one proxy.
@@ -173,6 +183,30 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// A new fast key for `f`'s labels: to their series (made if new), after dropping the keys
+    /// of generations no longer in use.
+    #[cold]
+    fn alias(&mut self, key: Key, f: Finished<'_>, client: usize) -> usize {
+        self.aliases.retain(|_, a| a.held.iter().any(|l| Arc::strong_count(l) > 1));
+        // The series keep copies of the text, so that only the config and this key hold the
+        // generation's own `Arc`s: their count says when the generation is gone.
+        let text = |l: &Arc<str>| Arc::<str>::from(&**l);
+        let labels = (text(f.dependency), text(f.upstream), text(f.route), client);
+        let series = match self.by_labels.get(&labels) {
+            Some(&i) => i,
+            None => {
+                self.series.push((labels.clone(), Counts::default()));
+                self.by_labels.insert(labels, self.series.len() - 1);
+                self.series.len() - 1
+            }
+        };
+        let held = [f.dependency.clone(), f.upstream.clone(), f.route.clone()];
+        self.aliases.insert(key, Alias { series, held });
+        series
+    }
+}
+
 impl Traffic {
     /// Counters admitting at most `max_clients` distinct callers.
     pub fn new(max_clients: usize) -> Traffic {
@@ -185,16 +219,11 @@ impl Traffic {
         let client = inner.client(f.client, self.max_clients);
         let addr = |a: &Arc<str>| Arc::as_ptr(a).cast::<u8>() as usize;
         let key = (addr(f.dependency), addr(f.upstream), addr(f.route), client);
-        let c = &mut inner
-            .counts
-            .entry(key)
-            .or_insert_with(|| Series {
-                dependency: f.dependency.clone(),
-                upstream: f.upstream.clone(),
-                route: f.route.clone(),
-                counts: Counts::default(),
-            })
-            .counts;
+        let series = match inner.aliases.get(&key) {
+            Some(a) => a.series,
+            None => inner.alias(key, f, client),
+        };
+        let c = &mut inner.series[series].1;
         let class = usize::from(f.status / 100).clamp(1, 5) - 1;
         c.by_class[class] += 1;
         c.attempts += u64::from(f.attempts);
@@ -209,15 +238,16 @@ impl Traffic {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner).names.len()
     }
 
-    /// The counts by labels (dependency, upstream, route, client), sorted: series of several
-    /// generations with the same labels summed.
+    /// The counts by labels (dependency, upstream, route, client), sorted (a caller's label
+    /// text can come from both its address and a header, after a reload changed
+    /// `client_header`: those are summed).
     fn by_labels(&self) -> BTreeMap<[String; 4], Counts> {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out: BTreeMap<[String; 4], Counts> = BTreeMap::new();
-        for (key, s) in &inner.counts {
-            let client = inner.names.get(key.3).map_or(OTHER, String::as_str);
-            let labels = [&*s.dependency, &*s.upstream, &*s.route, client].map(str::to_string);
-            out.entry(labels).or_default().add(&s.counts);
+        for ((dependency, upstream, route, client), counts) in &inner.series {
+            let client = inner.names.get(*client).map_or(OTHER, String::as_str);
+            let labels = [&**dependency, &**upstream, &**route, client].map(str::to_string);
+            out.entry(labels).or_default().add(counts);
         }
         out
     }
@@ -315,13 +345,14 @@ mod tests {
         assert_eq!(other.denied[Denied::Queue.index()], 1);
     }
 
-    /// A reload brings new `Arc`s with the same labels: one series goes on counting, and a
-    /// caller by address is labelled by its address's text.
+    /// A reload brings new `Arc`s with the same labels: one series goes on counting, the keys
+    /// of the generations gone are dropped (memory does not grow with reloads), and a caller by
+    /// address is labelled by its address's text.
     #[test]
     fn a_reload_goes_on_counting_in_the_same_series() {
         let t = Traffic::new(8);
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        for _ in 0..2 {
+        for _ in 0..50 {
             let (dep, up, route): (Arc<str>, Arc<str>, Arc<str>) =
                 ("d".into(), "u".into(), "r".into());
             t.count(Finished {
@@ -336,8 +367,12 @@ mod tests {
         }
         let series = t.by_labels();
         assert_eq!(series.len(), 1, "{series:?}");
+        // Each generation's key went with its labels: one key, one series, after 50 reloads.
+        let inner = t.inner.lock().unwrap();
+        assert_eq!((inner.aliases.len(), inner.series.len()), (1, 1));
+        drop(inner);
         let c = &series[&["d", "u", "r", "127.0.0.1"].map(str::to_string)];
-        assert_eq!((c.by_class[1], c.attempts), (2, 4));
+        assert_eq!((c.by_class[1], c.attempts), (50, 100));
         assert_eq!(t.clients(), 1);
     }
 }

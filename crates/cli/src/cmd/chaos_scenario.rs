@@ -88,7 +88,8 @@ fn phase(
         latency: latency(c.service_time, at)?,
         servers: c.servers().map(u64::from),
         workers: c.workers.map(u64::from),
-        queue: queue.map(u64::from),
+        // A line is for servers; a dependency served at once (workers) has none.
+        queue: c.servers().and(queue).map(u64::from),
         ..Phase::default()
     })
 }

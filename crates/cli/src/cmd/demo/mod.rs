@@ -344,6 +344,13 @@ mod tests {
         assert_eq!((d.cap, d.planned_primary, d.max_retries), (CAP, Some(PLANNED_PRIMARY), 1));
         assert_eq!(d.budget, BUDGET.parse().unwrap());
         assert_eq!((d.queue, d.queue_timeout), (100, Duration::from_millis(200)));
+        // Each attempt's 350 ms, retries at once (1-5 ms), and the callers' 5 s patience.
+        assert_eq!(d.per_try_timeout, Some(PER_TRY_TIMEOUT));
+        assert_eq!(d.deadline, Some(Duration::from_secs(5)));
+        assert_eq!(
+            d.backoff,
+            stormguard_core::backoff::BackoffConfig::parse_range("1ms..5ms").unwrap()
+        );
         let naive = naive_retries(&sc).unwrap();
         assert_eq!((naive.max, naive.per_try_timeout), (1, Some(PER_TRY_TIMEOUT)));
         // (cap − planned) / planned

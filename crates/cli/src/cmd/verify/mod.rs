@@ -94,6 +94,7 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if let Some(f) = args.scale {
         scenario = scale(&scenario, f).map_err(|e| Failure::usage(e.to_string()))?;
     }
+    runnable(&scenario, args.scale.unwrap_or(1.0))?;
     let comparison = verify(&scenario, args.tolerance)?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &comparison)
@@ -120,7 +121,7 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
 /// Simulates `scenario`, then runs each of its policies live (those that can be), one after
 /// another, and compares.
 pub fn verify(scenario: &Scenario, tolerance: f64) -> Result<Comparison, Failure> {
-    runnable(scenario)?;
+    runnable(scenario, 1.0)?;
     let predicted = stormguard_sim::simulate(scenario)
         .map_err(|e| Failure::usage(format!("{}: {e}", scenario.name)))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -160,8 +161,18 @@ pub fn verify(scenario: &Scenario, tolerance: f64) -> Result<Comparison, Failure
     Ok(Comparison::new(scenario, tolerance, policies))
 }
 
-/// Refuses, by name, a scenario that cannot be run live on this machine as the model runs it.
-fn runnable(sc: &Scenario) -> Result<(), Failure> {
+/// A factor that fits, written short: rounded down to two significant digits (0.04, 0.0016).
+fn fits(f: f64) -> String {
+    let digits = (-f.log10().floor()).max(0.0) as i32 + 1;
+    let step = 10f64.powi(digits);
+    let down = (f * step).floor() / step;
+    format!("{}", if down > 0.0 { down } else { f })
+}
+
+/// Refuses, by name, a scenario that cannot be run live on this machine as the model runs it;
+/// `applied` is the `--scale` already applied to it (1 when none), so a suggested factor is
+/// one for the file as written.
+fn runnable(sc: &Scenario, applied: f64) -> Result<(), Failure> {
     let refuse = |why: String| Err(Failure::usage(format!("{}: cannot run live: {why}", sc.name)));
     let Load::Open { rate, .. } = sc.fleet.load else {
         return refuse("a closed loop (fleet.concurrency); verify sends open-loop arrivals".into());
@@ -194,9 +205,9 @@ fn runnable(sc: &Scenario) -> Result<(), Failure> {
         return refuse(format!(
             "{rate} first tries a second is more than a loopback run on this machine carries \
              (about {MAX_LIVE_RATE:.0} a second, with the proxy, chaos and the callers sharing the \
-             cores); --scale {:.2} runs it at that fraction of its size (rate, servers, caps and \
+             cores); --scale {} runs it at that fraction of its size (rate, servers, caps and \
              budgets scaled alike)",
-            (MAX_LIVE_RATE / rate * 100.0).floor() / 100.0
+            fits(applied * MAX_LIVE_RATE / rate)
         ));
     }
     Ok(())

@@ -5,7 +5,9 @@
 //! budgets' absolute amounts (a ratio budget's per-second floor, a concurrency budget's slots
 //! and minimum, a token bucket's size, a quota's capacity) — each rounded, and at least 1 where
 //! it was. What does not count requests stays: service times, error rates, percentages,
-//! timeouts, backoff. By Little's law the in-flight counts scale by the same factor, so a cap
+//! timeouts, backoff — and the breaker's thresholds (`min_requests`, `failure_ratio`), which
+//! then see fewer requests per window: a scaled breaker opens later in requests, the same in
+//! rate. By Little's law the in-flight counts scale by the same factor, so a cap
 //! planned with headroom keeps its share of headroom. It is an approximation of the original
 //! (fewer servers queue more unevenly), not of the comparison: the model and the live run both
 //! run the scaled scenario.
