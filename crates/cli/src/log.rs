@@ -183,7 +183,7 @@ mod tests {
     #[test]
     fn what_the_filter_turns_off_is_never_built() {
         for access in [false, true] {
-            let w = || Writer::File(Mutex::new(tempfile_in_target()));
+            let w = || Writer::File(Mutex::new(scratch_file()));
             let s = subscriber(LogFormat::Text, filter(None).unwrap(), w(), access.then(w));
             tracing::subscriber::with_default(s, || {
                 let span = tracing::info_span!(target: "stormguard::attempt", "stormguard.attempt");
@@ -198,10 +198,12 @@ mod tests {
         }
     }
 
-    fn tempfile_in_target() -> std::fs::File {
-        let dir = std::env::temp_dir().join(format!("sg-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::File::create(dir.join("log")).unwrap()
+    fn scratch_file() -> std::fs::File {
+        // Created, opened and removed at once: the handle writes on, nothing is left behind.
+        let path = std::env::temp_dir().join(format!("sg-log-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f
     }
 
     #[test]

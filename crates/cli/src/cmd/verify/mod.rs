@@ -94,8 +94,7 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if let Some(f) = args.scale {
         scenario = scale(&scenario, f).map_err(|e| Failure::usage(e.to_string()))?;
     }
-    runnable(&scenario, args.scale.unwrap_or(1.0))?;
-    let comparison = verify(&scenario, args.tolerance)?;
+    let comparison = verify_scaled(&scenario, args.tolerance, args.scale.unwrap_or(1.0))?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &comparison)
             .map_err(|e| Failure::runtime(format!("cannot write the JSON: {e}")))?;
@@ -121,7 +120,13 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
 /// Simulates `scenario`, then runs each of its policies live (those that can be), one after
 /// another, and compares.
 pub fn verify(scenario: &Scenario, tolerance: f64) -> Result<Comparison, Failure> {
-    runnable(scenario, 1.0)?;
+    verify_scaled(scenario, tolerance, 1.0)
+}
+
+/// [`verify`] of a scenario already scaled by `applied` (`--scale`; 1 for none), so that a
+/// refusal's suggested factor is one for the file as written.
+fn verify_scaled(scenario: &Scenario, tolerance: f64, applied: f64) -> Result<Comparison, Failure> {
+    runnable(scenario, applied)?;
     let predicted = stormguard_sim::simulate(scenario)
         .map_err(|e| Failure::usage(format!("{}: {e}", scenario.name)))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
