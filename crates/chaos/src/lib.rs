@@ -54,4 +54,4 @@ pub use script::{
     ScriptError, UnknownOnDisconnect, Window,
 };
 pub use server::{ChaosConfig, ChaosError, ChaosServer, spawn};
-pub use stats::{Counts, InFlightStats, PhaseStats, ProviderCounts, Stats};
+pub use stats::{Counts, InFlightStats, Lateness, PhaseStats, ProviderCounts, Stats};

@@ -449,6 +449,11 @@ struct InFlight {
     /// The handler has really finished (answer delivered, reset or truncation done). Dropped
     /// without it, the client left first.
     done: bool,
+    /// When the request arrived.
+    arrived: Instant,
+    /// How long the drawn work should have held it (the wait for a server and the drawn
+    /// latency), for a plain answer; the rest of its time here is chaos's own share.
+    drawn: Option<Duration>,
 }
 
 impl InFlight {
@@ -461,6 +466,9 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         if !self.done {
             self.record(|c| c.event(Event::ClientGone));
+        } else if let Some(drawn) = self.drawn {
+            let late = self.arrived.elapsed().saturating_sub(drawn);
+            self.record(|c| c.late(late));
         }
         // AcqRel on both sides of the count: the arrival of a request sent after this one was
         // answered is ordered after this decrement (the answer is produced after it).
@@ -821,7 +829,15 @@ async fn handle(
     let epoch = shared.epoch();
     let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
     let n = shared.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-    let guard = InFlight { shared: shared.clone(), epoch, phase: phase_index, seq, done: false };
+    let guard = InFlight {
+        shared: shared.clone(),
+        epoch,
+        phase: phase_index,
+        seq,
+        done: false,
+        arrived: Instant::now(),
+        drawn: None,
+    };
     guard.record(|c| c.arrive(n, retry));
     let phase = &shared.phases[phase_index];
     // The draw is a pure function of the sequence number: made now, so an overloaded provider
@@ -1096,6 +1112,7 @@ async fn work(
     // holds it while it is worked on; past a bounded queue it is answered at once.
     let phase = &shared.phases[guard.phase];
     // Held until the answer: the server is busy while the request is worked on.
+    let waiting = Instant::now();
     let server = match phase.servers {
         Some(n) => {
             shared.servers.resize(guard.phase, n);
@@ -1110,6 +1127,7 @@ async fn work(
         }
         None => None,
     };
+    let waited = waiting.elapsed();
     // A request that waited into a later phase takes that phase's service time (its own
     // uniform, so its rank): the simulator draws a service time when service starts.
     if server.is_some() {
@@ -1121,6 +1139,12 @@ async fn work(
     if !draw.latency.is_zero() {
         tokio::time::sleep(draw.latency).await;
     }
+    // A plain answer's time here is its wait, its draw and chaos's own share; a paced, cut or
+    // streamed body takes longer on purpose and is not counted (below).
+    let plain = phase.slow_body.is_none()
+        && draw.action != Action::Truncate
+        && !taken.as_ref().is_some_and(|t| t.asked.stream);
+    guard.drawn = plain.then_some(waited + draw.latency);
     let phase = &shared.phases[guard.phase];
     let mut resp = match draw.action {
         Action::Reset => {

@@ -66,6 +66,33 @@ pub struct Counts {
     /// draw without a provider still counts in `overloaded`).
     #[serde(default)]
     pub provider: ProviderCounts,
+    /// How much longer than drawn chaos held its plain answers.
+    #[serde(default)]
+    pub late: Lateness,
+}
+
+/// How much longer than its draw (the wait for a server and the drawn latency) chaos held each
+/// plain answer, from its arrival to its last byte handed over: chaos's own share — its timer
+/// (which never fires early and ticks in milliseconds), the scheduling of its tasks, writing the
+/// answer. A model of the dependency that leaves it out predicts a little less in flight than
+/// chaos holds. Paced, cut and streamed bodies, answers given at once (limits, overload, a full
+/// queue) and answers whose client left are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Lateness {
+    /// Answers measured.
+    pub answered: u64,
+    /// Their time past the draw, summed, in microseconds.
+    pub total_us: u64,
+    /// The longest, in microseconds.
+    pub max_us: u64,
+}
+
+impl Lateness {
+    /// The mean time past the draw (zero when nothing was measured).
+    pub fn mean(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.total_us / self.answered.max(1))
+    }
 }
 
 /// The model provider's answers by kind, counted at chaos. Every streamed answer that started
@@ -153,6 +180,8 @@ pub(crate) struct Counters {
     in_flight: Histogram,
     /// [`ProviderCounts`], in its field order.
     provider: [AtomicU64; 8],
+    /// [`Lateness`], in its field order.
+    late: [AtomicU64; 3],
 }
 
 /// Which extra counter an event bumps.
@@ -190,7 +219,16 @@ impl Counters {
             in_flight_max: AtomicU64::new(0),
             in_flight: Histogram::linear(in_flight_buckets),
             provider: Default::default(),
+            late: Default::default(),
         }
+    }
+
+    /// A plain answer held `late` past its draw.
+    pub(crate) fn late(&self, late: std::time::Duration) {
+        let us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
+        self.late[0].fetch_add(1, Ordering::Relaxed);
+        self.late[1].fetch_add(us, Ordering::Relaxed);
+        self.late[2].fetch_max(us, Ordering::Relaxed);
     }
 
     pub(crate) fn arrive(&self, in_flight: u64, retry: bool) {
@@ -271,6 +309,11 @@ impl Counters {
                     streams_broken: broken,
                     streams_abandoned: abandoned,
                 }
+            },
+            late: {
+                let [answered, total_us, max_us] =
+                    self.late.each_ref().map(|c| c.load(Ordering::Relaxed));
+                Lateness { answered, total_us, max_us }
             },
         }
     }

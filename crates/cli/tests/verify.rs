@@ -4,10 +4,11 @@
 //! budget under a cap of 30 — not reached, so what the dependency sees depends on the model's
 //! every part — and to a naive retry-once forwarder beside it.
 //!
-//! - The stormguard policy's in-flight p99 and amplification agree with the prediction within
-//!   the documented ±10 % in both segments.
+//! - The stormguard policy's in-flight p99 and amplification agree with the prediction
+//!   (calibrated with chaos's own share, measured at chaos) within the documented ±10 % in both
+//!   segments.
 //! - The same measurements against a model whose dependency is twice as slow (in the model
-//!   only) disagree: the comparison can fail.
+//!   only, given the same share) disagree: the comparison can fail.
 //! - A scenario that cannot run live is refused, exit 2, with the reason (one too large for
 //!   the machine names the `--scale` that fits it; a factor outside (0, 1] is refused).
 
@@ -61,6 +62,9 @@ fn the_live_run_agrees_with_the_model_and_a_wrong_model_does_not() {
     assert_eq!(budget.live, Some("stormguard proxy"));
     assert_eq!(budget.agrees, Some(true), "{}", comparison.table());
     assert_eq!(budget.segments.len(), 2);
+    // Calibrated with chaos's own share of the run, measured at chaos.
+    let overhead = budget.run.as_ref().unwrap().overhead;
+    assert_eq!(budget.calibrated_ms, Some(overhead.as_secs_f64() * 1e3));
     let naive = comparison.policies.iter().find(|p| p.name == "retry-once").unwrap();
     assert_eq!((naive.live, naive.judged), (Some("naive forwarder"), false));
     // The naive path's amplification is measured too: 1.4 at 40 % errors.
@@ -69,7 +73,9 @@ fn the_live_run_agrees_with_the_model_and_a_wrong_model_does_not() {
     assert!((measured - 1.4).abs() < 0.05, "naive amplification {measured}");
 
     let doubled = SCENARIO.replace("fixed 50ms", "fixed 100ms");
-    let doubled = Scenario::parse("doubled.toml", &doubled).unwrap();
+    let mut doubled = Scenario::parse("doubled.toml", &doubled).unwrap();
+    // Calibrated alike: the share measured live does not rescue a wrong model.
+    doubled.dependency.overhead = overhead;
     let wrong = comparison.against(&stormguard_sim::simulate(&doubled).unwrap());
     eprintln!("{}", wrong.table());
     let budget = wrong.policies.iter().find(|p| p.name == "budget").unwrap();

@@ -1745,7 +1745,7 @@ impl<'s> Run<'s> {
                 (stretched as u64).clamp(service, STRETCH_MAX.max(service))
             }
             _ => service,
-        };
+        } + nanos(self.sc.dependency.overhead);
         self.dep.busy += 1;
         let done = self.now + service;
         self.push(done, Ev::Done(att));

@@ -262,6 +262,11 @@ pub struct SimDependency {
     /// is `max_tokens × output_fraction`, rounded up, and the provider counts that (its answer's
     /// `usage`). Default 1.
     pub output_fraction: f64,
+    /// How long every attempt holds its server past its service time (drawn, and stretched by
+    /// `workers`): a live dependency's own share, which a drawn time leaves out — its timer's
+    /// tick, its scheduling, writing the answer. Zero by default (not read from a file);
+    /// `stormguard verify` sets it to what chaos measured of itself, to calibrate the model.
+    pub overhead: std::time::Duration,
 }
 
 impl SimDependency {

@@ -338,7 +338,13 @@ impl DependencyFile {
             }
             v => v.unwrap_or(1.0),
         };
-        Ok(SimDependency { queue, base, rate, output_fraction })
+        Ok(SimDependency {
+            queue,
+            base,
+            rate,
+            output_fraction,
+            overhead: std::time::Duration::ZERO,
+        })
     }
 }
 

@@ -38,6 +38,9 @@ pub struct PolicyComparison {
     pub not_live: Option<String>,
     /// Whether it is held to the tolerance: the stormguard policies are.
     pub judged: bool,
+    /// Chaos's own share, in ms, added to the model's service time for this policy's
+    /// prediction (`null`: the model as written).
+    pub calibrated_ms: Option<f64>,
     /// For a judged policy: whether every judged figure agreed.
     pub agrees: Option<bool>,
     /// Each segment of the timeline.
@@ -56,6 +59,8 @@ pub struct LiveRun {
     pub judged: bool,
     /// Each segment's figures.
     pub measured: Vec<Measured>,
+    /// How much longer than drawn chaos held its answers, on average: its own share.
+    pub overhead: std::time::Duration,
 }
 
 /// One segment of one policy.
@@ -73,8 +78,12 @@ pub struct Figure {
     /// What it is: `in_flight_mean`, `in_flight_p99`, `in_flight_max`, `amplification`,
     /// `success`, `latency_p50_ms`, `latency_p99_ms`.
     pub name: &'static str,
-    /// The simulator's figure.
+    /// The simulator's figure (calibrated, when the policy is).
     pub predicted: f64,
+    /// The model's figure as written, without chaos's share, when the prediction is
+    /// calibrated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncalibrated: Option<f64>,
     /// The live run's.
     pub measured: Option<f64>,
     /// measured / predicted.
@@ -87,13 +96,24 @@ pub struct Figure {
 const JUDGED: [&str; 2] = ["in_flight_p99", "amplification"];
 
 impl PolicyComparison {
-    /// `name`'s prediction beside its live run (or the reason it had none).
+    /// `name`'s prediction beside its live run (or the reason it had none). `calibrated` is a
+    /// second prediction, the model given chaos's measured share ([`LiveRun::overhead`]): when
+    /// present it is what is judged, and `predicted` is shown beside it.
     pub fn new(
         name: &str,
         predicted: &PolicyReport,
+        calibrated: Option<&PolicyReport>,
         run: Result<LiveRun, NotLive>,
         tolerance: f64,
     ) -> PolicyComparison {
+        let (raw, predicted) = match calibrated {
+            Some(c) => (Some(predicted), c),
+            None => (None, predicted),
+        };
+        let calibrated_ms = match (&run, raw) {
+            (Ok(r), Some(_)) => Some(r.overhead.as_secs_f64() * 1e3),
+            _ => None,
+        };
         let (live, not_live, judged, measured) = match &run {
             Ok(r) => (Some(r.front), None, r.judged, Some(&r.measured)),
             Err(why) => (None, Some(why.to_string()), false, None),
@@ -104,29 +124,35 @@ impl PolicyComparison {
             .enumerate()
             .map(|(i, p)| {
                 let m = measured.and_then(|m| m.get(i));
-                let latency = p.latency_ms.unwrap_or(predicted.latency_ms);
-                let rows: [(&'static str, f64, Option<f64>); 7] = [
-                    ("in_flight_mean", p.in_flight_mean, m.map(|m| m.in_flight_mean)),
-                    ("in_flight_p99", p.in_flight_p99 as f64, m.map(|m| m.in_flight_p99 as f64)),
-                    ("in_flight_max", p.in_flight_max as f64, m.map(|m| m.in_flight_max as f64)),
-                    (
-                        "amplification",
-                        1.0 + p.retry_fraction + p.hedge_fraction,
-                        m.map(|m| m.amplification),
-                    ),
-                    ("success", p.goodput, m.map(|m| m.success)),
-                    ("latency_p50_ms", latency.p50, m.map(|m| m.latency_p50_ms)),
-                    ("latency_p99_ms", latency.p99, m.map(|m| m.latency_p99_ms)),
-                ];
-                let figures = rows
-                    .into_iter()
-                    .map(|(name, predicted, measured)| Figure {
+                let model = figures(predicted, p);
+                let uncalibrated = raw.and_then(|r| r.phases.get(i).map(|q| figures(r, q)));
+                let measured = m.map(|m| {
+                    [
+                        m.in_flight_mean,
+                        m.in_flight_p99 as f64,
+                        m.in_flight_max as f64,
+                        m.amplification,
+                        m.success,
+                        m.latency_p50_ms,
+                        m.latency_p99_ms,
+                    ]
+                });
+                let figures = FIGURES
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &name)| {
+                        (name, model[k], uncalibrated.map(|u| u[k]), measured.map(|m| m[k]))
+                    })
+                    .map(|(name, predicted, uncalibrated, measured)| Figure {
                         name,
                         predicted,
+                        uncalibrated,
                         measured,
                         ratio: measured.filter(|_| predicted > 0.0).map(|m| m / predicted),
                         agrees: (judged && JUDGED.contains(&name)).then(|| {
-                            measured.is_some_and(|m| agree(name, predicted, m, tolerance))
+                            measured.is_some_and(|m| {
+                                agree(name, predicted, uncalibrated, m, tolerance)
+                            })
                         }),
                     })
                     .collect();
@@ -135,14 +161,49 @@ impl PolicyComparison {
             .collect();
         let agrees = judged
             .then(|| segments.iter().flat_map(|s| &s.figures).all(|f| f.agrees.unwrap_or(true)));
-        PolicyComparison { name: name.to_string(), live, not_live, judged, agrees, segments, run }
+        PolicyComparison {
+            name: name.to_string(),
+            live,
+            not_live,
+            judged,
+            calibrated_ms,
+            agrees,
+            segments,
+            run,
+        }
     }
+}
+
+/// The figures compared, in the table's order.
+const FIGURES: [&str; 7] = [
+    "in_flight_mean",
+    "in_flight_p99",
+    "in_flight_max",
+    "amplification",
+    "success",
+    "latency_p50_ms",
+    "latency_p99_ms",
+];
+
+/// A segment's predicted figures, in [`FIGURES`]' order.
+fn figures(policy: &PolicyReport, p: &stormguard_sim::PhaseReport) -> [f64; 7] {
+    let latency = p.latency_ms.unwrap_or(policy.latency_ms);
+    [
+        p.in_flight_mean,
+        p.in_flight_p99 as f64,
+        p.in_flight_max as f64,
+        1.0 + p.retry_fraction + p.hedge_fraction,
+        p.goodput,
+        latency.p50,
+        latency.p99,
+    ]
 }
 
 /// One line of a policy's table, as text: the segment's name on its first figure only.
 struct Row<'a> {
     segment: &'a str,
     figure: &'static str,
+    uncalibrated: String,
     predicted: String,
     measured: String,
     ratio: String,
@@ -156,6 +217,7 @@ impl PolicyComparison {
             s.figures.iter().enumerate().map(move |(i, f)| Row {
                 segment: if i == 0 { s.name.as_str() } else { "" },
                 figure: f.name,
+                uncalibrated: f.uncalibrated.map_or("—".to_string(), |u| value(f.name, u)),
                 predicted: value(f.name, f.predicted),
                 measured: f.measured.map_or("—".to_string(), |m| value(f.name, m)),
                 ratio: f.ratio.map_or("—".to_string(), |r| format!("{r:.2}")),
@@ -166,20 +228,42 @@ impl PolicyComparison {
 
     /// What ran and what it came to, with the words for agreeing and not.
     fn verdict(&self, agrees: &str, disagrees: &str) -> String {
-        match (self.live, self.agrees) {
-            (None, _) => format!("predicted only: {}", self.not_live.as_deref().unwrap_or("")),
+        let verdict = match (self.live, self.agrees) {
+            (None, _) => {
+                return format!("predicted only: {}", self.not_live.as_deref().unwrap_or(""));
+            }
             (Some(front), Some(true)) => format!("{front}: {agrees}"),
             (Some(front), Some(false)) => format!("{front}: {disagrees}"),
             (Some(front), None) => format!("{front}: shown, not judged"),
+        };
+        match self.calibrated_ms {
+            Some(ms) => format!(
+                "{verdict} (calibrated: chaos held each answer {ms:.2} ms past its draw; the \
+                 model adds it to every attempt)"
+            ),
+            None => verdict,
         }
     }
 }
 
 /// Whether `measured` is within `tolerance` of `predicted`; a count of attempts in flight also
 /// agrees within one (a whole number of requests cannot come closer to a fractional bound).
-fn agree(name: &str, predicted: f64, measured: f64, tolerance: f64) -> bool {
+///
+/// With a calibrated prediction, the model as written (`uncalibrated`) and the calibrated one
+/// bound what the model says: a figure that a millisecond of overhead moves beyond the
+/// tolerance is one the model cannot pin down (where a breaker's cycle lands when a slowdown
+/// ends, say), and it agrees anywhere between the two, widened by the tolerance.
+fn agree(
+    name: &str,
+    predicted: f64,
+    uncalibrated: Option<f64>,
+    measured: f64,
+    tolerance: f64,
+) -> bool {
     let slack = if name.starts_with("in_flight") { 1.0 } else { 0.0 };
-    (measured - predicted).abs() <= (tolerance * predicted).max(slack)
+    let other = uncalibrated.unwrap_or(predicted);
+    let (lo, hi) = (predicted.min(other), predicted.max(other));
+    measured >= lo - (tolerance * lo).max(slack) && measured <= hi + (tolerance * hi).max(slack)
 }
 
 impl Comparison {
@@ -195,7 +279,7 @@ impl Comparison {
     }
 
     /// The same measurements judged against another prediction of the same policies (a model
-    /// with a parameter changed, say).
+    /// with a parameter changed, say), as it is (not calibrated again).
     pub fn against(&self, predicted: &Report) -> Comparison {
         let policies = self
             .policies
@@ -203,7 +287,9 @@ impl Comparison {
             .map(|p| {
                 let report = predicted.policies.iter().find(|r| r.name == p.name);
                 match report {
-                    Some(r) => PolicyComparison::new(&p.name, r, p.run.clone(), self.tolerance),
+                    Some(r) => {
+                        PolicyComparison::new(&p.name, r, None, p.run.clone(), self.tolerance)
+                    }
                     None => p.clone(),
                 }
             })
@@ -237,8 +323,8 @@ impl Comparison {
             let _ = writeln!(t, "\n{} — {verdict}", p.name);
             let _ = writeln!(
                 t,
-                "  {:<20} {:<16} {:>10} {:>10} {:>7}",
-                "segment", "figure", "predicted", "measured", "ratio"
+                "  {:<20} {:<16} {:>12} {:>10} {:>10} {:>7}",
+                "segment", "figure", "uncalibrated", "predicted", "measured", "ratio"
             );
             for r in p.rows() {
                 let mark = match r.agrees {
@@ -248,8 +334,8 @@ impl Comparison {
                 };
                 let _ = writeln!(
                     t,
-                    "  {:<20} {:<16} {:>10} {:>10} {:>7}{mark}",
-                    r.segment, r.figure, r.predicted, r.measured, r.ratio
+                    "  {:<20} {:<16} {:>12} {:>10} {:>10} {:>7}{mark}",
+                    r.segment, r.figure, r.uncalibrated, r.predicted, r.measured, r.ratio
                 );
             }
         }
@@ -281,7 +367,7 @@ impl Comparison {
             let _ = write!(
                 h,
                 "<h2>{}</h2><p>{verdict}</p><table><tr><th>segment</th><th>figure</th>\
-                 <th>predicted</th><th>measured</th><th>ratio</th></tr>",
+                 <th>uncalibrated</th><th>predicted</th><th>measured</th><th>ratio</th></tr>",
                 escape(&p.name)
             );
             for r in p.rows() {
@@ -292,9 +378,10 @@ impl Comparison {
                 };
                 let _ = write!(
                     h,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{class}>{}</td></tr>",
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{class}>{}</td></tr>",
                     escape(r.segment),
                     r.figure,
+                    r.uncalibrated,
                     r.predicted,
                     r.measured,
                     r.ratio
@@ -314,5 +401,33 @@ fn value(name: &str, v: f64) -> String {
         "success" => format!("{:.1} %", v * 100.0),
         "amplification" => format!("{v:.3}"),
         _ => format!("{v:.1}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agree;
+
+    #[test]
+    fn a_figure_agrees_within_the_tolerance_of_the_prediction() {
+        // Uncalibrated: ±10 % of the prediction, or within one for a count in flight.
+        assert!(agree("amplification", 1.20, None, 1.31, 0.10));
+        assert!(!agree("amplification", 1.20, None, 1.33, 0.10));
+        assert!(agree("in_flight_p99", 5.0, None, 6.0, 0.10));
+        assert!(!agree("in_flight_p99", 26.0, None, 29.0, 0.10));
+    }
+
+    #[test]
+    fn a_calibrated_figure_agrees_between_the_two_predictions_and_no_further() {
+        // The breaker's cycle: 25 as written, 30 calibrated; 26 measured lies between.
+        assert!(agree("in_flight_p99", 30.0, Some(25.0), 26.0, 0.10));
+        // Widened by the tolerance on either side, and no more.
+        assert!(agree("in_flight_p99", 30.0, Some(25.0), 33.0, 0.10));
+        assert!(!agree("in_flight_p99", 30.0, Some(25.0), 34.0, 0.10));
+        assert!(agree("in_flight_p99", 30.0, Some(25.0), 22.5, 0.10));
+        assert!(!agree("in_flight_p99", 30.0, Some(25.0), 22.0, 0.10));
+        // The order of the two does not matter.
+        assert!(agree("amplification", 1.0, Some(1.5), 1.4, 0.05));
+        assert!(!agree("amplification", 1.5, Some(1.0), 1.6, 0.05));
     }
 }

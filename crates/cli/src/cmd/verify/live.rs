@@ -151,8 +151,11 @@ pub struct Measured {
 /// One action's outcome: when it was due, whether it succeeded, how long it took.
 type Outcome = (Duration, bool, Duration);
 
-/// Runs `plan` live against the scenario's dependency; one [`Measured`] per segment.
-pub async fn run(sc: &Scenario, plan: &Plan) -> Result<Vec<Measured>, Failure> {
+/// Runs `plan` live against the scenario's dependency: one [`Measured`] per segment, and how
+/// much longer than drawn chaos held its answers on average (its own share, [`Lateness`]).
+///
+/// [`Lateness`]: stormguard_chaos::Lateness
+pub async fn run(sc: &Scenario, plan: &Plan) -> Result<(Vec<Measured>, Duration), Failure> {
     let script = crate::cmd::chaos_scenario::script(sc)
         .map_err(|e| Failure::usage(format!("{}: {e}", sc.name)))?;
     let mut config = ChaosConfig::new(script);
@@ -204,7 +207,7 @@ pub async fn run(sc: &Scenario, plan: &Plan) -> Result<Vec<Measured>, Failure> {
     if let Ok(chaos) = Arc::try_unwrap(chaos) {
         chaos.shutdown().await;
     }
-    Ok(sc
+    let segments = sc
         .segments()
         .iter()
         .enumerate()
@@ -236,7 +239,8 @@ pub async fn run(sc: &Scenario, plan: &Plan) -> Result<Vec<Measured>, Failure> {
                 latency_p99_ms: ms(0.99),
             }
         })
-        .collect())
+        .collect();
+    Ok((segments, stats.total.late.mean()))
 }
 
 /// Kept alive for the run.

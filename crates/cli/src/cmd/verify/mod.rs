@@ -12,9 +12,12 @@
 //! flight at chaos (sampled every millisecond: mean and p99 over time; the exact most from
 //! chaos's count), amplification (attempts chaos received per first try), and the callers'
 //! success rate and latency (p50, p99) of the actions started in each segment of the timeline.
-//! A stormguard policy agrees when its in-flight p99 and amplification are within the tolerance
-//! of the prediction in every segment (a count within one request of it also agrees: in flight
-//! is a whole number); the naive policies are shown, not judged (docs/simulator.md says why).
+//! Each policy's prediction is calibrated with chaos's own share of its run (how much longer
+//! than drawn chaos held each answer: `verify_scaled`). A stormguard policy agrees when its
+//! in-flight p99 and amplification are within the tolerance of the prediction in every segment
+//! (a count within one request of it also agrees: in flight is a whole number; a figure the
+//! calibration moves agrees between the two predictions); the naive policies are shown, not
+//! judged (docs/simulator.md says why).
 //!
 //! - this module: flags, the run, the verdict;
 //! - `live`: one policy's live run;
@@ -30,8 +33,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use stormguard_sim::Scenario;
-use stormguard_sim::scenario::{HeldSlotRelease, Load};
+use stormguard_sim::scenario::{HeldSlotRelease, Load, PolicyConfig};
+use stormguard_sim::{PolicyReport, Scenario};
 
 use crate::Failure;
 pub use compare::{Comparison, Figure, LiveRun, PolicyComparison, SegmentComparison};
@@ -49,6 +52,8 @@ Runs the simulator, then the same scenario live on 127.0.0.1 (chaos serving the 
 stormguard proxy with each stormguard policy, a naive forwarder for the naive ones, the
 simulator's own arrivals) and prints, per policy and segment, predicted beside measured: in
 flight at the dependency (mean, p99, max), amplification, success rate, latency p50 and p99.
+The prediction judged is calibrated: the model given chaos's own measured share of the run
+(how much longer than drawn it held each answer); the model as written is shown beside it.
 
   stormguard verify --builtin worked-example
   stormguard verify deploy/examples/storm.toml --policy ratio-budget --json
@@ -79,6 +84,10 @@ pub struct VerifyArgs {
     /// the scaled scenario.
     #[arg(long, value_name = "F")]
     pub scale: Option<f64>,
+    /// Judge against the model as written: without chaos's measured share (how much longer
+    /// than drawn it held each answer) added to the model's service time.
+    #[arg(long)]
+    pub uncalibrated: bool,
 }
 
 /// Runs `stormguard verify`.
@@ -94,7 +103,8 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if let Some(f) = args.scale {
         scenario = scale(&scenario, f).map_err(|e| Failure::usage(e.to_string()))?;
     }
-    let comparison = verify_scaled(&scenario, args.tolerance, args.scale.unwrap_or(1.0))?;
+    let comparison =
+        verify_scaled(&scenario, args.tolerance, args.scale.unwrap_or(1.0), !args.uncalibrated)?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &comparison)
             .map_err(|e| Failure::runtime(format!("cannot write the JSON: {e}")))?;
@@ -118,14 +128,27 @@ pub fn run(args: &VerifyArgs, out: &mut dyn Write) -> Result<(), Failure> {
 }
 
 /// Simulates `scenario`, then runs each of its policies live (those that can be), one after
-/// another, and compares.
+/// another, and compares, each policy calibrated (below).
 pub fn verify(scenario: &Scenario, tolerance: f64) -> Result<Comparison, Failure> {
-    verify_scaled(scenario, tolerance, 1.0)
+    verify_scaled(scenario, tolerance, 1.0, true)
 }
 
 /// [`verify`] of a scenario already scaled by `applied` (`--scale`; 1 for none), so that a
 /// refusal's suggested factor is one for the file as written.
-fn verify_scaled(scenario: &Scenario, tolerance: f64, applied: f64) -> Result<Comparison, Failure> {
+///
+/// Calibrated (`calibrate`), each policy that ran live is simulated again with chaos's own
+/// share of that run — how much longer than drawn it held each answer, on average — added to
+/// every attempt's service time ([`SimDependency::overhead`]), and judged against that; the
+/// model as written is shown beside it. The share is measured at chaos from the draws chaos
+/// made, never from what the model predicted, so a wrong model stays wrong.
+///
+/// [`SimDependency::overhead`]: stormguard_sim::scenario::SimDependency::overhead
+fn verify_scaled(
+    scenario: &Scenario,
+    tolerance: f64,
+    applied: f64,
+    calibrate: bool,
+) -> Result<Comparison, Failure> {
     runnable(scenario, applied)?;
     let predicted = stormguard_sim::simulate(scenario)
         .map_err(|e| Failure::usage(format!("{}: {e}", scenario.name)))?;
@@ -154,16 +177,41 @@ fn verify_scaled(scenario: &Scenario, tolerance: f64, applied: f64) -> Result<Co
                     seconds = scenario.duration.as_secs_f64(),
                     "running live"
                 );
-                let measured = runtime.block_on(live::run(scenario, &plan))?;
+                let (measured, overhead) = runtime.block_on(live::run(scenario, &plan))?;
                 let judged = matches!(plan, live::Plan::Proxy(_));
-                Ok(LiveRun { front: plan.front_name(), judged, measured })
+                Ok(LiveRun { front: plan.front_name(), judged, measured, overhead })
             }
             Err(why) => Err(why),
         };
-        policies.push(PolicyComparison::new(&policy.name, report, run, tolerance));
+        let calibrated = match &run {
+            Ok(r) if calibrate => Some(calibrated(scenario, policy, r.overhead)?),
+            _ => None,
+        };
+        policies.push(PolicyComparison::new(
+            &policy.name,
+            report,
+            calibrated.as_ref(),
+            run,
+            tolerance,
+        ));
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(Comparison::new(scenario, tolerance, policies))
+}
+
+/// `policy` simulated again under `scenario` with `overhead` added to every attempt's service
+/// time.
+fn calibrated(
+    scenario: &Scenario,
+    policy: &PolicyConfig,
+    overhead: Duration,
+) -> Result<PolicyReport, Failure> {
+    let mut sc = scenario.clone();
+    sc.policies = vec![policy.clone()];
+    sc.dependency.overhead = overhead;
+    let mut report = stormguard_sim::simulate(&sc)
+        .map_err(|e| Failure::usage(format!("{}: {e}", scenario.name)))?;
+    Ok(report.policies.remove(0))
 }
 
 /// A factor that fits, written short: rounded down to two significant digits (0.04, 0.0016).
