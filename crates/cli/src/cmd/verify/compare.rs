@@ -150,9 +150,8 @@ impl PolicyComparison {
                         measured,
                         ratio: measured.filter(|_| predicted > 0.0).map(|m| m / predicted),
                         agrees: (judged && JUDGED.contains(&name)).then(|| {
-                            measured.is_some_and(|m| {
-                                agree(name, predicted, uncalibrated, m, tolerance)
-                            })
+                            measured
+                                .is_some_and(|m| agree(name, predicted, uncalibrated, m, tolerance))
                         }),
                     })
                     .collect();
