@@ -1139,10 +1139,10 @@ async fn work(
     if !draw.latency.is_zero() {
         tokio::time::sleep(draw.latency).await;
     }
-    // A plain answer's time here is its wait, its draw and chaos's own share; a paced, cut or
-    // streamed body takes longer on purpose and is not counted (below).
+    // A plain answer's time here is its wait, its draw and chaos's own share; a reset, and a
+    // paced, cut or streamed body, are not counted.
     let plain = phase.slow_body.is_none()
-        && draw.action != Action::Truncate
+        && !matches!(draw.action, Action::Truncate | Action::Reset)
         && !taken.as_ref().is_some_and(|t| t.asked.stream);
     guard.drawn = plain.then_some(waited + draw.latency);
     let phase = &shared.phases[guard.phase];

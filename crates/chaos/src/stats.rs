@@ -74,9 +74,10 @@ pub struct Counts {
 /// How much longer than its draw (the wait for a server and the drawn latency) chaos held each
 /// plain answer, from its arrival to its last byte handed over: chaos's own share — its timer
 /// (which never fires early and ticks in milliseconds), the scheduling of its tasks, writing the
-/// answer. A model of the dependency that leaves it out predicts a little less in flight than
-/// chaos holds. Paced, cut and streamed bodies, answers given at once (limits, overload, a full
-/// queue) and answers whose client left are not counted.
+/// answer; also reading the request's body, which is not server time. A model of the dependency
+/// that leaves it out predicts a little less in flight than chaos holds. Resets, paced, cut and
+/// streamed bodies, answers given at once (limits, overload, a full queue) and answers whose
+/// client left are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Lateness {

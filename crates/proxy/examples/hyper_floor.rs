@@ -6,9 +6,10 @@
 //! cargo run --release -p stormguard-proxy --example hyper_floor -- LISTEN UPSTREAM [legacy|conn] [auto|http1]
 //! ```
 //!
-//! `legacy` sends through hyper-util's pooled client, as the proxy does today; `conn` through a
-//! pool of its own over `hyper::client::conn::http1` (a stack of idle senders; a sender goes back
-//! when the answer's body has ended). `auto` serves the callers with hyper-util's protocol-sniffing
+//! `legacy` sends through hyper-util's pooled client, as the proxy did before its own pool (and
+//! still does for TLS and HTTP/2 upstreams); `conn` through a pool of its own over
+//! `hyper::client::conn::http1` (a stack of idle senders; unlike the proxy's pool, a sender goes
+//! back when the answer's body has ended, and a checkout waits for it to be ready). `auto` serves the callers with hyper-util's protocol-sniffing
 //! server, as the proxy does; `http1` with hyper's HTTP/1.1 server alone. One current-thread
 //! runtime, as the proxy runs on one core.
 

@@ -8,12 +8,16 @@
 //! sees. No task per request, no checkout future, no key hashing: what hyper-util's pooled client
 //! spends per request beyond the connection itself (measured in BENCHMARKS.md, issue 27).
 //!
-//! What the pooled client did and this keeps: origin-form request targets, a `Host` from the
-//! upstream's authority when the request has none, HTTP/1.1 on the wire; a request that never
-//! left (its reused connection closed first) is sent once more on a new connection; a failure to
-//! connect is a connect failure (nothing was sent: retryable even when not idempotent); at most
-//! `max_idle` idle connections per upstream; an idle connection older than [`IDLE_TIMEOUT`] is
-//! closed when the stack is next touched. TLS and HTTP/2 upstreams keep hyper-util's client.
+//! What the pooled client did and this keeps: hyper-util's connector (its resolver, the fallback
+//! between address families after 300 ms, `TCP_NODELAY`); origin-form request targets, a `Host`
+//! from the upstream's authority when the request has none, HTTP/1.1 on the wire; a request that
+//! never left (its reused connection closed first) is sent once more on a new connection; a
+//! failure to connect is a connect failure (nothing was sent: retryable even when not
+//! idempotent); at most `max_idle` idle connections per upstream. Unlike it, nothing runs in the
+//! background: a connection idle past [`IDLE_TIMEOUT`] (counted from its last answer's head) is
+//! closed when the pool is next used for its upstream, not on a timer, so a dependency gone
+//! quiet keeps its idle connections until its server closes them. TLS and HTTP/2 upstreams keep
+//! hyper-util's client.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,10 +30,10 @@ use http::uri::{Authority, PathAndQuery};
 use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::HttpConnector;
 use stormguard_http::classify::TransportError;
 use stormguard_tower::{BoxError, StormguardError};
-use tokio::net::TcpStream;
+use tower::Service;
 
 /// How long an idle connection is kept (hyper-util's pooled client's default).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -38,6 +42,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct Pool<B> {
     upstreams: Box<[Upstream<B>]>,
     max_idle: usize,
+    connector: HttpConnector,
 }
 
 impl<B> std::fmt::Debug for Pool<B> {
@@ -51,8 +56,8 @@ struct Upstream<B> {
     authority: Authority,
     /// `Host` for a request that has none: the authority without the scheme's default port.
     host: HeaderValue,
-    /// Where to connect.
-    addr: (String, u16),
+    /// Where to connect: `http://authority`.
+    uri: Uri,
     idle: Mutex<Vec<(SendRequest<B>, Instant)>>,
 }
 
@@ -75,21 +80,26 @@ where
             .iter()
             .filter_map(|u| {
                 let authority = u.authority()?.clone();
-                let port = u.port_u16().unwrap_or(80);
-                let host = u.host()?.trim_start_matches('[').trim_end_matches(']').to_string();
                 let header = match u.port_u16() {
                     Some(p) if p != 80 => format!("{}:{p}", u.host()?),
                     _ => u.host()?.to_string(),
                 };
                 Some(Upstream {
+                    uri: Uri::builder()
+                        .scheme("http")
+                        .authority(authority.clone())
+                        .path_and_query("/")
+                        .build()
+                        .ok()?,
                     authority,
                     host: HeaderValue::from_str(&header).ok()?,
-                    addr: (host, port),
                     idle: Mutex::new(Vec::new()),
                 })
             })
             .collect();
-        Pool { upstreams, max_idle: max_idle.max(1) }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Pool { upstreams, max_idle: max_idle.max(1), connector }
     }
 
     /// Sends `req` (its URI absolute, to one of the upstreams) and returns the answer's head.
@@ -106,7 +116,7 @@ where
             prepare(&mut req, &up.host);
             let (mut sender, reused) = match pool.checkout(i) {
                 Some(s) => (s, true),
-                None => (connect(up).await?, false),
+                None => (connect(&pool.connector, up).await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
@@ -117,7 +127,7 @@ where
                 Err(mut e) if reused && e.message().is_some() => {
                     let req = e.take_message().expect("checked above");
                     tracing::debug!(error = %e.error(), "a pooled connection was closed; sending on a new one");
-                    let mut sender = connect(up).await?;
+                    let mut sender = connect(&pool.connector, up).await?;
                     let resp = sender.send_request(req).await?;
                     pool.checkin(i, sender);
                     Ok(resp)
@@ -132,17 +142,19 @@ where
         self.upstreams.iter().position(|u| u.authority == *a)
     }
 
-    /// A ready idle sender to upstream `i`, most recent first; closed ones are dropped, busy
-    /// ones (still relaying their last answer's body) stay for later.
+    /// A ready idle sender to upstream `i`, most recent first; closed ones and ones idle past
+    /// [`IDLE_TIMEOUT`] are dropped, busy ones (still relaying their last answer's body) stay.
     fn checkout(&self, i: usize) -> Option<SendRequest<B>> {
+        let now = Instant::now();
         let mut idle = self.upstreams[i].idle.lock().unwrap_or_else(PoisonError::into_inner);
         let mut cx = Context::from_waker(Waker::noop());
         let mut k = idle.len();
         while k > 0 {
             k -= 1;
+            let stale = now.duration_since(idle[k].1) > IDLE_TIMEOUT;
             match idle[k].0.poll_ready(&mut cx) {
-                Poll::Ready(Ok(())) => return Some(idle.remove(k).0),
-                Poll::Ready(Err(_)) => {
+                Poll::Ready(Ok(())) if !stale => return Some(idle.remove(k).0),
+                Poll::Ready(_) => {
                     idle.remove(k);
                 }
                 Poll::Pending => {}
@@ -151,16 +163,16 @@ where
         None
     }
 
-    /// Puts `sender` back on upstream `i`'s stack (closed when the stack is full); the oldest
-    /// idle connection goes when it has idled past [`IDLE_TIMEOUT`].
+    /// Puts `sender` back on upstream `i`'s stack. A full stack first drops its closed and
+    /// expired entries; if it is still full, `sender` is closed.
     fn checkin(&self, i: usize, sender: SendRequest<B>) {
         if sender.is_closed() {
             return;
         }
         let now = Instant::now();
         let mut idle = self.upstreams[i].idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.first().is_some_and(|(_, since)| now.duration_since(*since) > IDLE_TIMEOUT) {
-            idle.remove(0);
+        if idle.len() >= self.max_idle {
+            idle.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) <= IDLE_TIMEOUT);
         }
         if idle.len() < self.max_idle {
             idle.push((sender, now));
@@ -179,22 +191,20 @@ fn prepare<B>(req: &mut Request<B>, host: &HeaderValue) {
     *req.uri_mut() = Uri::from(origin);
 }
 
-/// A new connection to `up`, its task spawned; a failure is a connect failure.
-async fn connect<B>(up: &Upstream<B>) -> Result<SendRequest<B>, BoxError>
+/// A new connection to `up` through hyper-util's connector, its task spawned; a failure is a
+/// connect failure.
+async fn connect<B>(connector: &HttpConnector, up: &Upstream<B>) -> Result<SendRequest<B>, BoxError>
 where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let failed = |e: Box<dyn std::error::Error + Send + Sync>| -> BoxError {
+    let failed = |e: BoxError| -> BoxError {
         StormguardError::Transport { kind: TransportError::Connect, source: e }.into()
     };
-    let tcp =
-        TcpStream::connect((up.addr.0.as_str(), up.addr.1)).await.map_err(|e| failed(e.into()))?;
-    tcp.set_nodelay(true).map_err(|e| failed(e.into()))?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| failed(e.into()))?;
+    let io = connector.clone().call(up.uri.clone()).await.map_err(|e| failed(e.into()))?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(io).await.map_err(|e| failed(e.into()))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "upstream connection ended");

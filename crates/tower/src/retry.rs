@@ -172,9 +172,9 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let first = std::mem::replace(&mut self.inner, clone);
-        start(self.dependency.clone(), self.policy.clone(), first, req)
+        // The first attempt is sent now, on the service `poll_ready` readied; the future keeps
+        // one clone of it for the retries (each readied again before it is used).
+        start(self.dependency.clone(), self.policy.clone(), &mut self.inner, req)
     }
 }
 
@@ -194,7 +194,7 @@ pub(crate) fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
 fn start<S, P, B, RB>(
     dep: Dependency,
     policy: P,
-    mut first: S,
+    first: &mut S,
     req: Request<B>,
 ) -> RetryFuture<S, P, B, RB>
 where
@@ -228,7 +228,10 @@ where
         if target != 0 {
             req.extensions_mut().insert(UpstreamTarget(target));
         }
-        return RetryFuture::Boxed { fut: Box::pin(single(dep, first, req, deadline, id, span)) };
+        // The readied service goes with the request (it may hold what `poll_ready` reserved).
+        let clone = first.clone();
+        let svc = std::mem::replace(first, clone);
+        return RetryFuture::Boxed { fut: Box::pin(single(dep, svc, req, deadline, id, span)) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.

@@ -38,8 +38,11 @@ pub struct PolicyComparison {
     pub not_live: Option<String>,
     /// Whether it is held to the tolerance: the stormguard policies are.
     pub judged: bool,
-    /// Chaos's own share, in ms, added to the model's service time for this policy's
-    /// prediction (`null`: the model as written).
+    /// Chaos's own share of the live run, in ms: how much longer than drawn it held each
+    /// answer, on average (`null` when it did not run live).
+    pub late_ms: Option<f64>,
+    /// The share added to the model's service time for this policy's prediction (`null`: the
+    /// model as written).
     pub calibrated_ms: Option<f64>,
     /// For a judged policy: whether every judged figure agreed.
     pub agrees: Option<bool>,
@@ -110,10 +113,8 @@ impl PolicyComparison {
             Some(c) => (Some(predicted), c),
             None => (None, predicted),
         };
-        let calibrated_ms = match (&run, raw) {
-            (Ok(r), Some(_)) => Some(r.overhead.as_secs_f64() * 1e3),
-            _ => None,
-        };
+        let late_ms = run.as_ref().ok().map(|r| r.overhead.as_secs_f64() * 1e3);
+        let calibrated_ms = late_ms.filter(|_| raw.is_some());
         let (live, not_live, judged, measured) = match &run {
             Ok(r) => (Some(r.front), None, r.judged, Some(&r.measured)),
             Err(why) => (None, Some(why.to_string()), false, None),
@@ -165,6 +166,7 @@ impl PolicyComparison {
             live,
             not_live,
             judged,
+            late_ms,
             calibrated_ms,
             agrees,
             segments,
@@ -249,9 +251,10 @@ impl PolicyComparison {
 /// agrees within one (a whole number of requests cannot come closer to a fractional bound).
 ///
 /// With a calibrated prediction, the model as written (`uncalibrated`) and the calibrated one
-/// bound what the model says: a figure that a millisecond of overhead moves beyond the
-/// tolerance is one the model cannot pin down (where a breaker's cycle lands when a slowdown
-/// ends, say), and it agrees anywhere between the two, widened by the tolerance.
+/// bound what the model says: a figure agrees within the tolerance of either or anywhere between
+/// them. Where the two are close this is the calibrated prediction's tolerance; where a
+/// millisecond of overhead moves a figure far (where a breaker's cycle lands when a slowdown
+/// ends, say), the model cannot pin it down closer than that.
 fn agree(
     name: &str,
     predicted: f64,
@@ -278,17 +281,25 @@ impl Comparison {
     }
 
     /// The same measurements judged against another prediction of the same policies (a model
-    /// with a parameter changed, say), as it is (not calibrated again).
-    pub fn against(&self, predicted: &Report) -> Comparison {
+    /// with a parameter changed, say): `calibrated` when given is the one judged, with
+    /// `predicted` as the model as written beside it (the band between them, as `verify`
+    /// judges); otherwise `predicted` alone.
+    pub fn against(&self, predicted: &Report, calibrated: Option<&Report>) -> Comparison {
+        let find = |r: &'_ Report, name: &str| r.policies.iter().find(|p| p.name == name).cloned();
         let policies = self
             .policies
             .iter()
             .map(|p| {
-                let report = predicted.policies.iter().find(|r| r.name == p.name);
-                match report {
-                    Some(r) => {
-                        PolicyComparison::new(&p.name, r, None, p.run.clone(), self.tolerance)
-                    }
+                let raw = find(predicted, &p.name);
+                let cal = calibrated.and_then(|c| find(c, &p.name));
+                match raw {
+                    Some(r) => PolicyComparison::new(
+                        &p.name,
+                        &r,
+                        cal.as_ref(),
+                        p.run.clone(),
+                        self.tolerance,
+                    ),
                     None => p.clone(),
                 }
             })
