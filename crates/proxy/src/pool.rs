@@ -26,7 +26,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use http::header::HOST;
-use http::uri::{Authority, PathAndQuery};
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -47,16 +47,15 @@ pub struct Pool<B> {
 
 impl<B> std::fmt::Debug for Pool<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<_> = self.upstreams.iter().map(|u| u.authority.as_str()).collect();
+        let names: Vec<_> = self.upstreams.iter().map(|u| u.uri.to_string()).collect();
         f.debug_struct("Pool").field("upstreams", &names).field("max_idle", &self.max_idle).finish()
     }
 }
 
 struct Upstream<B> {
-    authority: Authority,
     /// `Host` for a request that has none: the authority without the scheme's default port.
     host: HeaderValue,
-    /// Where to connect: `http://authority`.
+    /// Where to connect, and the authority requests to this upstream carry: `http://authority/`.
     uri: Uri,
     idle: Mutex<Vec<(SendRequest<B>, Instant)>>,
 }
@@ -79,7 +78,6 @@ where
         let upstreams = upstreams
             .iter()
             .filter_map(|u| {
-                let authority = u.authority()?.clone();
                 let header = match u.port_u16() {
                     Some(p) if p != 80 => format!("{}:{p}", u.host()?),
                     _ => u.host()?.to_string(),
@@ -87,11 +85,10 @@ where
                 Some(Upstream {
                     uri: Uri::builder()
                         .scheme("http")
-                        .authority(authority.clone())
+                        .authority(u.authority()?.clone())
                         .path_and_query("/")
                         .build()
                         .ok()?,
-                    authority,
                     host: HeaderValue::from_str(&header).ok()?,
                     idle: Mutex::new(Vec::new()),
                 })
@@ -139,7 +136,7 @@ where
 
     fn find(&self, uri: &Uri) -> Option<usize> {
         let a = uri.authority()?;
-        self.upstreams.iter().position(|u| u.authority == *a)
+        self.upstreams.iter().position(|u| u.uri.authority() == Some(a))
     }
 
     /// A ready idle sender to upstream `i`, most recent first; closed ones and ones idle past

@@ -15,9 +15,9 @@
 //! Each policy's prediction is calibrated with chaos's own share of its run (how much longer
 //! than drawn chaos held each answer: `verify_scaled`). A stormguard policy agrees when its
 //! in-flight p99 and amplification are within the tolerance of the prediction in every segment
-//! (a count within one request of it also agrees: in flight is a whole number; a figure the
-//! calibration moves agrees between the two predictions); the naive policies are shown, not
-//! judged (docs/simulator.md says why).
+//! (a count within one request of it also agrees: in flight is a whole number; with the model
+//! as written beside it, a figure agrees within the tolerance of either prediction or between
+//! them); the naive policies are shown, not judged (docs/simulator.md says why).
 //!
 //! - this module: flags, the run, the verdict;
 //! - `live`: one policy's live run;
