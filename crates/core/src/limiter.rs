@@ -610,17 +610,23 @@ impl Inner {
     fn claim_slot(&self, start: usize, now: Timestamp) -> usize {
         let n = self.slots.len();
         let stamp = now.as_nanos().saturating_add(1).max(1);
-        let mut i = start % n;
+        // `start` is the count before this attempt, below the cap and so below `n` but when a
+        // lowered ceiling raced it: no division on the common path.
+        let mut i = if start < n { start } else { start % n };
         loop {
             // AcqRel pairs with the Release in `free_slot`.
             if self.slots[i].compare_exchange(0, stamp, Ordering::AcqRel, Ordering::Relaxed).is_ok()
             {
                 return i;
             }
-            i = (i + 1) % n;
+            i += 1;
+            if i == n {
+                i = 0;
+            }
         }
     }
 
+    #[inline]
     fn free_slot(&self, slot: usize) {
         self.slots[slot].store(0, Ordering::Release);
     }
@@ -644,7 +650,7 @@ impl Inner {
         }
         // Waits of zero (every retry, every primary that found a slot free) are not recorded:
         // the snapshot derives them from the admissions, keeping the hot path short.
-        let waited = duration_nanos(now.saturating_since(since));
+        let waited = now.nanos_since(since);
         if waited > 0 {
             this.stats.wait.record(waited);
         }
@@ -860,7 +866,7 @@ impl Permit {
         let inner = self.inner.take().expect("a live permit has its limiter");
         retire(&inner, self.kind);
         let now = inner.clock.now();
-        inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
+        inner.stats.execution.record(now.nanos_since(self.admitted_at));
         // A timed-out attempt is a drop; one its caller abandoned says nothing of the
         // dependency (the layer above marks which).
         self.timed_out_sample(&inner, now);
@@ -884,7 +890,7 @@ impl Permit {
     pub fn release_at(mut self, now: Timestamp) {
         if let Some(inner) = self.inner.take() {
             retire(&inner, self.kind);
-            inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
+            inner.stats.execution.record(now.nanos_since(self.admitted_at));
             inner.release(self.slot, now);
             self.timed_out_sample(&inner, now);
         }
@@ -897,7 +903,7 @@ impl Drop for Permit {
         if let Some(inner) = self.inner.take() {
             retire(&inner, self.kind);
             let now = inner.clock.now();
-            inner.stats.execution.record(duration_nanos(now.saturating_since(self.admitted_at)));
+            inner.stats.execution.record(now.nanos_since(self.admitted_at));
             inner.release(self.slot, now);
             self.timed_out_sample(&inner, now);
         }

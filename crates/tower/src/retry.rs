@@ -864,7 +864,7 @@ where
                         let head = Some(data.freeze());
                         return Err(Response::from_parts(
                             parts,
-                            RetryBody { head, trailers: None, rest: Some(body), error: None },
+                            RetryBody::kept(Kept { head, trailers: None, error: None }, Some(body)),
                         ));
                     }
                 }
@@ -879,7 +879,7 @@ where
     drop(body);
     Ok(Response::from_parts(
         parts,
-        RetryBody { head: Some(data.freeze()), trailers, rest: None, error: None },
+        RetryBody::kept(Kept { head: Some(data.freeze()), trailers, error: None }, None),
     ))
 }
 
@@ -887,18 +887,26 @@ pin_project! {
     /// The response body of the retry layer: the live body of the attempt that answered, or a
     /// failed response kept in memory while its retry was tried.
     pub struct RetryBody<B> {
-        head: Option<Bytes>,
-        trailers: Option<HeaderMap>,
         #[pin]
         rest: Option<B>,
-        error: Option<BoxError>,
+        // What was kept of a failed response, in its own allocation: a live body (every
+        // success) does not carry it, and the response moves through every layer above.
+        kept: Option<Box<Kept>>,
     }
+}
+
+/// What a kept (failed) response holds besides its live rest: the body read so far, its
+/// trailers, or the error that ended it.
+struct Kept {
+    head: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+    error: Option<BoxError>,
 }
 
 impl<B> std::fmt::Debug for RetryBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetryBody")
-            .field("kept", &self.head.as_ref().map(Bytes::len))
+            .field("kept", &self.kept.as_ref().and_then(|k| k.head.as_ref().map(Bytes::len)))
             .field("live", &self.rest.is_some())
             .finish()
     }
@@ -906,11 +914,15 @@ impl<B> std::fmt::Debug for RetryBody<B> {
 
 impl<B> RetryBody<B> {
     fn live(body: B) -> RetryBody<B> {
-        RetryBody { head: None, trailers: None, rest: Some(body), error: None }
+        RetryBody { rest: Some(body), kept: None }
+    }
+
+    fn kept(kept: Kept, rest: Option<B>) -> RetryBody<B> {
+        RetryBody { rest, kept: Some(Box::new(kept)) }
     }
 
     fn failed(e: BoxError) -> RetryBody<B> {
-        RetryBody { head: None, trailers: None, rest: None, error: Some(e) }
+        RetryBody::kept(Kept { head: None, trailers: None, error: Some(e) }, None)
     }
 
     /// Whether this is a kept copy of a failed response (its attempt's slot already free).
@@ -932,13 +944,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if let Some(e) = this.error.take() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        if let Some(h) = this.head.take()
-            && !h.is_empty()
-        {
-            return Poll::Ready(Some(Ok(Frame::data(h))));
+        if let Some(kept) = this.kept.as_mut() {
+            if let Some(e) = kept.error.take() {
+                return Poll::Ready(Some(Err(e)));
+            }
+            if let Some(h) = kept.head.take()
+                && !h.is_empty()
+            {
+                return Poll::Ready(Some(Ok(Frame::data(h))));
+            }
         }
         if let Some(rest) = this.rest.as_mut().as_pin_mut() {
             return match rest.poll_frame(cx) {
@@ -951,18 +965,19 @@ where
                 })))),
             };
         }
-        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+        Poll::Ready(
+            this.kept.as_mut().and_then(|k| k.trailers.take()).map(|t| Ok(Frame::trailers(t))),
+        )
     }
 
     fn is_end_stream(&self) -> bool {
-        self.error.is_none()
-            && self.head.as_ref().is_none_or(Bytes::is_empty)
-            && self.trailers.is_none()
-            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        self.kept.as_ref().is_none_or(|k| {
+            k.error.is_none() && k.head.as_ref().is_none_or(Bytes::is_empty) && k.trailers.is_none()
+        }) && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let head = self.kept.as_ref().and_then(|k| k.head.as_ref()).map_or(0, |h| h.len() as u64);
         match &self.rest {
             None => SizeHint::with_exact(head),
             Some(r) => {
