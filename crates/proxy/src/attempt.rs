@@ -148,7 +148,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Future = LoggedFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -166,14 +166,35 @@ where
                     .fetch_add(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
             }
         }
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let r = fut.await;
-            if let Some(l) = log {
-                let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                l.0.upstream_us.fetch_add(us, Ordering::Relaxed);
-            }
-            r.map_err(Into::into)
-        })
+        LoggedFuture { call: self.inner.call(req), log, started }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Logged`]: the attempt's call, timed to its response headers
+    /// (in place: no allocation per attempt).
+    pub(crate) struct LoggedFuture<F> {
+        #[pin]
+        call: F,
+        log: Option<AttemptLog>,
+        started: Instant,
+    }
+}
+
+impl<F, T, E> Future for LoggedFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let r = std::task::ready!(this.call.poll(cx));
+        if let Some(l) = this.log.take() {
+            let us = u64::try_from(this.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            l.0.upstream_us.fetch_add(us, Ordering::Relaxed);
+        }
+        Poll::Ready(r.map_err(Into::into))
     }
 }

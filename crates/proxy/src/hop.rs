@@ -18,18 +18,24 @@ fn always(name: &HeaderName) -> bool {
 /// Removes the hop-by-hop headers from `headers`, including those `Connection` names. One pass
 /// over the names finds them (most messages carry none, or only `Connection`); only those are
 /// removed, where asking for each of the nine by name would hash every one on every message.
+/// Nothing is allocated: the names `Connection` lists are looked up as text, and a name found
+/// is a standard one or shares its bytes with the map's.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let mut found: Vec<HeaderName> = headers.keys().filter(|n| always(n)).cloned().collect();
-    found.extend(
-        headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()),
-    );
-    for name in found {
-        headers.remove(name);
+    if !headers.keys().any(always) {
+        return;
+    }
+    // What each `Connection` value names goes first, while `Connection` is still there to be
+    // read (a value is a shared view of the message's bytes: cloning it copies nothing).
+    let mut i = 0;
+    while let Some(v) = headers.get_all(CONNECTION).iter().nth(i).cloned() {
+        for name in v.to_str().unwrap_or("").split(',') {
+            // A name that is not a valid header name is in no map: nothing to remove.
+            headers.remove(name.trim());
+        }
+        i += 1;
+    }
+    while let Some(name) = headers.keys().find(|n| always(n)).cloned() {
+        headers.remove(&name);
     }
 }
 
@@ -71,5 +77,14 @@ mod tests {
         h.append("content-length", "3".parse().unwrap());
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
+        // Names that are no header name (empty, spaces, bytes a name cannot hold) remove
+        // nothing, and the rest of the list is still followed.
+        let mut h = HeaderMap::new();
+        h.append("connection", ", ,bad name,x-a,x(y),,x-b".parse().unwrap());
+        h.append("x-a", "1".parse().unwrap());
+        h.append("x-b", "1".parse().unwrap());
+        h.append("x-c", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-c"]);
     }
 }

@@ -287,10 +287,8 @@ impl ConnWatch {
         {
             let mut p = self.phase();
             if p.in_flight == 0 && !p.h2 && p.first_byte.is_none() {
+                // No wake-up: the watch looks again within a header read timeout (`expired`).
                 p.first_byte = Some(Instant::now());
-                drop(p);
-                // The header deadline may come before the idle one being slept on.
-                self.changed.notify_one();
             }
         }
     }
@@ -315,11 +313,10 @@ impl ConnWatch {
         let mut p = self.phase();
         p.in_flight = p.in_flight.saturating_sub(1);
         if p.in_flight == 0 {
+            // No wake-up: the watch looks again within the shorter timeout (`expired`).
             p.idle_since = Instant::now();
             p.first_byte = None;
             self.awaiting_byte.store(!p.h2, Ordering::Relaxed);
-            drop(p);
-            self.changed.notify_one();
         }
     }
 
@@ -352,21 +349,30 @@ impl ConnWatch {
     }
 
     /// Resolves when the connection has waited past its deadline, with the reason.
+    ///
+    /// The deadline moves with every request (in flight: none; then idle since its end; then
+    /// a header read timeout from the next request's first byte), and the watch does not
+    /// chase it: it sleeps until the deadline in force or one header read timeout (or idle
+    /// timeout, the shorter) from now, whichever comes first, and reads it again. A deadline
+    /// can only appear or come nearer by a request ending or a first byte arriving, and each of
+    /// those deadlines is at least that long after the change, so it is kept to the instant
+    /// without waking the connection's task or re-arming its timer on every request (both cost
+    /// a poll of the whole connection per request). The two rarer changes, the HTTP/2 preface
+    /// and an idle close, still wake it.
     pub(crate) async fn expired(&self, t: Timeouts) -> Closed {
+        let step = t.header_read.min(t.idle);
         loop {
+            let now = Instant::now();
+            let at = match self.deadline(t) {
+                Some((at, why)) if now >= at => return why,
+                Some((at, _)) => at.min(now + step),
+                None => now + step,
+            };
             // `notify_one` keeps a permit when nobody waits, so a change between the
-            // reading below and the wait is not lost.
-            match self.deadline(t) {
-                None => self.changed.notified().await,
-                Some((at, why)) => {
-                    if Instant::now() >= at {
-                        return why;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep_until(at) => {}
-                        () = self.changed.notified() => {}
-                    }
-                }
+            // reading above and the wait is not lost.
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {}
+                () = self.changed.notified() => {}
             }
         }
     }

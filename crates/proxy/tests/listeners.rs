@@ -268,6 +268,45 @@ async fn kept_alive_connections_are_closed_when_idle() {
     p.shutdown().await;
 }
 
+/// On a kept-alive connection, the next request's first byte starts the header timeout (1 s),
+/// which ends before the idle timeout (here 4 s) in force until then: the connection is closed
+/// at the header timeout, though nothing wakes the watch when the byte comes. The byte comes
+/// after the watch has already found the connection idle (about 1 s after the answer), so a
+/// watch that slept until the idle deadline would close it 4 s after the answer, not 2.2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_second_head_is_closed_at_the_header_timeout() {
+    let upstream = chaos(Phase::default()).await;
+    let mut c = config(&upstream.url(""));
+    c.connections.idle_timeout = Duration::from_secs(4);
+    let p = start(c).await.unwrap();
+    let (addr, admin) = (p.listen_addrs()[0], p.admin_addr().unwrap());
+
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("ok\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let answered = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    s.write_all(b"GET /ok HTTP/1.1\r\nHo").await.unwrap();
+    let (more, after) = until_closed(&mut s, answered).await;
+    assert!(more.is_empty(), "{more:?}");
+    // The header deadline is 2.2 s after the answer; the idle one was 4 s.
+    assert!(
+        after >= Duration::from_millis(2_200) && after < Duration::from_millis(3_500),
+        "closed {after:?} after the answer"
+    );
+    let m = metrics(admin).await;
+    let l = addr.to_string();
+    assert_eq!(closed(&m, &l, "header-timeout"), 1, "{m}");
+    assert_eq!(closed(&m, &l, "idle"), 0, "{m}");
+    p.shutdown().await;
+}
+
 /// The admin listener has the same timeouts: idle connections and a partial head are closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_closes_idle_and_partial_connections() {

@@ -268,7 +268,7 @@ where
 /// large, and a request that succeeds should not carry it.
 #[allow(clippy::type_complexity)]
 pub(crate) fn first_answered<S, P, B, RB>(
-    rest: Rest<S, P, B>,
+    rest: Box<Rest<S, P, B>>,
     result: Result<Response<RB>, BoxError>,
     span: &tracing::Span,
 ) -> Result<
@@ -416,7 +416,7 @@ where
                             }
                             // A hedge still in flight is dropped here: the cap runs it on in
                             // the background, holding its slot (the abandoned-attempt rules).
-                            _ => match first_answered(*r, result, attempt.span()) {
+                            _ => match first_answered(r, result, attempt.span()) {
                                 Ok(answer) => break Next::Answer(answer),
                                 Err(decision_loop) => break Next::Loop(decision_loop),
                             },
@@ -459,7 +459,7 @@ where
                             }
                             let mut r = r;
                             r.target = h.target;
-                            match first_answered(*r, result, &h.span) {
+                            match first_answered(r, result, &h.span) {
                                 Ok(answer) => break Next::Answer(answer),
                                 Err(decision_loop) => break Next::Loop(decision_loop),
                             }
@@ -511,7 +511,7 @@ pub(crate) enum Hedge<RB> {
 /// The decision loop after the first attempt failed; `span` is the span of the attempt that
 /// `result` came from.
 async fn after_failure<S, P, B, RB>(
-    rest: Rest<S, P, B>,
+    rest: Box<Rest<S, P, B>>,
     mut result: Result<Response<RB>, BoxError>,
     mut span: tracing::Span,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
@@ -524,7 +524,7 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    let Rest { dep, policy, svc, req, deadline, route, id, mut target } = rest;
+    let Rest { dep, policy, svc, req, deadline, route, id, mut target } = *rest;
     let config = dep.config();
     let mut facts = request_facts(&dep, &req, deadline, true);
     let scopes = scopes_of(&req, route.as_ref());
