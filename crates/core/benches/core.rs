@@ -15,7 +15,9 @@
 //!   limiter reads its own clock, twice); `limiter_permit_manual_clock` is the same over a
 //!   `ManualClock`, to show what the clock reads cost; `limiter_permit_time_passed_in` is
 //!   `try_acquire_at(Retry, now)` + `answered_at(now)` + `release_at(now)`, the way the tower
-//!   layer calls it; `limiter_permit_adaptive` is the same with an adaptive cap (each answer a
+//!   layer calls it for a retry; `limiter_permit_primary_time_passed_in` is the same for a
+//!   first try (which does not count itself among the retries in flight: two read-modify-writes
+//!   fewer), the path every request takes; `limiter_permit_adaptive` is the same with an adaptive cap (each answer a
 //!   sample; the
 //!   time passed in never moves, so a window closes only when full, every 524 288 samples);
 //! - `rate_request`: rate admission's decision for one request, `RateLimit::try_acquire(now, 1)`
@@ -178,12 +180,19 @@ fn limiter(clock: Arc<dyn Clock>) -> impl Fn(&Refusals) + Sync {
 /// The permit with time passed in, as the tower layer calls it: `try_acquire_at(now)` +
 /// `release_at(now)`, no clock read inside the limiter.
 fn limiter_time_passed_in(adaptive: Option<AdaptiveConfig>) -> impl Fn(&Refusals) + Sync {
+    limiter_kind_time_passed_in(AttemptKind::Retry, adaptive)
+}
+
+fn limiter_kind_time_passed_in(
+    kind: AttemptKind,
+    adaptive: Option<AdaptiveConfig>,
+) -> impl Fn(&Refusals) + Sync {
     let limiter = Limiter::try_new(
         LimiterConfig { cap: 1_000, adaptive, ..Default::default() },
         Arc::new(MonotonicClock::new()),
     )
     .expect("valid limiter");
-    move |refusals| match limiter.try_acquire_at(AttemptKind::Retry, NOW) {
+    move |refusals| match limiter.try_acquire_at(kind, NOW) {
         Ok(permit) => {
             let mut permit = black_box(permit);
             // What the tower layer tells every permit of its answer (a sample only when the
@@ -237,6 +246,11 @@ macro_rules! each_item {
         $run($group, "limiter_permit", limiter(Arc::new(MonotonicClock::new())));
         $run($group, "limiter_permit_manual_clock", limiter(Arc::new(ManualClock::new())));
         $run($group, "limiter_permit_time_passed_in", limiter_time_passed_in(None));
+        $run(
+            $group,
+            "limiter_permit_primary_time_passed_in",
+            limiter_kind_time_passed_in(AttemptKind::Primary, None),
+        );
         $run(
             $group,
             "limiter_permit_adaptive",

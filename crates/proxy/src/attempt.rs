@@ -70,9 +70,8 @@ pub(crate) fn asked_for_slot<B>(mut req: Request<B>) -> Request<B> {
 /// `x-stormguard-attempt: 1` on a first try that carries none (the retry layer numbers the
 /// retries).
 pub(crate) fn number_first<B>(mut req: Request<B>) -> Request<B> {
-    if !req.headers().contains_key(&ATTEMPT_HEADER) {
-        req.headers_mut().insert(ATTEMPT_HEADER.clone(), HeaderValue::from_static("1"));
-    }
+    // One lookup: the name is hashed once whether or not it is there.
+    req.headers_mut().entry(&ATTEMPT_HEADER).or_insert(HeaderValue::from_static("1"));
     req
 }
 

@@ -313,7 +313,7 @@ pub(crate) async fn handle(
     }
     // A gRPC caller's own timeout is the request's deadline: no attempt or retry after it,
     // and each attempt's `grpc-timeout` is what is left of it.
-    if crate::grpc::is_grpc_request(&parts.headers)
+    if grpc
         && let Some(t) = parts
             .headers
             .get(&crate::grpc::GRPC_TIMEOUT)

@@ -96,8 +96,13 @@ impl LimitHeaders {
     /// Whether `headers` hold any configured limit or remaining header (a reset alone changes
     /// nothing a caller applies). A cheap check before [`read_limits`](Self::read_limits).
     pub fn mentions_limits(&self, headers: &HeaderMap) -> bool {
-        !headers.is_empty()
-            && self.limit.iter().chain(&self.remaining).any(|name| headers.contains_key(name))
+        if headers.keys_len() < self.limit.len() + self.remaining.len() {
+            // A message with fewer names than the list (most): its names compared with the
+            // list's, where a lookup would hash each of the list's.
+            headers.keys().any(|k| self.limit.contains(k) || self.remaining.contains(k))
+        } else {
+            self.limit.iter().chain(&self.remaining).any(|name| headers.contains_key(name))
+        }
     }
 
     /// The limits stated in `headers`, the most conservative of each when several headers or

@@ -1006,3 +1006,20 @@ proptest! {
         );
     }
 }
+
+/// A message with fewer names than the list is read name by name, a longer one by looking each
+/// of the list's names up: both find a limit header wherever it is, and only a limit or a
+/// remaining header counts (a reset alone does not).
+#[test]
+fn mentions_limits_either_way_round() {
+    let l = LimitHeaders::default();
+    assert!(!l.mentions_limits(&HeaderMap::new()));
+    assert!(l.mentions_limits(&map(&[("X-RateLimit-Remaining", "3")])));
+    assert!(l.mentions_limits(&map(&[("content-type", "x"), ("x-concurrency-limit-limit", "9")])));
+    assert!(!l.mentions_limits(&map(&[("content-type", "x"), ("x-ratelimit-reset", "9")])));
+    let many: Vec<(String, &str)> = (0..10).map(|i| (format!("x-other-{i}"), "1")).collect();
+    let mut pairs: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    assert!(!l.mentions_limits(&map(&pairs)));
+    pairs.push(("ratelimit-remaining", "0"));
+    assert!(l.mentions_limits(&map(&pairs)));
+}
