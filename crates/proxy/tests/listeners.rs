@@ -67,6 +67,20 @@ async fn exchange(addr: SocketAddr, head: &str, body: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A connection with one `GET /ok` answered on it, kept alive.
+async fn kept_alive_get(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("ok\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
 /// `GET /metrics` from the admin listener.
 async fn metrics(admin: SocketAddr) -> String {
     let text = exchange(admin, &format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\n"), "").await;
@@ -231,15 +245,7 @@ async fn kept_alive_connections_are_closed_when_idle() {
     let p = start(config(&upstream.url(""))).await.unwrap();
     let (addr, admin) = (p.listen_addrs()[0], p.admin_addr().unwrap());
 
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&answer).contains("ok\n") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the answer");
-        answer.extend_from_slice(&buf[..n]);
-    }
+    let mut s = kept_alive_get(addr).await;
     let answered = Instant::now();
     let (more, after) = until_closed(&mut s, answered).await;
     assert!(more.is_empty());
@@ -281,15 +287,7 @@ async fn a_stalled_second_head_is_closed_at_the_header_timeout() {
     let p = start(c).await.unwrap();
     let (addr, admin) = (p.listen_addrs()[0], p.admin_addr().unwrap());
 
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&answer).contains("ok\n") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the answer");
-        answer.extend_from_slice(&buf[..n]);
-    }
+    let mut s = kept_alive_get(addr).await;
     let answered = Instant::now();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     s.write_all(b"GET /ok HTTP/1.1\r\nHo").await.unwrap();
