@@ -610,8 +610,8 @@ impl Inner {
     fn claim_slot(&self, start: usize, now: Timestamp) -> usize {
         let n = self.slots.len();
         let stamp = now.as_nanos().saturating_add(1).max(1);
-        // `start` is the count before this attempt, below the cap and so below `n` but when a
-        // lowered ceiling raced it: no division on the common path.
+        // `start` is a count: below `n` for an admission (the count before it), `n` itself when
+        // a full limiter hands a released slot to a waiter. No division on the common path.
         let mut i = if start < n { start } else { start % n };
         loop {
             // AcqRel pairs with the Release in `free_slot`.

@@ -5,46 +5,48 @@
 use http::HeaderMap;
 use http::header::{CONNECTION, HeaderName};
 
-/// Whether `name` is hop-by-hop whatever `Connection` says: `Connection`, `TE`, `Trailer`,
-/// `Transfer-Encoding`, `Upgrade`, and four that only ever name one connection. A match on the
-/// lowercase text (names are stored lowercase): a length test first, so most names are told
-/// apart without comparing a byte.
-fn always(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-    )
+/// `name` as a `'static` text if it is hop-by-hop whatever `Connection` says: `Connection`,
+/// `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, and four that only ever name one
+/// connection. A match on the lowercase text (names are stored lowercase): a length test first,
+/// so most names are told apart without comparing a byte.
+fn always(name: &HeaderName) -> Option<&'static str> {
+    Some(match name.as_str() {
+        "connection" => "connection",
+        "te" => "te",
+        "trailer" => "trailer",
+        "transfer-encoding" => "transfer-encoding",
+        "upgrade" => "upgrade",
+        "keep-alive" => "keep-alive",
+        "proxy-connection" => "proxy-connection",
+        "proxy-authenticate" => "proxy-authenticate",
+        "proxy-authorization" => "proxy-authorization",
+        _ => return None,
+    })
 }
 
 /// Removes the hop-by-hop headers from `headers`, including those `Connection` names. One pass
 /// over the names finds them (most messages carry none, or only `Connection`); only those are
 /// removed, where asking for each of the nine by name would hash every one on every message.
-/// Nothing is allocated: the names `Connection` lists are looked up as text, and a name found
-/// is a standard one or shares its bytes with the map's.
+/// Nothing is allocated: every name is looked up as text.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(always) {
+    if !headers.keys().any(|n| always(n).is_some()) {
         return;
     }
     // What each `Connection` value names goes first, while `Connection` is still there to be
     // read (a value is a shared view of the message's bytes: cloning it copies nothing).
     let mut i = 0;
     while let Some(v) = headers.get_all(CONNECTION).iter().nth(i).cloned() {
-        for name in v.to_str().unwrap_or("").split(',') {
-            // A name that is not a valid header name is in no map: nothing to remove.
-            headers.remove(name.trim());
+        for name in v.to_str().unwrap_or("").split(',').map(str::trim) {
+            // `Connection` itself goes below, once every value of it has been read. A name that
+            // is not a valid header name is in no map: nothing to remove.
+            if !name.eq_ignore_ascii_case("connection") {
+                headers.remove(name);
+            }
         }
         i += 1;
     }
-    while let Some(name) = headers.keys().find(|n| always(n)).cloned() {
-        headers.remove(&name);
+    while let Some(name) = headers.keys().find_map(always) {
+        headers.remove(name);
     }
 }
 
@@ -90,6 +92,15 @@ mod tests {
         // nothing, and the rest of the list is still followed.
         let mut h = HeaderMap::new();
         h.append("connection", ", ,bad name,x-a,x(y),,x-b".parse().unwrap());
+        h.append("x-a", "1".parse().unwrap());
+        h.append("x-b", "1".parse().unwrap());
+        h.append("x-c", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["x-c"]);
+        // A value naming `Connection` itself does not stop the values after it being read.
+        let mut h = HeaderMap::new();
+        h.append("connection", "x-a, Connection".parse().unwrap());
+        h.append("connection", "x-b".parse().unwrap());
         h.append("x-a", "1".parse().unwrap());
         h.append("x-b", "1".parse().unwrap());
         h.append("x-c", "1".parse().unwrap());

@@ -313,10 +313,16 @@ impl ConnWatch {
         let mut p = self.phase();
         p.in_flight = p.in_flight.saturating_sub(1);
         if p.in_flight == 0 {
-            // No wake-up: the watch looks again within the shorter timeout (`expired`).
+            // No wake-up (the watch looks again within the shorter timeout: `expired`), but
+            // for a connection closing: its deadline is fixed, and may have passed already.
             p.idle_since = Instant::now();
             p.first_byte = None;
             self.awaiting_byte.store(!p.h2, Ordering::Relaxed);
+            let closing = p.closing.is_some();
+            drop(p);
+            if closing {
+                self.changed.notify_one();
+            }
         }
     }
 
@@ -353,12 +359,14 @@ impl ConnWatch {
     /// The deadline moves with every request (in flight: none; then idle since its end; then
     /// a header read timeout from the next request's first byte), and the watch does not
     /// chase it: it sleeps until the deadline in force or one header read timeout (or idle
-    /// timeout, the shorter) from now, whichever comes first, and reads it again. A deadline
-    /// can only appear or come nearer by a request ending or a first byte arriving, and each of
-    /// those deadlines is at least that long after the change, so it is kept to the instant
-    /// without waking the connection's task or re-arming its timer on every request (both cost
-    /// a poll of the whole connection per request). The two rarer changes, the HTTP/2 preface
-    /// and an idle close, still wake it.
+    /// timeout, the shorter) from now, whichever comes first, and reads it again. Outside a
+    /// closing connection, a deadline can only appear or come nearer by a request ending or a
+    /// first byte arriving, and each of those deadlines is at least that long after the change,
+    /// so it is kept to the instant without waking the connection's task or re-arming its timer
+    /// on every request (both cost a poll of the whole connection per request). The rarer
+    /// changes wake it: the HTTP/2 preface, and a request ending on a closing connection (whose
+    /// grace deadline is fixed); an idle close starts a new watch (the serve loop calls this
+    /// again). While a request is in flight it wakes once per step to look, and sleeps again.
     pub(crate) async fn expired(&self, t: Timeouts) -> Closed {
         let step = t.header_read.min(t.idle);
         loop {
@@ -737,7 +745,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_header_deadline_wakes_a_watch_sleeping_on_the_idle_one() {
+    async fn the_header_deadline_is_kept_by_a_watch_sleeping_on_the_idle_one() {
         let w = Arc::new(ConnWatch::new());
         drop(w.begin());
         let watch = w.clone();
