@@ -889,11 +889,18 @@ impl Permit {
     #[inline]
     pub fn release_at(mut self, now: Timestamp) {
         if let Some(inner) = self.inner.take() {
-            retire(&inner, self.kind);
-            inner.stats.execution.record(now.nanos_since(self.admitted_at));
-            inner.release(self.slot, now);
-            self.timed_out_sample(&inner, now);
+            self.give_back(&inner, now);
         }
+    }
+
+    /// The slot back at `now`, its execution time recorded (the limiter already taken out of
+    /// the permit, so that dropping it does nothing more).
+    #[inline]
+    fn give_back(&self, inner: &Inner, now: Timestamp) {
+        retire(inner, self.kind);
+        inner.stats.execution.record(now.nanos_since(self.admitted_at));
+        inner.release(self.slot, now);
+        self.timed_out_sample(inner, now);
     }
 }
 
@@ -901,11 +908,8 @@ impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            retire(&inner, self.kind);
             let now = inner.clock.now();
-            inner.stats.execution.record(now.nanos_since(self.admitted_at));
-            inner.release(self.slot, now);
-            self.timed_out_sample(&inner, now);
+            self.give_back(&inner, now);
         }
     }
 }

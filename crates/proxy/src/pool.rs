@@ -180,9 +180,7 @@ where
 /// HTTP/1.1 on the wire, origin-form, a `Host` when the caller sent none.
 fn prepare<B>(req: &mut Request<B>, host: &HeaderValue) {
     *req.version_mut() = Version::HTTP_11;
-    if !req.headers().contains_key(HOST) {
-        req.headers_mut().insert(HOST, host.clone());
-    }
+    req.headers_mut().entry(HOST).or_insert_with(|| host.clone());
     let origin =
         req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     *req.uri_mut() = Uri::from(origin);

@@ -323,7 +323,6 @@ where
     let body = timer.as_ref().and_then(|_| req.extensions().get::<BodyReceived>().cloned());
     let call = inner.call(req);
     let movable = dep.config().background.is_some();
-    let rate = rate.map(Box::new);
     let attempt = Attempt { dep, permit, total, probe, now, target, body, rate };
     if movable {
         // A call that outlives its caller (a timeout, a dropped future) runs on in the
@@ -451,9 +450,8 @@ struct Attempt {
     /// timer runs).
     body: Option<BodyReceived>,
     /// Its booking in the provider's window, under rate admission. Dropped with the attempt
-    /// (a timeout, an abandoned caller), the estimate stays charged. Boxed: the attempt moves
-    /// with its future, and most dependencies have no rate admission.
-    rate: Option<Box<RateReservation>>,
+    /// (a timeout, an abandoned caller), the estimate stays charged.
+    rate: Option<RateReservation>,
 }
 
 impl Attempt {
@@ -627,7 +625,7 @@ fn caller_too_slow(a: Attempt) -> BoxError {
     drop((a.permit, a.total));
     if let Some(r) = a.rate {
         // The provider never had the whole request.
-        (*r).refund(a.dep.now());
+        r.refund(a.dep.now());
     }
     StormguardError::CallerBody { source: Box::new(crate::error::CallerTooSlow) }.into()
 }
@@ -658,8 +656,7 @@ fn finish<RB, E: Into<BoxError>>(
             if let Some(p) = &mut permit {
                 p.answered(overload_answer(resp.status()));
             }
-            Ok(resp
-                .map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate.map(|r| *r))))
+            Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
         }
         Err(e) => {
             let e: BoxError = e.into();
@@ -671,7 +668,7 @@ fn finish<RB, E: Into<BoxError>>(
                 drop((permit, total));
                 if let Some(r) = rate {
                     // The provider never had the whole request.
-                    (*r).refund(dep.now());
+                    r.refund(dep.now());
                 }
                 return Err(StormguardError::CallerBody { source: e }.into());
             }
@@ -690,7 +687,7 @@ fn finish<RB, E: Into<BoxError>>(
                 // Never sent (a refused connection): given back. Sent and failed: the
                 // provider may have counted it, so the estimate stays.
                 match stormguard_http::classify::classify_transport(kind).1 {
-                    true => (*r).refund(dep.now()),
+                    true => r.refund(dep.now()),
                     false => drop(r),
                 }
             }
