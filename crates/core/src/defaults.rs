@@ -108,6 +108,59 @@ pub const TIMEOUT_SLOT_HOLD: Duration = Duration::from_secs(30);
 /// when the attempt is cut and counted.
 pub const ABANDON_HOLD: Duration = Duration::from_secs(30);
 
+/// How long an upstream's own word — a 429's reset or `Retry-After`, a rate-limit reset header
+/// — may hold a dependency's admission (first tries included): a reset of a day is honoured for
+/// this long, then traffic resumes and the provider is asked again. The same bound as
+/// [`MAX_PUSHBACK`] puts on a retry's wait.
+pub const MAX_HOLD: Duration = MAX_PUSHBACK;
+
+/// How far an answer's stated token `usage` may exceed the request's own estimate (× this):
+/// above it the count is clamped. A provider's real count is within a small factor of the
+/// estimate (the estimate errs high: four bytes a token, the output maximum asked); a count of
+/// `1e30` from a broken or hostile upstream is not a count.
+pub const USAGE_MAX_FACTOR: u64 = 16;
+
+/// Bytes of an upstream's answer the proxy reads ahead of its caller: an answer up to this size
+/// is read at the upstream's pace whatever the caller reads, and its slot comes back when the
+/// upstream has finished (Envoy's per-connection buffer is the same size). 0 turns reading
+/// ahead off.
+pub const RESPONSE_BUFFER: usize = 1024 * 1024;
+
+/// How long a caller may leave an answer's read-ahead buffer full (it accepts nothing while the
+/// upstream has more to send), or leave a finished answer unread, before the answer is cut: the
+/// upstream attempt ends, its slot comes back, and the buffer is freed. 0 turns it off.
+pub const RESPONSE_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest a caller may go without sending request body bytes (`408` past it).
+pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest a whole request body may take to arrive, from the request head (`408` past it):
+/// a bound on the time a dribbling caller holds a slot, which a gap bound alone is not. 0
+/// turns it off.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A new connection must send a whole request head within this; a kept-alive one, from the
+/// first byte of its next request.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection with nothing in flight is closed after this.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Connections the admin listener holds at once.
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// A request head's size (HTTP/1.1) or header list (HTTP/2), at most.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Streams one HTTP/2 caller connection may have open (hyper's default).
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 200;
+
+/// An HTTP/2 caller connection is sent a PING this often, and has as long to answer it.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long a drain waits for requests in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The largest budget share `stormguard plan` suggests and `stormguard audit` accepts without a
 /// `budget-too-high` warning (a fraction; `0.5` is 50 %): past it, a failing dependency sees
 /// half again its normal load in retries whatever headroom the cap leaves.

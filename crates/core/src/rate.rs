@@ -153,7 +153,7 @@ impl State {
     }
 
     fn units(&self, n: u64) -> i128 {
-        i128::from(n) * self.window_nanos as i128
+        i128::from(n).saturating_mul(self.window_nanos as i128)
     }
 }
 
@@ -336,11 +336,29 @@ impl RateLimit {
             // A refund of what was reserved but not used, or a charge for what was used
             // beyond it (debt, paid back by the refill). Booked while the limit was unknown,
             // nothing was taken: only what was used is charged.
+            // The debt is never deeper than one window: whatever a count says, the limit is
+            // admitting again within a window.
             let taken = if metered { s.units(cost) } else { 0 };
-            let diff = taken - s.units(actual);
-            s.level = s.level.saturating_add(diff).min(cap);
+            let diff = taken.saturating_sub(s.units(actual));
+            s.level = s.level.saturating_add(diff).clamp(-cap, cap);
         }
     }
+}
+
+/// A provider's count for a request, clamped to `max_factor` × what the request was estimated
+/// to cost: a count far above anything the request could have used (`1e30` tokens from a broken
+/// or hostile upstream) is not a count. Returns the count to settle with, and whether it was
+/// clamped. A factor of `u64::MAX` clamps nothing.
+///
+/// ```
+/// use stormguard_core::rate::clamp_usage;
+///
+/// assert_eq!(clamp_usage(1_500, 1_100, 16), (1_500, false));
+/// assert_eq!(clamp_usage(u64::MAX, 1_100, 16), (17_600, true));
+/// ```
+pub fn clamp_usage(counted: u64, estimate: u64, max_factor: u64) -> (u64, bool) {
+    let bound = estimate.max(1).saturating_mul(max_factor);
+    if counted > bound { (bound, true) } else { (counted, false) }
 }
 
 /// Units taken for one request. Settle it with what the provider counted; dropped unsettled, its
@@ -568,6 +586,17 @@ mod tests {
         assert_eq!(s.held_until, Some(at(2_000)));
         // After the hold, the refill (at the lowered rate, 9/s) has made room.
         assert!(r.try_acquire(at(2_000), 1).is_ok());
+    }
+
+    #[test]
+    fn a_debt_is_never_deeper_than_one_window() {
+        let tpm = per_minute(1_000);
+        tpm.try_acquire(at(0), 100).unwrap().settle(at(0), Some(u64::MAX));
+        // Without the bound the level would be 2^64 tokens in debt: admission for ever.
+        // With it, one window's refill pays it back.
+        let wait = tpm.try_acquire(at(0), 1).unwrap_err().wait;
+        assert!(wait <= Duration::from_secs(61), "{wait:?}");
+        assert!(tpm.try_acquire(at(60_100), 1).is_ok());
     }
 
     #[test]

@@ -146,7 +146,7 @@ pub fn estimate(body: &[u8], e: Estimator) -> Tokens {
     let output = top_level_numbers(body)
         .into_iter()
         .filter(|(k, _)| MAX_OUTPUT_KEYS.contains(&k.as_str()))
-        .map(|(_, v)| v)
+        .filter_map(|(_, v)| v.count())
         .max()
         .unwrap_or(e.default_output);
     Tokens { input, output }
@@ -167,25 +167,56 @@ pub fn estimate(body: &[u8], e: Estimator) -> Tokens {
 /// assert_eq!(usage(stream), Some(Tokens { input: 25, output: 15 }));
 /// ```
 pub fn usage(body: &[u8]) -> Option<Tokens> {
-    let text = std::str::from_utf8(body).ok()?;
+    read_usage(body).tokens
+}
+
+/// What an answer's body says the provider counted, and whether a count in it was malformed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// The counts read (as [`usage`] returns them).
+    pub tokens: Option<Tokens>,
+    /// A count was there but negative or not an integer: the whole `usage` is ignored
+    /// (`tokens` is `None`, so the estimate stands): a count the provider could not have made
+    /// says nothing of the others beside it.
+    pub malformed: bool,
+}
+
+/// [`usage`], telling a malformed count apart: `"prompt_tokens": -100000000` is ignored (it
+/// is not read as 100 000 000), and so is `12.5`; a count past `u64::MAX` (`1e30`) is read as
+/// `u64::MAX`, left for the caller to clamp to what the request could have used.
+///
+/// ```
+/// use stormguard_http::provider::{Tokens, read_usage};
+///
+/// let u = read_usage(br#"{"usage":{"prompt_tokens":-100000000,"completion_tokens":7}}"#);
+/// assert_eq!((u.tokens, u.malformed), (None, true));
+/// let u = read_usage(br#"{"usage":{"prompt_tokens":1e30,"completion_tokens":7}}"#);
+/// assert_eq!(u.tokens, Some(Tokens { input: u64::MAX, output: 7 }));
+/// ```
+pub fn read_usage(body: &[u8]) -> Usage {
+    let mut u = Usage::default();
+    let Ok(text) = std::str::from_utf8(body) else { return u };
     let events: Vec<&str> = if text.trim_start().starts_with('{') {
         vec![text]
     } else {
         text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).collect()
     };
-    let mut found: Option<Tokens> = None;
     for event in events {
-        if let Some(t) = usage_in(event) {
-            let f = found.get_or_insert_with(Tokens::default);
+        if let Some(t) = usage_in(event, &mut u.malformed) {
+            let f = u.tokens.get_or_insert_with(Tokens::default);
             f.input = f.input.max(t.input);
             f.output = f.output.max(t.output);
         }
     }
-    found
+    if u.malformed {
+        u.tokens = None;
+    }
+    u
 }
 
-/// The counts of every `"usage": { ... }` object in one JSON text.
-fn usage_in(json: &str) -> Option<Tokens> {
+/// The counts of every `"usage": { ... }` object in one JSON text; `malformed` is set when a
+/// count is there but cannot be one.
+fn usage_in(json: &str, malformed: &mut bool) -> Option<Tokens> {
     let mut found = None;
     let mut rest = json;
     while let Some(i) = rest.find("\"usage\"") {
@@ -198,8 +229,11 @@ fn usage_in(json: &str) -> Option<Tokens> {
         }
         let obj = &open[..object_end(open).unwrap_or(open.len())];
         let counts = top_level_numbers(obj.as_bytes());
-        let get =
-            |keys: &[&str]| counts.iter().find(|(k, _)| keys.contains(&k.as_str())).map(|c| c.1);
+        let mut get = |keys: &[&str]| {
+            let n = counts.iter().find(|(k, _)| keys.contains(&k.as_str()))?.1;
+            *malformed |= n.count().is_none();
+            n.count()
+        };
         let input = get(&["prompt_tokens", "input_tokens"]);
         let output = get(&["completion_tokens", "output_tokens"]);
         if input.is_some() || output.is_some() {
@@ -240,10 +274,45 @@ fn object_end(text: &str) -> Option<usize> {
     None
 }
 
-/// The `"key": <non-negative integer>` pairs at the top level of a JSON object (nested objects
-/// and arrays skipped, strings respected). Enough to read a few counts without a JSON parser
-/// on the request path; anything it does not understand is skipped, never trusted.
-fn top_level_numbers(json: &[u8]) -> Vec<(String, u64)> {
+/// A number a JSON text states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Number {
+    /// A non-negative integer (one past `u64::MAX`, `1e30` included, saturates).
+    Count(u64),
+    /// Negative, or not an integer: never a count.
+    Other,
+}
+
+impl Number {
+    fn count(self) -> Option<u64> {
+        match self {
+            Number::Count(n) => Some(n),
+            Number::Other => None,
+        }
+    }
+
+    /// One JSON number token (`-`, digits, fraction, exponent).
+    fn read(token: &[u8]) -> Number {
+        let text = std::str::from_utf8(token).unwrap_or("");
+        if text.bytes().all(|b| b.is_ascii_digit()) {
+            return Number::Count(text.parse().unwrap_or(u64::MAX));
+        }
+        match text.parse::<f64>() {
+            // `1e3` is an integer; `1e30` is past every count and saturates.
+            Ok(v) if v >= 0.0 && v.fract() == 0.0 => Number::Count(if v >= u64::MAX as f64 {
+                u64::MAX
+            } else {
+                v as u64
+            }),
+            _ => Number::Other,
+        }
+    }
+}
+
+/// The `"key": <number>` pairs at the top level of a JSON object (nested objects and arrays
+/// skipped, strings respected). Enough to read a few counts without a JSON parser on the
+/// request path; anything it does not understand is skipped, never trusted.
+fn top_level_numbers(json: &[u8]) -> Vec<(String, Number)> {
     let mut out = Vec::new();
     let (mut depth, mut i) = (0i32, 0usize);
     let mut key: Option<String> = None;
@@ -272,16 +341,16 @@ fn top_level_numbers(json: &[u8]) -> Vec<(String, u64)> {
             }
             b'{' | b'[' => depth += 1,
             b'}' | b']' => depth -= 1,
-            b'0'..=b'9' if depth == 1 => {
+            b'-' | b'0'..=b'9' if depth == 1 => {
+                // The whole token: a sign is part of the number, not skipped over.
                 let start = i;
-                while i < json.len() && json[i].is_ascii_digit() {
+                i += 1;
+                while i < json.len() && matches!(json[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
                     i += 1;
                 }
-                let whole = i >= json.len() || !matches!(json[i], b'.' | b'e' | b'E');
-                if let (Some(k), true) = (key.take(), whole)
-                    && let Ok(n) = std::str::from_utf8(&json[start..i]).unwrap_or("").parse()
-                {
-                    out.push((k, n));
+                if let Some(k) = key.take() {
+                    out.push((k, Number::read(&json[start..i])));
                 }
                 continue;
             }

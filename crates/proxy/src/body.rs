@@ -4,7 +4,11 @@
 //! body must not hold one. So a body that fits the replay buffer (64 KiB) is received whole
 //! before the request goes to its dependency's stack, and a larger one only once its first
 //! 64 KiB have arrived; either way a caller that sends nothing for `body_idle_timeout` (10 s by
-//! default) is answered `408` and, once its attempt holds a slot, the slot comes back. A
+//! default), or whose whole body has not arrived `body_timeout` (30 s) after its request head,
+//! is answered `408` and, once its attempt holds a slot, the slot comes back. The whole-body
+//! bound is a time, not a minimum rate (Apache's `MinRate`): what a slot costs the dependency is
+//! time, and a rate lets a caller that keeps exactly to it hold a slot for as long as its
+//! `Content-Length` allows. A
 //! malformed body (a broken chunk, a connection closed before `Content-Length` bytes) is the
 //! caller's failure too: `400`, or nothing when the caller has gone; neither the breaker nor the
 //! budget counts it, and it is never retried (see `StormguardError::CallerBody` in the tower
@@ -32,6 +36,59 @@ pub enum CallerBodyError {
     /// The caller sent no body bytes for this long.
     #[error("the caller sent no request body bytes for {0:?}")]
     Stalled(Duration),
+    /// The whole body had not arrived this long after the request head (`body_timeout`).
+    #[error("the request body had not arrived whole {0:?} after its head")]
+    TooSlow(Duration),
+}
+
+impl CallerBodyError {
+    /// Whether the caller was too slow (answered `408`), not malformed (`400`).
+    pub fn timed_out(&self) -> bool {
+        matches!(self, CallerBodyError::Stalled(_) | CallerBodyError::TooSlow(_))
+    }
+}
+
+/// A body's two time bounds: between bytes, and for the whole.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimes {
+    /// `body_idle_timeout`.
+    pub idle: Duration,
+    /// `body_timeout` (`None`: off).
+    pub whole: Option<Duration>,
+}
+
+impl BodyTimes {
+    /// From the proxy's settings (`body_timeout = "0s"` is off).
+    pub fn new(idle: Duration, whole: Duration) -> BodyTimes {
+        BodyTimes { idle, whole: (!whole.is_zero()).then_some(whole) }
+    }
+}
+
+/// When the body must be whole by, and its bounds.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    times: BodyTimes,
+    by: Option<tokio::time::Instant>,
+}
+
+impl Due {
+    fn from_now(times: BodyTimes) -> Due {
+        Due { times, by: times.whole.map(|w| tokio::time::Instant::now() + w) }
+    }
+
+    /// The next instant to give up at: a gap from now, or the whole body's bound.
+    fn next(&self) -> tokio::time::Instant {
+        let gap = tokio::time::Instant::now() + self.times.idle;
+        self.by.map_or(gap, |by| gap.min(by))
+    }
+
+    /// The error for a wait that ran out now.
+    fn expired(&self) -> CallerBodyError {
+        match (self.by, self.times.whole) {
+            (Some(by), Some(w)) if tokio::time::Instant::now() >= by => CallerBodyError::TooSlow(w),
+            _ => CallerBodyError::Stalled(self.times.idle),
+        }
+    }
 }
 
 /// The caller's body: what was received before the attempt, then (for a body larger than the
@@ -41,7 +98,7 @@ pub struct CallerBody {
     head_len: u64,
     trailers: Option<HeaderMap>,
     rest: Option<Incoming>,
-    idle: Duration,
+    due: Due,
     /// Armed while the rest is awaited; reset on each frame.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Set once the rest has arrived; only a body that streams past the replay buffer has one
@@ -82,12 +139,13 @@ impl CallerBody {
 }
 
 /// Receives `body` until it ends or more than `limit` bytes have arrived, waiting at most
-/// `idle` for each frame.
+/// `times.idle` for each frame and until `times.whole` after now for all of it.
 pub async fn receive(
     mut body: Incoming,
     limit: usize,
-    idle: Duration,
+    times: BodyTimes,
 ) -> Result<CallerBody, CallerBodyError> {
+    let due = Due::from_now(times);
     let mut head = VecDeque::new();
     let mut head_len = 0u64;
     let mut trailers = None;
@@ -95,8 +153,8 @@ pub async fn receive(
         if body.is_end_stream() {
             break None;
         }
-        match tokio::time::timeout(idle, body.frame()).await {
-            Err(_) => return Err(CallerBodyError::Stalled(idle)),
+        match tokio::time::timeout_at(due.next(), body.frame()).await {
+            Err(_) => return Err(due.expired()),
             Ok(None) => break None,
             Ok(Some(Err(e))) => return Err(CallerBodyError::Malformed(e)),
             Ok(Some(Ok(frame))) => match frame.into_data() {
@@ -118,7 +176,7 @@ pub async fn receive(
         }
     };
     let received = rest.as_ref().map(|_| BodyReceived::default());
-    Ok(CallerBody { head, head_len, trailers, rest, idle, timer: None, received })
+    Ok(CallerBody { head, head_len, trailers, rest, due, timer: None, received })
 }
 
 impl Body for CallerBody {
@@ -139,7 +197,7 @@ impl Body for CallerBody {
         match Pin::new(rest).poll_frame(cx) {
             Poll::Ready(r) => {
                 if let Some(t) = this.timer.as_mut() {
-                    t.as_mut().reset(tokio::time::Instant::now() + this.idle);
+                    t.as_mut().reset(this.due.next());
                 }
                 match r {
                     None => {
@@ -165,12 +223,13 @@ impl Body for CallerBody {
                 }
             }
             Poll::Pending => {
-                let idle = this.idle;
-                let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                let at = this.due.next();
+                let timer =
+                    this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => {
                         this.rest = None;
-                        Poll::Ready(Some(Err(CallerBodyError::Stalled(idle))))
+                        Poll::Ready(Some(Err(this.due.expired())))
                     }
                     Poll::Pending => Poll::Pending,
                 }

@@ -53,6 +53,7 @@ mod pool;
 mod provider;
 mod pushback;
 mod record;
+mod relay;
 mod reload;
 mod scopes;
 mod server;
@@ -487,7 +488,7 @@ impl Collector for ProxyCollector {
         }
         let mut m = enc.encode_descriptor(
             "stormguard_proxy_client_errors",
-            "requests the caller got wrong, answered by the proxy and counted by neither the breaker nor the budget: body-timeout (408), body-malformed (400), bad-request (400: more than one Host)",
+            "requests the caller got wrong, answered by the proxy and counted by neither the breaker nor the budget: body-timeout (408: a body stalled past body_idle_timeout or not whole within body_timeout), body-malformed (400), bad-request (400: more than one Host), response-stalled (an answer the caller accepted nothing of for response_idle_timeout, cut)",
             None,
             MetricType::Counter,
         )?;
@@ -495,6 +496,7 @@ impl Collector for ProxyCollector {
             ("body-timeout", &state.body_timeouts),
             ("body-malformed", &state.body_malformed),
             ("bad-request", &state.bad_requests),
+            ("response-stalled", &state.response_stalls),
         ] {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("reason", reason)])?)?;

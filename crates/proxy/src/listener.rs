@@ -30,7 +30,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -72,11 +72,22 @@ pub(crate) enum Closed {
     Limit,
     /// An HTTP/2 PING went unanswered.
     Http2KeepAlive,
+    /// The listener was full and this connection had been idle longest: closed to make room
+    /// for a new one.
+    Evicted,
+    /// An HTTP/1.1 caller accepted nothing of its answer for `response_idle_timeout`.
+    ResponseStalled,
 }
 
 impl Closed {
-    const ALL: [Closed; 4] =
-        [Closed::HeaderTimeout, Closed::Idle, Closed::Limit, Closed::Http2KeepAlive];
+    const ALL: [Closed; 6] = [
+        Closed::HeaderTimeout,
+        Closed::Idle,
+        Closed::Limit,
+        Closed::Http2KeepAlive,
+        Closed::Evicted,
+        Closed::ResponseStalled,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -84,6 +95,8 @@ impl Closed {
             Closed::Idle => "idle",
             Closed::Limit => "limit",
             Closed::Http2KeepAlive => "h2-keepalive",
+            Closed::Evicted => "evicted",
+            Closed::ResponseStalled => "response-stalled",
         }
     }
 }
@@ -127,7 +140,7 @@ impl ListenerStats {
             tracing::warn!(
                 listener = %self.label,
                 max_connections = self.max,
-                "connection limit reached: new connections are closed at once"
+                "connection limit reached with every connection busy: new connections are closed at once"
             );
         }
     }
@@ -190,7 +203,7 @@ impl Listening {
         }
         let mut m = enc.encode_descriptor(
             "stormguard_proxy_connections_closed",
-            "connections the proxy closed: header-timeout (no whole request head within header_read_timeout), idle (nothing in flight for idle_timeout), limit (refused at accept: max_connections), h2-keepalive (an HTTP/2 PING unanswered)",
+            "connections the proxy closed: header-timeout (no whole request head within header_read_timeout), idle (nothing in flight for idle_timeout), limit (refused at accept: the listener full and every connection busy), h2-keepalive (an HTTP/2 PING unanswered), evicted (idle longest when the listener was full: closed for a new connection), response-stalled (an HTTP/1.1 answer cut at response_idle_timeout)",
             None,
             MetricType::Counter,
         )?;
@@ -256,7 +269,16 @@ pub(crate) struct ConnWatch {
     /// deadline, which is later but still bounded, in force until the next read).
     awaiting_byte: AtomicBool,
     changed: Notify,
+    /// Set to close the connection now: [`CLOSE_EVICTED`] or [`CLOSE_STALLED`].
+    close: AtomicU8,
+    /// A cut answer was logged for this connection already.
+    stall_logged: AtomicBool,
 }
+
+/// [`ConnWatch::close`]: evicted for a new connection.
+const CLOSE_EVICTED: u8 = 1;
+/// [`ConnWatch::close`]: an HTTP/1.1 answer was cut.
+const CLOSE_STALLED: u8 = 2;
 
 impl ConnWatch {
     pub(crate) fn new() -> ConnWatch {
@@ -273,7 +295,42 @@ impl ConnWatch {
             }),
             awaiting_byte: AtomicBool::new(false),
             changed: Notify::new(),
+            close: AtomicU8::new(0),
+            stall_logged: AtomicBool::new(false),
         }
+    }
+
+    /// An answer on this connection was cut (`crate::relay`): logged once per connection, and
+    /// an HTTP/1.1 connection is closed (what is left of its answer cannot be sent). An HTTP/2
+    /// connection stays: its other streams are not at fault.
+    pub(crate) fn response_stalled(&self) {
+        let h2 = self.phase().h2;
+        if !self.stall_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                http2 = h2,
+                "a caller accepted nothing of its answer for response_idle_timeout: the answer was cut and its slot given back (logged once per connection)"
+            );
+        }
+        if !h2 {
+            self.close_now(CLOSE_STALLED);
+        }
+    }
+
+    fn close_now(&self, why: u8) {
+        // Relaxed: the notify that follows orders it for the watch that reads it.
+        if self.close.compare_exchange(0, why, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Since when this connection has been idle (nothing in flight), if it has been and is not
+    /// closing already: the order in which a full listener evicts.
+    fn idle_for_eviction(&self) -> Option<Instant> {
+        if self.close.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        let p = self.phase();
+        (p.in_flight == 0 && p.closing.is_none()).then_some(p.idle_since)
     }
 
     fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
@@ -370,6 +427,11 @@ impl ConnWatch {
     pub(crate) async fn expired(&self, t: Timeouts) -> Closed {
         let step = t.header_read.min(t.idle);
         loop {
+            match self.close.load(Ordering::Relaxed) {
+                CLOSE_EVICTED => return Closed::Evicted,
+                CLOSE_STALLED => return Closed::ResponseStalled,
+                _ => {}
+            }
             let now = Instant::now();
             let at = match self.deadline(t) {
                 Some((at, why)) if now >= at => return why,
@@ -537,6 +599,8 @@ where
     let builder = builder(config);
     let timeouts = Timeouts::from(config);
     let mut conns = JoinSet::new();
+    // Every connection's watch, for eviction (pruned of closed ones as it grows).
+    let mut watches: Vec<std::sync::Weak<ConnWatch>> = Vec::new();
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.changed() => break,
@@ -552,8 +616,9 @@ where
             },
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
         };
-        // Only this loop adds, so the count cannot pass the limit between the check and the add.
-        if stats.open.load(Ordering::Relaxed) >= stats.max {
+        // Only this loop adds, so the count cannot pass the limit between the check and the add
+        // (but for connections evicted and not yet gone, each closing at once).
+        if stats.open.load(Ordering::Relaxed) >= stats.max && !evict_idlest(&mut watches) {
             drop(stream);
             stats.refuse(peer);
             continue;
@@ -563,6 +628,10 @@ where
         let open = Open(stats.clone());
         let _ = stream.set_nodelay(true);
         let watch = Arc::new(ConnWatch::new());
+        if watches.len() >= stats.max.saturating_mul(2).max(64) {
+            watches.retain(|w| w.strong_count() > 0);
+        }
+        watches.push(Arc::downgrade(&watch));
         let io = Watched { io: stream, seen: Seen::new(watch.clone()) };
         let service = {
             let (watch, svc) = (watch.clone(), svc.clone());
@@ -570,7 +639,11 @@ where
                 let in_flight = watch.begin();
                 let answer = svc(peer, req);
                 async move {
-                    let resp = answer.await?;
+                    let mut resp = answer.await?;
+                    // A piped answer is told its connection, to close it if the answer is cut.
+                    if let Some(hook) = resp.extensions_mut().remove::<crate::relay::StallHook>() {
+                        hook.attach(in_flight.0.clone());
+                    }
                     Ok::<_, Infallible>(resp.map(|body| Tracked { body, in_flight }))
                 }
             })
@@ -628,6 +701,26 @@ where
     let cut = conns.len();
     conns.shutdown().await;
     cut
+}
+
+/// A full listener makes room for a new connection by closing the one idle longest (nothing in
+/// flight): a flood of idle connections cannot keep out a probe or a caller that sends its
+/// request at once, since each new connection pushes the oldest idle one out. `false` when
+/// every connection has a request in flight (the new one is then refused).
+fn evict_idlest(watches: &mut Vec<std::sync::Weak<ConnWatch>>) -> bool {
+    watches.retain(|w| w.strong_count() > 0);
+    let idlest = watches
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .filter_map(|w| w.idle_for_eviction().map(|since| (since, w)))
+        .min_by_key(|(since, _)| *since);
+    match idlest {
+        Some((_, w)) => {
+            w.close_now(CLOSE_EVICTED);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Descriptors kept for everything but connections (files, Redis, the listeners): a tenth of

@@ -70,6 +70,8 @@ pub(crate) struct State {
     /// Callers whose request body stalled past `body_idle_timeout` (408), or broke (400).
     pub(crate) body_timeouts: AtomicU64,
     pub(crate) body_malformed: AtomicU64,
+    /// Answers cut because their caller accepted nothing for `response_idle_timeout`.
+    pub(crate) response_stalls: AtomicU64,
     /// The per-route series.
     pub(crate) traffic: crate::traffic::Traffic,
     /// The trace file, in record mode.
@@ -106,6 +108,7 @@ impl State {
             bad_requests: AtomicU64::new(0),
             body_timeouts: AtomicU64::new(0),
             body_malformed: AtomicU64::new(0),
+            response_stalls: AtomicU64::new(0),
             trace,
             draining: AtomicBool::new(false),
             reloads: AtomicU64::new(0),
@@ -132,7 +135,7 @@ impl State {
     ) -> Response<ProxyBody> {
         tracing::debug!(error = %e, "the caller's request body failed");
         let resp = crate::stack::caller_body_answer(e);
-        self.count_caller_body(matches!(e, crate::body::CallerBodyError::Stalled(_)));
+        self.count_caller_body(e.timed_out());
         resp
     }
 
@@ -201,15 +204,29 @@ fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Serves one request.
+/// Serves one request; its answer is read ahead of the caller (`crate::relay`).
 pub(crate) async fn handle(
     state: Arc<State>,
     listener: usize,
     peer: SocketAddr,
     req: Request<Incoming>,
+) -> Response<crate::relay::Relay> {
+    let shared = state.current();
+    let resp = respond(&state, &shared, listener, peer, req).await;
+    let c = &shared.config;
+    let relay = crate::relay::RelayConfig::new(c.response_buffer, c.response_idle_timeout);
+    crate::relay::read_ahead(resp, relay, &state).await
+}
+
+/// The answer to one request.
+async fn respond(
+    state: &State,
+    shared: &Shared,
+    listener: usize,
+    peer: SocketAddr,
+    req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
-    let shared = state.current();
     let (addr, default_dep, downstream_pushback) = shared.listeners[listener];
     let method = req.method().clone();
     // The caller's target, for the route and the access log: a clone of the parsed URI shares
@@ -228,7 +245,7 @@ pub(crate) async fn handle(
     // somewhere. Only the hosts it is configured for are reachable.
     if req.version() < Version::HTTP_2
         && req.uri().scheme().is_some()
-        && !serves_authority(&shared, addr, req.uri())
+        && !serves_authority(shared, addr, req.uri())
     {
         state.refused_not_routable.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(uri = %req.uri(), "absolute-form request for another host refused");
@@ -250,7 +267,7 @@ pub(crate) async fn handle(
     }
     // The host matters only to a route that names one.
     let host = shared.routes.iter().any(|r| r.host.is_some()).then(|| request_host(&req)).flatten();
-    let route_index = route(&shared, host.as_deref(), path);
+    let route_index = route(shared, host.as_deref(), path);
     let (dep_index, route) = match route_index.map(|i| &shared.routes[i]) {
         Some(r) => (r.dep, Some(r)),
         None => match default_dep {
@@ -335,7 +352,9 @@ pub(crate) async fn handle(
     // The body first, before any slot: up to the replay buffer whole, a larger one its first
     // bytes. A caller that stalls or sends a broken body is answered here, and the dependency,
     // its breaker and its budget never see it.
-    let body = match crate::body::receive(body, limit, shared.config.body_idle_timeout).await {
+    let times =
+        crate::body::BodyTimes::new(shared.config.body_idle_timeout, shared.config.body_timeout);
+    let body = match crate::body::receive(body, limit, times).await {
         Ok(b) => b,
         Err(e) => return state.caller_body_failed(&e),
     };

@@ -1,8 +1,6 @@
 //! The per-dependency middleware stack, assembled in one function that reads top to bottom.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use crate::body::CallerBody;
 use bytes::Bytes;
@@ -89,32 +87,9 @@ where
 {
     Ok(match result {
         Ok(resp) => {
-            let (mut parts, mut body) = resp.into_parts();
-            // The body's first frame, if it is there already: an upstream whose answer breaks
-            // before the proxy has sent anything (a malformed first chunk) gets the caller a
-            // 502, not a closed connection.
-            let first = if body.is_end_stream() {
-                Peek::End
-            } else {
-                std::future::poll_fn(|cx| {
-                    Poll::Ready(match Pin::new(&mut body).poll_frame(cx) {
-                        Poll::Ready(Some(Ok(f))) => Peek::Frame(f),
-                        Poll::Ready(Some(Err(e))) => Peek::Failed(e),
-                        Poll::Ready(None) => Peek::End,
-                        Poll::Pending => Peek::Pending,
-                    })
-                })
-                .await
-            };
-            let body = match first {
-                Peek::Failed(e) => {
-                    tracing::debug!(error = %e, "the upstream's answer broke before it was relayed");
-                    return Ok(failed(&*e));
-                }
-                Peek::Frame(f) => Peeked { first: Some(f), yield_once: false, inner: body },
-                Peek::End => Peeked { first: None, yield_once: false, inner: body },
-                Peek::Pending => Peeked { first: None, yield_once: true, inner: body },
-            };
+            // The body is read ahead of the caller at the edge (`crate::relay`), which also
+            // answers `502` for a body that breaks before anything of it arrived.
+            let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             if let Some(reason) = parts.extensions.get::<Denied>().copied() {
                 parts
@@ -165,9 +140,10 @@ where
 /// body-timeout`) when it stalled, `400` (`body-malformed`) when it broke. The connection is
 /// closed after it: what is left of the body cannot be read as a request.
 pub fn caller_body_answer(e: &crate::body::CallerBodyError) -> Response<ProxyBody> {
-    let (status, kind) = match e {
-        crate::body::CallerBodyError::Stalled(_) => (StatusCode::REQUEST_TIMEOUT, "body-timeout"),
-        _ => (StatusCode::BAD_REQUEST, "body-malformed"),
+    let (status, kind) = if e.timed_out() {
+        (StatusCode::REQUEST_TIMEOUT, "body-timeout")
+    } else {
+        (StatusCode::BAD_REQUEST, "body-malformed")
     };
     let mut resp = local(status, Some((&ERROR_HEADER, kind)), &format!("stormguard: {e}\n"));
     resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
@@ -176,7 +152,7 @@ pub fn caller_body_answer(e: &crate::body::CallerBodyError) -> Response<ProxyBod
 
 /// The proxy's answer to an attempt that failed below HTTP: 504 after the per-try timeout,
 /// 502 otherwise, with what failed in `x-stormguard-error`.
-fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<ProxyBody> {
+pub(crate) fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<ProxyBody> {
     if let Some(StormguardError::Timeout) = e.downcast_ref::<StormguardError>() {
         return local(
             StatusCode::GATEWAY_TIMEOUT,
@@ -201,61 +177,6 @@ fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<Proxy
         Some((&ERROR_HEADER, kind)),
         &format!("stormguard: upstream {kind}\n"),
     )
-}
-
-/// The first frame of an upstream body, looked at before its response is answered.
-enum Peek {
-    Frame(http_body::Frame<Bytes>),
-    Failed(BoxError),
-    End,
-    Pending,
-}
-
-/// An upstream body whose first frame was looked at. When it was not there yet, the first poll
-/// yields once, so the response head goes out before anything the body does later: a body that
-/// breaks after that cuts the answer short, and never leaves the caller with no answer at all.
-struct Peeked<B> {
-    first: Option<http_body::Frame<Bytes>>,
-    yield_once: bool,
-    inner: B,
-}
-
-impl<B> http_body::Body for Peeked<B>
-where
-    B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        if let Some(f) = self.first.take() {
-            return Poll::Ready(Some(Ok(f)));
-        }
-        if self.yield_once {
-            self.yield_once = false;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        let first = self.first.as_ref().and_then(|f| f.data_ref()).map_or(0, |d| d.len() as u64);
-        let h = self.inner.size_hint();
-        let mut s = http_body::SizeHint::new();
-        s.set_lower(h.lower() + first);
-        if let Some(u) = h.upper() {
-            s.set_upper(u + first);
-        }
-        s
-    }
 }
 
 /// A response the proxy makes itself.

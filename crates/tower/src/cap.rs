@@ -874,7 +874,18 @@ where
                 let (booked, tap) = *rate;
                 match (&r, this.dependency.as_ref()) {
                     (Some(Err(_)), _) | (_, None) => drop(booked),
-                    (_, Some(d)) => booked.settle(d.now(), tap.usage()),
+                    (_, Some(d)) => {
+                        let usage = tap.read();
+                        let factor = d.config().rate.usage_max_factor;
+                        let clamped = booked.settle(d.now(), usage.tokens, factor);
+                        if usage.malformed || clamped {
+                            // A count the request could not have used: ignored or clamped,
+                            // counted, and logged once.
+                            let stats = d.header_stats();
+                            stats.record(stormguard_http::headers::HeaderKind::Usage);
+                            d.log_malformed_once();
+                        }
+                    }
                 }
             }
         }

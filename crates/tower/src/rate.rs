@@ -143,6 +143,15 @@ pub struct RateAdmission {
     /// first tries and failovers go to another upstream meanwhile, when there is one. Default
     /// 1 s.
     pub overload_cool_down: Duration,
+    /// The longest an upstream's own word (a 429's `Retry-After` or reset header) holds
+    /// admission, first tries included: a reset of a day is honoured for this long, then the
+    /// provider is asked again. Default 300 s
+    /// ([`MAX_HOLD`](stormguard_core::defaults::MAX_HOLD)).
+    pub max_hold: Duration,
+    /// How far an answer's stated token `usage` may exceed the request's estimate (× this)
+    /// before it is clamped. Default 16
+    /// ([`USAGE_MAX_FACTOR`](stormguard_core::defaults::USAGE_MAX_FACTOR)).
+    pub usage_max_factor: u64,
 }
 
 impl Default for RateAdmission {
@@ -156,6 +165,8 @@ impl Default for RateAdmission {
             provider: None,
             quota_hold: Duration::from_secs(60),
             overload_cool_down: Duration::from_secs(1),
+            max_hold: stormguard_core::defaults::MAX_HOLD,
+            usage_max_factor: stormguard_core::defaults::USAGE_MAX_FACTOR,
         }
     }
 }
@@ -564,7 +575,8 @@ pub fn answered(
             &uncounted,
         );
         match said {
-            Some(Pushback::RetryAfter(d)) => Some(d),
+            // However long the upstream asks, admission is held at most `max_hold`.
+            Some(Pushback::RetryAfter(d)) => Some(d.min(config.max_hold)),
             _ => None,
         }
     });
@@ -574,7 +586,7 @@ pub fn answered(
         rates.refused(now, sent_at, retry_after);
     }
     if quota_exhausted {
-        rates.hold(now, config.quota_hold);
+        rates.hold(now, config.quota_hold.min(config.max_hold));
         tracing::warn!(
             dependency = dep.name(),
             upstream = target,
@@ -605,13 +617,25 @@ pub struct RateReservation {
 }
 
 impl RateReservation {
-    /// Settles the booking with what the provider counted (`None`: keep the estimate). The
-    /// request itself stays counted.
-    pub fn settle(self, now: Timestamp, used: Option<Tokens>) {
-        self.requests.settle(now, None);
-        self.tokens.settle(now, used.map(Tokens::total));
-        self.input_tokens.settle(now, used.map(|u| u.input));
-        self.output_tokens.settle(now, used.map(|u| u.output));
+    /// Settles the booking with what the provider counted (`None`: keep the estimate), each
+    /// count clamped to `max_factor` × its estimate
+    /// ([`clamp_usage`](stormguard_core::rate::clamp_usage)). The request itself stays counted.
+    /// Returns whether a count was clamped.
+    pub fn settle(self, now: Timestamp, used: Option<Tokens>, max_factor: u64) -> bool {
+        let mut clamped = false;
+        let mut settle = |p: RatePermit, n: Option<u64>| {
+            let n = n.map(|n| {
+                let (n, c) = stormguard_core::rate::clamp_usage(n, p.cost(), max_factor);
+                clamped |= c;
+                n
+            });
+            p.settle(now, n);
+        };
+        settle(self.requests, None);
+        settle(self.tokens, used.map(Tokens::total));
+        settle(self.input_tokens, used.map(|u| u.input));
+        settle(self.output_tokens, used.map(|u| u.output));
+        clamped
     }
 
     /// Gives everything back: the attempt never reached the provider.
@@ -651,13 +675,22 @@ impl UsageTap {
     /// The usage the body stated, if it stated one: the larger count of each kind from either
     /// end.
     pub fn usage(&self) -> Option<Tokens> {
-        use stormguard_http::provider::usage;
-        match (usage(&self.head), usage(&self.tail)) {
+        self.read().tokens
+    }
+
+    /// [`usage`](Self::usage), and whether a count was malformed (the usage is then ignored).
+    pub fn read(&self) -> stormguard_http::provider::Usage {
+        use stormguard_http::provider::read_usage;
+        let (a, b) = (read_usage(&self.head), read_usage(&self.tail));
+        let malformed = a.malformed || b.malformed;
+        let tokens = match (a.tokens, b.tokens) {
+            _ if malformed => None,
             (Some(a), Some(b)) => {
                 Some(Tokens { input: a.input.max(b.input), output: a.output.max(b.output) })
             }
             (a, b) => a.or(b),
-        }
+        };
+        stormguard_http::provider::Usage { tokens, malformed }
     }
 }
 
@@ -685,7 +718,7 @@ mod tests {
         assert!(r.reserve(Timestamp::ZERO, cost, Duration::ZERO).is_err());
         assert_eq!(r.snapshot(Timestamp::ZERO).requests.available, 599);
         // Settled at what was used: 600 reserved, 250 counted.
-        b.settle(Timestamp::ZERO, Some(Tokens { input: 50, output: 200 }));
+        b.settle(Timestamp::ZERO, Some(Tokens { input: 50, output: 200 }), 16);
         let s = r.snapshot(Timestamp::ZERO);
         assert_eq!((s.requests.available, s.tokens.available, s.tokens.outstanding), (599, 750, 0));
     }

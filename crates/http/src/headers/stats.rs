@@ -19,11 +19,14 @@ pub enum HeaderKind {
     Remaining,
     /// `x-should-retry` that is neither `true` nor `false` (ignored).
     ShouldRetry,
+    /// A token count in an answer body's `usage` that is negative or not an integer (ignored),
+    /// or implausibly far above the request's estimate (clamped).
+    Usage,
 }
 
 impl HeaderKind {
     /// Every kind, in declaration order.
-    pub const ALL: [HeaderKind; 7] = [
+    pub const ALL: [HeaderKind; 8] = [
         HeaderKind::RetryAfter,
         HeaderKind::RetryAfterMs,
         HeaderKind::Reset,
@@ -31,6 +34,7 @@ impl HeaderKind {
         HeaderKind::Limit,
         HeaderKind::Remaining,
         HeaderKind::ShouldRetry,
+        HeaderKind::Usage,
     ];
 
     /// A label for metrics.
@@ -43,6 +47,7 @@ impl HeaderKind {
             HeaderKind::Limit => "limit",
             HeaderKind::Remaining => "remaining",
             HeaderKind::ShouldRetry => "x-should-retry",
+            HeaderKind::Usage => "usage",
         }
     }
 

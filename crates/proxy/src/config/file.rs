@@ -54,6 +54,11 @@ pub(super) struct ProxyFile {
     #[serde(default, deserialize_with = "sde::option_duration")]
     body_idle_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "sde::option_duration")]
+    body_timeout: Option<Duration>,
+    response_buffer: Option<usize>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
+    response_idle_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
     header_read_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "sde::option_duration")]
     idle_timeout: Option<Duration>,
@@ -98,7 +103,8 @@ impl ProxyFile {
         }
         c.record = self.record;
         c.client_header = self.client_header;
-        set!(c, self; scope_max, client_max, drain_timeout, body_idle_timeout);
+        set!(c, self; scope_max, client_max, drain_timeout, body_idle_timeout, body_timeout,
+            response_buffer, response_idle_timeout);
         let n = &mut c.connections;
         set!(n, self; header_read_timeout, idle_timeout, admin_max_connections, max_header_bytes,
             http2_max_concurrent_streams, http2_keepalive_interval);
@@ -184,6 +190,9 @@ struct DependencyFile {
     quota_hold: Option<Duration>,
     #[serde(default, deserialize_with = "sde::option_duration")]
     overload_cool_down: Option<Duration>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
+    max_hold: Option<Duration>,
+    usage_max_factor: Option<u64>,
     bytes_per_token: Option<u64>,
     #[serde(default, deserialize_with = "sde::option_from_str")]
     hedge_after: Option<stormguard_core::hedge::HedgeAfter>,
@@ -257,7 +266,7 @@ impl DependencyFile {
         d.rate.output_tokens_per_minute = self.output_tokens_per_minute;
         d.rate.learn = self.learn_rate_limits.unwrap_or(false);
         d.rate.provider = self.provider;
-        set!(d.rate, self; quota_hold, overload_cool_down);
+        set!(d.rate, self; quota_hold, overload_cool_down, max_hold, usage_max_factor);
         set!(d, self; bytes_per_token);
         d.adaptive = self.adaptive.map(AdaptiveFile::into_model);
         d.hedge = match (self.hedge_after, self.max_hedges) {

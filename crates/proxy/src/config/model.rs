@@ -21,23 +21,23 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 /// Trace ids remembered for fan-out scopes, at most. Default 65 536.
 pub const DEFAULT_SCOPE_MAX: usize = defaults::SCOPE_MAX;
 /// How long a drain waits for requests in flight by default.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = defaults::DRAIN_TIMEOUT;
 /// The default `body_idle_timeout`: 10 s.
-pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = defaults::BODY_IDLE_TIMEOUT;
 /// Distinct `client` label values by default.
 pub const DEFAULT_CLIENT_MAX: usize = 32;
 /// The default `header_read_timeout`: 10 s.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = defaults::HEADER_READ_TIMEOUT;
 /// The default `idle_timeout`: 60 s.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_IDLE_TIMEOUT: Duration = defaults::IDLE_TIMEOUT;
 /// The default `admin_max_connections`: 64.
-pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = defaults::ADMIN_MAX_CONNECTIONS;
 /// The default `max_header_bytes`: 64 KiB.
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const DEFAULT_MAX_HEADER_BYTES: usize = defaults::MAX_HEADER_BYTES;
 /// The default `http2_max_concurrent_streams`: 200 (hyper's).
-pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 200;
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = defaults::HTTP2_MAX_CONCURRENT_STREAMS;
 /// The default `http2_keepalive_interval`: 30 s.
-pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = defaults::HTTP2_KEEPALIVE_INTERVAL;
 
 /// Everything the proxy runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +69,22 @@ pub struct ProxyConfig {
     /// A body up to the replay buffer is received whole before its attempt asks for a slot.
     /// Default 10 s.
     pub body_idle_timeout: Duration,
+    /// `body_timeout`: the longest a whole request body may take to arrive, counted from the
+    /// request head: past it the request is answered `408` and an attempt already holding a
+    /// slot is cut, its slot back. A gap bound alone lets a caller that sends a byte every few
+    /// seconds hold a slot for as long as it likes. `0s` turns it off. Default 30 s.
+    pub body_timeout: Duration,
+    /// `response_buffer`: bytes of an upstream's answer read ahead of the caller. An answer up
+    /// to this size is read at the upstream's pace whatever the caller reads, so its slot comes
+    /// back when the upstream has finished; a larger one is relayed through a buffer this size.
+    /// `0` turns reading ahead off (the caller's reading paces the upstream). Default 1 MiB.
+    pub response_buffer: usize,
+    /// `response_idle_timeout`: how long a caller may accept nothing of an answer while the
+    /// read-ahead buffer is full (or the answer is finished and unread): past it the answer is
+    /// cut — the upstream attempt ended and its slot returned, the buffer freed, an HTTP/1.1
+    /// connection closed — and counted (`stormguard_proxy_client_errors_total{reason=
+    /// "response-stalled"}`). `0s` turns it off. Default 30 s.
+    pub response_idle_timeout: Duration,
     /// How every listener, the admin listener included, treats its connections: header read
     /// and idle timeouts, connection limits, header size, HTTP/2 streams. Fixed for the
     /// proxy's life (a reload that changes it is refused).
@@ -597,6 +613,9 @@ impl ProxyConfig {
             client_max: DEFAULT_CLIENT_MAX,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
+            body_timeout: defaults::BODY_TIMEOUT,
+            response_buffer: defaults::RESPONSE_BUFFER,
+            response_idle_timeout: defaults::RESPONSE_IDLE_TIMEOUT,
             connections: ConnectionConfig::default(),
             admin_access: AdminAccessConfig::default(),
             source: None,

@@ -386,6 +386,10 @@ impl ProxyDependency {
             }
         }
         range("bytes_per_token", 1, 1_000_000, self.bytes_per_token)?;
+        range("usage_max_factor", 1, u64::MAX, self.rate.usage_max_factor)?;
+        if self.rate.max_hold.is_zero() {
+            return Err(at("max_hold", RuleError::Zero));
+        }
         let https = self.upstreams.iter().any(|u| u.scheme_str() == Some("https"));
         if self.tls.is_set() && !https {
             return Err(at("tls", RuleError::TlsWithoutHttps));
@@ -442,6 +446,8 @@ impl ProxyConfig {
         if self.body_idle_timeout.is_zero() {
             return Err(at("body_idle_timeout", RuleError::Zero));
         }
+        // Read ahead per answer: memory each stalled caller can hold until the idle timeout.
+        range("response_buffer", 0, 64 * 1024 * 1024, count(self.response_buffer))?;
         self.connections.validate()?;
         if let Some(a) = self.admin
             && !a.ip().is_loopback()
