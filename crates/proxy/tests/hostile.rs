@@ -220,3 +220,296 @@ async fn a_per_try_timeout_while_the_caller_sends_is_the_callers() {
     assert_eq!(format!("{:?}", dep.snapshot().breaker.unwrap()).split(' ').next(), Some("Open"));
     p.shutdown().await;
 }
+
+// ---- The cap belongs to the dependency: callers that read slowly, dribble, or an upstream that
+// lies must not hold it. Each test also runs the unprotected setting and shows the attack work.
+
+#[allow(dead_code)]
+mod support;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use support::{Serve, Upstream, upstream};
+
+/// Answers the upstream is sending now: counted from the handler until its body is dropped
+/// (sent whole, or its connection gone). What the dependency has in flight, exactly.
+#[derive(Default)]
+struct Sending(AtomicU64);
+
+struct Counted {
+    left: usize,
+    sending: Arc<Sending>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.sending.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl http_body::Body for Counted {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        static CHUNK: [u8; 64 * 1024] = [b'x'; 64 * 1024];
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(CHUNK.len());
+        self.left -= n;
+        Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(&CHUNK[..n])))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left as u64)
+    }
+}
+
+/// `/big/N` answers N bytes; `/sink` reads the whole request body, then answers; anything else
+/// `ok`. Every answer counts in `sending` until its body is gone.
+async fn hostile_upstream() -> (Upstream, Arc<Sending>) {
+    let sending = Arc::new(Sending::default());
+    let s = sending.clone();
+    let up = upstream(Serve::default(), move |req: http::Request<hyper::body::Incoming>| {
+        let sending = s.clone();
+        async move {
+            sending.0.fetch_add(1, Ordering::SeqCst);
+            let path = req.uri().path().to_string();
+            let left = match path.strip_prefix("/big/") {
+                Some(n) => n.parse().unwrap(),
+                None => {
+                    if path == "/sink" {
+                        let _ = req.into_body().collect().await;
+                    }
+                    2
+                }
+            };
+            let body = Counted { left, sending };
+            http::Response::new(http_body_util::BodyExt::boxed(body))
+        }
+    })
+    .await;
+    (up, sending)
+}
+
+async fn relay_proxy(up: &Upstream, cap: u64, tune: impl FnOnce(&mut ProxyConfig)) -> ProxyHandle {
+    let mut d = ProxyDependency::new("pay", format!("http://{}", up.addr).parse().unwrap());
+    d.cap = cap;
+    d.queue_timeout = ms(300);
+    let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+    c.admin = None;
+    tune(&mut c);
+    start(c).await.unwrap()
+}
+
+async fn get_path(c: &TestClient, addr: SocketAddr, path: &str) -> (StatusCode, http::HeaderMap) {
+    let req = Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(2), c.request(req))
+        .await
+        .expect("answered within 2 s")
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    body.collect().await.unwrap();
+    (parts.status, parts.headers)
+}
+
+/// Opens one HTTP/2 connection and 20 streams of `/big/102400`, takes their heads and reads
+/// nothing (no WINDOW_UPDATE is ever sent; PINGs are answered). Returns what keeps them open.
+async fn stalled_h2_streams(addr: SocketAddr) -> Vec<h2::RecvStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut heads = Vec::new();
+    for _ in 0..20 {
+        let mut send = send.clone().ready().await.unwrap();
+        let req = Request::get(format!("http://{addr}/big/102400")).body(()).unwrap();
+        heads.push(send.send_request(req, true).unwrap().0);
+    }
+    let mut bodies = Vec::new();
+    for h in heads {
+        let resp = tokio::time::timeout(Duration::from_secs(5), h).await.unwrap().unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        bodies.push(resp.into_body());
+    }
+    bodies
+}
+
+/// One HTTP/2 connection with 20 streams that never grant window, each answered 100 KiB: with
+/// a cap of 20 they held every slot. Read ahead (the default 1 MiB buffer) the upstream
+/// finishes every answer and the slots come back: a normal GET is answered 200 within 1 s.
+/// With reading ahead off, the same 20 streams take the cap and the GET is refused `queue`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_h2_streams_hold_no_slot_once_the_upstream_has_answered() {
+    let (up, sending) = hostile_upstream().await;
+    let p = relay_proxy(&up, 20, |_| {}).await;
+    let addr = p.listen_addrs()[0];
+    let _held = stalled_h2_streams(addr).await;
+    let dep = p.dependency("pay").unwrap();
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while sending.0.load(Ordering::SeqCst) > 0 || dep.snapshot().limiter.in_flight > 0 {
+        assert!(tokio::time::Instant::now() < end, "the upstream finished every answer");
+        tokio::time::sleep(ms(5)).await;
+    }
+    let c = client();
+    let started = tokio::time::Instant::now();
+    let (status, headers) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::OK, "{headers:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    p.shutdown().await;
+
+    // Unprotected: the caller's reading paces the upstream, and 20 stalled streams hold 20 slots.
+    let p = relay_proxy(&up, 20, |c| c.response_buffer = 0).await;
+    let addr = p.listen_addrs()[0];
+    let _held = stalled_h2_streams(addr).await;
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(p.dependency("pay").unwrap().snapshot().limiter.in_flight, 20);
+    let (status, headers) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["x-stormguard-denied"], "queue");
+    p.shutdown().await;
+}
+
+/// Asks for a 50 MB answer on a raw HTTP/1.1 connection and reads nothing of it.
+async fn stalled_reader(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /big/50000000 HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    s
+}
+
+/// A caller that reads nothing of a 50 MB answer, with a cap of 1: past the 1 MiB read-ahead
+/// its answer is cut at `response_idle_timeout` (here 1 s), the upstream's answer ends (counted
+/// at the upstream), the slot comes back and the next caller is served; the stalled caller's
+/// connection is closed, and the cut is counted. With the timeout off the slot stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_of_a_large_answer_gets_its_slot_back() {
+    let (up, sending) = hostile_upstream().await;
+    let p = relay_proxy(&up, 1, |c| c.response_idle_timeout = ms(1_000)).await;
+    let addr = p.listen_addrs()[0];
+    let mut stalled = stalled_reader(addr).await;
+    let c = client();
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(sending.0.load(Ordering::SeqCst), 1, "the upstream is held back by the caller");
+    let (status, _) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "the stalled reader holds the one slot");
+    let started = tokio::time::Instant::now();
+    while sending.0.load(Ordering::SeqCst) > 0 {
+        assert!(started.elapsed() < Duration::from_secs(4), "cut within response_idle_timeout");
+        tokio::time::sleep(ms(10)).await;
+    }
+    let (status, headers) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::OK, "{headers:?}");
+    // The stalled connection was closed: reading it now ends (after what was buffered).
+    let mut sink = vec![0u8; 1 << 20];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stalled.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the stalled caller's connection is closed");
+    p.shutdown().await;
+
+    // Unprotected: the timeout off, the slot held as long as the caller likes.
+    let p = relay_proxy(&up, 1, |c| c.response_idle_timeout = Duration::ZERO).await;
+    let addr = p.listen_addrs()[0];
+    let _stalled = stalled_reader(addr).await;
+    tokio::time::sleep(ms(2_000)).await;
+    assert_eq!(sending.0.load(Ordering::SeqCst), 1, "still held back");
+    let (status, headers) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["x-stormguard-denied"], "queue");
+    p.shutdown().await;
+}
+
+/// Twenty callers post `Content-Length: 200000`, send 70 000 bytes (past the replay buffer, so
+/// each attempt holds a slot at the upstream), then one byte every 300 ms: never a gap as long
+/// as `body_idle_timeout` (2 s here). The whole-body bound (`body_timeout`, 1.5 s here) cuts
+/// them: 408, the slots back, and a normal GET is answered. With it off they hold the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dribbled_bodies_are_cut_by_the_whole_body_bound() {
+    async fn dribblers(addr: SocketAddr) -> Vec<tokio::task::JoinHandle<String>> {
+        let first = vec![b'x'; 70_000];
+        let mut all = Vec::new();
+        for _ in 0..20 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"POST /sink HTTP/1.1\r\nhost: x\r\ncontent-length: 200000\r\n\r\n")
+                .await
+                .unwrap();
+            s.write_all(&first).await.unwrap();
+            all.push(tokio::spawn(async move {
+                let mut out = vec![0u8; 4096];
+                for _ in 0..30 {
+                    tokio::select! {
+                        r = s.read(&mut out) => {
+                            return match r {
+                                Ok(n) => String::from_utf8_lossy(&out[..n]).into_owned(),
+                                Err(_) => String::new(),
+                            };
+                        }
+                        () = tokio::time::sleep(ms(300)) => {
+                            if s.write_all(b"x").await.is_err() {
+                                return String::new();
+                            }
+                        }
+                    }
+                }
+                String::new()
+            }));
+        }
+        all
+    }
+    let (up, _) = hostile_upstream().await;
+    let tune = |c: &mut ProxyConfig| {
+        c.body_idle_timeout = ms(2_000);
+        c.body_timeout = ms(1_500);
+    };
+    let p = relay_proxy(&up, 20, tune).await;
+    let addr = p.listen_addrs()[0];
+    let dep = p.dependency("pay").unwrap();
+    let all = dribblers(addr).await;
+    let c = client();
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while up.counts.in_flight.load(Ordering::SeqCst) < 20 {
+        assert!(tokio::time::Instant::now() < end, "the dribblers' attempts reach the upstream");
+        tokio::time::sleep(ms(10)).await;
+    }
+    for d in all {
+        let text = tokio::time::timeout(Duration::from_secs(5), d).await.unwrap().unwrap();
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("x-stormguard-error: body-timeout"), "{text}");
+    }
+    assert_eq!(dep.snapshot().limiter.in_flight, 0);
+    let (status, _) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::OK);
+    p.shutdown().await;
+
+    // Unprotected: only the gap bound, which a byte every 300 ms never reaches.
+    let p = relay_proxy(&up, 20, |c| {
+        c.body_idle_timeout = ms(2_000);
+        c.body_timeout = Duration::ZERO;
+    })
+    .await;
+    let addr = p.listen_addrs()[0];
+    let all = dribblers(addr).await;
+    tokio::time::sleep(ms(2_500)).await;
+    assert_eq!(p.dependency("pay").unwrap().snapshot().limiter.in_flight, 20);
+    let (status, headers) = get_path(&c, addr, "/ok").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["x-stormguard-denied"], "queue");
+    for d in all {
+        d.abort();
+    }
+    p.shutdown().await;
+}

@@ -158,6 +158,14 @@ pub struct ProxyArgs {
     /// [default: 60s]. Every listener, the admin listener included.
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub idle_timeout: Option<Duration>,
+    /// How long a whole request body may take to arrive, from the request head, before the
+    /// request is answered 408 and any slot it holds comes back [default: 30s; 0s: off].
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub body_timeout: Option<Duration>,
+    /// How long a caller may accept nothing of an answer larger than the read-ahead buffer
+    /// (1 MiB) before the answer is cut and its slot comes back [default: 30s; 0s: off].
+    #[arg(long, value_name = "DURATION", value_parser = args::duration)]
+    pub response_idle_timeout: Option<Duration>,
     /// Connections each caller listener holds at once; past it new ones are closed at once
     /// [default: sized from the open-files limit, keeping a reserve for the admin listener and
     /// the upstreams].
@@ -227,6 +235,8 @@ fn overrides(args: &ProxyArgs) -> Overrides {
         shadow: args.shadow,
         header_read_timeout: args.header_read_timeout,
         idle_timeout: args.idle_timeout,
+        body_timeout: args.body_timeout,
+        response_idle_timeout: args.response_idle_timeout,
         max_connections: args.max_connections,
         admin_allow_remote: args.admin_allow_remote,
         admin_token: args.admin_token.clone(),

@@ -27,6 +27,10 @@ pub struct Overrides {
     pub header_read_timeout: Option<Duration>,
     /// `--idle-timeout`: [`ConnectionConfig::idle_timeout`](super::ConnectionConfig::idle_timeout).
     pub idle_timeout: Option<Duration>,
+    /// `--body-timeout`: [`ProxyConfig::body_timeout`].
+    pub body_timeout: Option<Duration>,
+    /// `--response-idle-timeout`: [`ProxyConfig::response_idle_timeout`].
+    pub response_idle_timeout: Option<Duration>,
     /// `--max-connections`: [`ConnectionConfig::max_connections`](super::ConnectionConfig::max_connections).
     pub max_connections: Option<usize>,
     /// `--admin-allow-remote`: [`AdminAccessConfig::allow_remote`](super::AdminAccessConfig::allow_remote).
@@ -57,6 +61,12 @@ impl Overrides {
         }
         if let Some(t) = self.idle_timeout {
             config.connections.idle_timeout = t;
+        }
+        if let Some(t) = self.body_timeout {
+            config.body_timeout = t;
+        }
+        if let Some(t) = self.response_idle_timeout {
+            config.response_idle_timeout = t;
         }
         if let Some(n) = self.max_connections {
             config.connections.max_connections = Some(n);

@@ -145,9 +145,12 @@ impl Overrides {
         if self.shadow {
             m.insert("shadow".into(), true.into());
         }
-        for (key, t) in
-            [("header_read_timeout", self.header_read_timeout), ("idle_timeout", self.idle_timeout)]
-        {
+        for (key, t) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("body_timeout", self.body_timeout),
+            ("response_idle_timeout", self.response_idle_timeout),
+        ] {
             if let Some(t) = t {
                 m.insert(key.into(), format!("{}ms", t.as_millis()).into());
             }
