@@ -33,6 +33,18 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
+/// The size hint of a body made of `held` bytes already in hand followed by a body whose hint is
+/// `rest`: both bounds moved up by `held` (saturating; the upper bound set before the lower, so
+/// the hint never refuses its own values).
+pub fn hint_after(held: u64, rest: &SizeHint) -> SizeHint {
+    let mut s = SizeHint::new();
+    if let Some(u) = rest.upper() {
+        s.set_upper(u.saturating_add(held));
+    }
+    s.set_lower(rest.lower().saturating_add(held));
+    s
+}
+
 /// The default copy limit: 64 KiB ([`stormguard_core::defaults::BODY_LIMIT`]).
 pub const DEFAULT_LIMIT: usize = stormguard_core::defaults::BODY_LIMIT;
 
@@ -284,12 +296,7 @@ where
             None if shared.read == 0 => shared.hint,
             None => shared.original.as_ref().map(|o| o.size_hint()).unwrap_or_default(),
         };
-        let mut s = SizeHint::new();
-        s.set_lower(rest.lower().saturating_add(behind));
-        if let Some(u) = rest.upper() {
-            s.set_upper(u.saturating_add(behind));
-        }
-        s
+        hint_after(behind, &rest)
     }
 }
 

@@ -247,15 +247,7 @@ impl Body for CallerBody {
         let head: u64 = self.head.iter().map(|b| b.len() as u64).sum();
         match &self.rest {
             None => SizeHint::with_exact(head),
-            Some(r) => {
-                let h = r.size_hint();
-                let mut s = SizeHint::new();
-                s.set_lower(h.lower().saturating_add(head));
-                if let Some(u) = h.upper() {
-                    s.set_upper(u.saturating_add(head));
-                }
-                s
-            }
+            Some(r) => stormguard_http::body::hint_after(head, &r.size_hint()),
         }
     }
 }

@@ -61,12 +61,8 @@ impl Body for ProviderBody {
 
     fn size_hint(&self) -> SizeHint {
         let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
-        let mut hint = self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        hint.set_lower(hint.lower() + head);
-        if let Some(upper) = hint.upper() {
-            hint.set_upper(upper + head);
-        }
-        hint
+        let rest = self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        stormguard_http::body::hint_after(head, &rest)
     }
 }
 

@@ -137,13 +137,7 @@ impl Body for Relay {
             }
             Relay::Direct { frames, body, .. } => {
                 let read: u64 = frames.iter().map(|f| data_len(f) as u64).sum();
-                let h = body.size_hint();
-                let mut s = SizeHint::new();
-                s.set_lower(h.lower().saturating_add(read));
-                if let Some(u) = h.upper() {
-                    s.set_upper(u.saturating_add(read));
-                }
-                s
+                stormguard_http::body::hint_after(read, &body.size_hint())
             }
             Relay::Piped(r) => r.hint.clone(),
         }

@@ -242,6 +242,8 @@ struct Sending(AtomicU64);
 struct Counted {
     left: usize,
     sending: Arc<Sending>,
+    /// Sent 8 KiB at a time, 2 ms apart (`/drip/N`): no read takes it whole.
+    drip: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Drop for Counted {
@@ -256,13 +258,20 @@ impl http_body::Body for Counted {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         static CHUNK: [u8; 64 * 1024] = [b'x'; 64 * 1024];
         if self.left == 0 {
             return Poll::Ready(None);
         }
-        let n = self.left.min(CHUNK.len());
+        let mut n = self.left.min(CHUNK.len());
+        if let Some(t) = self.drip.as_mut() {
+            if t.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            t.as_mut().reset(tokio::time::Instant::now() + ms(2));
+            n = n.min(8 * 1024);
+        }
         self.left -= n;
         Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(&CHUNK[..n])))))
     }
@@ -282,7 +291,10 @@ async fn hostile_upstream() -> (Upstream, Arc<Sending>) {
         async move {
             sending.0.fetch_add(1, Ordering::SeqCst);
             let path = req.uri().path().to_string();
-            let left = match path.strip_prefix("/big/") {
+            let drip = path
+                .starts_with("/drip/")
+                .then(|| Box::pin(tokio::time::sleep(Duration::ZERO)));
+            let left = match path.strip_prefix("/big/").or_else(|| path.strip_prefix("/drip/")) {
                 Some(n) => n.parse().unwrap(),
                 None => {
                     if path == "/sink" {
@@ -291,7 +303,7 @@ async fn hostile_upstream() -> (Upstream, Arc<Sending>) {
                     2
                 }
             };
-            let body = Counted { left, sending };
+            let body = Counted { left, sending, drip };
             http::Response::new(http_body_util::BodyExt::boxed(body))
         }
     })
@@ -320,7 +332,7 @@ async fn get_path(c: &TestClient, addr: SocketAddr, path: &str) -> (StatusCode, 
     (parts.status, parts.headers)
 }
 
-/// Opens one HTTP/2 connection and 20 streams of `/big/102400`, takes their heads and reads
+/// Opens one HTTP/2 connection and 20 streams of `/drip/102400`, takes their heads and reads
 /// nothing (no WINDOW_UPDATE is ever sent; PINGs are answered). Returns what keeps them open.
 async fn stalled_h2_streams(addr: SocketAddr) -> Vec<h2::RecvStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
@@ -331,7 +343,7 @@ async fn stalled_h2_streams(addr: SocketAddr) -> Vec<h2::RecvStream> {
     let mut heads = Vec::new();
     for _ in 0..20 {
         let mut send = send.clone().ready().await.unwrap();
-        let req = Request::get(format!("http://{addr}/big/102400")).body(()).unwrap();
+        let req = Request::get(format!("http://{addr}/drip/102400")).body(()).unwrap();
         heads.push(send.send_request(req, true).unwrap().0);
     }
     let mut bodies = Vec::new();
@@ -343,7 +355,8 @@ async fn stalled_h2_streams(addr: SocketAddr) -> Vec<h2::RecvStream> {
     bodies
 }
 
-/// One HTTP/2 connection with 20 streams that never grant window, each answered 100 KiB: with
+/// One HTTP/2 connection with 20 streams that never grant window, each answered 100 KiB (8 KiB
+/// every 2 ms, so no answer is whole when its head is): with
 /// a cap of 20 they held every slot. Read ahead (the default 1 MiB buffer) the upstream
 /// finishes every answer and the slots come back: a normal GET is answered 200 within 1 s.
 /// With reading ahead off, the same 20 streams take the cap and the GET is refused `queue`.
@@ -511,5 +524,166 @@ async fn dribbled_bodies_are_cut_by_the_whole_body_bound() {
     for d in all {
         d.abort();
     }
+    p.shutdown().await;
+}
+
+/// A provider-shaped upstream: a POST is answered with the `usage` its `x-usage` header asks for
+/// (a count the upstream makes up), or 429 with a one-day reset when asked `x-reset: day`.
+async fn lying_provider() -> Upstream {
+    upstream(Serve::default(), |req: http::Request<hyper::body::Incoming>| async move {
+        let h = |name: &str| {
+            req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+        };
+        if h("x-reset").is_some() {
+            let mut resp = http::Response::new(support::full("{\"error\":{\"type\":\"requests\"}}"));
+            *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            resp.headers_mut().insert("x-ratelimit-reset-requests", "23h59m0s".parse().unwrap());
+            return resp;
+        }
+        let prompt = h("x-usage").unwrap_or_else(|| "5".into());
+        http::Response::new(support::full(format!(
+            "{{\"id\":\"x\",\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":5}}}}"
+        )))
+    })
+    .await
+}
+
+async fn provider_proxy(up: &Upstream, tune: impl FnOnce(&mut ProxyDependency)) -> ProxyHandle {
+    let mut d = ProxyDependency::new("llm", format!("http://{}", up.addr).parse().unwrap());
+    d.rate.provider = Some(stormguard_tower::Provider::OpenAi);
+    d.queue_timeout = ms(300);
+    tune(&mut d);
+    let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+    c.admin = None;
+    start(c).await.unwrap()
+}
+
+async fn chat(c: &TestClient, addr: SocketAddr, header: Option<(&str, &str)>) -> (StatusCode, http::HeaderMap) {
+    let mut req = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json");
+    if let Some((k, v)) = header {
+        req = req.header(k, v);
+    }
+    let req = req.body(Full::new(Bytes::from_static(br#"{"max_tokens":100}"#))).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(2), c.request(req)).await.unwrap().unwrap();
+    let (parts, body) = resp.into_parts();
+    body.collect().await.unwrap();
+    (parts.status, parts.headers)
+}
+
+/// An answer whose `usage` says `1e30` (or 2^64 − 1) prompt tokens, under 100 000 tokens a
+/// minute: the count is clamped to 16 × the request's estimate, so the next first try within the
+/// limit is served. A negative count is ignored, not read as positive. Both are counted as
+/// malformed. With no clamp (`usage_max_factor` at its maximum) the bucket falls a whole window
+/// into debt and the next first try is refused `rate` — for one window, not for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_usage_count_does_not_stop_traffic() {
+    use stormguard_http::headers::HeaderKind;
+    let up = lying_provider().await;
+    let c = client();
+    for lie in ["1e30", "18446744073709551615", "-100000000", "12.5", "1e1"] {
+        let p = provider_proxy(&up, |d| d.rate.tokens_per_minute = Some(100_000)).await;
+        let addr = p.listen_addrs()[0];
+        let (status, _) = chat(&c, addr, Some(("x-usage", lie))).await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, headers) = chat(&c, addr, None).await;
+        assert_eq!(status, StatusCode::OK, "after a usage of {lie}: {headers:?}");
+        let malformed = p.dependency("llm").unwrap().snapshot().malformed_headers;
+        let expected = u64::from(lie != "1e1"); // 1e1 is 10: a count
+        assert_eq!(malformed.get(HeaderKind::Usage), expected, "{lie}");
+        p.shutdown().await;
+    }
+
+    // Unprotected: no clamp.
+    let p = provider_proxy(&up, |d| {
+        d.rate.tokens_per_minute = Some(100_000);
+        d.rate.usage_max_factor = u64::MAX;
+    })
+    .await;
+    let addr = p.listen_addrs()[0];
+    let (status, _) = chat(&c, addr, Some(("x-usage", "1e30"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, headers) = chat(&c, addr, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["x-stormguard-denied"], "rate");
+    p.shutdown().await;
+}
+
+/// A 429 whose `x-ratelimit-reset-requests` says 23h59m: admission is held for `max_hold` (1 s
+/// here), then first tries are served again. With `max_hold` past a day, the one answer refuses
+/// every first try for the day.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_long_reset_holds_admission_at_most_max_hold() {
+    let up = lying_provider().await;
+    let c = client();
+    let tune = |d: &mut ProxyDependency| {
+        d.rate.requests_per_minute = Some(600);
+        d.rate.max_hold = ms(1_000);
+    };
+    let p = provider_proxy(&up, tune).await;
+    let addr = p.listen_addrs()[0];
+    let (status, _) = chat(&c, addr, Some(("x-reset", "day"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let held = tokio::time::Instant::now();
+    let (status, headers) = chat(&c, addr, None).await;
+    assert_eq!(headers.get("x-stormguard-denied").map(|v| v.to_str().unwrap()), Some("rate"));
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    loop {
+        let (status, _) = chat(&c, addr, None).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(held.elapsed() < ms(2_500), "served again within max_hold");
+        tokio::time::sleep(ms(100)).await;
+    }
+    p.shutdown().await;
+
+    // Unprotected: the hold as long as the upstream says.
+    let p = provider_proxy(&up, |d| {
+        d.rate.requests_per_minute = Some(600);
+        d.rate.max_hold = Duration::from_secs(2 * 86_400);
+    })
+    .await;
+    let addr = p.listen_addrs()[0];
+    let (status, _) = chat(&c, addr, Some(("x-reset", "day"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::sleep(ms(2_500)).await;
+    let (status, headers) = chat(&c, addr, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["x-stormguard-denied"], "rate");
+    p.shutdown().await;
+}
+
+/// 1 000 idle connections on the admin listener (64 at most): each new one pushes out the one
+/// idle longest, so `/healthz` is answered within 1 s however many idle connections come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_probes_are_answered_under_an_idle_flood() {
+    let (up, _) = hostile_upstream().await;
+    let mut d = ProxyDependency::new("pay", format!("http://{}", up.addr).parse().unwrap());
+    d.cap = 20;
+    let mut c = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+    c.admin = Some("127.0.0.1:0".parse().unwrap());
+    let p = start(c).await.unwrap();
+    let admin = p.admin_addr().unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..1_000 {
+        if let Ok(s) = TcpStream::connect(admin).await {
+            flood.push(s);
+        }
+    }
+    let started = tokio::time::Instant::now();
+    let probe = async {
+        let mut s = TcpStream::connect(admin).await.unwrap();
+        s.write_all(format!("GET /healthz HTTP/1.1\r\nhost: {admin}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = vec![0u8; 1024];
+        let n = s.read(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out[..n]).into_owned()
+    };
+    let text = tokio::time::timeout(Duration::from_secs(1), probe).await.expect("within 1 s");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    drop(flood);
     p.shutdown().await;
 }

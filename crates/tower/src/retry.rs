@@ -980,15 +980,7 @@ where
         let head = self.kept.as_ref().and_then(|k| k.head.as_ref()).map_or(0, |h| h.len() as u64);
         match &self.rest {
             None => SizeHint::with_exact(head),
-            Some(r) => {
-                let h = r.size_hint();
-                let mut s = SizeHint::new();
-                s.set_lower(h.lower() + head);
-                if let Some(u) = h.upper() {
-                    s.set_upper(u + head);
-                }
-                s
-            }
+            Some(r) => stormguard_http::body::hint_after(head, &r.size_hint()),
         }
     }
 }
