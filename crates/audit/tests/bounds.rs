@@ -179,6 +179,17 @@ fn unreadable_envoy_values_are_findings() {
     assert!(found.iter().any(|f| f.2.starts_with("`num_retries: many`")));
     // Not also reported as "without num_retries": it is there, just unreadable.
     assert!(!r.findings.iter().any(|f| f.rule.id() == "default-retries"), "{:#?}", r.findings);
+    // `num_retries` is a uint32: past it, and below 0, Envoy refuses the route; neither is read
+    // as 4 294 967 295 retries.
+    for bad in ["4294967296", "-1"] {
+        let text = format!(
+            "virtual_hosts:\n- name: api\n  routes:\n  - match: {{prefix: /}}\n    route:\n      cluster: orders\n      retry_policy: {{num_retries: {bad}}}\n"
+        );
+        let r = audit("routes.yaml", &text).unwrap();
+        let found = unreadable(&r);
+        assert_eq!(found.len(), 1, "{bad}: {found:#?}");
+        assert!(found[0].2.starts_with(&format!("`num_retries: {bad}`")), "{found:#?}");
+    }
 }
 
 #[test]

@@ -156,6 +156,9 @@ pub fn classify_io(error: &std::io::Error, before_write: bool) -> TransportError
         }
         TimedOut | WouldBlock => TransportError::Timeout,
         _ if before_write => TransportError::Connect,
+        // What the dependency sent could not be read (hyper's decoder says so of a malformed
+        // chunk): the same request would get it again.
+        InvalidData | InvalidInput => TransportError::Protocol,
         _ => TransportError::Reset,
     }
 }

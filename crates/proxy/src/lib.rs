@@ -49,6 +49,7 @@ mod forward;
 pub mod grpc;
 mod hop;
 mod listener;
+mod path;
 mod pool;
 mod provider;
 mod pushback;

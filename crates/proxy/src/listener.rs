@@ -112,6 +112,22 @@ pub(crate) struct ListenerStats {
     closed: [AtomicU64; Closed::ALL.len()],
     /// When the limit was last logged at warn (at most every 10 s).
     limit_warned: Mutex<Option<Instant>>,
+    /// When a failed accept was last logged at warn (at most every 10 s), and the failures
+    /// since.
+    accept_warned: Mutex<Option<Instant>>,
+    accept_failed: AtomicU64,
+}
+
+/// Whether a warning last given at `*last` may be given again now (at most every 10 s): one
+/// client cannot fill the log with one line per connection.
+fn warn_due(last: &Mutex<Option<Instant>>) -> bool {
+    let now = Instant::now();
+    let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+    let due = last.is_none_or(|t| now >= t + Duration::from_secs(10));
+    if due {
+        *last = Some(now);
+    }
+    due
 }
 
 impl ListenerStats {
@@ -123,6 +139,8 @@ impl ListenerStats {
             accepted: AtomicU64::new(0),
             closed: Default::default(),
             limit_warned: Mutex::new(None),
+            accept_warned: Mutex::new(None),
+            accept_failed: AtomicU64::new(0),
         }
     }
 
@@ -130,13 +148,22 @@ impl ListenerStats {
         self.closed[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An accept failed: logged at debug each time, at warn at most every 10 s (with the count
+    /// since), so a flood of connections reset before they are accepted is one line, not one a
+    /// connection.
+    fn accept_failed(&self, e: &io::Error) {
+        let n = self.accept_failed.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::debug!(listener = %self.label, error = %e, "accept failed");
+        if warn_due(&self.accept_warned) {
+            self.accept_failed.store(0, Ordering::Relaxed);
+            tracing::warn!(listener = %self.label, error = %e, failures = n, "accept failed (logged at most every 10 s)");
+        }
+    }
+
     fn refuse(&self, peer: SocketAddr) {
         self.count(Closed::Limit);
         tracing::debug!(listener = %self.label, %peer, reason = "limit", "connection closed");
-        let now = Instant::now();
-        let mut last = self.limit_warned.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.is_none_or(|t| now >= t + Duration::from_secs(10)) {
-            *last = Some(now);
+        if warn_due(&self.limit_warned) {
             tracing::warn!(
                 listener = %self.label,
                 max_connections = self.max,
@@ -607,10 +634,15 @@ where
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
-                    // Out of descriptors (EMFILE) among others: the reserve is for the admin
-                    // listener and the upstreams, so wait for connections to close.
-                    tracing::warn!(listener = %stats.label, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    stats.accept_failed(&e);
+                    // Out of descriptors (EMFILE) or memory: the reserve is for the admin
+                    // listener and the upstreams, so wait for connections to close. A
+                    // connection reset before it was accepted is that connection's alone.
+                    if e.kind() != io::ErrorKind::ConnectionAborted
+                        && e.kind() != io::ErrorKind::ConnectionReset
+                    {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                     continue;
                 }
             },

@@ -232,7 +232,10 @@ async fn respond(
     // The caller's target, for the route and the access log: a clone of the parsed URI shares
     // its bytes.
     let target = req.uri().clone();
-    let path = target.path();
+    // The path the route is chosen by, and the upstream is sent: dot segments resolved,
+    // slashes merged (`crate::path`).
+    let path = crate::path::normalize(target.path());
+    let path = path.as_ref();
     if method == Method::CONNECT {
         state.refused_not_routable.fetch_add(1, Ordering::Relaxed);
         return local(
@@ -305,8 +308,17 @@ async fn respond(
     }
     // The upstream's address, the caller's path and query, HTTP/1.1 to the upstream.
     let mut uri = dep.upstreams[0].clone().into_parts();
-    uri.path_and_query =
-        parts.uri.path_and_query().cloned().or_else(|| Some("/".parse().expect("a valid path")));
+    uri.path_and_query = match parts.uri.path_and_query() {
+        Some(pq) if pq.path() == path => Some(pq.clone()),
+        Some(pq) => {
+            let normalized = match pq.query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path.to_string(),
+            };
+            normalized.parse().ok()
+        }
+        None => Some("/".parse().expect("a valid path")),
+    };
     parts.uri = match Uri::from_parts(uri) {
         Ok(u) => u,
         Err(_) => {

@@ -241,9 +241,11 @@ async fn an_invalid_upstream_answer_is_a_502_not_retried() {
 /// connection. Before, it got nothing at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_upstream_body_never_leaves_the_caller_with_nothing() {
-    for answer in [
-        &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n"[..],
-        &b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort"[..],
+    for (answer, kind) in [
+        // Not valid HTTP: `protocol`, as docs/proxy.md promises.
+        (&b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n"[..], "protocol"),
+        // Valid, but the connection closed early: `reset`.
+        (&b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort"[..], "reset"),
     ] {
         let (up, _) = raw_upstream(answer).await;
         let p = proxy(ProxyDependency::new("api", format!("http://{up}").parse().unwrap())).await;
@@ -256,6 +258,8 @@ async fn a_malformed_upstream_body_never_leaves_the_caller_with_nothing() {
         );
         if text.starts_with("HTTP/1.1 200") {
             assert!(!text.contains("hello") || !text.ends_with("0\r\n\r\n"), "cut short: {text:?}");
+        } else {
+            assert!(text.contains(&format!("x-stormguard-error: {kind}")), "{text:?}");
         }
         eprintln!("caller saw: {:?}", text.lines().next());
         p.shutdown().await;

@@ -132,7 +132,7 @@ fn route_config(c: &mut Collector, file: &str, rc: &Node) {
             };
             layer.methods = methods(route.get("match").unwrap_or(Node::empty()));
             if let Some(p) = policy {
-                let n = settings.u64(c, "num_retries", p.get("num_retries"));
+                let n = settings.u32(c, "num_retries", p.get("num_retries"));
                 if crate::formats::absent(p.get("num_retries")) {
                     c.finding(
                         Severity::Info,
@@ -144,7 +144,7 @@ fn route_config(c: &mut Collector, file: &str, rc: &Node) {
                     );
                 }
                 let n = n.unwrap_or(1);
-                layer.attempts = Some(u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1));
+                layer.attempts = Some(n.saturating_add(1));
                 layer.per_try_timeout =
                     settings.duration(c, "per_try_timeout", p.get("per_try_timeout"));
                 layer.retry_on =

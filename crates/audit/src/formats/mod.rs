@@ -50,6 +50,13 @@ impl Settings<'_> {
         self.read(c, key, node, Node::as_u64, "a whole number", "2")
     }
 
+    /// A whole number that fits 32 bits (protobuf's `uint32`, as Envoy's `num_retries`): a
+    /// larger one is refused by the runtime, not read as its maximum.
+    pub fn u32(&self, c: &mut Collector, key: &str, node: Option<&Node>) -> Option<u32> {
+        let parse = |n: &Node| n.as_u64().and_then(|v| u32::try_from(v).ok());
+        self.read(c, key, node, parse, "a whole number from 0 to 4294967295", "2")
+    }
+
     /// A number.
     pub fn f64(&self, c: &mut Collector, key: &str, node: Option<&Node>) -> Option<f64> {
         self.read(c, key, node, Node::as_f64, "a number", "0.2")
