@@ -262,7 +262,8 @@ impl<'t> Document<'t> {
             Ok(doc) => Ok(Document { file: file.to_string(), text, doc }),
             Err(e) => {
                 let at = e.span().map_or(0, |s| s.start);
-                Err(invalid(file, text, at, KeyPath::root(), Problem::Syntax(message(e.message()))))
+                let key = key_at(text, at);
+                Err(invalid(file, text, at, key, Problem::Syntax(message(e.message()))))
             }
         }
     }
@@ -360,6 +361,53 @@ impl<'a> Node<'a> {
             _ => None,
         }
     }
+}
+
+/// The key whose value holds byte `at` of a file that did not parse (`cap =
+/// 99999999999999999999999999` is TOML, but past any integer): read from the text, since there
+/// is no document. The key on that line after the table header above it (`[[dependency]]`
+/// counted, `[dependency.tls]` under the last one); the root when the error is not in a
+/// `key = value` line's value.
+fn key_at(text: &str, at: usize) -> KeyPath {
+    let at = at.min(text.len());
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let bare = |k: &str| {
+        !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    let Some((k, _)) = line.split_once('=') else { return KeyPath::root() };
+    let parts: Vec<&str> = k.trim().split('.').map(str::trim).collect();
+    if line_start + k.len() >= at || !parts.iter().all(|p| bare(p)) {
+        return KeyPath::root();
+    }
+    let mut arrays: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut table = KeyPath::root();
+    for l in text[..line_start].lines() {
+        let l = l.trim();
+        let (name, array) = if let Some(n) = l.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+            (n.trim(), true)
+        } else if let Some(n) = l.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            (n.trim(), false)
+        } else {
+            continue;
+        };
+        if array {
+            let n = arrays.entry(name).or_insert(0);
+            table = KeyPath::root().key(name).index(*n);
+            *n += 1;
+            continue;
+        }
+        let mut segs = name.split('.').map(str::trim);
+        let first = segs.next().unwrap_or("");
+        table = KeyPath::root().key(first);
+        if let Some(n) = arrays.get(first) {
+            table = table.index(n.saturating_sub(1));
+        }
+        for seg in segs {
+            table = table.key(seg);
+        }
+    }
+    parts.into_iter().fold(table, |p, k| p.key(k))
 }
 
 /// A syntax or shape message as one line: the parser's multi-line messages joined.

@@ -114,6 +114,15 @@ pub const ABANDON_HOLD: Duration = Duration::from_secs(30);
 /// [`MAX_PUSHBACK`] puts on a retry's wait.
 pub const MAX_HOLD: Duration = MAX_PUSHBACK;
 
+/// How long a spent quota (OpenAI's `insufficient_quota`) holds the upstream.
+pub const QUOTA_HOLD: Duration = Duration::from_secs(60);
+
+/// How long an overloaded answer (Anthropic's 529, OpenAI's 503) cools the upstream down.
+pub const OVERLOAD_COOL_DOWN: Duration = Duration::from_secs(1);
+
+/// Distinct `client` label values the proxy keeps; later callers are counted as `other`.
+pub const CLIENT_MAX: usize = 32;
+
 /// How far an answer's stated token `usage` may exceed the request's own estimate (× this):
 /// above it the count is clamped. A provider's real count is within a small factor of the
 /// estimate (the estimate errs high: four bytes a token, the output maximum asked); a count of

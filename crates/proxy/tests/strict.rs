@@ -37,6 +37,7 @@ async fn echo() -> (SocketAddr, Arc<AtomicU64>) {
                     let count = count.clone();
                     async move {
                         count.fetch_add(1, Ordering::SeqCst);
+                        let path = req.uri().path().to_string();
                         let hosts: Vec<String> = req
                             .headers()
                             .get_all(http::header::HOST)
@@ -45,9 +46,9 @@ async fn echo() -> (SocketAddr, Arc<AtomicU64>) {
                             .collect();
                         let len = req.into_body().collect().await.unwrap().to_bytes().len();
                         let text = format!("{}|{len}", hosts.join(","));
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                            text,
-                        ))))
+                        let mut resp = Response::new(Full::new(Bytes::from(text)));
+                        resp.headers_mut().insert("x-path", path.parse().unwrap());
+                        Ok::<_, std::convert::Infallible>(resp)
                     }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
@@ -147,6 +148,47 @@ async fn absolute_form_sets_the_host_from_the_target() {
     let text = raw(p.listen_addrs()[0], req.as_bytes()).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert_eq!(body_of(&text), format!("{up}|0"));
+    p.shutdown().await;
+}
+
+/// A route is chosen by the path with dot segments resolved and slashes merged, and that path
+/// is what the upstream gets: `/checkout/../admin` is not the `/checkout` route's (its
+/// dependency, its budget), whatever way its dots are spelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_are_matched_on_the_normalized_path() {
+    let (checkout, to_checkout) = echo().await;
+    let (other, to_other) = echo().await;
+    let mut c = ProxyConfig::single(
+        "127.0.0.1:0".parse().unwrap(),
+        ProxyDependency::new("other", format!("http://{other}").parse().unwrap()),
+    );
+    c.dependencies.push(ProxyDependency::new("checkout", format!("http://{checkout}").parse().unwrap()));
+    c.routes.push(stormguard_proxy::config::RouteConfig {
+        host: None,
+        path_prefix: "/checkout".into(),
+        dependency: "checkout".into(),
+        budget: None,
+        idempotent: false,
+    });
+    c.admin = None;
+    let p = start(c).await.unwrap();
+    let addr = p.listen_addrs()[0];
+    for (target, to_route, forwarded) in [
+        ("/checkout/../admin", false, "/admin"),
+        ("/checkout/%2e%2E/admin?x=1", false, "/admin"),
+        ("/checkout/./pay", true, "/checkout/pay"),
+        ("//checkout//pay", true, "/checkout/pay"),
+        ("/checkout/pay", true, "/checkout/pay"),
+    ] {
+        let before = (to_checkout.load(Ordering::SeqCst), to_other.load(Ordering::SeqCst));
+        let req = format!("GET {target} HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n");
+        let text = raw(addr, req.as_bytes()).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{target}: {text}");
+        assert!(text.contains(&format!("x-path: {forwarded}\r\n")), "{target}: {text}");
+        let after = (to_checkout.load(Ordering::SeqCst), to_other.load(Ordering::SeqCst));
+        let want = if to_route { (before.0 + 1, before.1) } else { (before.0, before.1 + 1) };
+        assert_eq!(after, want, "{target}");
+    }
     p.shutdown().await;
 }
 

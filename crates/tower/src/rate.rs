@@ -163,8 +163,8 @@ impl Default for RateAdmission {
             output_tokens_per_minute: None,
             learn: false,
             provider: None,
-            quota_hold: Duration::from_secs(60),
-            overload_cool_down: Duration::from_secs(1),
+            quota_hold: stormguard_core::defaults::QUOTA_HOLD,
+            overload_cool_down: stormguard_core::defaults::OVERLOAD_COOL_DOWN,
             max_hold: stormguard_core::defaults::MAX_HOLD,
             usage_max_factor: stormguard_core::defaults::USAGE_MAX_FACTOR,
         }

@@ -25,7 +25,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = defaults::DRAIN_TIMEOUT;
 /// The default `body_idle_timeout`: 10 s.
 pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = defaults::BODY_IDLE_TIMEOUT;
 /// Distinct `client` label values by default.
-pub const DEFAULT_CLIENT_MAX: usize = 32;
+pub const DEFAULT_CLIENT_MAX: usize = defaults::CLIENT_MAX;
 /// The default `header_read_timeout`: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = defaults::HEADER_READ_TIMEOUT;
 /// The default `idle_timeout`: 60 s.

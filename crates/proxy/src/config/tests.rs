@@ -36,6 +36,19 @@ fn full_config() {
 }
 
 #[test]
+fn a_value_past_toml_names_its_key() {
+    // Not a shape error but a syntax one (no TOML integer holds it): the key is still named.
+    let e = err(&format!("{BASE}cap = 99999999999999999999999999\n"));
+    assert!(e.starts_with("f.toml:8:7: dependency[0].cap: "), "{e}");
+    let e = err(&format!("{BASE}\n[dependency.breaker]\nwindow = 1e999999\n"));
+    assert!(e.starts_with("f.toml:10:10: dependency[0].breaker.window: "), "{e}");
+    // A line that is no `key = value` names no key.
+    let e = err(&format!("{BASE}[[nope\n"));
+    assert!(e.starts_with("f.toml:8:"), "{e}");
+    assert!(!e.contains("nope:"), "{e}");
+}
+
+#[test]
 fn errors_name_file_line_column_and_key() {
     assert_eq!(
         err(&format!("{BASE}cap = \"x\"\n")),
