@@ -384,7 +384,8 @@ fn key_at(text: &str, at: usize) -> KeyPath {
     let mut table = KeyPath::root();
     for l in text[..line_start].lines() {
         let l = l.trim();
-        let (name, array) = if let Some(n) = l.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+        let (name, array) = if let Some(n) = l.strip_prefix("[[").and_then(|r| r.strip_suffix("]]"))
+        {
             (n.trim(), true)
         } else if let Some(n) = l.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
             (n.trim(), false)

@@ -299,11 +299,9 @@ impl Number {
         }
         match text.parse::<f64>() {
             // `1e3` is an integer; `1e30` is past every count and saturates.
-            Ok(v) if v >= 0.0 && v.fract() == 0.0 => Number::Count(if v >= u64::MAX as f64 {
-                u64::MAX
-            } else {
-                v as u64
-            }),
+            Ok(v) if v >= 0.0 && v.fract() == 0.0 => {
+                Number::Count(if v >= u64::MAX as f64 { u64::MAX } else { v as u64 })
+            }
             _ => Number::Other,
         }
     }
@@ -345,7 +343,8 @@ fn top_level_numbers(json: &[u8]) -> Vec<(String, Number)> {
                 // The whole token: a sign is part of the number, not skipped over.
                 let start = i;
                 i += 1;
-                while i < json.len() && matches!(json[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                while i < json.len()
+                    && matches!(json[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
                 {
                     i += 1;
                 }

@@ -53,8 +53,7 @@ fn dots(seg: &str) -> Option<usize> {
     while !rest.is_empty() {
         if rest[0] == b'.' {
             rest = &rest[1..];
-        } else if rest.len() >= 3 && rest[0] == b'%' && rest[1] == b'2' && rest[2] | 0x20 == b'e'
-        {
+        } else if rest.len() >= 3 && rest[0] == b'%' && rest[1] == b'2' && rest[2] | 0x20 == b'e' {
             rest = &rest[3..];
         } else {
             return None;

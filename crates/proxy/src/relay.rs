@@ -139,7 +139,7 @@ impl Body for Relay {
                 let read: u64 = frames.iter().map(|f| data_len(f) as u64).sum();
                 stormguard_http::body::hint_after(read, &body.size_hint())
             }
-            Relay::Piped(r) => r.hint.clone(),
+            Relay::Piped(r) => r.hint,
         }
     }
 }
@@ -355,7 +355,7 @@ impl Body for Reader {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.hint.clone()
+        self.hint
     }
 }
 

@@ -291,9 +291,8 @@ async fn hostile_upstream() -> (Upstream, Arc<Sending>) {
         async move {
             sending.0.fetch_add(1, Ordering::SeqCst);
             let path = req.uri().path().to_string();
-            let drip = path
-                .starts_with("/drip/")
-                .then(|| Box::pin(tokio::time::sleep(Duration::ZERO)));
+            let drip =
+                path.starts_with("/drip/").then(|| Box::pin(tokio::time::sleep(Duration::ZERO)));
             let left = match path.strip_prefix("/big/").or_else(|| path.strip_prefix("/drip/")) {
                 Some(n) => n.parse().unwrap(),
                 None => {
@@ -531,11 +530,11 @@ async fn dribbled_bodies_are_cut_by_the_whole_body_bound() {
 /// (a count the upstream makes up), or 429 with a one-day reset when asked `x-reset: day`.
 async fn lying_provider() -> Upstream {
     upstream(Serve::default(), |req: http::Request<hyper::body::Incoming>| async move {
-        let h = |name: &str| {
-            req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
-        };
+        let h =
+            |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         if h("x-reset").is_some() {
-            let mut resp = http::Response::new(support::full("{\"error\":{\"type\":\"requests\"}}"));
+            let mut resp =
+                http::Response::new(support::full("{\"error\":{\"type\":\"requests\"}}"));
             *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             resp.headers_mut().insert("x-ratelimit-reset-requests", "23h59m0s".parse().unwrap());
             return resp;
@@ -558,7 +557,11 @@ async fn provider_proxy(up: &Upstream, tune: impl FnOnce(&mut ProxyDependency)) 
     start(c).await.unwrap()
 }
 
-async fn chat(c: &TestClient, addr: SocketAddr, header: Option<(&str, &str)>) -> (StatusCode, http::HeaderMap) {
+async fn chat(
+    c: &TestClient,
+    addr: SocketAddr,
+    header: Option<(&str, &str)>,
+) -> (StatusCode, http::HeaderMap) {
     let mut req = Request::post(format!("http://{addr}/v1/chat/completions"))
         .header("content-type", "application/json");
     if let Some((k, v)) = header {

@@ -388,7 +388,8 @@ async fn the_connection_limit_refuses_past_it_and_admin_stays_reachable() {
     // Answered, the ten sit idle: a new caller pushes the idlest out and is served.
     for s in &mut busy {
         let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
+        let n =
+            tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
     }
     assert_eq!(normal_get(addr).await, StatusCode::OK);

@@ -162,7 +162,8 @@ async fn routes_are_matched_on_the_normalized_path() {
         "127.0.0.1:0".parse().unwrap(),
         ProxyDependency::new("other", format!("http://{other}").parse().unwrap()),
     );
-    c.dependencies.push(ProxyDependency::new("checkout", format!("http://{checkout}").parse().unwrap()));
+    c.dependencies
+        .push(ProxyDependency::new("checkout", format!("http://{checkout}").parse().unwrap()));
     c.routes.push(stormguard_proxy::config::RouteConfig {
         host: None,
         path_prefix: "/checkout".into(),
