@@ -81,6 +81,13 @@ pub fn filter(value: Option<&str>) -> Result<EnvFilter, Failure> {
     let spec = value.map(str::trim).filter(|s| !s.is_empty()).unwrap_or(DEFAULT_FILTER);
     let bad = |e: &dyn std::fmt::Display| Failure::usage(format!("{ENV}={spec:?}: {e}"));
     let filter = EnvFilter::builder().parse(spec).map_err(|e| bad(&e))?;
+    let mut filter = filter;
+    // h2 warns once per connection that resets streams too fast; the proxy says it itself, at
+    // most every 10 s (a caller must not be able to fill the log). Named in the value, it is
+    // as the value says.
+    if !spec.split([',', '=', ':']).any(|t| t.trim() == "h2") {
+        filter = filter.add_directive("h2=error".parse().map_err(|e| bad(&e))?);
+    }
     if spec.contains(stormguard_tower::span::TARGET) {
         return Ok(filter);
     }
@@ -208,8 +215,12 @@ mod tests {
 
     #[test]
     fn the_filter_reads_env_filter_syntax_and_refuses_what_it_cannot_read() {
-        assert_eq!(filter(None).unwrap().to_string(), "stormguard::attempt=off,info");
-        assert_eq!(filter(Some("  ")).unwrap().to_string(), "stormguard::attempt=off,info");
+        assert_eq!(filter(None).unwrap().to_string(), "stormguard::attempt=off,h2=error,info");
+        assert_eq!(
+            filter(Some("  ")).unwrap().to_string(),
+            "stormguard::attempt=off,h2=error,info"
+        );
+        assert!(!filter(Some("info,h2=warn")).unwrap().to_string().contains("h2=error"));
         let f = filter(Some("warn,stormguard_tower=debug")).unwrap().to_string();
         assert!(f.contains("stormguard_tower=debug") && f.contains("warn"), "{f}");
         // Naming the spans' target turns them on.

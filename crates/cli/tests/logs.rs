@@ -363,3 +363,52 @@ fn a_log_filter_that_cannot_be_read_is_refused_naming_the_variable() {
             "stormguard: STORMGUARD_LOG=\"info,stormguard=loud\": ",
         ));
 }
+
+/// Opens `n` HTTP/2 connections that each send 200 streams, every one reset at once (the "rapid
+/// reset" attack), reading what the proxy answers until it closes the connection.
+async fn rapid_resets(addr: &str, n: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend(payload);
+        f
+    }
+    // HEADERS (END_STREAM | END_HEADERS): GET http://x/ in HPACK; then RST_STREAM CANCEL.
+    let block = [0x82, 0x86, 0x84, 0x41, 0x01, b'x'];
+    let mut data = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    data.extend(frame(4, 0, 0, &[]));
+    for stream in (1..400).step_by(2) {
+        data.extend(frame(1, 0x5, stream, &block));
+        data.extend(frame(3, 0, stream, &8u32.to_be_bytes()));
+    }
+    let addr = addr.trim_start_matches("http://").to_string();
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let _ = s.write_all(&data).await;
+        let mut sink = vec![0u8; 65536];
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
+}
+
+/// 100 connections that reset HTTP/2 streams faster than allowed are one `warn` line, not one
+/// a connection (the proxy's own, rate-limited; h2's per-connection warning is off by
+/// default). Named in `STORMGUARD_LOG`, h2's warnings come back, one a connection: the
+/// unprotected log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_connections_are_one_warn_line_not_one_each() {
+    let up = failing_upstream().await;
+    for (log, most, least) in [(None, 1, 1), (Some("info,h2=warn"), usize::MAX, 100)] {
+        let p = Proxy::spawn(
+            &["--listen", "127.0.0.1:0", "--upstream", &up.url(""), "--admin", "off"],
+            log,
+        );
+        rapid_resets(&p.listen, 100).await;
+        let warns = p.stop().iter().filter(|l| l.contains("WARN")).count();
+        assert!((least..=most).contains(&warns), "{log:?}: {warns} warn lines");
+    }
+}

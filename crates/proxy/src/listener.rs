@@ -116,6 +116,9 @@ pub(crate) struct ListenerStats {
     /// since.
     accept_warned: Mutex<Option<Instant>>,
     accept_failed: AtomicU64,
+    /// The same for HTTP/2 connections closed for resetting streams too fast.
+    calm_warned: Mutex<Option<Instant>>,
+    calmed: AtomicU64,
 }
 
 /// Whether a warning last given at `*last` may be given again now (at most every 10 s): one
@@ -141,6 +144,8 @@ impl ListenerStats {
             limit_warned: Mutex::new(None),
             accept_warned: Mutex::new(None),
             accept_failed: AtomicU64::new(0),
+            calm_warned: Mutex::new(None),
+            calmed: AtomicU64::new(0),
         }
     }
 
@@ -157,6 +162,32 @@ impl ListenerStats {
         if warn_due(&self.accept_warned) {
             self.accept_failed.store(0, Ordering::Relaxed);
             tracing::warn!(listener = %self.label, error = %e, failures = n, "accept failed (logged at most every 10 s)");
+        }
+    }
+
+    /// A connection ended with an error: logged at debug with its whole chain. A caller that
+    /// resets HTTP/2 streams faster than allowed (the "rapid reset" attack: h2 answers with a
+    /// GOAWAY of `ENHANCE_YOUR_CALM`) is logged at warn at most every 10 s, with the count since:
+    /// one line, not one a connection (h2's own warning is off in the binary's default filter).
+    fn connection_failed(&self, e: &(dyn std::error::Error + 'static)) {
+        let mut chain = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            chain.push_str(": ");
+            chain.push_str(&c.to_string());
+            cause = c.source();
+        }
+        tracing::debug!(listener = %self.label, error = %chain, "connection ended with an error");
+        if chain.contains("excessive load") || chain.contains("ENHANCE_YOUR_CALM") {
+            let n = self.calmed.fetch_add(1, Ordering::Relaxed) + 1;
+            if warn_due(&self.calm_warned) {
+                self.calmed.store(0, Ordering::Relaxed);
+                tracing::warn!(
+                    listener = %self.label,
+                    connections = n,
+                    "HTTP/2 callers reset streams faster than allowed: their connections were closed (ENHANCE_YOUR_CALM; logged at most every 10 s)"
+                );
+            }
         }
     }
 
@@ -695,7 +726,7 @@ where
                                 stats.count(Closed::Http2KeepAlive);
                                 tracing::debug!(listener = %stats.label, %peer, reason = "h2-keepalive", "connection closed");
                             } else {
-                                tracing::debug!(error = %e, "connection ended with an error");
+                                stats.connection_failed(&*e);
                             }
                         }
                         break;

@@ -60,23 +60,60 @@ impl RelayConfig {
 #[error("the caller accepted nothing of its answer for {0:?}: the answer was cut")]
 pub(crate) struct ResponseStalled(Duration);
 
+/// Frames read before an answer's head went out: usually one, kept without an allocation.
+#[derive(Default)]
+pub(crate) struct Frames {
+    first: Option<Frame<Bytes>>,
+    rest: VecDeque<Frame<Bytes>>,
+}
+
+impl Frames {
+    fn push_back(&mut self, f: Frame<Bytes>) {
+        if self.first.is_none() && self.rest.is_empty() {
+            self.first = Some(f);
+        } else {
+            self.rest.push_back(f);
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Frame<Bytes>> {
+        self.first.take().or_else(|| self.rest.pop_front())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.rest.is_empty()
+    }
+
+    fn data_bytes(&self) -> u64 {
+        self.first.iter().chain(&self.rest).map(|f| data_len(f) as u64).sum()
+    }
+
+    fn into_deque(self) -> VecDeque<Frame<Bytes>> {
+        let mut d = self.rest;
+        if let Some(f) = self.first {
+            d.push_front(f);
+        }
+        d
+    }
+}
+
 /// The body a caller gets.
 pub(crate) enum Relay {
     /// The whole answer, read before its head went out; `failed` if the upstream's body broke
     /// after these frames.
-    Read { frames: VecDeque<Frame<Bytes>>, failed: Option<BoxError> },
+    Read { frames: Frames, failed: Option<BoxError> },
     /// What was read, then the rest straight from the body: a local answer, or reading ahead
     /// is off. `yield_first`: the first poll with nothing read yields once, so the head goes
     /// out before anything the body does later (a body that breaks then cuts the answer short,
     /// never leaving the caller with no answer).
-    Direct { frames: VecDeque<Frame<Bytes>>, body: ProxyBody, yield_first: bool },
+    Direct { frames: Frames, body: ProxyBody, yield_first: bool },
     /// Read ahead by a task of its own.
     Piped(Reader),
 }
 
 impl Relay {
     fn local(body: ProxyBody) -> Relay {
-        Relay::Direct { frames: VecDeque::new(), body, yield_first: false }
+        Relay::Direct { frames: Frames::default(), body, yield_first: false }
     }
 }
 
@@ -132,12 +169,9 @@ impl Body for Relay {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Relay::Read { frames, .. } => {
-                SizeHint::with_exact(frames.iter().map(|f| data_len(f) as u64).sum())
-            }
+            Relay::Read { frames, .. } => SizeHint::with_exact(frames.data_bytes()),
             Relay::Direct { frames, body, .. } => {
-                let read: u64 = frames.iter().map(|f| data_len(f) as u64).sum();
-                stormguard_http::body::hint_after(read, &body.size_hint())
+                stormguard_http::body::hint_after(frames.data_bytes(), &body.size_hint())
             }
             Relay::Piped(r) => r.hint,
         }
@@ -167,7 +201,7 @@ pub(crate) async fn read_ahead(
     }
     let (parts, mut body) = resp.into_parts();
     let hint = body.size_hint();
-    let mut frames = VecDeque::new();
+    let mut frames = Frames::default();
     let mut bytes = 0usize;
     // What is there now, up to the buffer (at least one look, whatever the buffer).
     let first = if body.is_end_stream() {
@@ -209,7 +243,7 @@ pub(crate) async fn read_ahead(
             let pipe = Arc::new(Pipe {
                 buffer: config.buffer,
                 state: Mutex::new(PipeState {
-                    frames,
+                    frames: frames.into_deque(),
                     bytes,
                     end: None,
                     reader: None,

@@ -598,14 +598,28 @@ async fn a_lying_usage_count_does_not_stop_traffic() {
     }
 
     // Unprotected: no clamp.
-    let p = provider_proxy(&up, |d| {
+    let unclamped = |d: &mut ProxyDependency| {
         d.rate.tokens_per_minute = Some(100_000);
         d.rate.usage_max_factor = u64::MAX;
-    })
-    .await;
+    };
+    let lie = (("x-usage", "1e30"), StatusCode::OK);
+    refused_rate_after(&up, unclamped, lie, Duration::ZERO).await;
+}
+
+/// Starts a provider proxy tuned by `tune`, sends one request with `lie` (its answer's status
+/// checked), waits `then`, and checks that the next first try is refused `rate`.
+async fn refused_rate_after(
+    up: &Upstream,
+    tune: impl FnOnce(&mut ProxyDependency),
+    lie: ((&str, &str), StatusCode),
+    then: Duration,
+) {
+    let c = client();
+    let p = provider_proxy(up, tune).await;
     let addr = p.listen_addrs()[0];
-    let (status, _) = chat(&c, addr, Some(("x-usage", "1e30"))).await;
-    assert_eq!(status, StatusCode::OK);
+    let (status, _) = chat(&c, addr, Some(lie.0)).await;
+    assert_eq!(status, lie.1);
+    tokio::time::sleep(then).await;
     let (status, headers) = chat(&c, addr, None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(headers["x-stormguard-denied"], "rate");
@@ -642,19 +656,12 @@ async fn a_day_long_reset_holds_admission_at_most_max_hold() {
     p.shutdown().await;
 
     // Unprotected: the hold as long as the upstream says.
-    let p = provider_proxy(&up, |d| {
+    let unbounded = |d: &mut ProxyDependency| {
         d.rate.requests_per_minute = Some(600);
         d.rate.max_hold = Duration::from_secs(2 * 86_400);
-    })
-    .await;
-    let addr = p.listen_addrs()[0];
-    let (status, _) = chat(&c, addr, Some(("x-reset", "day"))).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    tokio::time::sleep(ms(2_500)).await;
-    let (status, headers) = chat(&c, addr, None).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(headers["x-stormguard-denied"], "rate");
-    p.shutdown().await;
+    };
+    let lie = (("x-reset", "day"), StatusCode::TOO_MANY_REQUESTS);
+    refused_rate_after(&up, unbounded, lie, ms(2_500)).await;
 }
 
 /// 1 000 idle connections on the admin listener (64 at most): each new one pushes out the one
