@@ -383,7 +383,8 @@ fn key_at(text: &str, at: usize) -> KeyPath {
     let mut arrays: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let mut table = KeyPath::root();
     for l in text[..line_start].lines() {
-        let l = l.trim();
+        // A header may end in a comment (`[[dependency]]  # payments`).
+        let l = l.split('#').next().unwrap_or("").trim();
         let (name, array) = if let Some(n) = l.strip_prefix("[[").and_then(|r| r.strip_suffix("]]"))
         {
             (n.trim(), true)

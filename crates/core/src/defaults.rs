@@ -143,9 +143,8 @@ pub const RESPONSE_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest a caller may go without sending request body bytes (`408` past it).
 pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The longest a whole request body may take to arrive, from the request head (`408` past it):
-/// a bound on the time a dribbling caller holds a slot, which a gap bound alone is not. 0
-/// turns it off.
+/// The longest the proxy waits, in all, for a request body's bytes (`408` past it): a bound on
+/// the time a dribbling caller holds a slot, which a gap bound alone is not. 0 turns it off.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A new connection must send a whole request head within this; a kept-alive one, from the

@@ -338,9 +338,12 @@ impl RateLimit {
             // nothing was taken: only what was used is charged.
             // The debt is never deeper than one window: whatever a count says, the limit is
             // admitting again within a window.
+            // (A level already below that, from bookings queued for their turns, stays where
+            // they put it: a settlement never lowers it further, and never erases them.)
             let taken = if metered { s.units(cost) } else { 0 };
             let diff = taken.saturating_sub(s.units(actual));
-            s.level = s.level.saturating_add(diff).clamp(-cap, cap);
+            let floor = s.level.min(-cap);
+            s.level = s.level.saturating_add(diff).min(cap).max(floor);
         }
     }
 }

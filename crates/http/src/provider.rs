@@ -192,6 +192,8 @@ pub struct Usage {
 /// assert_eq!((u.tokens, u.malformed), (None, true));
 /// let u = read_usage(br#"{"usage":{"prompt_tokens":1e30,"completion_tokens":7}}"#);
 /// assert_eq!(u.tokens, Some(Tokens { input: u64::MAX, output: 7 }));
+/// let u = read_usage(br#"{"usage":{"prompt_tokens":1e400,"completion_tokens":7}}"#);
+/// assert_eq!(u.tokens, Some(Tokens { input: u64::MAX, output: 7 }));
 /// ```
 pub fn read_usage(body: &[u8]) -> Usage {
     let mut u = Usage::default();
@@ -298,10 +300,10 @@ impl Number {
             return Number::Count(text.parse().unwrap_or(u64::MAX));
         }
         match text.parse::<f64>() {
-            // `1e3` is an integer; `1e30` is past every count and saturates.
-            Ok(v) if v >= 0.0 && v.fract() == 0.0 => {
-                Number::Count(if v >= u64::MAX as f64 { u64::MAX } else { v as u64 })
-            }
+            // `1e30` (and `1e400`, infinite as an f64) is past every count: it saturates.
+            Ok(v) if v >= u64::MAX as f64 => Number::Count(u64::MAX),
+            // `1e3` is an integer.
+            Ok(v) if v >= 0.0 && v.fract() == 0.0 => Number::Count(v as u64),
             _ => Number::Other,
         }
     }

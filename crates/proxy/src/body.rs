@@ -4,11 +4,13 @@
 //! body must not hold one. So a body that fits the replay buffer (64 KiB) is received whole
 //! before the request goes to its dependency's stack, and a larger one only once its first
 //! 64 KiB have arrived; either way a caller that sends nothing for `body_idle_timeout` (10 s by
-//! default), or whose whole body has not arrived `body_timeout` (30 s) after its request head,
+//! default), or that has kept the proxy waiting for its body for `body_timeout` (30 s) in all,
 //! is answered `408` and, once its attempt holds a slot, the slot comes back. The whole-body
 //! bound is a time, not a minimum rate (Apache's `MinRate`): what a slot costs the dependency is
 //! time, and a rate lets a caller that keeps exactly to it hold a slot for as long as its
-//! `Content-Length` allows. A
+//! `Content-Length` allows. Only the time spent waiting for the caller's bytes counts: not the
+//! time the request waits for a slot, nor the time the upstream takes to read what it was sent
+//! (the body is not asked for then), so a slow upstream is never blamed on the caller. A
 //! malformed body (a broken chunk, a connection closed before `Content-Length` bytes) is the
 //! caller's failure too: `400`, or nothing when the caller has gone; neither the breaker nor the
 //! budget counts it, and it is never retried (see `StormguardError::CallerBody` in the tower
@@ -64,28 +66,41 @@ impl BodyTimes {
     }
 }
 
-/// When the body must be whole by, and its bounds.
+/// How long the proxy has waited for the caller's body, against its bounds.
 #[derive(Debug, Clone, Copy)]
 struct Due {
     times: BodyTimes,
-    by: Option<tokio::time::Instant>,
+    /// Time spent waiting for the caller's bytes, before the wait now.
+    waited: Duration,
+    /// Since when the proxy has been waiting for the caller now, if it is.
+    waiting_since: Option<tokio::time::Instant>,
 }
 
 impl Due {
-    fn from_now(times: BodyTimes) -> Due {
-        Due { times, by: times.whole.map(|w| tokio::time::Instant::now() + w) }
+    fn new(times: BodyTimes) -> Due {
+        Due { times, waited: Duration::ZERO, waiting_since: None }
     }
 
-    /// The next instant to give up at: a gap from now, or the whole body's bound.
-    fn next(&self) -> tokio::time::Instant {
-        let gap = tokio::time::Instant::now() + self.times.idle;
-        self.by.map_or(gap, |by| gap.min(by))
+    /// The proxy asked for bytes the caller has not sent: the instant to give up at — a gap
+    /// from when this wait began, or what is left of the whole-body bound.
+    fn waiting(&mut self) -> tokio::time::Instant {
+        let since = *self.waiting_since.get_or_insert_with(tokio::time::Instant::now);
+        let gap = self.times.idle;
+        since + self.times.whole.map_or(gap, |w| gap.min(w.saturating_sub(self.waited)))
+    }
+
+    /// Bytes (or the end) arrived: the wait is over.
+    fn arrived(&mut self) {
+        if let Some(since) = self.waiting_since.take() {
+            self.waited += since.elapsed();
+        }
     }
 
     /// The error for a wait that ran out now.
     fn expired(&self) -> CallerBodyError {
-        match (self.by, self.times.whole) {
-            (Some(by), Some(w)) if tokio::time::Instant::now() >= by => CallerBodyError::TooSlow(w),
+        let now_waiting = self.waiting_since.map_or(Duration::ZERO, |s| s.elapsed());
+        match self.times.whole {
+            Some(w) if self.waited + now_waiting >= w => CallerBodyError::TooSlow(w),
             _ => CallerBodyError::Stalled(self.times.idle),
         }
     }
@@ -145,7 +160,7 @@ pub async fn receive(
     limit: usize,
     times: BodyTimes,
 ) -> Result<CallerBody, CallerBodyError> {
-    let due = Due::from_now(times);
+    let mut due = Due::new(times);
     let mut head = VecDeque::new();
     let mut head_len = 0u64;
     let mut trailers = None;
@@ -153,7 +168,12 @@ pub async fn receive(
         if body.is_end_stream() {
             break None;
         }
-        match tokio::time::timeout_at(due.next(), body.frame()).await {
+        let at = due.waiting();
+        let next = tokio::time::timeout_at(at, body.frame()).await;
+        if next.is_ok() {
+            due.arrived();
+        }
+        match next {
             Err(_) => return Err(due.expired()),
             Ok(None) => break None,
             Ok(Some(Err(e))) => return Err(CallerBodyError::Malformed(e)),
@@ -196,9 +216,7 @@ impl Body for CallerBody {
         };
         match Pin::new(rest).poll_frame(cx) {
             Poll::Ready(r) => {
-                if let Some(t) = this.timer.as_mut() {
-                    t.as_mut().reset(this.due.next());
-                }
+                this.due.arrived();
                 match r {
                     None => {
                         this.rest = None;
@@ -223,9 +241,15 @@ impl Body for CallerBody {
                 }
             }
             Poll::Pending => {
-                let at = this.due.next();
+                // A new wait for the caller arms the timer; a wake-up within the same wait keeps
+                // its deadline.
+                let new_wait = this.due.waiting_since.is_none();
+                let at = this.due.waiting();
                 let timer =
                     this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                if new_wait {
+                    timer.as_mut().reset(at);
+                }
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => {
                         this.rest = None;

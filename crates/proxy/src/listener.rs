@@ -388,7 +388,17 @@ impl ConnWatch {
             return None;
         }
         let p = self.phase();
-        (p.in_flight == 0 && p.closing.is_none()).then_some(p.idle_since)
+        (p.in_flight == 0 && p.closing.is_none() && p.first_byte.is_none()).then_some(p.idle_since)
+    }
+
+    /// Whether an eviction asked for still holds: nothing began on the connection since it was
+    /// chosen (a request, or the first byte of one). Else the flag is cleared and it stays.
+    fn evicted(&self) -> bool {
+        let p = self.phase();
+        let still_idle = p.in_flight == 0 && p.first_byte.is_none();
+        // Under the phase lock, so a request beginning now waits for this decision.
+        self.close.store(0, Ordering::Relaxed);
+        still_idle
     }
 
     fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
@@ -486,7 +496,7 @@ impl ConnWatch {
         let step = t.header_read.min(t.idle);
         loop {
             match self.close.load(Ordering::Relaxed) {
-                CLOSE_EVICTED => return Closed::Evicted,
+                CLOSE_EVICTED if self.evicted() => return Closed::Evicted,
                 CLOSE_STALLED => return Closed::ResponseStalled,
                 _ => {}
             }
@@ -658,7 +668,7 @@ where
     let timeouts = Timeouts::from(config);
     let mut conns = JoinSet::new();
     // Every connection's watch, for eviction (pruned of closed ones as it grows).
-    let mut watches: Vec<std::sync::Weak<ConnWatch>> = Vec::new();
+    let mut evictable = Evictable::default();
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.changed() => break,
@@ -681,7 +691,7 @@ where
         };
         // Only this loop adds, so the count cannot pass the limit between the check and the add
         // (but for connections evicted and not yet gone, each closing at once).
-        if stats.open.load(Ordering::Relaxed) >= stats.max && !evict_idlest(&mut watches) {
+        if stats.open.load(Ordering::Relaxed) >= stats.max && !evictable.evict_idlest() {
             drop(stream);
             stats.refuse(peer);
             continue;
@@ -691,10 +701,7 @@ where
         let open = Open(stats.clone());
         let _ = stream.set_nodelay(true);
         let watch = Arc::new(ConnWatch::new());
-        if watches.len() >= stats.max.saturating_mul(2).max(64) {
-            watches.retain(|w| w.strong_count() > 0);
-        }
-        watches.push(Arc::downgrade(&watch));
+        evictable.push(&watch, stats.max);
         let io = Watched { io: stream, seen: Seen::new(watch.clone()) };
         let service = {
             let (watch, svc) = (watch.clone(), svc.clone());
@@ -737,8 +744,9 @@ where
                             stats.count(why);
                             tracing::debug!(listener = %stats.label, %peer, reason = why.as_str(), "connection closed");
                         }
-                        if why == Closed::Idle && !shut {
-                            // Idle: a GOAWAY (HTTP/2) or a close (HTTP/1.1), bounded.
+                        if matches!(why, Closed::Idle | Closed::Evicted) && !shut {
+                            // Idle (or pushed out for a new connection): a GOAWAY (HTTP/2) or
+                            // a close (HTTP/1.1), bounded.
                             shut = true;
                             watch.closing();
                             conn.as_mut().graceful_shutdown();
@@ -766,23 +774,58 @@ where
     cut
 }
 
-/// A full listener makes room for a new connection by closing the one idle longest (nothing in
-/// flight): a flood of idle connections cannot keep out a probe or a caller that sends its
-/// request at once, since each new connection pushes the oldest idle one out. `false` when
-/// every connection has a request in flight (the new one is then refused).
-fn evict_idlest(watches: &mut Vec<std::sync::Weak<ConnWatch>>) -> bool {
-    watches.retain(|w| w.strong_count() > 0);
-    let idlest = watches
-        .iter()
-        .filter_map(std::sync::Weak::upgrade)
-        .filter_map(|w| w.idle_for_eviction().map(|since| (since, w)))
-        .min_by_key(|(since, _)| *since);
-    match idlest {
-        Some((_, w)) => {
-            w.close_now(CLOSE_EVICTED);
-            true
+/// Connections a full listener looks at to choose one to push out.
+const EVICTION_SAMPLE: usize = 64;
+
+/// The connections a listener may push out, sampled rather than scanned (Redis's approximate
+/// LRU): a full listener with many connections looks at [`EVICTION_SAMPLE`] of them per new
+/// connection, from where the last look ended, so a flood costs a bounded look per accept.
+#[derive(Default)]
+struct Evictable {
+    watches: Vec<std::sync::Weak<ConnWatch>>,
+    cursor: usize,
+}
+
+impl Evictable {
+    fn push(&mut self, watch: &Arc<ConnWatch>, max: usize) {
+        if self.watches.len() >= max.saturating_mul(2).max(EVICTION_SAMPLE) {
+            self.watches.retain(|w| w.strong_count() > 0);
         }
-        None => false,
+        self.watches.push(Arc::downgrade(watch));
+    }
+
+    /// A full listener makes room for a new connection by closing the one idle longest (nothing
+    /// in flight, no request begun) among those it looks at: a flood of idle connections cannot
+    /// keep out a probe or a caller that sends its request at once, since each new connection
+    /// pushes an old idle one out. `false` when none it looked at is idle (the new one is then
+    /// refused).
+    fn evict_idlest(&mut self) -> bool {
+        let mut idlest: Option<(Instant, Arc<ConnWatch>)> = None;
+        let mut looked = 0;
+        while looked < EVICTION_SAMPLE && !self.watches.is_empty() {
+            if self.cursor >= self.watches.len() {
+                self.cursor = 0;
+            }
+            let Some(w) = self.watches[self.cursor].upgrade() else {
+                // Closed: forgotten here, and the next one moves into its place.
+                self.watches.swap_remove(self.cursor);
+                continue;
+            };
+            looked += 1;
+            self.cursor += 1;
+            if let Some(since) = w.idle_for_eviction()
+                && idlest.as_ref().is_none_or(|(t, _)| since < *t)
+            {
+                idlest = Some((since, w));
+            }
+        }
+        match idlest {
+            Some((_, w)) => {
+                w.close_now(CLOSE_EVICTED);
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -5,9 +5,14 @@
 //! `/checkout` route (its dependency, its budget) and served as `/admin`. So the path is
 //! normalized before matching, as Envoy's `normalize_path` and `merge_slashes` do: dot segments
 //! removed (RFC 3986 §5.2.4; `%2e` is a dot, as RFC 3986 §6.2.2.2 decodes unreserved
-//! characters), repeated slashes merged. The normalized path is also what is forwarded, so the
-//! upstream acts on the path the route was chosen by. Nothing else is decoded: `%2F` stays a
-//! byte of its segment (Envoy's default, `KEEP_UNCHANGED`).
+//! characters), repeated slashes merged. Nothing else is decoded: `%2F` stays a byte of its
+//! segment (Envoy's default, `KEEP_UNCHANGED`), and `..;` (a servlet container's path
+//! parameter) is not a dot segment here.
+//!
+//! The upstream gets the path as the caller sent it, not the normalized one (Envoy rewrites it):
+//! an upstream that resolves dots acts on the path the route was chosen by anyway, and one for
+//! which `//` is part of a name (an object store's keys, a signed path) gets the name it was
+//! asked for. The route decides the dependency and the budget, not access.
 
 use std::borrow::Cow;
 

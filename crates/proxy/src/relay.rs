@@ -33,6 +33,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use stormguard_tower::BoxError;
 
 use crate::listener::ConnWatch;
@@ -84,6 +85,10 @@ impl Frames {
         self.first.is_none() && self.rest.is_empty()
     }
 
+    fn has_trailers(&self) -> bool {
+        self.first.iter().chain(&self.rest).any(Frame::is_trailers)
+    }
+
     fn data_bytes(&self) -> u64 {
         self.first.iter().chain(&self.rest).map(|f| data_len(f) as u64).sum()
     }
@@ -99,22 +104,15 @@ impl Frames {
 
 /// The body a caller gets.
 pub(crate) enum Relay {
-    /// The whole answer, read before its head went out; `failed` if the upstream's body broke
-    /// after these frames.
-    Read { frames: Frames, failed: Option<BoxError> },
-    /// What was read, then the rest straight from the body: a local answer, or reading ahead
-    /// is off. `yield_first`: the first poll with nothing read yields once, so the head goes
-    /// out before anything the body does later (a body that breaks then cuts the answer short,
-    /// never leaving the caller with no answer).
+    /// The whole answer, read before its head went out.
+    Read(Frames),
+    /// What was read, then the rest straight from the body: reading ahead is off.
+    /// `yield_first`: the first poll with nothing read yields once, so the head goes out before
+    /// anything the body does later (a body that breaks then cuts the answer short, never
+    /// leaving the caller with no answer).
     Direct { frames: Frames, body: ProxyBody, yield_first: bool },
     /// Read ahead by a task of its own.
     Piped(Reader),
-}
-
-impl Relay {
-    fn local(body: ProxyBody) -> Relay {
-        Relay::Direct { frames: Frames::default(), body, yield_first: false }
-    }
 }
 
 impl std::fmt::Debug for Relay {
@@ -140,10 +138,7 @@ impl Body for Relay {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            Relay::Read { frames, failed } => match frames.pop_front() {
-                Some(f) => Poll::Ready(Some(Ok(f))),
-                None => Poll::Ready(failed.take().map(Err)),
-            },
+            Relay::Read(frames) => Poll::Ready(frames.pop_front().map(Ok)),
             Relay::Direct { frames, body, yield_first } => {
                 if let Some(f) = frames.pop_front() {
                     *yield_first = false;
@@ -161,15 +156,22 @@ impl Body for Relay {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Relay::Read { frames, failed } => frames.is_empty() && failed.is_none(),
+            Relay::Read(frames) => frames.is_empty(),
             Relay::Direct { frames, body, .. } => frames.is_empty() && body.is_end_stream(),
-            Relay::Piped(_) => false,
+            Relay::Piped(r) => r.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Relay::Read { frames, .. } => SizeHint::with_exact(frames.data_bytes()),
+            // Trailers go out only where the framing leaves room for them (HTTP/1.1 chunked):
+            // an exact size would have hyper frame the answer by its length and drop them.
+            Relay::Read(frames) if frames.has_trailers() => {
+                let mut h = SizeHint::new();
+                h.set_lower(frames.data_bytes());
+                h
+            }
+            Relay::Read(frames) => SizeHint::with_exact(frames.data_bytes()),
             Relay::Direct { frames, body, .. } => {
                 stormguard_http::body::hint_after(frames.data_bytes(), &body.size_hint())
             }
@@ -189,15 +191,15 @@ enum First {
 }
 
 /// The answer with its body read ahead of the caller (see the module docs). An upstream body
-/// that breaks before anything of it arrived makes the answer a `502` (what failed in
-/// `x-stormguard-error`).
+/// that breaks before its head went out makes the answer a `502` (what failed in
+/// `x-stormguard-error`). The proxy's own answers pass as they are.
 pub(crate) async fn read_ahead(
     resp: Response<ProxyBody>,
     config: RelayConfig,
     state: &Arc<State>,
-) -> Response<Relay> {
+) -> Response<ProxyBody> {
     if resp.extensions().get::<LocalAnswer>().is_some() {
-        return resp.map(Relay::local);
+        return resp;
     }
     let (parts, mut body) = resp.into_parts();
     let hint = body.size_hint();
@@ -229,12 +231,13 @@ pub(crate) async fn read_ahead(
         .await
     };
     let relay = match first {
-        First::End => Relay::Read { frames, failed: None },
-        First::Failed(e) if frames.is_empty() => {
+        First::End => Relay::Read(frames),
+        // Nothing went out yet, whatever was read: the caller gets the failure's own answer
+        // (502), not a head whose length the body will not keep.
+        First::Failed(e) => {
             tracing::debug!(error = %e, "the upstream's answer broke before it was relayed");
-            return crate::stack::failed(&*e).map(Relay::local);
+            return crate::stack::failed(&*e);
         }
-        First::Failed(e) => Relay::Read { frames, failed: Some(e) },
         First::More if config.buffer == 0 => {
             let yield_first = frames.is_empty();
             Relay::Direct { frames, body, yield_first }
@@ -262,15 +265,13 @@ pub(crate) async fn read_ahead(
                 seen_taken: 0,
                 state: state.clone(),
             });
-            let mut resp = Response::from_parts(
-                parts,
-                Relay::Piped(Reader { pipe: pipe.clone(), hint, started: false }),
-            );
+            let reader = Relay::Piped(Reader { pipe: pipe.clone(), hint, started: false });
+            let mut resp = Response::from_parts(parts, reader.boxed_unsync());
             resp.extensions_mut().insert(StallHook(pipe));
             return resp;
         }
     };
-    Response::from_parts(parts, relay)
+    Response::from_parts(parts, relay.boxed_unsync())
 }
 
 /// Left on a piped answer for the listener, which gives it the connection to close when the
@@ -286,7 +287,7 @@ impl StallHook {
             drop(s);
             conn.response_stalled();
         } else {
-            s.conn = Some(conn);
+            s.conn = Some(Arc::downgrade(&conn));
         }
     }
 }
@@ -314,8 +315,9 @@ struct PipeState {
     reader_gone: bool,
     /// Frames the caller took: the progress that resets the idle timer.
     taken: u64,
-    /// The caller's connection, to close when the answer is cut.
-    conn: Option<Arc<ConnWatch>>,
+    /// The caller's connection, to close when the answer is cut (weak: the pipe must not keep
+    /// a closed connection's watch alive).
+    conn: Option<std::sync::Weak<ConnWatch>>,
     cut: bool,
 }
 
@@ -399,6 +401,7 @@ impl Drop for Reader {
         s.reader_gone = true;
         s.frames.clear();
         s.bytes = 0;
+        s.conn = None;
         wake(&mut s.pump);
     }
 }
@@ -426,7 +429,7 @@ impl Pump {
         s.bytes = 0;
         s.end = Some(End::Cut(idle));
         s.cut = true;
-        let conn = s.conn.take();
+        let conn = s.conn.take().and_then(|w| w.upgrade());
         wake(&mut s.reader);
         drop(s);
         self.state.response_stalls.fetch_add(1, Ordering::Relaxed);
@@ -449,6 +452,11 @@ impl Future for Pump {
                 this.body = None;
                 return Poll::Ready(());
             }
+            // Whatever the task waits on next (the upstream or the caller), a caller that goes
+            // away wakes it: the upstream body, and the slot, are let go at once.
+            if !s.pump.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.pump = Some(cx.waker().clone());
+            }
             // The caller holds the upstream back: the buffer is full while the upstream has
             // more, or the answer is finished and not yet taken.
             let held = match this.body {
@@ -457,7 +465,6 @@ impl Future for Pump {
                 None => true,
             };
             if held {
-                s.pump = Some(cx.waker().clone());
                 let progressed = s.taken != this.seen_taken;
                 this.seen_taken = s.taken;
                 drop(s);
@@ -486,7 +493,12 @@ impl Future for Pump {
                 Poll::Ready(Some(Ok(f))) => {
                     s.bytes += data_len(&f);
                     s.frames.push_back(f);
-                    false
+                    // Its last frame: the upstream has finished, whatever the buffer holds.
+                    let done = this.body.as_ref().is_some_and(Body::is_end_stream);
+                    if done {
+                        s.end = Some(End::Done);
+                    }
+                    done
                 }
                 Poll::Ready(Some(Err(e))) => {
                     s.end = Some(End::Failed(e));

@@ -204,36 +204,23 @@ fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Serves one request; its answer is read ahead of the caller (`crate::relay`).
+/// Serves one request.
 pub(crate) async fn handle(
     state: Arc<State>,
     listener: usize,
     peer: SocketAddr,
     req: Request<Incoming>,
-) -> Response<crate::relay::Relay> {
-    let shared = state.current();
-    let resp = respond(&state, &shared, listener, peer, req).await;
-    let c = &shared.config;
-    let relay = crate::relay::RelayConfig::new(c.response_buffer, c.response_idle_timeout);
-    crate::relay::read_ahead(resp, relay, &state).await
-}
-
-/// The answer to one request.
-async fn respond(
-    state: &State,
-    shared: &Shared,
-    listener: usize,
-    peer: SocketAddr,
-    req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
+    let shared = state.current();
+    let shared = &*shared;
     let (addr, default_dep, downstream_pushback) = shared.listeners[listener];
     let method = req.method().clone();
     // The caller's target, for the route and the access log: a clone of the parsed URI shares
     // its bytes.
     let target = req.uri().clone();
-    // The path the route is chosen by, and the upstream is sent: dot segments resolved,
-    // slashes merged (`crate::path`).
+    // The path the route is chosen by: dot segments resolved, slashes merged (`crate::path`).
+    // The upstream gets the path as the caller sent it.
     let path = crate::path::normalize(target.path());
     let path = path.as_ref();
     if method == Method::CONNECT {
@@ -308,17 +295,8 @@ async fn respond(
     }
     // The upstream's address, the caller's path and query, HTTP/1.1 to the upstream.
     let mut uri = dep.upstreams[0].clone().into_parts();
-    uri.path_and_query = match parts.uri.path_and_query() {
-        Some(pq) if pq.path() == path => Some(pq.clone()),
-        Some(pq) => {
-            let normalized = match pq.query() {
-                Some(q) => format!("{path}?{q}"),
-                None => path.to_string(),
-            };
-            normalized.parse().ok()
-        }
-        None => Some("/".parse().expect("a valid path")),
-    };
+    uri.path_and_query =
+        parts.uri.path_and_query().cloned().or_else(|| Some("/".parse().expect("a valid path")));
     parts.uri = match Uri::from_parts(uri) {
         Ok(u) => u,
         Err(_) => {
@@ -402,6 +380,11 @@ async fn respond(
             local(StatusCode::BAD_GATEWAY, None, "stormguard: the upstream client failed\n")
         }
     };
+    // The answer read ahead of the caller (`crate::relay`), before it is counted: a body that
+    // broke before anything went out is a 502 here, and counted as one.
+    let c = &shared.config;
+    let relay = crate::relay::RelayConfig::new(c.response_buffer, c.response_idle_timeout);
+    let resp = crate::relay::read_ahead(resp, relay, &state).await;
     if let Some(reason) = resp.headers().get(&crate::stack::ERROR_HEADER)
         && (reason == "body-timeout" || reason == "body-malformed")
     {

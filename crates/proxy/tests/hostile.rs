@@ -244,6 +244,8 @@ struct Counted {
     sending: Arc<Sending>,
     /// Sent 8 KiB at a time, 2 ms apart (`/drip/N`): no read takes it whole.
     drip: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Sends 8 KiB, then nothing more, ever (`/hang`): an upstream that goes quiet.
+    hang: bool,
 }
 
 impl Drop for Counted {
@@ -264,7 +266,13 @@ impl http_body::Body for Counted {
         if self.left == 0 {
             return Poll::Ready(None);
         }
+        if self.hang && self.left <= 8 * 1024 {
+            return Poll::Pending;
+        }
         let mut n = self.left.min(CHUNK.len());
+        if self.hang {
+            n = 8 * 1024;
+        }
         if let Some(t) = self.drip.as_mut() {
             if t.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
@@ -293,8 +301,10 @@ async fn hostile_upstream() -> (Upstream, Arc<Sending>) {
             let path = req.uri().path().to_string();
             let drip =
                 path.starts_with("/drip/").then(|| Box::pin(tokio::time::sleep(Duration::ZERO)));
+            let hang = path == "/hang";
             let left = match path.strip_prefix("/big/").or_else(|| path.strip_prefix("/drip/")) {
                 Some(n) => n.parse().unwrap(),
+                None if hang => 16 * 1024,
                 None => {
                     if path == "/sink" {
                         let _ = req.into_body().collect().await;
@@ -302,7 +312,7 @@ async fn hostile_upstream() -> (Upstream, Arc<Sending>) {
                     2
                 }
             };
-            let body = Counted { left, sending, drip };
+            let body = Counted { left, sending, drip, hang };
             http::Response::new(http_body_util::BodyExt::boxed(body))
         }
     })
@@ -695,5 +705,31 @@ async fn admin_probes_are_answered_under_an_idle_flood() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(1));
     drop(flood);
+    p.shutdown().await;
+}
+
+/// A caller that goes away while the upstream is quiet mid-answer (8 KiB sent, then nothing):
+/// the task reading ahead stops with it, the upstream's answer is dropped and the slot comes back
+/// at once — not at the upstream's next byte, which never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_leaves_a_quiet_answer_gives_its_slot_back() {
+    let (up, sending) = hostile_upstream().await;
+    let p = relay_proxy(&up, 1, |_| {}).await;
+    let addr = p.listen_addrs()[0];
+    let dep = p.dependency("pay").unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /hang HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut head = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut head)).await.unwrap().unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
+    assert_eq!(dep.snapshot().limiter.in_flight, 1);
+    drop(s);
+    let left = tokio::time::Instant::now();
+    while dep.snapshot().limiter.in_flight > 0 || sending.0.load(Ordering::SeqCst) > 0 {
+        assert!(left.elapsed() < Duration::from_secs(2), "the slot came back when the caller left");
+        tokio::time::sleep(ms(5)).await;
+    }
+    let (status, _) = get_path(&client(), addr, "/ok").await;
+    assert_eq!(status, StatusCode::OK);
     p.shutdown().await;
 }

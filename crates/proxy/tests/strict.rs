@@ -151,9 +151,9 @@ async fn absolute_form_sets_the_host_from_the_target() {
     p.shutdown().await;
 }
 
-/// A route is chosen by the path with dot segments resolved and slashes merged, and that path
-/// is what the upstream gets: `/checkout/../admin` is not the `/checkout` route's (its
-/// dependency, its budget), whatever way its dots are spelled.
+/// A route is chosen by the path with dot segments resolved and slashes merged:
+/// `/checkout/../admin` is not the `/checkout` route's (its dependency, its budget), whatever way
+/// its dots are spelled. The upstream gets the path as the caller sent it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_are_matched_on_the_normalized_path() {
     let (checkout, to_checkout) = echo().await;
@@ -174,13 +174,14 @@ async fn routes_are_matched_on_the_normalized_path() {
     c.admin = None;
     let p = start(c).await.unwrap();
     let addr = p.listen_addrs()[0];
-    for (target, to_route, forwarded) in [
-        ("/checkout/../admin", false, "/admin"),
-        ("/checkout/%2e%2E/admin?x=1", false, "/admin"),
-        ("/checkout/./pay", true, "/checkout/pay"),
-        ("//checkout//pay", true, "/checkout/pay"),
-        ("/checkout/pay", true, "/checkout/pay"),
+    for (target, to_route) in [
+        ("/checkout/../admin", false),
+        ("/checkout/%2e%2E/admin?x=1", false),
+        ("/checkout/./pay", true),
+        ("//checkout//pay", true),
+        ("/checkout/pay", true),
     ] {
+        let forwarded = target.split('?').next().unwrap();
         let before = (to_checkout.load(Ordering::SeqCst), to_other.load(Ordering::SeqCst));
         let req = format!("GET {target} HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n");
         let text = raw(addr, req.as_bytes()).await;

@@ -331,6 +331,7 @@ impl Rates {
             tokens: next(),
             input_tokens: next(),
             output_tokens: next(),
+            estimate: cost,
         };
         Ok((r, wait))
     }
@@ -586,11 +587,12 @@ pub fn answered(
         rates.refused(now, sent_at, retry_after);
     }
     if quota_exhausted {
-        rates.hold(now, config.quota_hold.min(config.max_hold));
+        let hold = config.quota_hold.min(config.max_hold);
+        rates.hold(now, hold);
         tracing::warn!(
             dependency = dep.name(),
             upstream = target,
-            hold_s = config.quota_hold.as_secs(),
+            hold_s = hold.as_secs(),
             "the provider says the quota is spent: no retry, and no attempt to this upstream until the hold ends"
         );
     } else if config.provider.is_some_and(|p| p.overloaded(status)) {
@@ -614,6 +616,9 @@ pub struct RateReservation {
     tokens: RatePermit,
     input_tokens: RatePermit,
     output_tokens: RatePermit,
+    /// What the request was estimated to cost (before any limit capped what was taken): what a
+    /// stated usage is clamped against.
+    estimate: RateCost,
 }
 
 impl RateReservation {
@@ -623,18 +628,19 @@ impl RateReservation {
     /// Returns whether a count was clamped.
     pub fn settle(self, now: Timestamp, used: Option<Tokens>, max_factor: u64) -> bool {
         let mut clamped = false;
-        let mut settle = |p: RatePermit, n: Option<u64>| {
+        let mut settle = |p: RatePermit, n: Option<u64>, estimate: u64| {
             let n = n.map(|n| {
-                let (n, c) = stormguard_core::rate::clamp_usage(n, p.cost(), max_factor);
+                let (n, c) = stormguard_core::rate::clamp_usage(n, estimate, max_factor);
                 clamped |= c;
                 n
             });
             p.settle(now, n);
         };
-        settle(self.requests, None);
-        settle(self.tokens, used.map(Tokens::total));
-        settle(self.input_tokens, used.map(|u| u.input));
-        settle(self.output_tokens, used.map(|u| u.output));
+        let e = self.estimate;
+        settle(self.requests, None, 1);
+        settle(self.tokens, used.map(Tokens::total), e.input.saturating_add(e.output));
+        settle(self.input_tokens, used.map(|u| u.input), e.input);
+        settle(self.output_tokens, used.map(|u| u.output), e.output);
         clamped
     }
 

@@ -158,12 +158,13 @@ pub struct ProxyArgs {
     /// [default: 60s]. Every listener, the admin listener included.
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub idle_timeout: Option<Duration>,
-    /// How long a whole request body may take to arrive, from the request head, before the
-    /// request is answered 408 and any slot it holds comes back [default: 30s; 0s: off].
+    /// How long the proxy may wait, in all, for a request body's bytes before the request is
+    /// answered 408 and any slot it holds comes back [default: 30s; 0s: off].
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub body_timeout: Option<Duration>,
-    /// How long a caller may accept nothing of an answer larger than the read-ahead buffer
-    /// (1 MiB) before the answer is cut and its slot comes back [default: 30s; 0s: off].
+    /// How long a caller may take nothing of an answer waiting for it (the 1 MiB read-ahead
+    /// buffer full, or the answer finished) before the answer is cut and its slot comes back
+    /// [default: 30s; 0s: off].
     #[arg(long, value_name = "DURATION", value_parser = args::duration)]
     pub response_idle_timeout: Option<Duration>,
     /// Connections each caller listener holds at once; past it new ones are closed at once

@@ -69,10 +69,11 @@ pub struct ProxyConfig {
     /// A body up to the replay buffer is received whole before its attempt asks for a slot.
     /// Default 10 s.
     pub body_idle_timeout: Duration,
-    /// `body_timeout`: the longest a whole request body may take to arrive, counted from the
-    /// request head: past it the request is answered `408` and an attempt already holding a
-    /// slot is cut, its slot back. A gap bound alone lets a caller that sends a byte every few
-    /// seconds hold a slot for as long as it likes. `0s` turns it off. Default 30 s.
+    /// `body_timeout`: the longest the proxy waits, in all, for a request body's bytes (the
+    /// time the request waits for a slot, or the upstream takes to read, does not count): past
+    /// it the request is answered `408` and an attempt already holding a slot is cut, its slot
+    /// back. A gap bound alone lets a caller that sends a byte every few seconds hold a slot for
+    /// as long as it likes. `0s` turns it off. Default 30 s.
     pub body_timeout: Duration,
     /// `response_buffer`: bytes of an upstream's answer read ahead of the caller. An answer up
     /// to this size is read at the upstream's pace whatever the caller reads, so its slot comes

@@ -40,7 +40,7 @@ fn a_value_past_toml_names_its_key() {
     // Not a shape error but a syntax one (no TOML integer holds it): the key is still named.
     let e = err(&format!("{BASE}cap = 99999999999999999999999999\n"));
     assert!(e.starts_with("f.toml:8:7: dependency[0].cap: "), "{e}");
-    let e = err(&format!("{BASE}\n[dependency.breaker]\nwindow = 1e999999\n"));
+    let e = err(&format!("{BASE}\n[dependency.breaker]  # the breaker\nwindow = 1e999999\n"));
     assert!(e.starts_with("f.toml:10:10: dependency[0].breaker.window: "), "{e}");
     // A line that is no `key = value` names no key.
     let e = err(&format!("{BASE}[[nope\n"));
