@@ -570,10 +570,10 @@ latency = "5ms"
         let e = Script::parse("seed = 1\n", "s.toml").unwrap_err();
         assert_eq!(e.to_string(), "s.toml:1:1: phase: a script needs at least one phase");
         assert_eq!(e.rule::<InvalidScript>(), Some(&InvalidScript::NoPhases));
-        // A syntax error has no key.
+        // A syntax error in a value names the key it is the value of; one outside any value
+        // names none.
         let e = err("[[phase]]\nerror_rate = \n");
-        assert!(e.starts_with("s.toml:2:14: "), "{e}");
-        assert!(!e.contains("phase[0]"), "{e}");
+        assert!(e.starts_with("s.toml:2:14: phase[0].error_rate: "), "{e}");
         let e = err("[[phase]\n");
         assert!(e.starts_with("s.toml:1:"), "{e}");
     }
