@@ -974,8 +974,11 @@ mod tests {
             e("[[policy]]\nbudget = \"ratio\"\n[policy.adaptive]\nmin = 4\nmax = 40\nwindow = \"0s\"\n")
                 .starts_with("t.toml:11:10: policy[0].adaptive.window: ")
         );
+        // A syntax error in a value names the key it is the value of; one elsewhere, none.
         let syntax = Scenario::parse("t.toml", "a = \n").unwrap_err();
         assert_eq!(syntax.position().map(|(line, _)| line), Some(1));
+        assert_eq!(syntax.key().unwrap().to_string(), "a");
+        let syntax = Scenario::parse("t.toml", "[[policy\n").unwrap_err();
         assert!(syntax.key().unwrap().is_root());
         let missing = Scenario::parse("t.toml", "[[policy]]\n").unwrap_err();
         assert!(missing.to_string().starts_with("t.toml:1:1: fleet.rate: missing"), "{missing}");
