@@ -2,6 +2,10 @@
 //! nothing: joining, Redis killed until the lease expires (fallback, `warn`), Redis back empty
 //! (the data-loss line, which says it goes quiet), and the quiet period over. The worker is
 //! ticked by hand, so the order is chosen, not raced; a test layer records every event.
+//!
+//! A test binary of its own (the crate's other tests are one binary, `tests/it`): it installs
+//! `tracing` dispatchers, and `tracing`'s callsite interest is process-wide, so tests running
+//! beside it in one process could leave a callsite it records disabled.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

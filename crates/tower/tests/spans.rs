@@ -9,6 +9,10 @@
 //!   in a `debug` event there; a retry refused its slot when its backoff ended is a span of its
 //!   own with the reason and no status;
 //! - each change of a breaker's state is exactly one log line.
+//!
+//! A test binary of its own (the crate's other tests are one binary, `tests/it`): it installs
+//! `tracing` dispatchers, and `tracing`'s callsite interest is process-wide, so tests running
+//! beside it in one process could leave a callsite it records disabled.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

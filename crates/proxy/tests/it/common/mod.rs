@@ -1,0 +1,30 @@
+//! Helpers the proxy's chaos-driven tests share (e2e, failover, fleet, operate, deploy_kit).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use stormguard_chaos::{ChaosConfig, ChaosServer, OnDisconnect, Phase};
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A chaos upstream on an ephemeral loopback port playing `phase`, that works on a request to
+/// its end when the client leaves (`finish`), as real servers do: its in-flight count is what
+/// the dependency really has.
+pub async fn chaos(phase: Phase) -> ChaosServer {
+    let mut c = ChaosConfig::single(phase);
+    c.on_disconnect = OnDisconnect::Finish;
+    stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+/// The callers' HTTP/1.1 client.
+pub type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
