@@ -574,7 +574,7 @@ impl ChaosBody {
         } else if cut_next {
             // Long enough for the server to flush the event before the cut drops what is
             // unflushed.
-            self.sleep = Some(Box::pin(tokio::time::sleep(delay.max(Duration::from_millis(2)))));
+            self.sleep = Some(Box::pin(tokio::time::sleep(delay.max(CUT_PAUSE))));
         } else if !delay.is_zero() {
             self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
         }
@@ -594,6 +594,9 @@ impl ChaosBody {
         }
     }
 }
+
+/// How long a body waits before it is cut, after what it sent of itself (see `poll_frame`).
+const CUT_PAUSE: Duration = Duration::from_millis(10);
 
 impl Body for ChaosBody {
     type Data = Bytes;
@@ -632,9 +635,11 @@ impl Body for ChaosBody {
             // response while the request still counts in flight.
             this.finish();
         } else if this.cut_after == Some(0) {
-            // Pause before the cut, so the server flushes what was sent: the client must see the
-            // head and half the body, then the failure (an error drops unflushed bytes).
-            this.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(2))));
+            // Pause before the cut, so the server flushes what was sent and the client reads it:
+            // the client must see the head and half the body, then the failure (an error drops
+            // unflushed bytes, and a client that had not read the head by the close would count
+            // a reset). 2 ms was once too short on a loaded 2-core machine.
+            this.sleep = Some(Box::pin(tokio::time::sleep(CUT_PAUSE)));
         } else if let Some(interval) = this.interval {
             this.sleep = Some(Box::pin(tokio::time::sleep(interval)));
         }
