@@ -4,7 +4,9 @@ the doc tests, then one summary.
 
 Each crate's integration tests are one binary (tests/it). They run one binary at a time, as
 `cargo test` runs them, except the proxy's, the longest by far (most of its time is spent
-waiting: open loops paced on the wall clock, timeouts), which runs beside the others. A binary
+waiting: open loops paced on the wall clock, timeouts), which runs beside the others; its
+adaptive-cap runs, which judge latency under a load of their own, run last and alone, as they
+were calibrated; the doc tests (a compile) after the proxy's binary is done. A binary
 is run as cargo runs it (from its package's directory), with libtest's `--report-time` (an
 unstable option of the test harness, enabled for the test binaries alone by RUSTC_BOOTSTRAP=1
 in their environment; the compiler never sees it), so the end of the run lists the slowest
@@ -26,8 +28,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 LOGS = os.path.join(TARGET, "test-logs")
-# Test binaries run beside the others rather than after them: (package, target name).
-BESIDE = {("stormguard-proxy", "it")}
+# Test binaries run beside the others rather than after them, by manifest directory and target
+# name; and the tests of theirs (a libtest filter) that run alone, last.
+BESIDE = {("crates/proxy", "it"): "adaptive::"}
 SLOWEST = 10
 
 RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
@@ -35,12 +38,16 @@ TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([0-9.]+)s>", re.M)
 
 
 def binaries():
-    """Every test binary of the workspace: (package, target, kind, executable, package dir)."""
-    out = subprocess.run(
+    """Every test binary of the workspace: (package, target, kind, executable, package dir), and
+    the workspace's binaries by name (what `CARGO_BIN_EXE_<name>` names under cargo)."""
+    build = subprocess.run(
         ["cargo", "test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"],
-        cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True,
-    ).stdout
-    found = []
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    if build.returncode != 0:
+        return None, None
+    out = build.stdout
+    found, bins = [], {}
     for line in out.splitlines():
         try:
             m = json.loads(line)
@@ -49,11 +56,13 @@ def binaries():
         if m.get("reason") != "compiler-artifact" or not m.get("executable"):
             continue
         if not m["profile"]["test"]:
+            if "bin" in m["target"]["kind"]:
+                bins[m["target"]["name"]] = m["executable"]
             continue
         name = m["target"]["name"]
         kind = m["target"]["kind"][0]
         found.append((package_name(m), name, kind, m["executable"], os.path.dirname(m["manifest_path"])))
-    return found
+    return found, bins
 
 
 def package_name(m):
@@ -67,6 +76,16 @@ def package_name(m):
 
 
 def run(label, argv, cwd, env, results, lock):
+    """Runs one binary, keeps its output, records its result; an error running it is a failure."""
+    try:
+        run_one(label, argv, cwd, env, results, lock)
+    except Exception as e:  # noqa: BLE001 - any failure to run is a failed binary
+        with lock:
+            results.append((label, 1, 0, 0, 0.0, [], str(e)))
+            print(f"{label}: could not be run: {e}", flush=True)
+
+
+def run_one(label, argv, cwd, env, results, lock):
     os.makedirs(LOGS, exist_ok=True)
     log_path = os.path.join(LOGS, re.sub(r"[^A-Za-z0-9_.-]", "_", label) + ".log")
     started = time.monotonic()
@@ -95,24 +114,38 @@ def run(label, argv, cwd, env, results, lock):
 
 def main():
     env = dict(os.environ)
-    test_env = dict(env, RUSTC_BOOTSTRAP="1")
     report = ["-Z", "unstable-options", "--report-time"]
     results, lock = [], threading.Lock()
     shutil.rmtree(LOGS, ignore_errors=True)
-    beside, after = [], []
-    for package, name, kind, exe, cwd in binaries():
+    found, bins = binaries()
+    if found is None:
+        print("the tests did not build (see above)")
+        print("0 passed, 0 failed")
+        return 1
+    test_env = dict(env, RUSTC_BOOTSTRAP="1")
+    for name, exe in bins.items():
+        test_env["CARGO_BIN_EXE_" + name] = exe
+    beside, after, last = [], [], []
+    for package, name, kind, exe, cwd in found:
         label = f"{package} (unit)" if kind == "lib" else f"{package} {kind} {name}"
-        job = (label, [exe] + report, cwd, test_env)
-        (beside if (package, name) in BESIDE else after).append(job)
+        alone = BESIDE.get((os.path.relpath(cwd, ROOT), name)) if kind == "test" else None
+        if alone is None:
+            after.append((label, [exe] + report, cwd, test_env))
+        else:
+            beside.append((label, [exe, "--skip", alone] + report, cwd, test_env))
+            last.append((f"{label} {alone}", [exe, alone] + report, cwd, test_env))
     threads = [threading.Thread(target=run, args=job + (results, lock)) for job in beside]
     for t in threads:
         t.start()
     for job in after:
         run(*job, results, lock)
-    # The doc tests: cargo builds and runs them (the unstable option is not passed to them).
-    run("doc tests", ["cargo", "test", "--workspace", "--locked", "--doc"], ROOT, env, results, lock)
     for t in threads:
         t.join()
+    # The doc tests: cargo builds and runs them (the unstable option is not passed to them).
+    doc = ["cargo", "test", "--workspace", "--locked", "--doc", "--no-fail-fast"]
+    run("doc tests", doc, ROOT, env, results, lock)
+    for job in last:
+        run(*job, results, lock)
     passed = sum(r[2] for r in results)
     failed = sum(r[3] for r in results)
     broken = [r for r in results if r[1] != 0]

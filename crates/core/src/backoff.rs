@@ -862,21 +862,3 @@ mod tests {
         }
     }
 }
-
-#[cfg(all(test, stormguard_loom))]
-mod loom_tests {
-    use super::*;
-    use loom::sync::Arc;
-
-    #[test]
-    fn racing_holds_keep_the_later_time() {
-        loom::model(|| {
-            let hold = Arc::new(PushbackHold::new());
-            let other = hold.clone();
-            let t = loom::thread::spawn(move || other.hold_until(Timestamp::from_millis(5)));
-            hold.hold_until(Timestamp::from_millis(9));
-            t.join().unwrap();
-            assert_eq!(hold.is_held(Timestamp::ZERO), Some(Timestamp::from_millis(9)));
-        });
-    }
-}

@@ -187,3 +187,18 @@ fn half_open_admits_one_probe_at_a_time() {
         assert_eq!(permits.len(), 1);
     });
 }
+
+/// Two holds set at once: the later time wins, whichever lands first (`fetch_max`). (It lived
+/// in core's `backoff` under the loom cfg, where no loom run reached it.)
+#[test]
+fn racing_holds_keep_the_later_time() {
+    use stormguard_core::backoff::PushbackHold;
+    model(|| {
+        let hold = Arc::new(PushbackHold::new());
+        let other = hold.clone();
+        let t = thread::spawn(move || other.hold_until(Timestamp::from_millis(5)));
+        hold.hold_until(Timestamp::from_millis(9));
+        t.join().unwrap();
+        assert_eq!(hold.is_held(Timestamp::ZERO), Some(Timestamp::from_millis(9)));
+    });
+}

@@ -10,7 +10,7 @@
 //! The budget is the trade made visible: reqwest-retry turns 30 % errors into about 40 % more
 //! load on a dependency that is already failing, and hides most failures from its callers;
 //! stormguard holds the extra load to 25 % of the calls, and the failures past it reach the
-//! callers at once, each with its reason. (The storm test, `tests/storm.rs`, adds the other
+//! callers at once, each with its reason. (The storm test, `tests/it/storm.rs`, adds the other
 //! half: with open-loop arrivals reqwest-retry also goes over the cap; stormguard never does.)
 
 use std::time::Duration;
