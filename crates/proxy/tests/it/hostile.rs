@@ -27,14 +27,7 @@ async fn proxy(d: ProxyDependency, body_idle: Duration) -> ProxyHandle {
 }
 
 async fn get(c: &TestClient, addr: SocketAddr) -> (StatusCode, http::HeaderMap) {
-    let req = Request::get(format!("http://{addr}/ok")).body(Full::new(Bytes::new())).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(2), c.request(req))
-        .await
-        .expect("answered within 2 s")
-        .unwrap();
-    let (parts, body) = resp.into_parts();
-    body.collect().await.unwrap();
-    (parts.status, parts.headers)
+    get_path(c, addr, "/ok").await
 }
 
 /// Sends `head` and `body` on a new connection, then closes its sending side.
@@ -329,6 +322,7 @@ async fn relay_proxy(up: &Upstream, cap: u64, tune: impl FnOnce(&mut ProxyConfig
     start(c).await.unwrap()
 }
 
+/// A GET of `path`, its body read whole, answered within 2 s.
 async fn get_path(c: &TestClient, addr: SocketAddr, path: &str) -> (StatusCode, http::HeaderMap) {
     let req = Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(2), c.request(req))
