@@ -47,14 +47,17 @@ shows each retry decision), --log-format json writes one JSON object a line, --a
 writes one line per request apart.
 The config format is in docs/proxy.md (limits, timeouts, security and logs included).")]
 pub struct ProxyArgs {
-    /// A TOML config. Beside it, --admin, --record, --shadow, --drain-timeout and the listener
-    /// and admin access flags (--header-read-timeout, --idle-timeout, --max-connections,
-    /// --admin-allow-remote, --admin-token) apply over the file (shown in /config, kept at
-    /// every reload), and --threads and --duration apply as always; the per-dependency flags (--cap, --budget, --retry-on, --max-retries, ...) cannot
-    /// be combined with it: set them in the file's [[dependency]].
+    /// A TOML config. Beside it, --admin, --record, --shadow, --drain-timeout, the callers'
+    /// --body-timeout and --response-idle-timeout, and the listener and admin access flags
+    /// (--header-read-timeout, --idle-timeout, --max-connections, --admin-allow-remote,
+    /// --admin-token) apply over the file (shown in /config, kept at every reload), and
+    /// --threads and --duration apply as always; the per-dependency flags (--cap, --budget,
+    /// --retry-on, --max-retries, --breaker, ...) cannot be combined with it: set them in the
+    /// file's [[dependency]].
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "upstream", "listen", "cap", "budget", "retry_on", "max_retries", "per_try_timeout",
         "deadline", "backoff", "queue", "queue_timeout", "timeout_slot_hold", "abandon_hold",
+        "breaker",
     ])]
     pub config: Option<PathBuf>,
     /// Where callers connect.
@@ -141,6 +144,13 @@ pub struct ProxyArgs {
     /// dependency).
     #[arg(long)]
     pub shadow: bool,
+    /// Turn the circuit breaker on, with its defaults: open when half the attempts of the last
+    /// 10 s failed (at least 20 of them) or 10 failed in a row; open 5 s (fail fast, no
+    /// retries); then one probe. Off by default: the budget and the cap bound a failing
+    /// dependency's load without it. A config file sets it, and each key, in
+    /// [dependency.breaker].
+    #[arg(long)]
+    pub breaker: bool,
     /// Record mode: write every dependency's traffic to FILE as `replay` JSON lines (replay
     /// one with `stormguard replay --dependency NAME --policy SPEC FILE`).
     #[arg(long, value_name = "FILE")]
@@ -304,6 +314,7 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
         d.abandon_hold = t;
     }
     d.enforce = !args.shadow;
+    d.breaker = args.breaker.then(stormguard_core::breaker::BreakerConfig::default);
     let mut config = ProxyConfig::single(args.listen, d);
     config.record.clone_from(&args.record);
     if let Some(d) = args.drain_timeout {

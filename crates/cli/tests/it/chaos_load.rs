@@ -187,10 +187,7 @@ fn bad_flags_exit_2_naming_the_flag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_stats_exit_2() {
     let s = chaos(Phase::default(), 0).await;
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (dead, _refusing) = crate::support::refused_addr();
     let out = run(args(&[
         "load",
         "--target",
@@ -640,10 +637,7 @@ async fn the_proof_fails_without_stormguard_and_holds_through_it() {
 async fn a_run_nobody_answered_fails() {
     // The target is down: every request is a connect error. No assertion was asked for, and
     // still the run fails.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (dead, _refusing) = crate::support::refused_addr();
     let out = run(args(&["load", "--target", &format!("http://{dead}/"), "--requests", "5"])).await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);

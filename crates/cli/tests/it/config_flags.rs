@@ -54,6 +54,13 @@ fn per_dependency_flags_beside_config_are_refused_naming_them() {
                     .and(predicate::str::contains("set them in its [[listener]]")),
             );
     }
+    // A switch, too.
+    stormguard()
+        .args(["proxy", "--config", file, "--breaker", "--duration", "100ms"])
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot be used with '--breaker'"));
     // Several at once: every one named.
     stormguard()
         .args(["proxy", "--config", file, "--cap", "5", "--budget", "ratio:percent=0.1"])
@@ -290,16 +297,23 @@ async fn listener_flags_apply_over_the_file_and_survive_a_reload() {
         "5s",
         "--max-connections",
         "100",
+        "--body-timeout",
+        "7s",
+        "--response-idle-timeout",
+        "0s",
     ]);
     let c = client();
     let check = |json: &Value| {
         assert_eq!(json["header_read_timeout"], "2000ms", "{json}");
         assert_eq!(json["idle_timeout"], "5000ms", "{json}");
         assert_eq!(json["max_connections"], 100, "{json}");
+        assert_eq!(json["body_timeout"], "7000ms", "{json}");
+        assert_eq!(json["response_idle_timeout"], "0ms", "{json}");
         assert_eq!(
             json["overrides"],
             serde_json::json!({"admin": "127.0.0.1:0", "header_read_timeout": "2000ms",
-                "idle_timeout": "5000ms", "max_connections": 100}),
+                "idle_timeout": "5000ms", "max_connections": 100, "body_timeout": "7000ms",
+                "response_idle_timeout": "0ms"}),
         );
     };
     check(&config_json(&c, &p).await);
@@ -317,4 +331,32 @@ async fn listener_flags_apply_over_the_file_and_survive_a_reload() {
         ));
     p.signal("-TERM");
     assert!(p.child.wait().unwrap().success());
+}
+
+/// `--breaker` turns the breaker on with its defaults, as `/config` shows; without it there is
+/// none (its default is off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_flag_turns_it_on_with_its_defaults() {
+    let up = upstream().await;
+    let c = client();
+    for (flag, on) in [(Some("--breaker"), true), (None, false)] {
+        let mut args = vec![
+            "--upstream",
+            up.url("").leak(),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ];
+        args.extend(flag);
+        let p = Proxy::spawn(&args);
+        let json = config_json(&c, &p).await;
+        let breaker = &json["dependencies"][0]["breaker"];
+        if on {
+            assert_eq!(breaker["failure_ratio"], "0.5", "{json}");
+            assert_eq!(breaker["consecutive_failures"], 10, "{json}");
+        } else {
+            assert!(breaker.is_null(), "{json}");
+        }
+    }
 }

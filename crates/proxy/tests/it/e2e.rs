@@ -267,10 +267,7 @@ async fn post_not_duplicated_on_reset_but_retried_on_connect_failure() {
     assert_eq!(resetting.stats().total.requests, 4, "1 + a GET and its 2 retries");
     p.shutdown().await;
 
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (closed, _refusing) = crate::common::refused_addr();
     let p = proxy(ProxyDependency::new("gone", format!("http://{closed}").parse().unwrap())).await;
     let (status, headers, _) = send(&c, "POST", &url(&p, "/pay"), b"pay 10 EUR").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);

@@ -78,10 +78,7 @@ async fn a_retry_refused_after_a_transport_failure_says_why() {
     p.shutdown().await;
 
     // A connect failure (nothing listens there), its retry refused by the budget.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let (closed, _refusing) = crate::common::refused_addr();
     let mut d = ProxyDependency::new("pay", format!("http://{closed}").parse().unwrap());
     d.budget = "ratio:percent=0,min_per_sec=0".parse().unwrap();
     let p = proxy(d).await;

@@ -28,3 +28,12 @@ pub type TestClient = Client<HttpConnector, Full<Bytes>>;
 pub fn client() -> TestClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
+
+/// An address on loopback where nothing listens, kept so while the returned socket lives: bound
+/// but never listening, so a connect is refused and no other test can be given the port (a
+/// listener bound and dropped frees its port for whoever binds next).
+pub fn refused_addr() -> (std::net::SocketAddr, tokio::net::TcpSocket) {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (s.local_addr().unwrap(), s)
+}
