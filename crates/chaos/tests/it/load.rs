@@ -146,9 +146,10 @@ async fn refuses_what_is_not_loopback_and_unreachable_stats() {
     assert!(matches!(LoadConfig::new("http://192.0.2.10:9000/"), Err(LoadError::NotLoopback(_))));
     assert!(matches!(LoadConfig::new("not a url"), Err(LoadError::Invalid(_))));
     // Nothing listens on the stats port: the run refuses to start rather than assert blind.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    // Bound but never listening, for the whole test: refused, and no other test's port.
+    let refusing = tokio::net::TcpSocket::new_v4().unwrap();
+    refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = refusing.local_addr().unwrap().port();
     let mut c = config(&format!("http://127.0.0.1:{port}/"));
     c.requests = Some(1);
     c.assertions.max_in_flight = Some(1);
