@@ -7,6 +7,11 @@ false` and each SDK call reaches the proxy once; with it off, the SDK's own loop
 by default) sends the same call three times. Counted at the proxy (its `/metrics`,
 `stormguard_route_requests`) and at the upstream (exactly, in this process).
 
+And a refusal for the provider's window is a rate limit to the SDK: with `provider = "openai"`
+(or `"anthropic"`) and one request a minute, the second call is refused by stormguard as a 429
+in the provider's own shape, and the SDK raises its rate-limit error (`RateLimitError`), not a
+server error, without retrying it.
+
 Usage: python tests/sdk/pushback.py PATH/TO/stormguard
 Talks only to 127.0.0.1 on ephemeral ports; every process it starts is stopped on exit.
 """
@@ -32,7 +37,7 @@ class Upstream(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self):
+    def __init__(self, ok=False):
         self.count = 0
         self.lock = threading.Lock()
 
@@ -42,6 +47,21 @@ class Upstream(http.server.ThreadingHTTPServer):
                 h.rfile.read(length)
                 with self.lock:
                     self.count += 1
+                if ok:
+                    # An answer both SDKs read: a chat completion and a message, in one object.
+                    body = (
+                        b'{"id": "x", "object": "chat.completion", "created": 0, "model": "m",'
+                        b' "choices": [], "type": "message", "role": "assistant", "content": [],'
+                        b' "stop_reason": "end_turn", "usage": {"input_tokens": 1,'
+                        b' "output_tokens": 1, "prompt_tokens": 1, "completion_tokens": 1,'
+                        b' "total_tokens": 2}}'
+                    )
+                    h.send_response(200)
+                    h.send_header("content-type", "application/json")
+                    h.send_header("content-length", str(len(body)))
+                    h.end_headers()
+                    h.wfile.write(body)
+                    return
                 body = b'{"error": {"message": "overloaded", "type": "overloaded_error"}}'
                 h.send_response(503)
                 h.send_header("content-type", "application/json")
@@ -74,7 +94,7 @@ class Proxy:
     the route: an LLM API's calls are POSTs the SDKs treat as safe to resend, so the route says
     so (`idempotent = true`) and stormguard retries them within its budget too."""
 
-    def __init__(self, upstream_port, pushback):
+    def __init__(self, upstream_port, pushback, extra=""):
         self.port, self.admin = free_port(), free_port()
         self.dir = tempfile.mkdtemp(prefix="stormguard-sdk-")
         path = os.path.join(self.dir, "proxy.toml")
@@ -84,6 +104,7 @@ class Proxy:
                 f'[[listener]]\nlisten = "127.0.0.1:{self.port}"\ndependency = "llm"\n'
                 f"downstream_pushback = {'true' if pushback else 'false'}\n"
                 f'[[dependency]]\nname = "llm"\nupstreams = ["http://127.0.0.1:{upstream_port}"]\n'
+                f"{extra}"
                 f'[[route]]\npath_prefix = "/"\ndependency = "llm"\nidempotent = true\n'
             )
         self.proc = subprocess.Popen(
@@ -168,10 +189,46 @@ def main():
         finally:
             proxy.stop()
     upstream.shutdown()
+    failures += rate_limits()
     if failures:
         print("\n".join(failures), file=sys.stderr)
         sys.exit(1)
     print("every SDK call stood down at stormguard's refusal, and retried without it")
+
+
+def rate_limits():
+    """One request a minute under each provider's preset: the second call is stormguard's 429,
+    and the SDK raises its rate-limit error without retrying."""
+    upstream = Upstream(ok=True)
+    failures = []
+    for name, call, error in [
+        ("openai", call_openai, openai.RateLimitError),
+        ("anthropic", call_anthropic, anthropic.RateLimitError),
+    ]:
+        extra = f'provider = "{name}"\nrequests_per_minute = 1\nqueue_timeout = "50ms"\n'
+        proxy = Proxy(upstream.server_address[1], True, extra)
+        try:
+            base = f"http://127.0.0.1:{proxy.port}"
+            call(base)
+            before = proxy.requests()
+            try:
+                call(base)
+                failures.append(f"{name}: the second call in the minute succeeded")
+                continue
+            except error as e:
+                sent = proxy.requests() - before
+                print(
+                    f"{name:9} rate limited: {type(e).__name__} status={e.status_code} "
+                    f"calls at the proxy={sent} attempts at the upstream={upstream.take()}"
+                )
+                if sent != 1:
+                    failures.append(f"{name}: the SDK sent the refused call {sent} times")
+            except Exception as e:  # noqa: BLE001 - the wrong class is the failure
+                failures.append(f"{name}: the SDK raised {type(e).__name__}, not {error.__name__}")
+        finally:
+            proxy.stop()
+    upstream.shutdown()
+    return failures
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ pub fn stack(
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,
         // 504, 502 with the reason), so every caller gets exactly one answer.
-        .then(answer)
+        .then(move |r| answer(r, provider))
         // Retry outside the cap: every attempt takes its own slot, and a retry uses
         // try_acquire, so it can never queue.
         .layer(RetryLayer::new(dependency.clone()))
@@ -81,7 +81,10 @@ pub fn stack(
 
 /// What the caller gets: the upstream's response (hop-by-hop headers removed, a refused
 /// retry's reason in `x-stormguard-denied`), or the proxy's own answer.
-async fn answer<B>(result: Result<Response<B>, BoxError>) -> Result<Response<ProxyBody>, BoxError>
+async fn answer<B>(
+    result: Result<Response<B>, BoxError>,
+    provider: Option<stormguard_tower::Provider>,
+) -> Result<Response<ProxyBody>, BoxError>
 where
     B: http_body::Body<Data = Bytes, Error = BoxError> + Send + Unpin + 'static,
 {
@@ -99,6 +102,10 @@ where
             Response::from_parts(parts, body.boxed_unsync())
         }
         Err(e) => match e.downcast_ref::<StormguardError>() {
+            // A first try refused for the provider's window is a rate limit, said as one: 429, in
+            // the provider's own error shape, so an SDK raises its rate-limit error (the advice
+            // headers, `Retry-After` included, are added at the edge).
+            Some(StormguardError::Denied(Denied::Rate)) => rate_refusal(provider),
             Some(StormguardError::Denied(reason)) => {
                 let status = if *reason == Denied::Deadline {
                     StatusCode::GATEWAY_TIMEOUT
@@ -179,6 +186,34 @@ pub(crate) fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Res
     )
 }
 
+/// stormguard's refusal for the provider's window: `429` with `x-stormguard-denied: rate`, its
+/// body in the shape the provider's own 429 has (OpenAI's `rate_limit_exceeded`, Anthropic's
+/// `rate_limit_error`), plain text otherwise.
+fn rate_refusal(provider: Option<stormguard_tower::Provider>) -> Response<ProxyBody> {
+    use stormguard_tower::Provider;
+    const MESSAGE: &str =
+        "stormguard: refused (rate): the provider's rate limit leaves no room for this request now";
+    let json = match provider {
+        Some(Provider::OpenAi) => Some(format!(
+            r#"{{"error":{{"message":"{MESSAGE}","type":"requests","param":null,"code":"rate_limit_exceeded"}}}}"#
+        )),
+        Some(Provider::Anthropic) => Some(format!(
+            r#"{{"type":"error","error":{{"type":"rate_limit_error","message":"{MESSAGE}"}}}}"#
+        )),
+        _ => None,
+    };
+    let mut resp = local(
+        StatusCode::TOO_MANY_REQUESTS,
+        Some((&DENIED_HEADER, Denied::Rate.as_str())),
+        &json.clone().unwrap_or_else(|| format!("{MESSAGE}\n")),
+    );
+    if json.is_some() {
+        resp.headers_mut()
+            .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    resp
+}
+
 /// A response the proxy makes itself.
 pub fn local(
     status: StatusCode,
@@ -196,4 +231,36 @@ pub fn local(
     }
     resp.extensions_mut().insert(crate::pushback::LocalAnswer);
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use stormguard_tower::Provider;
+
+    async fn body(r: Response<ProxyBody>) -> String {
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(b.to_vec()).unwrap()
+    }
+
+    /// Each provider's SDK reads its own 429 shape: the refusal is in it, and is JSON.
+    #[tokio::test]
+    async fn a_rate_refusal_has_the_providers_shape() {
+        for (provider, has) in [
+            (Some(Provider::OpenAi), r#""code":"rate_limit_exceeded""#),
+            (Some(Provider::Anthropic), r#""type":"rate_limit_error""#),
+            (None, "refused (rate)"),
+        ] {
+            let r = rate_refusal(provider);
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(r.headers()[&DENIED_HEADER], "rate");
+            let json = provider.is_some();
+            let text = body(r).await;
+            assert!(text.contains(has), "{text}");
+            if json {
+                serde_json::from_str::<serde_json::Value>(&text).expect("valid JSON");
+            }
+        }
+    }
 }

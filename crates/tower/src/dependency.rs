@@ -545,8 +545,10 @@ impl Dependency {
     }
 
     /// How long until upstream `i` takes retries again, when that is known: its breaker's
-    /// break ends, or the dependency's pushback hold (a `Retry-After` it sent) lifts, whichever
-    /// is later. `None` when neither holds. What a refusal can tell its caller as `Retry-After`.
+    /// break ends, the dependency's pushback hold (a `Retry-After` it sent) lifts, or, under
+    /// rate admission, the provider's window has room for one more request, whichever is
+    /// latest. `None` when none of these holds. What a refusal can tell its caller as
+    /// `Retry-After`.
     pub fn retry_after(&self, i: usize) -> Option<std::time::Duration> {
         let now = self.now();
         let u = self.upstream_at(i);
@@ -554,8 +556,13 @@ impl Dependency {
             BreakerState::Open { until } => Some(until),
             _ => None,
         });
-        let until = open.into_iter().chain(u.hold.is_held(now)).max()?;
-        Some(until.saturating_since(now))
+        let until = open.into_iter().chain(u.hold.is_held(now)).max();
+        let held = until.map(|t| t.saturating_since(now));
+        let turn = self
+            .rates_at(i)
+            .map(|r| r.wait_for(now, crate::extensions::RateCost::default()))
+            .filter(|w| !w.is_zero());
+        held.into_iter().chain(turn).max()
     }
 
     /// Rate admission's limits on the first upstream, when it is on.

@@ -624,7 +624,7 @@ async fn refused_rate_after(
     assert_eq!(status, lie.1);
     tokio::time::sleep(then).await;
     let (status, headers) = chat(&c, addr, None).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(headers["x-stormguard-denied"], "rate");
     p.shutdown().await;
 }
@@ -647,7 +647,11 @@ async fn a_day_long_reset_holds_admission_at_most_max_hold() {
     let held = tokio::time::Instant::now();
     let (status, headers) = chat(&c, addr, None).await;
     assert_eq!(headers.get("x-stormguard-denied").map(|v| v.to_str().unwrap()), Some("rate"));
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    // A rate refusal is said as one: 429, when to come back, and not to retry before.
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "1", "the hold is max_hold, 1 s: {headers:?}");
+    assert_eq!(headers["x-should-retry"], "false");
+    assert_eq!(headers["content-type"], "application/json");
     loop {
         let (status, _) = chat(&c, addr, None).await;
         if status == StatusCode::OK {

@@ -110,7 +110,7 @@ async fn a_spent_quota_is_never_retried_and_holds_the_upstream() {
             Some(_) => {
                 assert_eq!(seen, 1, "one attempt reached the provider: no retry, then held");
                 for g in &later {
-                    assert_eq!(g.status, StatusCode::SERVICE_UNAVAILABLE);
+                    assert_eq!(g.status, StatusCode::TOO_MANY_REQUESTS);
                     assert_eq!(g.headers["x-stormguard-denied"], "rate");
                 }
             }
