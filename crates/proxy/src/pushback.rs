@@ -6,8 +6,10 @@
 //! - `x-should-retry: false`, which the OpenAI and Anthropic SDKs (and every SDK generated like
 //!   them) read before their status rules: without it a 503 is retried twice by default, and
 //!   each refused call comes back two more times;
-//! - `Retry-After` (seconds) when a time is known: the breaker's break, or the pushback hold an
-//!   upstream's own `Retry-After` set; an upstream's own `Retry-After` passes through as it is;
+//! - `Retry-After` (seconds) when a time is known: the breaker's break, the pushback hold an
+//!   upstream's own `Retry-After` set, the provider's window's next room; 1 s for a full cap or
+//!   queue (a slot comes back when an attempt ends, which nobody can tell); an upstream's own
+//!   `Retry-After` passes through as it is;
 //! - for gRPC callers, `grpc-retry-pushback-ms: -1` (gRPC's "do not retry", A6), and stormguard's
 //!   own refusal is a trailers-only gRPC answer (`grpc-status` 14 `UNAVAILABLE`, 4
 //!   `DEADLINE_EXCEEDED` for the deadline), which a gRPC client reads as a status and its
@@ -38,6 +40,9 @@ static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LocalAnswer;
 
+/// The `Retry-After` of a refusal for a full cap or queue, when nothing longer is known.
+const CAP_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Whether a refusal for `reason` means "do not try this again now": the dependency's load,
 /// not the request.
 pub(crate) fn stands_down(reason: Denied) -> bool {
@@ -66,8 +71,11 @@ pub(crate) fn advise(
     }
     let headers = resp.headers_mut();
     headers.insert(SHOULD_RETRY.clone(), HeaderValue::from_static("false"));
+    // A full cap or queue frees a slot as soon as an attempt ends, a time nobody knows: the
+    // shortest wait a `Retry-After` can say (1 s), so a caller's loop does not come back at once.
+    let short = matches!(reason, Denied::Cap | Denied::Queue).then_some(CAP_RETRY_AFTER);
     if !headers.contains_key(http::header::RETRY_AFTER)
-        && let Some(d) = retry_after()
+        && let Some(d) = retry_after().or(short)
     {
         // Whole seconds, rounded up: a caller that waits this long finds the break over.
         let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
@@ -133,8 +141,14 @@ mod tests {
         for reason in ["budget", "cap", "breaker", "attempts", "pushback", "deadline", "queue"] {
             let r = advise(refused(reason, true), false, || None);
             assert_eq!(r.headers()[&SHOULD_RETRY], "false", "{reason}");
-            assert!(!r.headers().contains_key(http::header::RETRY_AFTER));
+            // A full cap or queue says a short wait; the others only a known one.
+            let short = matches!(reason, "cap" | "queue");
+            let said = r.headers().get(http::header::RETRY_AFTER).map(|v| v.to_str().unwrap());
+            assert_eq!(said, short.then_some("1"), "{reason}");
         }
+        // A known wait wins over the short one.
+        let r = advise(refused("queue", true), false, || Some(Duration::from_millis(2_500)));
+        assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
         // What the request is says nothing of load.
         for reason in ["non-idempotent", "body", "stacked"] {
             let r = advise(refused(reason, true), false, || Some(Duration::from_secs(5)));
