@@ -111,26 +111,34 @@ pub(crate) struct ListenerStats {
     accepted: AtomicU64,
     closed: [AtomicU64; Closed::ALL.len()],
     /// When the limit was last logged at warn (at most every 10 s).
-    limit_warned: Mutex<Option<Instant>>,
-    /// When a failed accept was last logged at warn (at most every 10 s), and the failures
-    /// since.
-    accept_warned: Mutex<Option<Instant>>,
-    accept_failed: AtomicU64,
-    /// The same for HTTP/2 connections closed for resetting streams too fast.
-    calm_warned: Mutex<Option<Instant>>,
-    calmed: AtomicU64,
+    limit_warned: Throttled,
+    /// Failed accepts, logged at warn at most every 10 s.
+    accept_failed: Throttled,
+    /// HTTP/2 connections closed for resetting streams too fast, the same.
+    calmed: Throttled,
 }
 
-/// Whether a warning last given at `*last` may be given again now (at most every 10 s): one
-/// client cannot fill the log with one line per connection.
-fn warn_due(last: &Mutex<Option<Instant>>) -> bool {
-    let now = Instant::now();
-    let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-    let due = last.is_none_or(|t| now >= t + Duration::from_secs(10));
-    if due {
+/// A warning given at most every 10 s, with the count of what it warns of since the last one:
+/// one client cannot fill the log with one line per connection.
+#[derive(Debug, Default)]
+struct Throttled {
+    last: Mutex<Option<Instant>>,
+    since: AtomicU64,
+}
+
+impl Throttled {
+    /// One more; the count since the last warning when one is due now.
+    fn tick(&self) -> Option<u64> {
+        let n = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|t| now < t + Duration::from_secs(10)) {
+            return None;
+        }
         *last = Some(now);
+        self.since.store(0, Ordering::Relaxed);
+        Some(n)
     }
-    due
 }
 
 impl ListenerStats {
@@ -141,11 +149,9 @@ impl ListenerStats {
             open: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
             closed: Default::default(),
-            limit_warned: Mutex::new(None),
-            accept_warned: Mutex::new(None),
-            accept_failed: AtomicU64::new(0),
-            calm_warned: Mutex::new(None),
-            calmed: AtomicU64::new(0),
+            limit_warned: Throttled::default(),
+            accept_failed: Throttled::default(),
+            calmed: Throttled::default(),
         }
     }
 
@@ -157,10 +163,8 @@ impl ListenerStats {
     /// since), so a flood of connections reset before they are accepted is one line, not one a
     /// connection.
     fn accept_failed(&self, e: &io::Error) {
-        let n = self.accept_failed.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::debug!(listener = %self.label, error = %e, "accept failed");
-        if warn_due(&self.accept_warned) {
-            self.accept_failed.store(0, Ordering::Relaxed);
+        if let Some(n) = self.accept_failed.tick() {
             tracing::warn!(listener = %self.label, error = %e, failures = n, "accept failed (logged at most every 10 s)");
         }
     }
@@ -178,23 +182,21 @@ impl ListenerStats {
             cause = c.source();
         }
         tracing::debug!(listener = %self.label, error = %chain, "connection ended with an error");
-        if chain.contains("excessive load") || chain.contains("ENHANCE_YOUR_CALM") {
-            let n = self.calmed.fetch_add(1, Ordering::Relaxed) + 1;
-            if warn_due(&self.calm_warned) {
-                self.calmed.store(0, Ordering::Relaxed);
-                tracing::warn!(
-                    listener = %self.label,
-                    connections = n,
-                    "HTTP/2 callers reset streams faster than allowed: their connections were closed (ENHANCE_YOUR_CALM; logged at most every 10 s)"
-                );
-            }
+        if (chain.contains("excessive load") || chain.contains("ENHANCE_YOUR_CALM"))
+            && let Some(n) = self.calmed.tick()
+        {
+            tracing::warn!(
+                listener = %self.label,
+                connections = n,
+                "HTTP/2 callers reset streams faster than allowed: their connections were closed (ENHANCE_YOUR_CALM; logged at most every 10 s)"
+            );
         }
     }
 
     fn refuse(&self, peer: SocketAddr) {
         self.count(Closed::Limit);
         tracing::debug!(listener = %self.label, %peer, reason = "limit", "connection closed");
-        if warn_due(&self.limit_warned) {
+        if self.limit_warned.tick().is_some() {
             tracing::warn!(
                 listener = %self.label,
                 max_connections = self.max,

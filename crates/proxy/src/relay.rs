@@ -254,7 +254,6 @@ pub(crate) async fn read_ahead(
                     reader_gone: false,
                     taken: 0,
                     conn: None,
-                    cut: false,
                 }),
             });
             tokio::spawn(Pump {
@@ -283,7 +282,7 @@ impl StallHook {
     /// The answer goes out on `conn`.
     pub(crate) fn attach(self, conn: Arc<ConnWatch>) {
         let mut s = self.0.lock();
-        if s.cut {
+        if matches!(s.end, Some(End::Cut(_))) {
             drop(s);
             conn.response_stalled();
         } else {
@@ -318,7 +317,6 @@ struct PipeState {
     /// The caller's connection, to close when the answer is cut (weak: the pipe must not keep
     /// a closed connection's watch alive).
     conn: Option<std::sync::Weak<ConnWatch>>,
-    cut: bool,
 }
 
 enum End {
@@ -428,7 +426,6 @@ impl Pump {
         s.frames.clear();
         s.bytes = 0;
         s.end = Some(End::Cut(idle));
-        s.cut = true;
         let conn = s.conn.take().and_then(|w| w.upgrade());
         wake(&mut s.reader);
         drop(s);
