@@ -506,6 +506,12 @@ async fn dribbled_bodies_are_cut_by_the_whole_body_bound() {
         assert!(text.contains("x-stormguard-error: body-timeout"), "{text}");
     }
     assert_eq!(dep.snapshot().limiter.in_flight, 0);
+    // Counted at the upstream: the cut attempts are over there too.
+    let counts = up.counts.clone();
+    support::until("the upstream sees the cut attempts end", || {
+        counts.in_flight.load(Ordering::SeqCst) == 0
+    })
+    .await;
     let (status, _) = get_path(&c, addr, "/ok").await;
     assert_eq!(status, StatusCode::OK);
     p.shutdown().await;
@@ -520,6 +526,7 @@ async fn dribbled_bodies_are_cut_by_the_whole_body_bound() {
     let all = dribblers(addr).await;
     tokio::time::sleep(ms(2_500)).await;
     assert_eq!(p.dependency("pay").unwrap().snapshot().limiter.in_flight, 20);
+    assert_eq!(up.counts.in_flight.load(Ordering::SeqCst), 20, "all 20 still at the upstream");
     let (status, headers) = get_path(&c, addr, "/ok").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(headers["x-stormguard-denied"], "queue");
