@@ -646,6 +646,46 @@ impl RetryPolicy {
         }
     }
 
+    /// Decides whether a retry the caller sent itself goes on — one a sidecar recognised as
+    /// the repeat of a failed attempt, or that arrived marked as a retry — under the load rules
+    /// a retry of stormguard's own meets, in their order: the breaker, a pushback hold, the
+    /// scopes and the budget (charged now, as for a failure of `kind`). No wait (the caller
+    /// waited already), and none of the request's own rules: the caller chose to resend, and
+    /// its method, body and count are its own business. The kill switch turns off stormguard's
+    /// retries, not the budget's hold on the caller's. A refusal is counted as a denial; the
+    /// slot is taken by [`admit`](Self::admit), so a caller's retry never queues either.
+    pub fn decide_caller_retry(
+        &self,
+        now: Timestamp,
+        upstream: &Upstream,
+        kind: crate::budget::FailureKind,
+        scopes: &[Scope],
+    ) -> Result<RetryTicket, Denied> {
+        let checks = || {
+            if let Some(b) = &upstream.breaker
+                && !b.allows_retry(now)
+            {
+                return Err(Denied::Breaker);
+            }
+            if upstream.hold.is_held(now).is_some() {
+                return Err(Denied::Pushback);
+            }
+            self.charge(now, upstream, kind, scopes)
+        };
+        let (charges, shadow_denied) = match checks() {
+            Ok(charges) => (charges, None),
+            Err(reason) if self.enforce() => {
+                self.counters.denied(reason);
+                return Err(reason);
+            }
+            Err(reason) => {
+                self.counters.shadow_denied(reason);
+                (RetryCharges::default(), Some(reason))
+            }
+        };
+        Ok(RetryTicket { wait: Duration::ZERO, charges, shadow_denied })
+    }
+
     fn hedge_checks(
         &self,
         now: Timestamp,
@@ -1116,6 +1156,38 @@ mod tests {
         // Unaware of the primaries, the same budget would have allowed nothing at all.
         let alone = BudgetSpec::parse("concurrency:percent=0.5,min=0").unwrap().build().unwrap();
         assert!(alone.try_retry(Timestamp::ZERO, crate::budget::FailureKind::Error).is_err());
+    }
+
+    /// A caller's own retry meets the load rules only: the breaker, then a hold, then the
+    /// budget; it never waits; a refusal is counted as a denial, shadow mode lets it through.
+    #[test]
+    fn a_callers_retry_meets_the_load_rules_and_no_others() {
+        use crate::budget::FailureKind;
+        let breaker = BreakerConfig { consecutive_failures: Some(1), ..Default::default() };
+        // A reserve of one retry a window, no share of traffic.
+        let mut w = world(RetryConfig::default(), "ratio:percent=0,min_per_sec=0.1", Some(breaker));
+        let now = w.clock.now();
+        let t = w.policy.decide_caller_retry(now, &w.upstream, FailureKind::Error, &[]).unwrap();
+        assert_eq!(t.wait(), Duration::ZERO);
+        let mut state = RetryState::default();
+        let admitted = w.policy.admit(&w.upstream, t, &mut state).unwrap();
+        assert!(admitted.permit().is_some());
+        let denied =
+            |w: &World| w.policy.decide_caller_retry(now, &w.upstream, FailureKind::Error, &[]).err();
+        assert_eq!(denied(&w), Some(Denied::Budget));
+        w.upstream.hold.hold_until(Timestamp::from_millis(1_000));
+        assert_eq!(denied(&w), Some(Denied::Pushback));
+        w.upstream.breaker.clone().unwrap().record(now, AttemptResult::UpstreamFailure);
+        assert_eq!(denied(&w), Some(Denied::Breaker));
+        let c = w.policy.counters().snapshot();
+        assert_eq!((c.denied(Denied::Budget), c.denied(Denied::Pushback), c.retries), (1, 1, 1));
+        // The kill switch stops stormguard's own retries, not the budget's hold on the caller's.
+        w.policy.set_retries_enabled(false);
+        assert_eq!(denied(&w), Some(Denied::Breaker));
+        // Shadow mode: counted, let through.
+        w.policy.set_enforce(false);
+        let t = w.policy.decide_caller_retry(now, &w.upstream, FailureKind::Error, &[]).unwrap();
+        assert_eq!(t.shadow_denied(), Some(Denied::Breaker));
     }
 
     #[test]

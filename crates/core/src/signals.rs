@@ -23,6 +23,7 @@ pub struct Counters {
     hedge_denied: [AtomicU64; Denied::ALL.len()],
     denied: [AtomicU64; Denied::ALL.len()],
     shadow_denied: [AtomicU64; Denied::ALL.len()],
+    caller_retries: [AtomicU64; CallerRetryOutcome::ALL.len()],
 }
 
 impl Default for Counters {
@@ -39,6 +40,7 @@ impl Default for Counters {
             hedge_denied: std::array::from_fn(|_| AtomicU64::new(0)),
             denied: std::array::from_fn(|_| AtomicU64::new(0)),
             shadow_denied: std::array::from_fn(|_| AtomicU64::new(0)),
+            caller_retries: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -73,6 +75,41 @@ pub struct CountersSnapshot {
     pub denied: [u64; Denied::ALL.len()],
     /// Denials shadow mode would have made, indexed by [`Denied::index`].
     pub shadow_denied: [u64; Denied::ALL.len()],
+    /// Retries a caller sent itself, seen through the sidecar, by what became of them, indexed
+    /// by [`CallerRetryOutcome::index`]. An allowed one is also in `retries`, a refused one in
+    /// `denied`.
+    pub caller_retries: [u64; CallerRetryOutcome::ALL.len()],
+}
+
+/// What became of a retry the caller sent itself (see
+/// [`RetryPolicy::decide_caller_retry`](crate::decision::RetryPolicy::decide_caller_retry)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallerRetryOutcome {
+    /// Charged to the budget and sent under the cap, as a retry.
+    Allowed,
+    /// Refused: no budget, no free slot, an open breaker or a pushback hold.
+    Refused,
+    /// Recognised and counted only (`caller_retries = "count"`): sent as a first try.
+    Counted,
+}
+
+impl CallerRetryOutcome {
+    /// Every outcome, in index order.
+    pub const ALL: [CallerRetryOutcome; 3] = [CallerRetryOutcome::Allowed, CallerRetryOutcome::Refused, CallerRetryOutcome::Counted];
+
+    /// Its index in [`CountersSnapshot::caller_retries`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The `outcome` label: `allowed`, `refused` or `counted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallerRetryOutcome::Allowed => "allowed",
+            CallerRetryOutcome::Refused => "refused",
+            CallerRetryOutcome::Counted => "counted",
+        }
+    }
 }
 
 /// How an abandoned attempt ended (its caller had gone away; the dependency was still working).
@@ -178,6 +215,11 @@ impl Counters {
         self.hedge_denied[reason.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A retry the caller sent itself came to `outcome`.
+    pub fn caller_retry(&self, outcome: CallerRetryOutcome) {
+        self.caller_retries[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Shadow mode would have refused an attempt for `reason`.
     pub fn shadow_denied(&self, reason: Denied) {
         self.shadow_denied[reason.index()].fetch_add(1, Ordering::Relaxed);
@@ -200,6 +242,7 @@ impl Counters {
             hedge_denied: load(&self.hedge_denied),
             denied: load(&self.denied),
             shadow_denied: load(&self.shadow_denied),
+            caller_retries: std::array::from_fn(|i| self.caller_retries[i].load(Ordering::Relaxed)),
         }
     }
 }

@@ -592,6 +592,10 @@ impl RetryBudget for FleetBudget {
     fn refund(&self, now: Timestamp, permit: RetryPermit) {
         self.local.refund(now, permit)
     }
+    /// The local budget's time; the fleet's tokens come at the next lease, which is not known.
+    fn retry_after(&self, now: Timestamp) -> Option<std::time::Duration> {
+        self.local.retry_after(now)
+    }
 }
 
 /// What one script call answered.

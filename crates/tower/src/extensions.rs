@@ -14,6 +14,7 @@
 //! | `AttemptDeadline` | [`Retry`](crate::Retry) | [`Cap`](crate::Cap) | when this attempt must have its response headers |
 //! | [`TimeLeft`] | [`Cap`](crate::Cap) | the client (gRPC's `grpc-timeout`) | the request's time left when the attempt was sent |
 //! | [`RateCost`] | the caller (the proxy, from the body) | [`Cap`](crate::Cap) | the tokens a request will use, for rate admission |
+//! | [`CallerRetry`] | the caller (the proxy, which recognised it) | [`Retry`](crate::Retry) | the request is the caller's own retry: charged to the budget, never queued |
 //! | [`Denied`](crate::Denied) (response) | [`Retry`](crate::Retry) | the caller | why the last failure was not retried |
 
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,25 @@ impl Deadline {
     pub fn after(d: std::time::Duration) -> Deadline {
         Deadline(tokio::time::Instant::now() + d)
     }
+}
+
+/// A request extension: the request is a retry its caller sent itself — the proxy recognised it
+/// as the repeat of an attempt that failed, or it arrived marked as one — the caller's
+/// `attempt`th (2 for its first retry), after a failure of kind `after`.
+///
+/// The retry layer treats it as a retry of its own, not as an original request: it deposits
+/// nothing in the budget (nor the route's), meets the load rules
+/// ([`RetryPolicy::decide_caller_retry`](stormguard_core::decision::RetryPolicy::decide_caller_retry):
+/// breaker, pushback hold, scopes, budget) and takes its slot with `try_acquire` — refused at
+/// once with [`StormguardError::Denied`](crate::StormguardError::Denied), never queued — and is
+/// sent marked `x-stormguard-attempt: attempt`. It is stacked: stormguard does not retry it
+/// again while `deny_stacked` holds (the caller's own loop will).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallerRetry {
+    /// The caller's attempt this is, 2 or more.
+    pub attempt: u32,
+    /// The kind of failure it repeats (what a quota budget charges for it).
+    pub after: stormguard_core::budget::FailureKind,
 }
 
 /// A request extension: this route or method is idempotent (every gRPC call is a POST).

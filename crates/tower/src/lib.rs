@@ -44,7 +44,7 @@ pub use dependency::{
     Spawner, UpstreamSnapshot, UpstreamSpec,
 };
 pub use error::{BoxError, StormguardError};
-pub use extensions::UpstreamTarget;
+pub use extensions::{CallerRetry, UpstreamTarget};
 pub use rate::Provider;
 pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{

@@ -27,8 +27,11 @@ use stormguard_core::backoff::Pushback;
 use stormguard_core::budget::RetryBudget;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
-use stormguard_core::decision::{Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState};
+use stormguard_core::decision::{
+    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState, RetryTicket,
+};
 use stormguard_core::scope::{FanOutScope, Scope};
+use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_core::{AttemptKind, Denied};
 use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
@@ -40,7 +43,9 @@ use tracing::instrument::Instrumented;
 use crate::cap::BoxFuture;
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{AdmittedSlot, AttemptDeadline, QuotaExhausted, RateCost, UpstreamTarget};
+use crate::extensions::{
+    AdmittedSlot, AttemptDeadline, CallerRetry, QuotaExhausted, RateCost, UpstreamTarget,
+};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
@@ -207,10 +212,15 @@ where
     RB::Error: Into<BoxError>,
 {
     let route = req.extensions().get::<RouteBudget>().cloned();
-    let (start, deadline) =
-        request_start(&dep, route.as_ref(), req.extensions().get::<Deadline>().copied());
+    // A caller's own retry is no original request: neither budget hears of it as one.
+    let caller = req.extensions().get::<CallerRetry>().copied();
+    let (start, deadline) = request_start(
+        &dep,
+        route.as_ref().filter(|_| caller.is_none()),
+        req.extensions().get::<Deadline>().copied(),
+    );
     let id = dep.trace_id();
-    if id.is_some() {
+    if id.is_some() && caller.is_none() {
         dep.record(id, start.unwrap_or_else(|| dep.now()), TraceOp::Request);
     }
     // With several upstreams, the first whose breaker is not open.
@@ -221,6 +231,13 @@ where
             req.extensions().get::<RateCost>().copied().unwrap_or_default(),
         ),
     };
+    if let Some(caller) = caller {
+        // The readied service goes with the request, as below.
+        let clone = first.clone();
+        let svc = std::mem::replace(first, clone);
+        let rest = Box::new(Rest { dep, policy, svc, req, deadline, route, id, target });
+        return RetryFuture::Boxed { fut: Box::pin(caller_retry(rest, caller)) };
+    }
     let span = attempt_span(&dep, &req, target, 0);
     // The first attempt sends a copy too: the original keeps the body for the next one.
     let Some(body) = policy.clone_body(req.body()) else {
@@ -294,7 +311,78 @@ where
         }
         return Ok(result.map(|resp| resp.map(RetryBody::live)));
     }
-    Err(Box::pin(after_failure(rest, result, span.clone())))
+    Err(Box::pin(after_failure(rest, result, span.clone(), 1, None)))
+}
+
+/// A retry its caller sent itself ([`CallerRetry`]): admitted as a retry of stormguard's own
+/// is — the load rules, then its slots now or never — and refused at once otherwise
+/// ([`StormguardError::Denied`]); once sent, its answer goes through the decision loop like
+/// any attempt's (which, the request being stacked, does not retry it again by default).
+async fn caller_retry<S, P, B, RB>(
+    rest: Box<Rest<S, P, B>>,
+    caller: CallerRetry,
+) -> Result<Response<RetryBody<RB>>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    let dep = &rest.dep;
+    let policy = dep.policy();
+    let now = dep.now();
+    let span = attempt_span(dep, &rest.req, rest.target, caller.attempt.saturating_sub(1));
+    let scopes = scopes_of(&rest.req, rest.route.as_ref());
+    let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
+    let mut state = RetryState::default();
+    let admitted = policy
+        .decide_caller_retry(now, dep.upstream_at(rest.target), caller.after, &scopes)
+        .and_then(|ticket| admit_retry(dep, rest.target, ticket, &mut state, cost, now));
+    if rest.id.is_some() {
+        dep.record(rest.id, now, TraceOp::Retry(caller.after, admitted.as_ref().err().copied()));
+    }
+    let (slot, charges) = match admitted {
+        Ok(admitted) => admitted,
+        Err(reason) => {
+            policy.counters().caller_retry(CallerRetryOutcome::Refused);
+            record_denied(&span, reason);
+            tracing::debug!(parent: &span, dependency = dep.name(), attempt = caller.attempt, %reason, "the caller's retry refused");
+            return Err(StormguardError::Denied(reason).into());
+        }
+    };
+    policy.counters().caller_retry(CallerRetryOutcome::Allowed);
+    let mut this = match rest.policy.clone_body(rest.req.body()) {
+        Some(body) => copy_request(&rest.req, body),
+        // A body that cannot be copied is sent itself, and its answer is final.
+        None => {
+            let Rest { dep, svc, mut req, deadline, id, target, .. } = *rest;
+            mark_attempt(req.headers_mut(), caller.attempt);
+            req.extensions_mut().insert(slot);
+            if target != 0 {
+                req.extensions_mut().insert(UpstreamTarget(target));
+            }
+            let result = single(dep, svc, req, deadline, id, span).await;
+            drop(charges);
+            return result;
+        }
+    };
+    mark_attempt(this.headers_mut(), caller.attempt);
+    if let Some(d) = rest.deadline {
+        this.extensions_mut().insert(AttemptDeadline(d));
+    }
+    this.extensions_mut().insert(slot);
+    if rest.target != 0 {
+        this.extensions_mut().insert(UpstreamTarget(rest.target));
+    }
+    let mut svc = rest.svc.clone();
+    let result = match svc.ready().await {
+        Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
+        Err(e) => Err(e),
+    };
+    after_failure(rest, result, span, caller.attempt, Some(charges)).await
 }
 
 /// What the retry rules need to know of a request (see [`RequestFacts`]).
@@ -313,7 +401,9 @@ pub(crate) fn request_facts<B>(
             req.extensions().get::<Idempotent>().is_some(),
         ),
         replayable,
-        stacked: config.stacked.arrived_as_retry(req.headers()),
+        // A caller's own retry is one, marked or not.
+        stacked: config.stacked.arrived_as_retry(req.headers())
+            || req.extensions().get::<CallerRetry>().is_some(),
         deadline,
     }
 }
@@ -508,12 +598,15 @@ pub(crate) enum Hedge<RB> {
     Alone(Box<crate::hedge::SentHedge<RB>>),
 }
 
-/// The decision loop after the first attempt failed; `span` is the span of the attempt that
-/// `result` came from.
+/// The decision loop after an attempt failed: `result` is the answer to the request's
+/// `attempt`th attempt (1: its first try), `span` its span, `charges` what it holds of the
+/// budget and scopes when it was a retry.
 async fn after_failure<S, P, B, RB>(
     rest: Box<Rest<S, P, B>>,
     mut result: Result<Response<RB>, BoxError>,
     mut span: tracing::Span,
+    mut attempt: u32,
+    mut charges: Option<RetryCharges>,
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
@@ -530,8 +623,6 @@ where
     let scopes = scopes_of(&req, route.as_ref());
     let mut rng = dep.request_rng();
     let mut state = RetryState::default();
-    let mut charges: Option<RetryCharges> = None;
-    let mut attempt: u32 = 1;
     loop {
         let now = dep.now();
         let failed = match &result {
@@ -662,53 +753,13 @@ where
         // The retry's own span, open from the end of its backoff: a retry refused its slot now
         // is an attempt that never reached the dependency, with the reason.
         span = attempt_span(&dep, &req, next, attempt);
-        // With a total cap across the upstreams, a retry takes its slot there first, at once
-        // or not at all, like its upstream's.
-        let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
-            None => None,
-            Some(Ok(p)) => Some(p),
-            Some(Err(reason)) if dep.policy().enforce() => {
-                dep.policy().give_up(now, ticket);
-                dep.policy().counters().denied(reason);
-                refused(&span, &dep, attempt + 1, failure, reason);
-                if id.is_some() {
-                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
-                }
-                return finish_kept(kept, reason);
-            }
-            Some(Err(reason)) => {
-                dep.policy().counters().shadow_denied(reason);
-                None
-            }
-        };
-        // The provider's window, under rate admission: room now, or no retry (it never waits),
-        // decided before the budget is charged.
         let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
-        let booked = match crate::rate::book_retry(&dep, next, cost, dep.now()) {
-            Ok(booked) => booked,
-            Err(reason) if dep.policy().enforce() => {
-                dep.policy().give_up(now, ticket);
-                drop(total);
-                dep.policy().counters().denied(reason);
-                refused(&span, &dep, attempt + 1, failure, reason);
-                if id.is_some() {
-                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
-                }
-                return finish_kept(kept, reason);
-            }
-            Err(reason) => {
-                dep.policy().counters().shadow_denied(reason);
-                None
-            }
-        };
-        let booked = crate::rate::Unsent::new(&dep, booked);
-        match dep.policy().admit(dep.upstream_at(next), ticket, &mut state) {
-            Ok(mut admitted) => {
+        match admit_retry(&dep, next, ticket, &mut state, cost, now) {
+            Ok((slot, admitted)) => {
                 if id.is_some() {
                     dep.record(id, now, TraceOp::Retry(kind, None));
                 }
-                let slot = AdmittedSlot::new(admitted.take_permit(), total, booked);
-                charges = Some(admitted.into_charges());
+                charges = Some(admitted);
                 attempt += 1;
                 let mut this = copy_request(&req, next_body);
                 mark_attempt(this.headers_mut(), attempt);
@@ -728,13 +779,59 @@ where
             }
             Err(reason) => {
                 refused(&span, &dep, attempt + 1, failure, reason);
-                if id.is_some() && reached_budget(reason) {
+                if id.is_some() {
                     dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
                 }
                 return finish_kept(kept, reason);
             }
         }
     }
+}
+
+/// A retry that passed the rules, admitted to upstream `next` now, never waiting: its slot
+/// under the total cap (with several upstreams and `total_cap`), its booking in the provider's
+/// window (room now or none), then its upstream's slot with `try_acquire`. A refusal gives the
+/// ticket's charges back and is counted; in shadow mode what the total cap or the window would
+/// refuse is counted and let through without it.
+fn admit_retry(
+    dep: &Dependency,
+    next: usize,
+    ticket: RetryTicket,
+    state: &mut RetryState,
+    cost: RateCost,
+    now: Timestamp,
+) -> Result<(AdmittedSlot, RetryCharges), Denied> {
+    let policy = dep.policy();
+    let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(reason)) if policy.enforce() => {
+            policy.give_up(now, ticket);
+            policy.counters().denied(reason);
+            return Err(reason);
+        }
+        Some(Err(reason)) => {
+            policy.counters().shadow_denied(reason);
+            None
+        }
+    };
+    // The provider's window, under rate admission: room now, or no retry (it never waits).
+    let booked = match crate::rate::book_retry(dep, next, cost, dep.now()) {
+        Ok(booked) => booked,
+        Err(reason) if policy.enforce() => {
+            policy.give_up(now, ticket);
+            drop(total);
+            policy.counters().denied(reason);
+            return Err(reason);
+        }
+        Err(reason) => {
+            policy.counters().shadow_denied(reason);
+            None
+        }
+    };
+    let booked = crate::rate::Unsent::new(dep, booked);
+    let mut admitted = policy.admit(dep.upstream_at(next), ticket, state)?;
+    Ok((AdmittedSlot::new(admitted.take_permit(), total, booked), admitted.into_charges()))
 }
 
 /// A refused retry: the reason on the attempt's span, and the `debug` line. `attempt` is the

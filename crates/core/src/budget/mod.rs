@@ -150,6 +150,15 @@ pub trait RetryBudget: Send + Sync + fmt::Debug {
         let _ = now;
         permit.undo_charge();
     }
+
+    /// How long until a retry would be granted, when time alone decides it (zero: one would be
+    /// now); `None` when it waits on traffic nobody can foresee — successes (token bucket,
+    /// quota), retries ending (concurrency). What a budget refusal tells its caller as
+    /// `Retry-After`.
+    fn retry_after(&self, now: Timestamp) -> Option<std::time::Duration> {
+        let _ = now;
+        None
+    }
 }
 
 impl<B: RetryBudget + ?Sized> RetryBudget for Arc<B> {
@@ -173,6 +182,9 @@ impl<B: RetryBudget + ?Sized> RetryBudget for Arc<B> {
     }
     fn counts_successes(&self) -> bool {
         (**self).counts_successes()
+    }
+    fn retry_after(&self, now: Timestamp) -> Option<std::time::Duration> {
+        (**self).retry_after(now)
     }
 }
 
@@ -302,6 +314,9 @@ impl RetryBudget for AnyBudget {
     #[inline]
     fn counts_successes(&self) -> bool {
         each!(self, b => b.counts_successes())
+    }
+    fn retry_after(&self, now: Timestamp) -> Option<std::time::Duration> {
+        each!(self, b => b.retry_after(now))
     }
 }
 

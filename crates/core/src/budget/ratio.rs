@@ -219,6 +219,19 @@ impl RatioBudget {
         Self::add(&self.deposits[idx], tag);
     }
 
+    /// Counts in the window by age in slices (0: the current one; a slice a racing caller
+    /// already opened counts as current).
+    fn by_age(slots: &[AtomicU64; SLICES], current: u32) -> [u64; SLICES] {
+        let mut ages = [0; SLICES];
+        for (tag, count) in slots.iter().map(|s| unpack(s.load(Ordering::SeqCst))) {
+            if in_window(current, tag) {
+                let age = (current.wrapping_sub(tag) as i32).max(0) as usize;
+                ages[age] += u64::from(count);
+            }
+        }
+        ages
+    }
+
     /// Whole retries available now: `floor(credit − withdrawals)`, negative when deposits aged
     /// out before the withdrawals that spent them.
     pub fn balance(&self, now: Timestamp) -> i64 {
@@ -266,6 +279,28 @@ impl RetryBudget for RatioBudget {
 
     fn counts_successes(&self) -> bool {
         self.config.deposit_on == DepositOn::Success
+    }
+
+    /// As slices leave the window their withdrawals stop counting (and their deposits): the
+    /// first slice boundary at which what stays leaves a whole retry, with no new traffic (new
+    /// deposits only bring it sooner). `None` when even an empty window allows none (no
+    /// reserve).
+    fn retry_after(&self, now: Timestamp) -> Option<Duration> {
+        let (_, current) = self.slice(now);
+        let deposits = Self::by_age(&self.deposits, current);
+        let withdrawals = Self::by_age(&self.withdrawals, current);
+        let percent = u128::from(self.config.percent.millionths());
+        // After k more slice boundaries, the slices aged SLICES − k and older have left.
+        (0..=SLICES).find_map(|k| {
+            let kept = SLICES - k;
+            let credit = self.reserve_micro
+                + percent * deposits[..kept].iter().map(|&d| u128::from(d)).sum::<u128>();
+            let spent = MICRO * withdrawals[..kept].iter().map(|&w| u128::from(w)).sum::<u128>();
+            (credit >= spent + MICRO).then(|| {
+                let boundary = (now.as_nanos() / self.slice_nanos + k as u64) * self.slice_nanos;
+                Duration::from_nanos(if k == 0 { 0 } else { boundary - now.as_nanos() })
+            })
+        })
     }
 
     fn refund(&self, _now: Timestamp, permit: RetryPermit) {
@@ -361,6 +396,27 @@ mod tests {
         assert_eq!(b.balance(Timestamp::from_millis(10_000)), -1);
         assert_eq!(grants(&b, Timestamp::from_millis(10_000), 1), 0);
         assert_eq!(b.balance(Timestamp::from_millis(15_000)), 0);
+    }
+
+    #[test]
+    fn retry_after_is_the_slice_boundary_where_a_retry_fits_again() {
+        let b = budget("0", "1", 10); // a reserve of 10 a window, slices of 1 s
+        assert_eq!(b.retry_after(Timestamp::from_millis(500)), Some(Duration::ZERO));
+        // Six spent in slice 0, four in slice 3: none left until slice 0's leave at 10 s.
+        assert_eq!(grants(&b, Timestamp::from_millis(500), 6), 6);
+        assert_eq!(grants(&b, Timestamp::from_millis(3_200), 50), 4);
+        assert_eq!(b.retry_after(Timestamp::from_millis(3_200)), Some(Duration::from_millis(6_800)));
+        // Checked against the budget itself: refused just before, granted at the boundary.
+        assert_eq!(grants(&b, Timestamp::from_millis(9_999), 1), 0);
+        assert_eq!(grants(&b, Timestamp::from_millis(10_000), 1), 1);
+        // Deposits that leave with the withdrawals count: 2 spent of 1 deposit's credit at
+        // percent 2 and no reserve never come back without new traffic.
+        let b = budget("2", "0", 10);
+        b.record_request(Timestamp::ZERO);
+        assert_eq!(grants(&b, Timestamp::ZERO, 5), 2);
+        assert_eq!(b.retry_after(Timestamp::from_millis(4_000)), None);
+        // Without a reserve an empty budget cannot say.
+        assert_eq!(budget("0.25", "0", 10).retry_after(Timestamp::ZERO), None);
     }
 
     #[test]

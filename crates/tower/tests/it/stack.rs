@@ -446,3 +446,72 @@ async fn the_upstreams_x_should_retry_false_is_obeyed() {
         }
     }
 }
+
+/// A retry the caller sent itself (the proxy marks it [`CallerRetry`]) is a retry here too: it
+/// deposits nothing, spends the budget, is sent marked as the caller's attempt and not retried
+/// again; with no budget left it is refused at once, and the upstream never sees it.
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_retry_spends_the_budget() {
+    use stormguard_core::budget::FailureKind;
+    use stormguard_tower::CallerRetry;
+    // A reserve of one retry a window (0.1/s × 10 s), no share of traffic.
+    let dep = dependency(|c| c.budget = "ratio:percent=0,min_per_sec=0.1".parse().unwrap());
+    let svc = Scripted::new(vec![(503, vec![]), (503, vec![])]);
+    let stack = StormguardLayer::new(dep.clone()).layer(svc.clone());
+    let retry = || {
+        let mut req = request(Method::GET);
+        req.extensions_mut().insert(CallerRetry { attempt: 2, after: FailureKind::Error });
+        req
+    };
+    let resp = stack.clone().oneshot(retry()).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    // Sent once, as the caller's second attempt; stormguard does not retry it on top.
+    assert_eq!(resp.extensions().get::<Denied>(), Some(&Denied::Stacked));
+    assert_eq!(*svc.attempts_seen.lock().unwrap(), ["2"]);
+    let e = stack.clone().oneshot(retry()).await.unwrap_err();
+    assert!(
+        matches!(e.downcast_ref(), Some(StormguardError::Denied(Denied::Budget))),
+        "{e}"
+    );
+    assert_eq!(svc.calls(), 1, "the refused one never reached the upstream");
+    let c = dep.snapshot().counters;
+    assert_eq!((c.primaries, c.retries, c.denied(Denied::Budget)), (0, 1, 1));
+    assert_eq!(c.caller_retries, [1, 1, 0]);
+    // Unmarked, the same request is a first try: it is sent (and deposits).
+    assert_eq!(stack.oneshot(request(Method::GET)).await.unwrap().status(), 503);
+    assert_eq!(svc.calls(), 2);
+}
+
+/// A caller's retry takes its slot at once or not at all: with the cap full it is refused
+/// `cap` at once, where a first try waits in the queue.
+#[tokio::test(start_paused = true)]
+async fn a_callers_own_retry_never_queues() {
+    use stormguard_core::AttemptKind;
+    use stormguard_core::budget::FailureKind;
+    use stormguard_tower::CallerRetry;
+    let dep = dependency(|c| {
+        c.limiter.cap = 1;
+        c.limiter.queue_len = 10;
+    });
+    let held = dep.upstream_at(0).limiter.try_acquire(AttemptKind::Primary).unwrap();
+    let svc = Scripted::new(vec![]);
+    let stack = StormguardLayer::new(dep.clone()).layer(svc.clone());
+    let balance = || dep.policy().budget().snapshot(dep.now()).balance;
+    let before = balance();
+    let mut req = request(Method::GET);
+    req.extensions_mut().insert(CallerRetry { attempt: 3, after: FailureKind::Error });
+    let e = tokio::time::timeout(Duration::from_millis(1), stack.clone().oneshot(req))
+        .await
+        .expect("refused at once")
+        .unwrap_err();
+    assert!(matches!(e.downcast_ref(), Some(StormguardError::Denied(Denied::Cap))), "{e}");
+    // The budget's charge came back with the refusal.
+    assert_eq!(balance(), before);
+    assert_eq!(dep.snapshot().counters.caller_retries, [0, 1, 0]);
+    let first = tokio::spawn(stack.oneshot(request(Method::GET)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!first.is_finished(), "a first try waits for the slot");
+    drop(held);
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    assert_eq!(*svc.attempts_seen.lock().unwrap(), [""]);
+}
