@@ -1172,8 +1172,9 @@ mod tests {
         let mut state = RetryState::default();
         let admitted = w.policy.admit(&w.upstream, t, &mut state).unwrap();
         assert!(admitted.permit().is_some());
-        let denied =
-            |w: &World| w.policy.decide_caller_retry(now, &w.upstream, FailureKind::Error, &[]).err();
+        let denied = |w: &World| {
+            w.policy.decide_caller_retry(now, &w.upstream, FailureKind::Error, &[]).err()
+        };
         assert_eq!(denied(&w), Some(Denied::Budget));
         w.upstream.hold.hold_until(Timestamp::from_millis(1_000));
         assert_eq!(denied(&w), Some(Denied::Pushback));

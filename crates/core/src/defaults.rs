@@ -120,6 +120,12 @@ pub const QUOTA_HOLD: Duration = Duration::from_secs(60);
 /// How long an overloaded answer (Anthropic's 529, OpenAI's 503) cools the upstream down.
 pub const OVERLOAD_COOL_DOWN: Duration = Duration::from_secs(1);
 
+/// How long after an answer failed (or was refused) the caller's identical request is its
+/// retry, to the proxy (`client_retry_window`): a retry loop's backoff is well inside it; two
+/// users' identical requests seconds apart, by the one-charge-per-failure rule, cost at most
+/// the one charge.
+pub const CLIENT_RETRY_WINDOW: Duration = Duration::from_secs(10);
+
 /// Distinct `client` label values the proxy keeps; later callers are counted as `other`.
 pub const CLIENT_MAX: usize = 32;
 

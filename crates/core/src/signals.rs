@@ -95,7 +95,8 @@ pub enum CallerRetryOutcome {
 
 impl CallerRetryOutcome {
     /// Every outcome, in index order.
-    pub const ALL: [CallerRetryOutcome; 3] = [CallerRetryOutcome::Allowed, CallerRetryOutcome::Refused, CallerRetryOutcome::Counted];
+    pub const ALL: [CallerRetryOutcome; 3] =
+        [CallerRetryOutcome::Allowed, CallerRetryOutcome::Refused, CallerRetryOutcome::Counted];
 
     /// Its index in [`CountersSnapshot::caller_retries`].
     pub fn index(self) -> usize {

@@ -64,10 +64,22 @@ fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
 impl StackedHeaders {
     /// Whether the request arrived already marked as a retry. A malformed value marks nothing.
     pub fn arrived_as_retry(&self, headers: &HeaderMap) -> bool {
-        self.markers.iter().any(|m| match m {
-            Marker::AttemptCount(name) => number(headers, name).is_some_and(|n| n > 1),
-            Marker::PreviousAttempts(name) => number(headers, name).is_some_and(|n| n > 0),
-        })
+        self.attempt(headers).is_some()
+    }
+
+    /// The attempt a request marked as a retry says it is (2 for a first retry; the highest
+    /// when several markers say), or `None` when it is not marked as one.
+    pub fn attempt(&self, headers: &HeaderMap) -> Option<u64> {
+        self.markers
+            .iter()
+            .filter_map(|m| match m {
+                Marker::AttemptCount(name) => number(headers, name),
+                Marker::PreviousAttempts(name) => {
+                    number(headers, name).map(|n| n.saturating_add(1))
+                }
+            })
+            .filter(|&n| n > 1)
+            .max()
     }
 }
 

@@ -146,6 +146,11 @@ impl CallerBody {
         v
     }
 
+    /// The bytes received before the attempt, chunk by chunk, uncopied.
+    pub fn head_chunks(&self) -> impl Iterator<Item = &[u8]> {
+        self.head.iter().map(|b| &b[..])
+    }
+
     /// The flag the cap reads, for a body still arriving: set once it has been received whole.
     /// `None` when it was received whole before the attempt.
     pub fn received(&self) -> Option<BodyReceived> {

@@ -43,6 +43,7 @@
 mod admin;
 mod attempt;
 mod body;
+pub mod callers;
 pub mod config;
 mod fleet;
 mod forward;

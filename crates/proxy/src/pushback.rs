@@ -7,9 +7,11 @@
 //!   them) read before their status rules: without it a 503 is retried twice by default, and
 //!   each refused call comes back two more times;
 //! - `Retry-After` (seconds) when a time is known: the breaker's break, the pushback hold an
-//!   upstream's own `Retry-After` set, the provider's window's next room; 1 s for a full cap or
-//!   queue (a slot comes back when an attempt ends, which nobody can tell); an upstream's own
-//!   `Retry-After` passes through as it is;
+//!   upstream's own `Retry-After` set, the provider's window's next room, the time a ratio
+//!   budget allows a retry again (its spent retries leave its window); 1 s for a full cap or
+//!   queue (a slot comes back when an attempt ends, which nobody can tell) and for a budget
+//!   that waits on traffic (successes, retries ending); an upstream's own `Retry-After` passes
+//!   through as it is;
 //! - for gRPC callers, `grpc-retry-pushback-ms: -1` (gRPC's "do not retry", A6), and stormguard's
 //!   own refusal is a trailers-only gRPC answer (`grpc-status` 14 `UNAVAILABLE`, 4
 //!   `DEADLINE_EXCEEDED` for the deadline), which a gRPC client reads as a status and its
@@ -54,7 +56,7 @@ pub(crate) fn stands_down(reason: Denied) -> bool {
 pub(crate) fn advise(
     mut resp: Response<ProxyBody>,
     grpc: bool,
-    retry_after: impl FnOnce() -> Option<Duration>,
+    retry_after: impl FnOnce(Denied) -> Option<Duration>,
 ) -> Response<ProxyBody> {
     let Some(reason) = resp
         .headers()
@@ -71,11 +73,14 @@ pub(crate) fn advise(
     }
     let headers = resp.headers_mut();
     headers.insert(SHOULD_RETRY.clone(), HeaderValue::from_static("false"));
-    // A full cap or queue frees a slot as soon as an attempt ends, a time nobody knows: the
-    // shortest wait a `Retry-After` can say (1 s), so a caller's loop does not come back at once.
-    let short = matches!(reason, Denied::Cap | Denied::Queue).then_some(CAP_RETRY_AFTER);
+    // A full cap or queue frees a slot as soon as an attempt ends, and a budget that waits on
+    // traffic (a success, a retry ending) allows one again when that comes: times nobody knows.
+    // The shortest wait a `Retry-After` can say (1 s), so a caller's loop does not come back at
+    // once.
+    let short =
+        matches!(reason, Denied::Cap | Denied::Queue | Denied::Budget).then_some(CAP_RETRY_AFTER);
     if !headers.contains_key(http::header::RETRY_AFTER)
-        && let Some(d) = retry_after().or(short)
+        && let Some(d) = retry_after(reason).or(short)
     {
         // Whole seconds, rounded up: a caller that waits this long finds the break over.
         let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
@@ -139,44 +144,44 @@ mod tests {
     #[test]
     fn load_refusals_tell_the_caller_to_stand_down() {
         for reason in ["budget", "cap", "breaker", "attempts", "pushback", "deadline", "queue"] {
-            let r = advise(refused(reason, true), false, || None);
+            let r = advise(refused(reason, true), false, |_| None);
             assert_eq!(r.headers()[&SHOULD_RETRY], "false", "{reason}");
-            // A full cap or queue says a short wait; the others only a known one.
-            let short = matches!(reason, "cap" | "queue");
+            // A full cap or queue, or a budget, says a short wait; the others only a known one.
+            let short = matches!(reason, "cap" | "queue" | "budget");
             let said = r.headers().get(http::header::RETRY_AFTER).map(|v| v.to_str().unwrap());
             assert_eq!(said, short.then_some("1"), "{reason}");
         }
         // A known wait wins over the short one.
-        let r = advise(refused("queue", true), false, || Some(Duration::from_millis(2_500)));
+        let r = advise(refused("queue", true), false, |_| Some(Duration::from_millis(2_500)));
         assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
         // What the request is says nothing of load.
         for reason in ["non-idempotent", "body", "stacked"] {
-            let r = advise(refused(reason, true), false, || Some(Duration::from_secs(5)));
+            let r = advise(refused(reason, true), false, |_| Some(Duration::from_secs(5)));
             assert!(!r.headers().contains_key(&SHOULD_RETRY), "{reason}");
         }
         // Not refused: untouched.
         let ok = crate::stack::local(StatusCode::SERVICE_UNAVAILABLE, None, "upstream 503\n");
-        assert!(!advise(ok, false, || None).headers().contains_key(&SHOULD_RETRY));
+        assert!(!advise(ok, false, |_| None).headers().contains_key(&SHOULD_RETRY));
     }
 
     #[test]
     fn a_known_time_is_retry_after_rounded_up_and_the_upstreams_own_wins() {
-        let r = advise(refused("breaker", true), false, || Some(Duration::from_millis(2_100)));
+        let r = advise(refused("breaker", true), false, |_| Some(Duration::from_millis(2_100)));
         assert_eq!(r.headers()[http::header::RETRY_AFTER], "3");
         let mut own = refused("pushback", false);
         own.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
-        let r = advise(own, false, || Some(Duration::from_secs(2)));
+        let r = advise(own, false, |_| Some(Duration::from_secs(2)));
         assert_eq!(r.headers()[http::header::RETRY_AFTER], "30");
     }
 
     #[test]
     fn a_grpc_caller_gets_a_status_and_pushback() {
-        let r = advise(refused("budget", true), true, || None);
+        let r = advise(refused("budget", true), true, |_| None);
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()["grpc-status"], "14");
         assert_eq!(r.headers()[&GRPC_PUSHBACK], "-1");
         assert_eq!(r.headers()[&DENIED_HEADER], "budget");
-        let r = advise(refused("deadline", true), true, || None);
+        let r = advise(refused("deadline", true), true, |_| None);
         assert_eq!(r.headers()["grpc-status"], "4");
     }
 }

@@ -169,6 +169,7 @@ pub(crate) fn build(
                 .collect(),
             upstreams,
             scopes: TraceScopes::new(d.scope_header.clone(), d.scope_retries, config.scope_max),
+            callers: crate::callers::RecentFailures::new(),
             name: Arc::from(d.name.as_str()),
             config: key,
             dependency,

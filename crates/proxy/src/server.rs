@@ -9,10 +9,12 @@ use std::time::Instant;
 use http::header::HOST;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use stormguard_core::budget::RetryBudget;
+use stormguard_core::budget::{FailureKind, RetryBudget};
+use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_tower::{Dependency, Idempotent, ReplayBody, RouteBudget};
 use tower::ServiceExt;
 
+use crate::callers::CallerRetries;
 use crate::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use crate::hop::strip_hop_by_hop;
 use crate::scopes::TraceScopes;
@@ -26,6 +28,8 @@ pub(crate) struct DepRuntime {
     /// `http://host:port` of each upstream, in order of preference.
     pub(crate) upstreams: Arc<[Uri]>,
     pub(crate) scopes: TraceScopes,
+    /// Recent failures, to recognise a caller's own retry (`crate::callers`).
+    pub(crate) callers: crate::callers::RecentFailures,
     /// What it was built from (with the proxy's `scope_max`).
     pub(crate) config: (ProxyDependency, usize),
     /// Labels of the per-route series: its name, each upstream's host and port.
@@ -204,6 +208,44 @@ fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// The caller's own retry a request is, if it is one: marked as a retry by the layer that
+/// sent it, or the repeat of a recent failure (which it takes). With `caller_retries =
+/// "enforce"` the retry layer charges it ([`stormguard_tower::CallerRetry`]); with `"count"`
+/// it is counted and sent as a first try.
+fn caller_retry(
+    dep: &DepRuntime,
+    fingerprint: &crate::callers::Fingerprint,
+    headers: &http::HeaderMap,
+    now: Instant,
+) -> Option<stormguard_tower::CallerRetry> {
+    let config = dep.dependency.config();
+    let repeated = dep.callers.recognise(fingerprint, now);
+    let marked = config.stacked.attempt(headers).map(|attempt| stormguard_tower::CallerRetry {
+        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        after: repeated.map_or(FailureKind::Error, |r| r.after),
+    });
+    let retry = marked.or(repeated)?;
+    match dep.config.0.caller_retries {
+        CallerRetries::Enforce => Some(retry),
+        CallerRetries::Count => {
+            dep.dependency.policy().counters().caller_retry(CallerRetryOutcome::Counted);
+            None
+        }
+        CallerRetries::Off => None,
+    }
+}
+
+/// The kind of failure an answer is to a caller that may retry it: a refusal of stormguard's
+/// (any reason), or a failure the dependency's `retry_on` names. `None`: the caller has no
+/// reason to resend it.
+fn failure_kind(dep: &DepRuntime, resp: &Response<ProxyBody>) -> Option<FailureKind> {
+    if resp.headers().contains_key(&DENIED_HEADER) {
+        return Some(FailureKind::Error);
+    }
+    let failure = stormguard_http::classify::classify_response(resp.status(), resp.headers())?;
+    dep.dependency.config().retry.retry_on.matches(failure).then(|| failure.kind())
+}
+
 /// Serves one request.
 pub(crate) async fn handle(
     state: Arc<State>,
@@ -281,6 +323,13 @@ pub(crate) async fn handle(
     };
     let client = named.as_deref().map_or(Caller::Addr(peer.ip()), Caller::Named);
     let (mut parts, body) = req.into_parts();
+    // A caller's own retry is told by its fingerprint, begun here from the head as the caller
+    // sent it (`crate::callers`).
+    let caller_retries = dep.config.0.caller_retries;
+    let mut fingerprint = (caller_retries != CallerRetries::Off).then(|| {
+        let who = (named.as_deref(), named.is_none().then_some(peer.ip()));
+        dep.callers.fingerprint(&who, &parts)
+    });
     // The host the route was chosen by is the host the upstream acts on: an absolute-form
     // target's authority replaces any Host (RFC 9112 §3.2.2), and an HTTP/2 caller's
     // `:authority` becomes the Host.
@@ -351,6 +400,13 @@ pub(crate) async fn handle(
     if let Some(received) = body.received() {
         parts.extensions.insert(received);
     }
+    let caller_retry = fingerprint.as_mut().and_then(|f| {
+        body.head_chunks().for_each(|chunk| f.body(chunk));
+        caller_retry(dep, f, &parts.headers, started)
+    });
+    if let Some(r) = caller_retry {
+        parts.extensions.insert(r);
+    }
     // Rate admission's token cost: the request's output maximum and its size, when tokens
     // are metered (or may be learned).
     let rate = &dep.dependency.config().rate;
@@ -390,6 +446,12 @@ pub(crate) async fn handle(
     {
         state.count_caller_body(reason == "body-timeout");
     }
+    if let Some(f) = &fingerprint
+        && let Some(kind) = failure_kind(dep, &resp)
+    {
+        let attempt = caller_retry.map_or(1, |r| r.attempt);
+        dep.callers.failed(f, attempt, kind, Instant::now(), dep.config.0.client_retry_window);
+    }
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
     state.traffic.count(crate::traffic::Finished {
         dependency: &dep.name,
@@ -417,5 +479,5 @@ pub(crate) async fn handle(
     if !downstream_pushback {
         return resp;
     }
-    crate::pushback::advise(resp, grpc, || dep.dependency.retry_after(log.target()))
+    crate::pushback::advise(resp, grpc, |reason| dep.dependency.retry_after(log.target(), reason))
 }

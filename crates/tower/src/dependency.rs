@@ -545,12 +545,24 @@ impl Dependency {
     }
 
     /// How long until upstream `i` takes retries again, when that is known: its breaker's
-    /// break ends, the dependency's pushback hold (a `Retry-After` it sent) lifts, or, under
-    /// rate admission, the provider's window has room for one more request, whichever is
-    /// latest. `None` when none of these holds. What a refusal can tell its caller as
-    /// `Retry-After`.
-    pub fn retry_after(&self, i: usize) -> Option<std::time::Duration> {
+    /// break ends, the dependency's pushback hold (a `Retry-After` it sent) lifts, under rate
+    /// admission the provider's window has room for one more request, and, for a refusal for
+    /// the budget (`reason`), the budget allows a retry again with no new traffic
+    /// ([`RetryBudget::retry_after`](stormguard_core::budget::RetryBudget::retry_after)),
+    /// whichever is latest. `None` when none of these holds. What a refusal can tell its
+    /// caller as `Retry-After`.
+    pub fn retry_after(
+        &self,
+        i: usize,
+        reason: stormguard_core::Denied,
+    ) -> Option<std::time::Duration> {
         let now = self.now();
+        let budget = match reason {
+            stormguard_core::Denied::Budget => {
+                self.policy().budget().retry_after(now).filter(|w| !w.is_zero())
+            }
+            _ => None,
+        };
         let u = self.upstream_at(i);
         let open = u.breaker.as_ref().and_then(|b| match b.state(now) {
             BreakerState::Open { until } => Some(until),
@@ -562,7 +574,7 @@ impl Dependency {
             .rates_at(i)
             .map(|r| r.wait_for(now, crate::extensions::RateCost::default()))
             .filter(|w| !w.is_zero());
-        held.into_iter().chain(turn).max()
+        held.into_iter().chain(turn).chain(budget).max()
     }
 
     /// Rate admission's limits on the first upstream, when it is on.

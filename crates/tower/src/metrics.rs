@@ -7,7 +7,7 @@
 //!
 //! | signal | metrics |
 //! | --- | --- |
-//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_hedges_total`, `stormguard_hedges_won_total`, `stormguard_hedges_denied_total{reason}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
+//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_hedges_total`, `stormguard_hedges_won_total`, `stormguard_hedges_denied_total{reason}`, `stormguard_caller_retries_total{outcome="allowed"\|"refused"\|"counted"}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
 //! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap` (the cap in force), `stormguard_cap_configured`, `stormguard_queued`, `stormguard_held_slots` |
 //! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
 //! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
@@ -39,7 +39,7 @@ use stormguard_http::headers::HeaderKind;
 
 use stormguard_core::adaptive::AdaptiveSnapshot;
 use stormguard_core::limiter::{LimiterSnapshot, Reader};
-use stormguard_core::signals::Abandoned;
+use stormguard_core::signals::{Abandoned, CallerRetryOutcome};
 
 use crate::dependency::{Dependency, DependencySnapshot};
 
@@ -163,6 +163,21 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         "stormguard_hedges_denied",
         "Hedges refused, by reason (the retry rules' reasons).",
         &by_reason(&c.hedge_denied),
+    )?;
+    let caller: Vec<_> = CallerRetryOutcome::ALL
+        .iter()
+        .map(|o| {
+            (
+                vec![("dependency", dep), ("outcome", LabelValue(o.as_str()))],
+                c.caller_retries[o.index()],
+            )
+        })
+        .collect();
+    counter(
+        &mut enc,
+        "stormguard_caller_retries",
+        "Retries callers sent themselves, seen through the proxy, by what became of them: allowed (charged to the budget, also in stormguard_retries_total), refused (also in stormguard_denied_total), counted (caller_retries = \"count\": sent as first tries).",
+        &caller,
     )?;
     let b = &s.budget;
     if let Some(p) = b.percent {

@@ -57,7 +57,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "upstream", "listen", "cap", "budget", "retry_on", "max_retries", "per_try_timeout",
         "deadline", "backoff", "queue", "queue_timeout", "timeout_slot_hold", "abandon_hold",
-        "breaker",
+        "breaker", "caller_retries", "client_retry_window",
     ])]
     pub config: Option<PathBuf>,
     /// Where callers connect.
@@ -151,6 +151,14 @@ pub struct ProxyArgs {
     /// [dependency.breaker].
     #[arg(long)]
     pub breaker: bool,
+    /// A caller's own retries — marked by the layer that sent them, or the repeat of an answer
+    /// that failed within --client-retry-window — are charged to the budget like stormguard's
+    /// (`enforce`), counted only (`count`), or not looked for (`off`). See docs/proxy.md.
+    #[arg(long, value_name = "MODE", default_value = "enforce")]
+    pub caller_retries: stormguard_proxy::callers::CallerRetries,
+    /// How long after a failed or refused answer the caller's identical request is its retry.
+    #[arg(long, value_name = "DURATION", default_value = format_duration(defaults::CLIENT_RETRY_WINDOW), value_parser = args::duration)]
+    pub client_retry_window: Duration,
     /// Record mode: write every dependency's traffic to FILE as `replay` JSON lines (replay
     /// one with `stormguard replay --dependency NAME --policy SPEC FILE`).
     #[arg(long, value_name = "FILE")]
@@ -315,6 +323,8 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     }
     d.enforce = !args.shadow;
     d.breaker = args.breaker.then(stormguard_core::breaker::BreakerConfig::default);
+    d.caller_retries = args.caller_retries;
+    d.client_retry_window = args.client_retry_window;
     let mut config = ProxyConfig::single(args.listen, d);
     config.record.clone_from(&args.record);
     if let Some(d) = args.drain_timeout {

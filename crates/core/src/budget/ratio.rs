@@ -405,7 +405,10 @@ mod tests {
         // Six spent in slice 0, four in slice 3: none left until slice 0's leave at 10 s.
         assert_eq!(grants(&b, Timestamp::from_millis(500), 6), 6);
         assert_eq!(grants(&b, Timestamp::from_millis(3_200), 50), 4);
-        assert_eq!(b.retry_after(Timestamp::from_millis(3_200)), Some(Duration::from_millis(6_800)));
+        assert_eq!(
+            b.retry_after(Timestamp::from_millis(3_200)),
+            Some(Duration::from_millis(6_800))
+        );
         // Checked against the budget itself: refused just before, granted at the boundary.
         assert_eq!(grants(&b, Timestamp::from_millis(9_999), 1), 0);
         assert_eq!(grants(&b, Timestamp::from_millis(10_000), 1), 1);

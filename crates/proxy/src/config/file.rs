@@ -198,6 +198,10 @@ struct DependencyFile {
     hedge_after: Option<stormguard_core::hedge::HedgeAfter>,
     max_hedges: Option<u32>,
     adaptive: Option<AdaptiveFile>,
+    #[serde(default, deserialize_with = "sde::option_from_str")]
+    caller_retries: Option<crate::callers::CallerRetries>,
+    #[serde(default, deserialize_with = "sde::option_duration")]
+    client_retry_window: Option<Duration>,
 }
 
 /// `adaptive = { min = 4, max = 40 }`: an adaptive cap (`algorithm`, `window` and `tolerance`
@@ -267,7 +271,7 @@ impl DependencyFile {
         d.rate.learn = self.learn_rate_limits.unwrap_or(false);
         d.rate.provider = self.provider;
         set!(d.rate, self; quota_hold, overload_cool_down, max_hold, usage_max_factor);
-        set!(d, self; bytes_per_token);
+        set!(d, self; bytes_per_token, caller_retries, client_retry_window);
         d.adaptive = self.adaptive.map(AdaptiveFile::into_model);
         d.hedge = match (self.hedge_after, self.max_hedges) {
             (Some(after), n) => {

@@ -336,6 +336,13 @@ pub struct ProxyDependency {
     /// starts at its `cap` and follows what it can take, within `[min, max]`. Default none
     /// (`cap` is fixed).
     pub adaptive: Option<stormguard_core::adaptive::AdaptiveConfig>,
+    /// What a caller's own retry is to this dependency (`caller_retries`): charged to the
+    /// budget (`enforce`, the default), counted only (`count`), or not looked for (`off`). See
+    /// [`CallerRetries`](crate::callers::CallerRetries).
+    pub caller_retries: crate::callers::CallerRetries,
+    /// How long after a failed or refused answer the caller's identical request is its retry
+    /// (`client_retry_window`). Default 10 s.
+    pub client_retry_window: Duration,
 }
 
 /// Where the fleet's Redis is. A config file can only name an environment variable, so the URL
@@ -498,6 +505,8 @@ impl ProxyDependency {
             bytes_per_token: stormguard_http::provider::Estimator::default().bytes_per_token,
             hedge: None,
             adaptive: None,
+            caller_retries: crate::callers::CallerRetries::default(),
+            client_retry_window: defaults::CLIENT_RETRY_WINDOW,
         }
     }
 

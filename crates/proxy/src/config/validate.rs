@@ -386,6 +386,9 @@ impl ProxyDependency {
             }
         }
         range("bytes_per_token", 1, 1_000_000, self.bytes_per_token)?;
+        // A retry loop's backoff is well inside a minute; a longer window only charges users'
+        // identical requests as each other's retries.
+        range("client_retry_window", 1, 60, self.client_retry_window.as_secs())?;
         range("usage_max_factor", 1, u64::MAX, self.rate.usage_max_factor)?;
         if self.rate.max_hold.is_zero() {
             return Err(at("max_hold", RuleError::Zero));

@@ -81,6 +81,8 @@ impl ProxyConfig {
                 "max_hold": dur(Some(d.rate.max_hold)),
                 "usage_max_factor": d.rate.usage_max_factor,
                 "bytes_per_token": d.bytes_per_token,
+                "caller_retries": d.caller_retries.as_str(),
+                "client_retry_window": dur(Some(d.client_retry_window)),
                 "hedge_after": d.hedge.map(|h| h.after.to_string()),
                 "max_hedges": d.hedge.map(|h| h.max_hedges),
                 "upstream_adaptive": (0..d.upstreams.len())

@@ -469,10 +469,7 @@ async fn a_callers_own_retry_spends_the_budget() {
     assert_eq!(resp.extensions().get::<Denied>(), Some(&Denied::Stacked));
     assert_eq!(*svc.attempts_seen.lock().unwrap(), ["2"]);
     let e = stack.clone().oneshot(retry()).await.unwrap_err();
-    assert!(
-        matches!(e.downcast_ref(), Some(StormguardError::Denied(Denied::Budget))),
-        "{e}"
-    );
+    assert!(matches!(e.downcast_ref(), Some(StormguardError::Denied(Denied::Budget))), "{e}");
     assert_eq!(svc.calls(), 1, "the refused one never reached the upstream");
     let c = dep.snapshot().counters;
     assert_eq!((c.primaries, c.retries, c.denied(Denied::Budget)), (0, 1, 1));
