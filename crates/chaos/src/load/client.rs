@@ -2,13 +2,17 @@
 
 use super::*;
 
-/// The request every send repeats.
+/// The request every send repeats, each as its own request: with an `x-request-id` of its own
+/// (unless the headers set one), as a service's requests carry from its edge, so a sidecar that
+/// recognises a caller's retries by their repeats does not take independent sends for them.
 #[derive(Debug)]
 pub(super) struct Template {
     pub(super) method: Method,
     pub(super) uri: Uri,
     pub(super) headers: HeaderMap,
     pub(super) body: Bytes,
+    /// This run's random prefix and the next request's number, when the template numbers them.
+    ids: Option<(u64, std::sync::atomic::AtomicU64)>,
 }
 
 impl Template {
@@ -24,6 +28,11 @@ impl Template {
         Template {
             method: config.method.clone(),
             uri: path.parse().unwrap_or_else(|_| Uri::from_static("/")),
+            ids: (!headers.contains_key(&REQUEST_ID)).then(|| {
+                use std::hash::BuildHasher;
+                let run = std::hash::RandomState::new().hash_one(std::time::SystemTime::now());
+                (run, std::sync::atomic::AtomicU64::new(1))
+            }),
             headers,
             body: config.body.clone(),
         }
@@ -34,9 +43,18 @@ impl Template {
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         *req.headers_mut() = self.headers.clone();
+        if let Some((run, next)) = &self.ids {
+            // Relaxed: a unique number is all it must be.
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(v) = HeaderValue::from_str(&format!("{run:016x}-{n}")) {
+                req.headers_mut().insert(REQUEST_ID.clone(), v);
+            }
+        }
         req
     }
 }
+
+static REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 /// One HTTP/1.1 connection; dropping it closes the socket at once.
 #[derive(Debug)]
@@ -248,6 +266,7 @@ pub async fn http_call(method: Method, uri: &Uri) -> Result<(StatusCode, Bytes),
             .map_or("/", |p| p.as_str())
             .parse()
             .map_err(|e: http::uri::InvalidUri| CallError::Path(e.to_string()))?,
+        ids: None,
         headers: {
             let mut h = HeaderMap::new();
             if let Some(a) = uri.authority()

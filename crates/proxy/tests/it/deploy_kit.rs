@@ -256,7 +256,10 @@ impl Scrape {
 }
 
 async fn get(c: &Client<HttpConnector, Full<Bytes>>, uri: &str) -> (StatusCode, Bytes) {
-    let req = Request::get(uri).body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get(uri)
+        .header("x-request-id", crate::common::request_id())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
         .await
         .unwrap_or_else(|_| panic!("GET {uri}: no answer in 10 s"))

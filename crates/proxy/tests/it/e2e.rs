@@ -45,6 +45,7 @@ async fn send(
     let req = Request::builder()
         .method(method)
         .uri(uri)
+        .header("x-request-id", request_id())
         .body(Full::new(Bytes::from_static(body)))
         .unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))

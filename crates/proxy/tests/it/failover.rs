@@ -37,6 +37,7 @@ async fn proxy(d: ProxyDependency) -> ProxyHandle {
 
 async fn get(c: &TestClient, p: &ProxyHandle) -> (StatusCode, http::HeaderMap) {
     let req = Request::get(format!("http://{}/v1/chat", p.listen_addrs()[0]))
+        .header("x-request-id", crate::common::request_id())
         .body(Full::new(Bytes::new()))
         .unwrap();
     let resp =

@@ -104,7 +104,11 @@ async fn futures_join<F: Future<Output = load::LoadReport> + Send + 'static>(
 async fn get(url: &str) -> String {
     let c = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let resp = c.get(url.parse().unwrap()).await.unwrap();
+    let req = http::Request::get(url)
+        .header("x-request-id", crate::common::request_id())
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
     let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
     String::from_utf8_lossy(&body).into_owned()
 }

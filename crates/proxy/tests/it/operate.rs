@@ -16,7 +16,10 @@ use stormguard_proxy::config::{ListenerConfig, ProxyConfig, ProxyDependency};
 use stormguard_proxy::{ProxyHandle, ReloadError, start};
 
 async fn get(c: &TestClient, uri: &str) -> Result<(StatusCode, Bytes), String> {
-    let req = Request::get(uri).body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get(uri)
+        .header("x-request-id", crate::common::request_id())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
         .await
         .map_err(|_| format!("{uri}: no answer in 10 s"))?

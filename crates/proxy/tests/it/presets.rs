@@ -41,14 +41,17 @@ struct Got {
     body: Result<Bytes, String>,
 }
 
-/// POSTs a chat completion through the proxy at `addr` (with an `Idempotency-Key` when
-/// `keyed`), reading the answer whole (at most 10 s).
+/// POSTs a chat completion through the proxy at `addr` (with an `Idempotency-Key` of its own
+/// when `keyed`, else an `x-request-id`: each post is its own call), reading the answer whole
+/// (at most 10 s).
 async fn post(addr: SocketAddr, keyed: bool) -> Got {
     let mut req = Request::post(format!("http://{addr}/v1/messages"))
         .header("content-type", "application/json");
-    if keyed {
-        req = req.header("idempotency-key", "k-1");
-    }
+    let id = crate::common::request_id();
+    req = match keyed {
+        true => req.header("idempotency-key", id),
+        false => req.header("x-request-id", id),
+    };
     let req = req.body(Full::new(Bytes::from_static(CHAT.as_bytes()))).unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http();
     let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))

@@ -22,6 +22,15 @@ pub async fn chaos(phase: Phase) -> ChaosServer {
     stormguard_chaos::spawn(c, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
 
+/// A fresh request id (`x-request-id`, or an `Idempotency-Key`): each test request is its own,
+/// as independent callers' are, so the proxy does not take an identical request after a
+/// failure for its caller's own retry (`caller_retries`, docs/proxy.md).
+pub fn request_id() -> http::HeaderValue {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    http::HeaderValue::from_str(&format!("test-{n}")).expect("ASCII")
+}
+
 /// The callers' HTTP/1.1 client.
 pub type TestClient = Client<HttpConnector, Full<Bytes>>;
 
