@@ -15,13 +15,17 @@
 //!   `client_retry_window` (10 s).
 //!
 //! **One charge per failure.** A failure leaves one entry; the first request that matches it
-//! takes it (and is the retry); a retry that fails again leaves a new one. A success leaves
-//! nothing, so a caller that repeats a request after a success (polling) is never charged. Two
+//! takes it (and is the retry); a retry that fails again, or is refused, leaves a new one, up
+//! to a loop's [`LOOP_ATTEMPTS`] (4) attempts: the next identical request is a new call. A
+//! success leaves nothing, so a caller that repeats a request after a success (polling) is
+//! never charged. Two
 //! users' identical requests are told apart by their identity when they carry one (a distinct
 //! `traceparent` or request id makes a distinct fingerprint). With no identity on the wire and
 //! one caller address for both, a user's identical request inside the window after another's
 //! failure is the one charged, in place of the retry that follows: the count of retries charged
-//! stays the count of failures repeated, never more, but which request pays may be wrong.
+//! stays the count of failures repeated, never more, but which request pays may be wrong — with
+//! the budget spent, up to three identical requests after a failure are refused before the
+//! fourth goes as a first try.
 //!
 //! **Bounded.** At most [`CAPACITY`] fingerprints a dependency, in [`SHARDS`] shards (each a
 //! mutex over a map of 32-byte entries: about 3 MiB in all when full). A full shard drops what
@@ -40,6 +44,14 @@ use http::HeaderMap;
 use http::request::Parts;
 use stormguard_core::budget::FailureKind;
 use stormguard_tower::CallerRetry;
+
+/// The attempts of one caller's loop, at most, as the proxy counts them: the repeats of one
+/// failure are that caller's retries up to its 4th attempt (urllib3's `Retry(total=3)`; the
+/// OpenAI and Anthropic SDKs, got and the AWS SDKs make 3), and an identical request after
+/// that is a new call. Without it, a stream of identical requests with no identity would, once
+/// the budget was spent, be refused one after another for good, each refusal the "failure" the
+/// next repeats: no first try would reach the dependency to earn the budget back.
+pub(crate) const LOOP_ATTEMPTS: u32 = 4;
 
 /// Fingerprints kept per dependency, at most.
 pub(crate) const CAPACITY: usize = 65_536;
@@ -200,6 +212,11 @@ impl RecentFailures {
         const FULL: usize = CAPACITY / SHARDS;
         let key = f.finish();
         let mut shard = self.shard(key);
+        if attempt >= LOOP_ATTEMPTS {
+            // The loop's last attempt: what repeats it is a new call.
+            shard.remove(&key);
+            return;
+        }
         if shard.len() >= FULL && !shard.contains_key(&key) {
             // Swept to 7/8 at most, so the next eighth of inserts do not sweep again.
             shard.retain(|_, f| f.until > now);
@@ -246,6 +263,11 @@ mod tests {
         assert_eq!(t.recognise(&f, now), None);
         t.failed(&f, 2, FailureKind::Timeout, now, W);
         assert_eq!(t.recognise(&f, now).unwrap().attempt, 3);
+        // After a loop's last attempt, the same request is a new call.
+        t.failed(&f, 3, FailureKind::Error, now, W);
+        assert_eq!(t.recognise(&f, now).unwrap().attempt, LOOP_ATTEMPTS);
+        t.failed(&f, LOOP_ATTEMPTS, FailureKind::Error, now, W);
+        assert_eq!(t.recognise(&f, now), None);
         // Past the window it is no retry.
         t.failed(&f, 1, FailureKind::Error, now, W);
         assert_eq!(t.recognise(&f, now + W), None);
@@ -290,11 +312,15 @@ mod tests {
             t.failed(&f, 1, FailureKind::Error, now, W);
         }
         assert!(t.len() <= CAPACITY, "{}", t.len());
-        // Expired entries go first: a full table takes new failures after the window.
+        // Expired entries go first: after the window, new failures push out only old ones.
         let later = now + W;
-        let f = t.fingerprint(&"new", &parts("http://a/x", &[]));
-        t.failed(&f, 1, FailureKind::Error, later, W);
-        assert!(t.len() <= CAPACITY - CAPACITY / SHARDS + 1, "{}", t.len());
-        assert!(t.recognise(&f, later).is_some());
+        let new: Vec<_> = (0..CAPACITY / 2)
+            .map(|i| t.fingerprint(&("new", i), &parts("http://a/x", &[])))
+            .collect();
+        for f in &new {
+            t.failed(f, 1, FailureKind::Error, later, W);
+        }
+        assert!(t.len() <= CAPACITY, "{}", t.len());
+        assert!(new.iter().all(|f| t.recognise(f, later).is_some()));
     }
 }

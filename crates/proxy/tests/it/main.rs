@@ -7,6 +7,7 @@ mod common;
 mod support;
 
 mod adaptive;
+mod callers;
 mod deploy_kit;
 mod e2e;
 mod failover;
