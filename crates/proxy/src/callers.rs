@@ -14,8 +14,8 @@
 //!   the same dependency that failed (a failure in `retry_on`) or was refused, within
 //!   `client_retry_window` (10 s).
 //!
-//! **One charge per failure.** A failure leaves one entry; the first request that matches it
-//! takes it (and is the retry); a retry that fails again, or is refused, leaves a new one, up
+//! **One charge per failure.** A failure leaves one entry (ten identical calls failing at once,
+//! ten); the first request that matches it takes the oldest (and is the retry); a retry that fails again, or is refused, leaves a new one, up
 //! to a loop's [`LOOP_ATTEMPTS`] (4) attempts: the next identical request is a new call. A
 //! success leaves nothing, so a caller that repeats a request after a success (polling) is
 //! never charged. Two
@@ -27,15 +27,17 @@
 //! the budget spent, up to three identical requests after a failure are refused before the
 //! fourth goes as a first try.
 //!
-//! **Bounded.** At most [`CAPACITY`] fingerprints a dependency, in [`SHARDS`] shards (each a
-//! mutex over a map of 32-byte entries: about 3 MiB in all when full). A full shard drops what
-//! has expired, then arbitrary entries down to seven eighths: a retry whose failure was dropped
-//! passes as a first try (the table errs toward not charging). Per request: one hash of the
-//! fingerprint and one lookup in one shard; a failure or a match, one write.
+//! **Bounded.** At most [`CAPACITY`] failures a dependency (32 768), [`PER_REQUEST`] (64) of one
+//! fingerprint, in [`SHARDS`] shards, each a mutex over a map from fingerprint to its failures
+//! in arrival order (about 5 MiB in all when full). A full shard drops what has expired, then
+//! arbitrary fingerprints down to seven eighths: a retry whose failure was dropped passes as a
+//! first try (the table errs toward not charging). Per request: one hash of the fingerprint and
+//! one lookup in one shard; a failure or a match, one write.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -53,8 +55,10 @@ use stormguard_tower::CallerRetry;
 /// next repeats: no first try would reach the dependency to earn the budget back.
 pub(crate) const LOOP_ATTEMPTS: u32 = 4;
 
-/// Fingerprints kept per dependency, at most.
-pub(crate) const CAPACITY: usize = 65_536;
+/// Failures kept per dependency, at most.
+pub(crate) const CAPACITY: usize = 32_768;
+/// Failures of one fingerprint kept at most (the oldest goes first).
+pub(crate) const PER_REQUEST: usize = 64;
 /// Shards of the table (each its own lock).
 pub(crate) const SHARDS: usize = 16;
 
@@ -107,20 +111,38 @@ impl FromStr for CallerRetries {
     }
 }
 
-/// An answer that failed or was refused, waiting for the caller's retry.
+/// How an answer left its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    /// The caller's `attempt`th attempt (1: a first try) failed with `kind`, or was refused:
+    /// its retry is to come.
+    Failed { attempt: u32, kind: FailureKind },
+    /// The call ended: a success, an answer nobody retries.
+    Ended,
+}
+
+/// What waits in the table: a failure for its retry (`retry`: the attempt that failed and how),
+/// or, beside others' failures, the end of the last call on a connection (`None`).
 #[derive(Debug, Clone, Copy)]
-struct Failed {
+struct Waiting {
     /// When it stops counting.
     until: Instant,
-    /// The caller's attempt that failed (1: a first try).
-    attempt: u32,
-    kind: FailureKind,
+    retry: Option<(u32, FailureKind)>,
+    /// The connection it came on, for a request with no identity.
+    connection: Option<SocketAddr>,
+}
+
+/// One shard: the failures waiting for a retry, oldest first, by fingerprint, and how many.
+#[derive(Default)]
+struct Shard {
+    waiting: HashMap<u64, VecDeque<Waiting>>,
+    len: usize,
 }
 
 /// One dependency's recent failures, by fingerprint. See the [module docs](self).
 pub(crate) struct RecentFailures {
     keys: RandomState,
-    shards: [Mutex<HashMap<u64, Failed>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
 }
 
 impl fmt::Debug for RecentFailures {
@@ -129,27 +151,33 @@ impl fmt::Debug for RecentFailures {
     }
 }
 
-/// A request's fingerprint, begun from its head; the body is added once received.
-pub(crate) struct Fingerprint(std::hash::DefaultHasher);
+/// A request's fingerprint, begun from its head; the body is added once received. With no
+/// identity of its own, the connection it came on.
+pub(crate) struct Fingerprint {
+    hash: std::hash::DefaultHasher,
+    connection: Option<SocketAddr>,
+}
 
 impl Fingerprint {
     /// Adds the bytes of the body received before the attempt.
     pub(crate) fn body(&mut self, chunk: &[u8]) {
-        self.0.write(chunk);
+        self.hash.write(chunk);
     }
 
     fn finish(&self) -> u64 {
-        self.0.finish()
+        self.hash.finish()
     }
 }
 
-/// The request's own identity: the headers a retry loop resends unchanged and two users'
-/// requests do not share.
-fn identity(headers: &HeaderMap, h: &mut impl Hasher) {
+/// The request's own identity, hashed into `h`: the headers a retry loop resends unchanged and
+/// two users' requests do not share. Whether it has one.
+fn identity(headers: &HeaderMap, h: &mut impl Hasher) -> bool {
+    let mut found = false;
     for name in ["idempotency-key", "x-request-id"] {
         if let Some(v) = headers.get(name) {
             name.hash(h);
             v.as_bytes().hash(h);
+            found = true;
         }
     }
     // W3C trace context: `00-<trace id>-<parent id>-<flags>`; the parent id changes per
@@ -157,20 +185,28 @@ fn identity(headers: &HeaderMap, h: &mut impl Hasher) {
     if let Some(trace) = headers.get("traceparent").and_then(|v| v.as_bytes().get(3..35)) {
         "traceparent".hash(h);
         trace.hash(h);
+        found = true;
     }
+    found
 }
 
 impl RecentFailures {
     pub(crate) fn new() -> RecentFailures {
         RecentFailures {
             keys: RandomState::new(),
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::default()),
         }
     }
 
-    /// The fingerprint of a request from `caller` (its client id or address, as text or bytes),
-    /// begun from its head.
-    pub(crate) fn fingerprint(&self, caller: &impl Hash, parts: &Parts) -> Fingerprint {
+    /// The fingerprint of a request from `caller` (its client id or address) on `connection`
+    /// (its peer address and port), begun from its head. The connection counts only for a
+    /// request with no identity of its own.
+    pub(crate) fn fingerprint(
+        &self,
+        caller: &impl Hash,
+        connection: SocketAddr,
+        parts: &Parts,
+    ) -> Fingerprint {
         let mut h = self.keys.build_hasher();
         caller.hash(&mut h);
         parts.method.as_str().hash(&mut h);
@@ -181,58 +217,113 @@ impl RecentFailures {
             .or_else(|| parts.headers.get(http::header::HOST).map(|v| v.as_bytes()));
         authority.hash(&mut h);
         parts.uri.path_and_query().map(|p| p.as_str()).hash(&mut h);
-        identity(&parts.headers, &mut h);
-        Fingerprint(h)
+        let identified = identity(&parts.headers, &mut h);
+        Fingerprint { hash: h, connection: (!identified).then_some(connection) }
     }
 
-    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Failed>> {
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, Shard> {
         self.shards[(key as usize) % SHARDS].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The retry a request is, when it repeats a failure within the window (the failure is
-    /// taken: one charge per failure).
+    /// The retry a request is, when it repeats a failure within the window: the failure is
+    /// taken (one charge per failure) — the oldest that came on the request's own connection;
+    /// else, unless the last call on this connection ended there, the oldest of any (a pooled
+    /// client may retry on another connection).
     pub(crate) fn recognise(&self, f: &Fingerprint, now: Instant) -> Option<CallerRetry> {
         let key = f.finish();
         let mut shard = self.shard(key);
-        let failed = shard.remove(&key)?;
-        (failed.until > now)
-            .then(|| CallerRetry { attempt: failed.attempt.saturating_add(1), after: failed.kind })
+        let Shard { waiting, len } = &mut *shard;
+        let queue = waiting.get_mut(&key)?;
+        let before = queue.len();
+        queue.retain(|w| w.until > now);
+        let own = |w: &Waiting| w.connection == f.connection;
+        let taken = match queue.iter().position(|w| own(w) && w.retry.is_some()) {
+            Some(i) => queue.remove(i),
+            // A new call on a connection whose last call ended: no one else's retry.
+            None => match queue.iter().position(|w| own(w) && f.connection.is_some()) {
+                Some(ended) => {
+                    queue.remove(ended);
+                    None
+                }
+                None => queue.iter().position(|w| w.retry.is_some()).and_then(|i| queue.remove(i)),
+            },
+        };
+        *len -= before - queue.len();
+        if queue.is_empty() {
+            waiting.remove(&key);
+        }
+        let (attempt, after) = taken?.retry?;
+        Some(CallerRetry { attempt: attempt.saturating_add(1), after })
     }
 
-    /// The caller's `attempt`th attempt failed (or was refused) with `kind`: its retry within
-    /// `window` is recognised.
-    pub(crate) fn failed(
+    /// How a request's answer left its caller (see [`Answered`]); `window` is how long a
+    /// failure waits for its retry.
+    pub(crate) fn answered(
         &self,
         f: &Fingerprint,
-        attempt: u32,
-        kind: FailureKind,
+        answered: Answered,
         now: Instant,
         window: Duration,
     ) {
         const FULL: usize = CAPACITY / SHARDS;
+        let retry = match answered {
+            Answered::Failed { attempt, kind } if attempt < LOOP_ATTEMPTS => Some((attempt, kind)),
+            _ => None,
+        };
         let key = f.finish();
         let mut shard = self.shard(key);
-        if attempt >= LOOP_ATTEMPTS {
-            // The loop's last attempt: what repeats it is a new call.
-            shard.remove(&key);
-            return;
-        }
-        if shard.len() >= FULL && !shard.contains_key(&key) {
-            // Swept to 7/8 at most, so the next eighth of inserts do not sweep again.
-            shard.retain(|_, f| f.until > now);
-            let over = shard.len().saturating_sub(FULL - FULL / 8);
-            let arbitrary: Vec<u64> = shard.keys().take(over).copied().collect();
+        let Shard { waiting, len } = &mut *shard;
+        if retry.is_none() {
+            // An ended call matters only beside others' failures, and only without an
+            // identity (a request with one is its own call).
+            let Some(queue) = waiting.get_mut(&key).filter(|_| f.connection.is_some()) else {
+                return;
+            };
+            let before = queue.len();
+            queue.retain(|w| !(w.connection == f.connection && w.retry.is_none()));
+            *len -= before - queue.len();
+        } else if *len >= FULL {
+            // Swept to 7/8 at most, so the next eighth of failures do not sweep again.
+            waiting.retain(|_, q| {
+                q.retain(|w| w.until > now);
+                !q.is_empty()
+            });
+            *len = waiting.values().map(VecDeque::len).sum();
+            let mut over = len.saturating_sub(FULL - FULL / 8);
+            let arbitrary: Vec<u64> = waiting.keys().copied().collect();
             for k in arbitrary {
-                shard.remove(&k);
+                if over == 0 {
+                    break;
+                }
+                let q = waiting.remove(&k).expect("a key just listed");
+                over = over.saturating_sub(q.len());
+                *len -= q.len();
             }
         }
-        shard.insert(key, Failed { until: now + window, attempt, kind });
+        let queue = waiting.entry(key).or_default();
+        if retry.is_some() && f.connection.is_some() {
+            // A call goes on on this connection: its ending no longer stands.
+            let before = queue.len();
+            queue.retain(|w| !(w.connection == f.connection && w.retry.is_none()));
+            *len -= before - queue.len();
+        }
+        if queue.len() >= PER_REQUEST {
+            queue.pop_front();
+            *len -= 1;
+        }
+        queue.push_back(Waiting { until: now + window, retry, connection: f.connection });
+        *len += 1;
     }
 
-    /// Fingerprints held now (expired ones included until swept).
+    #[cfg(test)]
+    fn failed(&self, f: &Fingerprint, attempt: u32, kind: FailureKind, now: Instant, w: Duration) {
+        self.answered(f, Answered::Failed { attempt, kind }, now, w);
+    }
+
+    /// Failures held now (expired ones included until swept).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+        self.shards.iter().map(|s| s.lock().unwrap().len).sum()
     }
 }
 
@@ -249,12 +340,14 @@ mod tests {
     }
 
     const W: Duration = Duration::from_secs(10);
+    const CONN: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 40_000);
 
     #[test]
     fn a_repeat_of_a_failure_is_one_retry_and_a_success_leaves_nothing() {
         let t = RecentFailures::new();
         let now = Instant::now();
-        let f = t.fingerprint(&"10.0.0.1", &parts("http://a/x?q=1", &[]));
+        let f = t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x?q=1", &[]));
         assert_eq!(t.recognise(&f, now), None, "nothing failed yet");
         t.failed(&f, 1, FailureKind::Error, now, W);
         let r = t.recognise(&f, now + Duration::from_secs(1)).unwrap();
@@ -268,6 +361,11 @@ mod tests {
         assert_eq!(t.recognise(&f, now).unwrap().attempt, LOOP_ATTEMPTS);
         t.failed(&f, LOOP_ATTEMPTS, FailureKind::Error, now, W);
         assert_eq!(t.recognise(&f, now), None);
+        // Ten calls failing at once leave ten retries, one each, whatever order they come in.
+        for _ in 0..10 {
+            t.failed(&f, 1, FailureKind::Error, now, W);
+        }
+        assert_eq!((0..12).filter(|_| t.recognise(&f, now).is_some()).count(), 10);
         // Past the window it is no retry.
         t.failed(&f, 1, FailureKind::Error, now, W);
         assert_eq!(t.recognise(&f, now + W), None);
@@ -277,26 +375,48 @@ mod tests {
     fn what_tells_requests_apart() {
         let t = RecentFailures::new();
         let now = Instant::now();
-        let base = t.fingerprint(&"10.0.0.1", &parts("http://a/x", &[]));
+        let base = t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x", &[]));
         t.failed(&base, 1, FailureKind::Error, now, W);
         let differ = [
-            t.fingerprint(&"10.0.0.2", &parts("http://a/x", &[])),
-            t.fingerprint(&"10.0.0.1", &parts("http://b/x", &[])),
-            t.fingerprint(&"10.0.0.1", &parts("http://a/y", &[])),
-            t.fingerprint(&"10.0.0.1", &parts("http://a/x?p", &[])),
-            t.fingerprint(&"10.0.0.1", &parts("http://a/x", &[("x-request-id", "r1")])),
-            t.fingerprint(&"10.0.0.1", &parts("http://a/x", &[("idempotency-key", "k")])),
+            t.fingerprint(&"10.0.0.2", CONN, &parts("http://a/x", &[])),
+            t.fingerprint(&"10.0.0.1", CONN, &parts("http://b/x", &[])),
+            t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/y", &[])),
+            t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x?p", &[])),
+            t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x", &[("x-request-id", "r1")])),
+            t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x", &[("idempotency-key", "k")])),
         ];
         for f in &differ {
             assert_eq!(t.recognise(f, now), None);
         }
-        let mut body = t.fingerprint(&"10.0.0.1", &parts("http://a/x", &[]));
+        let mut body = t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x", &[]));
         body.body(b"{}");
         assert_eq!(t.recognise(&body, now), None);
+        // With no identity, a failure on the request's own connection is taken first, then
+        // another's (a pooled client may retry on another connection).
+        let fresh = RecentFailures::new();
+        let other = SocketAddr::new(CONN.ip(), 40_001);
+        let on = |conn| fresh.fingerprint(&"10.0.0.1", conn, &parts("http://a/x", &[]));
+        fresh.failed(&on(other), 2, FailureKind::Error, now, W);
+        fresh.failed(&on(CONN), 3, FailureKind::Error, now, W);
+        assert_eq!(fresh.recognise(&on(other), now).unwrap().attempt, 3);
+        assert_eq!(fresh.recognise(&on(other), now).unwrap().attempt, 4);
+        assert_eq!(fresh.recognise(&on(other), now), None);
+        // A call that ended on a connection: the next request there is a new call, not another
+        // connection's retry.
+        fresh.failed(&on(other), 1, FailureKind::Error, now, W);
+        fresh.answered(&on(CONN), Answered::Ended, now, W);
+        assert_eq!(fresh.recognise(&on(CONN), now), None);
+        assert_eq!(fresh.recognise(&on(other), now).unwrap().attempt, 2);
+        // A loop's last attempt ends its call too.
+        fresh.failed(&on(other), 1, FailureKind::Error, now, W);
+        fresh.failed(&on(CONN), LOOP_ATTEMPTS, FailureKind::Error, now, W);
+        assert_eq!(fresh.recognise(&on(CONN), now), None);
+        // Without the end, it takes the other's.
+        assert_eq!(fresh.recognise(&on(CONN), now).unwrap().attempt, 2);
         // A trace's parent id changes per attempt, its trace id does not.
         let tp = |parent: &str| {
             let v = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{parent}-01");
-            t.fingerprint(&"10.0.0.1", &parts("http://a/x", &[("traceparent", &v)]))
+            t.fingerprint(&"10.0.0.1", CONN, &parts("http://a/x", &[("traceparent", &v)]))
         };
         t.failed(&tp("00f067aa0ba902b7"), 1, FailureKind::Error, now, W);
         assert!(t.recognise(&tp("b7ad6b7169203331"), now).is_some());
@@ -308,14 +428,14 @@ mod tests {
         let t = RecentFailures::new();
         let now = Instant::now();
         for i in 0..CAPACITY * 2 {
-            let f = t.fingerprint(&i, &parts("http://a/x", &[]));
+            let f = t.fingerprint(&i, CONN, &parts("http://a/x", &[]));
             t.failed(&f, 1, FailureKind::Error, now, W);
         }
         assert!(t.len() <= CAPACITY, "{}", t.len());
         // Expired entries go first: after the window, new failures push out only old ones.
         let later = now + W;
         let new: Vec<_> = (0..CAPACITY / 2)
-            .map(|i| t.fingerprint(&("new", i), &parts("http://a/x", &[])))
+            .map(|i| t.fingerprint(&("new", i), CONN, &parts("http://a/x", &[])))
             .collect();
         for f in &new {
             t.failed(f, 1, FailureKind::Error, later, W);

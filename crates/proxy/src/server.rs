@@ -14,7 +14,7 @@ use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_tower::{Dependency, Idempotent, ReplayBody, RouteBudget};
 use tower::ServiceExt;
 
-use crate::callers::CallerRetries;
+use crate::callers::{Answered, CallerRetries};
 use crate::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use crate::hop::strip_hop_by_hop;
 use crate::scopes::TraceScopes;
@@ -211,7 +211,7 @@ fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
 /// The caller's own retry a request is, if it is one: marked as a retry by the layer that
 /// sent it, or the repeat of a recent failure (which it takes). With `caller_retries =
 /// "enforce"` the retry layer charges it ([`stormguard_tower::CallerRetry`]); with `"count"`
-/// it is counted and sent as a first try.
+/// it is counted here and sent as a first try.
 fn caller_retry(
     dep: &DepRuntime,
     fingerprint: &crate::callers::Fingerprint,
@@ -225,14 +225,10 @@ fn caller_retry(
         after: repeated.map_or(FailureKind::Error, |r| r.after),
     });
     let retry = marked.or(repeated)?;
-    match dep.config.0.caller_retries {
-        CallerRetries::Enforce => Some(retry),
-        CallerRetries::Count => {
-            dep.dependency.policy().counters().caller_retry(CallerRetryOutcome::Counted);
-            None
-        }
-        CallerRetries::Off => None,
+    if dep.config.0.caller_retries == CallerRetries::Count {
+        dep.dependency.policy().counters().caller_retry(CallerRetryOutcome::Counted);
     }
+    Some(retry)
 }
 
 /// The kind of failure an answer is to a caller that may retry it: a refusal of stormguard's
@@ -328,7 +324,7 @@ pub(crate) async fn handle(
     let caller_retries = dep.config.0.caller_retries;
     let mut fingerprint = (caller_retries != CallerRetries::Off).then(|| {
         let who = (named.as_deref(), named.is_none().then_some(peer.ip()));
-        dep.callers.fingerprint(&who, &parts)
+        dep.callers.fingerprint(&who, peer, &parts)
     });
     // The host the route was chosen by is the host the upstream acts on: an absolute-form
     // target's authority replaces any Host (RFC 9112 §3.2.2), and an HTTP/2 caller's
@@ -404,7 +400,9 @@ pub(crate) async fn handle(
         body.head_chunks().for_each(|chunk| f.body(chunk));
         caller_retry(dep, f, &parts.headers, started)
     });
-    if let Some(r) = caller_retry {
+    if let Some(r) = caller_retry
+        && caller_retries == CallerRetries::Enforce
+    {
         parts.extensions.insert(r);
     }
     // Rate admission's token cost: the request's output maximum and its size, when tokens
@@ -446,11 +444,12 @@ pub(crate) async fn handle(
     {
         state.count_caller_body(reason == "body-timeout");
     }
-    if let Some(f) = &fingerprint
-        && let Some(kind) = failure_kind(dep, &resp)
-    {
-        let attempt = caller_retry.map_or(1, |r| r.attempt);
-        dep.callers.failed(f, attempt, kind, Instant::now(), dep.config.0.client_retry_window);
+    if let Some(f) = &fingerprint {
+        let answered = match failure_kind(dep, &resp) {
+            Some(kind) => Answered::Failed { attempt: caller_retry.map_or(1, |r| r.attempt), kind },
+            None => Answered::Ended,
+        };
+        dep.callers.answered(f, answered, Instant::now(), dep.config.0.client_retry_window);
     }
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
     state.traffic.count(crate::traffic::Finished {
