@@ -242,29 +242,25 @@ class Proxy:
 
 
 class GrpcProxy:
-    """`stormguard proxy --config` in front of the gRPC upstream: the dependency speaks h2c by
-    prior knowledge (`http2 = true`), which only a config file says; caller retries off is the
-    dependency's `caller_retries = "off"` there."""
+    """`stormguard proxy --grpc` in front of the gRPC upstream: h2c by prior knowledge, gRPC's
+    UNAVAILABLE in `retry_on`. No method is named idempotent, so stormguard resends none that
+    may have run, and every retry is the client's own (with `--idempotent /test.Echo/` the
+    proxy's own retries would spend the budget and their refusals' pushback stop the client's
+    policy, with or without caller retries: example_grpc shows the idempotent route)."""
 
     def __init__(self, upstream_port, mode):
         self.port, self.admin = free_port(), free_port()
         admin = self.admin
-        self.dir = tempfile.mkdtemp(prefix="stormguard-callers-")
-        path = os.path.join(self.dir, "proxy.toml")
-        with open(path, "w") as f:
-            f.write(
-                f'admin = "127.0.0.1:{admin}"\n'
-                f'[[listener]]\nlisten = "127.0.0.1:{self.port}"\ndependency = "grpc"\n'
-                f'[[dependency]]\nname = "grpc"\nupstreams = ["http://127.0.0.1:{upstream_port}"]\n'
-                f'cap = {CAP}\nbudget = "{BUDGET}"\nhttp2 = true\n'
-                + ('caller_retries = "off"\n' if proxy_args(mode) else "")
-            )
-        self.p = Process([BIN, "proxy", "--config", path])
+        self.p = Process(
+            [BIN, "proxy", "--listen", f"127.0.0.1:{self.port}",
+             "--upstream", f"http://127.0.0.1:{upstream_port}", "--grpc",
+             "--cap", str(CAP), "--budget", BUDGET,
+             "--admin", f"127.0.0.1:{admin}", *proxy_args(mode)]
+        )
         wait_healthz(self.p, admin)
 
     def stop(self):
         self.p.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,39 +268,53 @@ class GrpcProxy:
 
 
 class GrpcUpstream:
-    """One unary method, `/test.Echo/Call`, echoing its bytes; fails `error_rate` of the calls
-    with UNAVAILABLE (a seeded draw), or only the first with `fail_first`. Counts every call."""
+    """Every unary method (`/test.Echo/Call`, `/shop.Catalog/Get`, ...) echoing its bytes; fails
+    `error_rate` of the calls with UNAVAILABLE (a seeded draw), or only the first call with
+    `fail_first`, or each named method's first call with `first_fails`. Counts every call, and
+    each method's."""
 
-    def __init__(self, error_rate=ERROR_RATE, seed=1, fail_first=False):
+    def __init__(self, error_rate=ERROR_RATE, seed=1, fail_first=False, first_fails=()):
         self.rng = random.Random(seed)
         self.error_rate, self.fail_first = error_rate, fail_first
         self.lock = threading.Lock()
         self.count = 0
+        self.by_method = {}
         self.seen = []  # (metadata, peer) of each call, with fail_first
+        upstream = self
 
-        def call(request, context):
+        def call(request, context, method):
             with self.lock:
                 self.count += 1
-                first = self.count == 1
-                fail = first if self.fail_first else self.rng.random() < self.error_rate
-                if self.fail_first:
+                self.by_method[method] = self.by_method.get(method, 0) + 1
+                if first_fails:
+                    fail = method in first_fails and self.by_method[method] == 1
+                elif self.fail_first:
+                    fail = self.count == 1
                     self.seen.append((list(context.invocation_metadata()), context.peer()))
+                else:
+                    fail = self.rng.random() < self.error_rate
             if fail:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "injected error")
             return request
 
+        class AnyMethod(grpc.GenericRpcHandler):
+            def service(self, details):
+                return grpc.unary_unary_rpc_method_handler(
+                    lambda request, context: call(request, context, details.method))
+
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=32)
         self.server = grpc.server(self.pool)
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(
-                "test.Echo", {"Call": grpc.unary_unary_rpc_method_handler(call)}),)
-        )
+        self.server.add_generic_rpc_handlers((AnyMethod(),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
     def requests(self):
         with self.lock:
             return self.count
+
+    def calls_of(self, method):
+        with self.lock:
+            return self.by_method.get(method, 0)
 
     def stop(self):
         self.server.stop(grace=None).wait(5)
@@ -598,6 +608,55 @@ def measure(name, n, threads, upstream_port, count, proxy_cls, mode):
             "bound": budget_bound(n, seconds)}
 
 
+def example_grpc():
+    """deploy/examples/grpc.toml, its addresses moved to free ports, in front of a gRPC upstream
+    that fails each method's first call with UNAVAILABLE, driven by grpcio with its own retries
+    off: a call to an idempotent route (`/shop.Catalog/`) is retried by the proxy and succeeds
+    (two calls at the upstream); `/shop.Orders/PlaceOrder` is not (one call, UNAVAILABLE, the
+    refusal named `non-idempotent`). Returns the failures."""
+    failures = []
+    read, order = "/shop.Catalog/Get", "/shop.Orders/PlaceOrder"
+    upstream = GrpcUpstream(first_fails={read, order})
+    port, admin = free_port(), free_port()
+    example = os.path.join(os.path.dirname(os.path.dirname(HERE)), "deploy/examples/grpc.toml")
+    with open(example) as f:
+        text = f.read()
+    text = text.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+    text = text.replace("127.0.0.1:50051", f"127.0.0.1:{upstream.port}")
+    d = tempfile.mkdtemp(prefix="stormguard-callers-")
+    path = os.path.join(d, "grpc.toml")
+    with open(path, "w") as f:
+        f.write(f'admin = "127.0.0.1:{admin}"\n' + text)
+    p = Process([BIN, "proxy", "--config", path])
+    try:
+        wait_healthz(p, admin)
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_retries", 0)])
+
+        def outcome(method):
+            try:
+                channel.unary_unary(method)(b"x", timeout=10)
+                return "OK", {}
+            except grpc.RpcError as e:
+                return e.code().name, dict(e.trailing_metadata() or ())
+
+        (got_read, _), (got_order, meta) = outcome(read), outcome(order)
+        reads, orders = upstream.calls_of(read), upstream.calls_of(order)
+        refusal = meta.get("x-stormguard-denied", "no refusal named")
+        print(f"deploy/examples/grpc.toml: {read} {got_read} after {reads} call(s) at the "
+              f"upstream; {order} {got_order} after {orders} ({refusal})")
+        if (got_read, reads) != ("OK", 2):
+            failures.append(f"grpc.toml: an idempotent method failing once should be retried "
+                            f"and answer OK; got {got_read} after {reads} call(s)")
+        if (got_order, orders, refusal) != ("UNAVAILABLE", 1, "non-idempotent"):
+            failures.append(f"grpc.toml: {order} should be sent once, fail UNAVAILABLE and name "
+                            f"non-idempotent; got {got_order} after {orders} call(s), {refusal}")
+    finally:
+        p.stop()
+        upstream.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    return failures
+
+
 def main():
     failures = []
     print(f"caller retries flag (--caller-retries) in this binary: "
@@ -607,6 +666,7 @@ def main():
     all_started = time.monotonic()
     retry_headers()
     print(f"  ({time.monotonic() - all_started:.1f}s)")
+    failures += example_grpc()
 
     chaos = Chaos()
     chaos_openai = Chaos("--provider", "openai")

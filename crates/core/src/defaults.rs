@@ -42,6 +42,11 @@ pub const MAX_RETRIES: u32 = 2;
 /// `refused-stream` prove the request was never processed and are retried for any method.
 pub const RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream,timeout";
 
+/// What `stormguard proxy --grpc` retries: gRPC's `UNAVAILABLE` (the status gRPC's own retry
+/// guidance names; a server answers it before doing the work), besides the default's transport
+/// failures and an intermediary's 5xx (which a gRPC client reads as `UNAVAILABLE` too).
+pub const GRPC_RETRY_ON: &str = "5xx,unavailable,reset,connect-failure,refused-stream,timeout";
+
 /// The default budget is the ratio policy: retries are at most this share of original requests
 /// (a fraction; `0.2` is 20 %).
 pub const RATIO_PERCENT: Fraction = Fraction::from_millionths(200_000);
@@ -215,6 +220,8 @@ mod tests {
 
     #[test]
     fn timeouts_are_retried_by_default() {
+        let grpc: RetryOn = GRPC_RETRY_ON.parse().unwrap();
+        assert_eq!(grpc.to_string(), GRPC_RETRY_ON);
         let r: RetryOn = RETRY_ON.parse().unwrap();
         assert_eq!(r, RetryOn::default());
         for f in [

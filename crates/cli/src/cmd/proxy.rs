@@ -110,6 +110,16 @@ pub struct ProxyArgs {
     /// even for a POST (the provider did not run it). See docs/providers.md.
     #[arg(long, value_name = "KIND", conflicts_with = "config", value_parser = args::provider_preset)]
     pub provider: Option<stormguard_tower::Provider>,
+    /// A gRPC upstream: HTTP/2 by prior knowledge (h2c on http://), `retry_on` of
+    /// 5xx,unavailable,reset,connect-failure,refused-stream,timeout unless --retry-on says
+    /// otherwise. Every gRPC call is a POST: a method is retried after it may have run only
+    /// when --idempotent names it. See docs/proxy.md, "HTTP/2 and gRPC upstreams".
+    #[arg(long, conflicts_with = "config")]
+    pub grpc: bool,
+    /// A path prefix whose requests may be retried whatever their method (a gRPC method
+    /// `/pkg.Service/Method`, or a whole service `/pkg.Service/`); repeat for several.
+    #[arg(long, value_name = "PREFIX", conflicts_with = "config")]
+    pub idempotent: Vec<String>,
     /// Hedge an idempotent request that has not answered after this long (`100ms`) or after
     /// this percentile of recent attempts (`p95`): a second attempt, paid from the budget, its
     /// slot taken at once or not at all; the first success wins. See docs/rules.md.
@@ -300,8 +310,10 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     d.retry_on = match (&args.retry_on, args.provider) {
         (Some(r), _) => r.clone(),
         (None, Some(p)) => p.retry_on(),
+        (None, None) if args.grpc => defaults::GRPC_RETRY_ON.parse().expect("a valid retry_on"),
         (None, None) => RetryOn::default(),
     };
+    d.http2.prior_knowledge = args.grpc;
     d.rate.provider = args.provider;
     d.hedge = args
         .hedge_after
@@ -325,7 +337,22 @@ pub fn config_from_args(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     d.breaker = args.breaker.then(stormguard_core::breaker::BreakerConfig::default);
     d.caller_retries = args.caller_retries;
     d.client_retry_window = args.client_retry_window;
+    let name = d.name.clone();
     let mut config = ProxyConfig::single(args.listen, d);
+    for prefix in &args.idempotent {
+        if !prefix.starts_with('/') {
+            return Err(Failure::usage(format!(
+                "--idempotent: a path prefix starts with '/', got {prefix:?}"
+            )));
+        }
+        config.routes.push(stormguard_proxy::config::RouteConfig {
+            host: None,
+            path_prefix: prefix.clone(),
+            dependency: name.clone(),
+            budget: None,
+            idempotent: true,
+        });
+    }
     config.record.clone_from(&args.record);
     if let Some(d) = args.drain_timeout {
         config.drain_timeout = d;

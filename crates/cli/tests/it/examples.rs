@@ -43,8 +43,9 @@ fn ok(args: &[&str]) -> String {
 
 /// Each example and the command that checks it; the files not listed here fail
 /// `every_example_is_checked`, so a new example cannot ship unchecked.
-const PROXY_CONFIGS: [&str; 4] = [
+const PROXY_CONFIGS: [&str; 5] = [
     "deploy/examples/stormguard.toml",
+    "deploy/examples/grpc.toml",
     "deploy/examples/fleet.toml",
     "deploy/examples/payments-https.toml",
     "deploy/examples/model-providers.toml",
