@@ -44,7 +44,7 @@ pub struct Counts {
     /// Traffic requests that arrived (admin requests are not counted).
     pub requests: u64,
     /// Requests marked as retries: `x-stormguard-attempt` or `x-envoy-attempt-count` above 1,
-    /// or `grpc-previous-rpc-attempts` above 0.
+    /// or `grpc-previous-rpc-attempts` or `x-stainless-retry-count` above 0.
     pub retries: u64,
     /// In-flight at arrival.
     pub in_flight: InFlightStats,

@@ -4,7 +4,8 @@
 //! 27 attempts. The layer nearest the dependency should retry, and the ones above it should not
 //! retry a retry. A request is marked by the layer that retried it: stormguard sets
 //! `x-stormguard-attempt` on every attempt it sends (1 for the first), Envoy sets
-//! `x-envoy-attempt-count`, and gRPC clients set `grpc-previous-rpc-attempts` on retries. A
+//! `x-envoy-attempt-count`, gRPC clients set `grpc-previous-rpc-attempts` on retries, and the
+//! Stainless-generated SDKs (OpenAI's, Anthropic's) count theirs in `x-stainless-retry-count`. A
 //! request that arrives with one of these past its first attempt is *stacked*, and the retry
 //! decision refuses it with `stacked` (configurable).
 //!
@@ -38,7 +39,9 @@ pub enum Marker {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackedHeaders {
     /// The markers looked for. Default: `x-stormguard-attempt` and `x-envoy-attempt-count`
-    /// (attempt counts), `grpc-previous-rpc-attempts` (previous attempts, per gRFC A6).
+    /// (attempt counts), `grpc-previous-rpc-attempts` (previous attempts, per gRFC A6) and
+    /// `x-stainless-retry-count` (retries before this one, sent by the OpenAI and Anthropic SDKs
+    /// and the other Stainless-generated ones).
     pub markers: Vec<Marker>,
 }
 
@@ -49,6 +52,7 @@ impl Default for StackedHeaders {
                 Marker::AttemptCount(ATTEMPT_HEADER.clone()),
                 Marker::AttemptCount(HeaderName::from_static("x-envoy-attempt-count")),
                 Marker::PreviousAttempts(HeaderName::from_static("grpc-previous-rpc-attempts")),
+                Marker::PreviousAttempts(HeaderName::from_static("x-stainless-retry-count")),
             ],
         }
     }

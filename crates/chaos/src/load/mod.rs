@@ -18,7 +18,7 @@
 //! The assertions read the upstream's own count (`GET /stats`, reset at the start): the exact
 //! maximum in flight, and the retry fraction — the retries the dependency saw (attempts marked
 //! as retries: `x-stormguard-attempt` or `x-envoy-attempt-count` above 1,
-//! `grpc-previous-rpc-attempts` above 0) over the first attempts it saw. It is never inferred
+//! `grpc-previous-rpc-attempts` or `x-stainless-retry-count` above 0) over the first attempts it saw. It is never inferred
 //! from `upstream requests − originals sent`: a stack that sheds most first tries and retries
 //! the rest makes that difference negative, and a negative fraction passes any bound. A stack
 //! that retries without marking is caught when the unmarked attempts outnumber the originals
