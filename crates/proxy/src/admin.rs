@@ -179,6 +179,11 @@ pub fn stats_json(dep: &Dependency) -> serde_json::Value {
             "finished": s.counters.abandoned(Abandoned::Finished),
             "cut": s.counters.abandoned(Abandoned::Cut),
         },
+        // Retries callers sent themselves (docs/proxy.md, "Callers' own retries").
+        "caller_retries": stormguard_core::signals::CallerRetryOutcome::ALL
+            .iter()
+            .map(|o| (o.as_str().to_string(), json!(s.counters.caller_retries[o.index()])))
+            .collect::<serde_json::Map<String, serde_json::Value>>(),
         // With several upstreams, each one's slots (the fields above describe the first).
         "upstreams": upstreams,
         "total": s.total.as_ref().map(|t| json!({

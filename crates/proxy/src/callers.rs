@@ -36,7 +36,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
@@ -53,14 +53,14 @@ use stormguard_tower::CallerRetry;
 /// that is a new call. Without it, a stream of identical requests with no identity would, once
 /// the budget was spent, be refused one after another for good, each refusal the "failure" the
 /// next repeats: no first try would reach the dependency to earn the budget back.
-pub(crate) const LOOP_ATTEMPTS: u32 = 4;
+pub const LOOP_ATTEMPTS: u32 = 4;
 
 /// Failures kept per dependency, at most.
-pub(crate) const CAPACITY: usize = 32_768;
+pub const CAPACITY: usize = 32_768;
 /// Failures of one fingerprint kept at most (the oldest goes first).
-pub(crate) const PER_REQUEST: usize = 64;
+pub const PER_REQUEST: usize = 64;
 /// Shards of the table (each its own lock).
-pub(crate) const SHARDS: usize = 16;
+pub const SHARDS: usize = 16;
 
 /// What the proxy does with a caller's own retries (`caller_retries`, per dependency).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -113,10 +113,15 @@ impl FromStr for CallerRetries {
 
 /// How an answer left its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answered {
+pub enum Answered {
     /// The caller's `attempt`th attempt (1: a first try) failed with `kind`, or was refused:
     /// its retry is to come.
-    Failed { attempt: u32, kind: FailureKind },
+    Failed {
+        /// The caller's attempt that failed (1: a first try).
+        attempt: u32,
+        /// How it failed.
+        kind: FailureKind,
+    },
     /// The call ended: a success, an answer nobody retries.
     Ended,
 }
@@ -135,13 +140,33 @@ struct Waiting {
 /// One shard: the failures waiting for a retry, oldest first, by fingerprint, and how many.
 #[derive(Default)]
 struct Shard {
-    waiting: HashMap<u64, VecDeque<Waiting>>,
+    /// Keyed by the fingerprint itself, already a hash.
+    waiting: HashMap<u64, VecDeque<Waiting>, BuildHasherDefault<Prehashed>>,
     len: usize,
 }
 
+/// The hasher of a map whose keys are hashes already: the key as it is.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys come here (`write_u64`); anything else is folded in.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 /// One dependency's recent failures, by fingerprint. See the [module docs](self).
-pub(crate) struct RecentFailures {
-    keys: RandomState,
+pub struct RecentFailures {
+    keys: foldhash::quality::RandomState,
     shards: [Mutex<Shard>; SHARDS],
 }
 
@@ -153,14 +178,21 @@ impl fmt::Debug for RecentFailures {
 
 /// A request's fingerprint, begun from its head; the body is added once received. With no
 /// identity of its own, the connection it came on.
-pub(crate) struct Fingerprint {
-    hash: std::hash::DefaultHasher,
+#[derive(Clone)]
+pub struct Fingerprint {
+    hash: foldhash::quality::FoldHasher<'static>,
     connection: Option<SocketAddr>,
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fingerprint").field("connection", &self.connection).finish_non_exhaustive()
+    }
 }
 
 impl Fingerprint {
     /// Adds the bytes of the body received before the attempt.
-    pub(crate) fn body(&mut self, chunk: &[u8]) {
+    pub fn body(&mut self, chunk: &[u8]) {
         self.hash.write(chunk);
     }
 
@@ -190,10 +222,17 @@ fn identity(headers: &HeaderMap, h: &mut impl Hasher) -> bool {
     found
 }
 
+impl Default for RecentFailures {
+    fn default() -> RecentFailures {
+        RecentFailures::new()
+    }
+}
+
 impl RecentFailures {
-    pub(crate) fn new() -> RecentFailures {
+    /// An empty table.
+    pub fn new() -> RecentFailures {
         RecentFailures {
-            keys: RandomState::new(),
+            keys: foldhash::quality::RandomState::default(),
             shards: std::array::from_fn(|_| Mutex::default()),
         }
     }
@@ -201,7 +240,7 @@ impl RecentFailures {
     /// The fingerprint of a request from `caller` (its client id or address) on `connection`
     /// (its peer address and port), begun from its head. The connection counts only for a
     /// request with no identity of its own.
-    pub(crate) fn fingerprint(
+    pub fn fingerprint(
         &self,
         caller: &impl Hash,
         connection: SocketAddr,
@@ -229,7 +268,7 @@ impl RecentFailures {
     /// taken (one charge per failure) — the oldest that came on the request's own connection;
     /// else, unless the last call on this connection ended there, the oldest of any (a pooled
     /// client may retry on another connection).
-    pub(crate) fn recognise(&self, f: &Fingerprint, now: Instant) -> Option<CallerRetry> {
+    pub fn recognise(&self, f: &Fingerprint, now: Instant) -> Option<CallerRetry> {
         let key = f.finish();
         let mut shard = self.shard(key);
         let Shard { waiting, len } = &mut *shard;
@@ -257,12 +296,12 @@ impl RecentFailures {
     }
 
     /// How a request's answer left its caller (see [`Answered`]); `window` is how long a
-    /// failure waits for its retry.
-    pub(crate) fn answered(
+    /// failure waits for its retry. The clock is read only when something is written.
+    pub fn answered(
         &self,
         f: &Fingerprint,
         answered: Answered,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
         window: Duration,
     ) {
         const FULL: usize = CAPACITY / SHARDS;
@@ -272,6 +311,11 @@ impl RecentFailures {
         };
         let key = f.finish();
         let mut shard = self.shard(key);
+        let now = if retry.is_none() && !shard.waiting.contains_key(&key) {
+            return;
+        } else {
+            now()
+        };
         let Shard { waiting, len } = &mut *shard;
         if retry.is_none() {
             // An ended call matters only beside others' failures, and only without an
@@ -317,7 +361,7 @@ impl RecentFailures {
 
     #[cfg(test)]
     fn failed(&self, f: &Fingerprint, attempt: u32, kind: FailureKind, now: Instant, w: Duration) {
-        self.answered(f, Answered::Failed { attempt, kind }, now, w);
+        self.answered(f, Answered::Failed { attempt, kind }, || now, w);
     }
 
     /// Failures held now (expired ones included until swept).
@@ -404,7 +448,7 @@ mod tests {
         // A call that ended on a connection: the next request there is a new call, not another
         // connection's retry.
         fresh.failed(&on(other), 1, FailureKind::Error, now, W);
-        fresh.answered(&on(CONN), Answered::Ended, now, W);
+        fresh.answered(&on(CONN), Answered::Ended, || now, W);
         assert_eq!(fresh.recognise(&on(CONN), now), None);
         assert_eq!(fresh.recognise(&on(other), now).unwrap().attempt, 2);
         // A loop's last attempt ends its call too.

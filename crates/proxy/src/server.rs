@@ -449,7 +449,7 @@ pub(crate) async fn handle(
             Some(kind) => Answered::Failed { attempt: caller_retry.map_or(1, |r| r.attempt), kind },
             None => Answered::Ended,
         };
-        dep.callers.answered(f, answered, Instant::now(), dep.config.0.client_retry_window);
+        dep.callers.answered(f, answered, Instant::now, dep.config.0.client_retry_window);
     }
     let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
     state.traffic.count(crate::traffic::Finished {

@@ -1,7 +1,8 @@
 //! `GET /dashboard`: one self-contained page (no external resources: a sidecar's admin port
 //! often has no internet) that polls `/stats.json` every second and draws, per dependency, the
 //! four signals over the last two minutes: the retry fraction against the budget, in flight
-//! (p99 and max) against the cap, slot wait p99, denials by reason, and the success rate.
+//! (p99 and max) against the cap, slot wait p99, denials by reason, and the success rate; and
+//! among the numbers, the callers' own retries the proxy allowed and refused.
 //!
 //! A dependency with rate admission also has a panel of its provider's limits: per upstream
 //! and quantity, what is available of the limit per minute, what is booked, any hold, and
@@ -71,6 +72,16 @@ pub(crate) fn numbers(d: &Value) -> Vec<(&'static str, &'static str, String)> {
     vec![
         ("requests", "first tries", n(u("requests"))),
         ("retries", "retries", n(u("retries"))),
+        // Of them, the callers' own (allowed); and the callers' own refused.
+        (
+            "caller_retries",
+            "callers' retries (allowed, refused)",
+            match (d["caller_retries"]["allowed"].as_u64(), d["caller_retries"]["refused"].as_u64())
+            {
+                (Some(a), Some(r)) => format!("{a}, {r}"),
+                _ => "–".to_string(),
+            },
+        ),
         // A concurrency budget's percent is a share of everything in flight: its fraction is
         // retries per attempt; every other policy's, retries per first try.
         (
