@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use stormguard_core::backoff::{Backoff, Pushback, PushbackHold};
 use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerState};
-use stormguard_core::budget::{BudgetSpec, RetryBudget};
+use stormguard_core::budget::{BudgetSpec, FailureKind, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
 use stormguard_core::decision::{
@@ -164,6 +164,8 @@ enum Ev {
     Timeout(Ref),
     /// A request's backoff ended.
     RetryDue(Ref),
+    /// The caller's own retry of a failed request is due (`client.own_retries`).
+    CallerRetry(Ref),
     /// The oldest queued primary of a unit reaches the end of its wait.
     QueueDeadline(u32),
     /// A timed-out attempt's held slot comes back: let a waiting primary have it.
@@ -381,6 +383,8 @@ struct Call {
     hedges: u8,
     /// Not a POST-like request (`client.non_idempotent`).
     idempotent: bool,
+    /// The caller's own retries of this request before this one (`client.own_retries`).
+    own: u8,
 }
 
 #[derive(Debug, Default)]
@@ -532,6 +536,9 @@ pub(crate) struct Run<'s> {
     /// Each unit's working cap when last read (an adaptive cap; empty otherwise), and their sum.
     working_caps: Vec<u64>,
     working_cap: u64,
+    /// The caller's own retries of a failed request, and its wait before each (virtual ns).
+    own_retries: u32,
+    own_backoff: u64,
 }
 
 /// Events handled at one instant of the virtual clock before a run is called stuck: closed-loop
@@ -663,6 +670,8 @@ impl<'s> Run<'s> {
             non_idempotent: dist::threshold(sc.client.non_idempotent),
             working_caps,
             working_cap,
+            own_retries: sc.client.own_retries,
+            own_backoff: nanos(sc.client.own_backoff),
         })
     }
 
@@ -825,6 +834,7 @@ impl<'s> Run<'s> {
             Ev::RateDue(c) => self.rate_due(c),
             Ev::Timeout(a) => self.timed_out(a),
             Ev::RetryDue(c) => self.retry_due(c),
+            Ev::CallerRetry(c) => self.caller_retry(c),
             Ev::QueueDeadline(u) => self.queue_deadline(u),
             Ev::LimiterWake(u) => self.limiter_wake(u),
             Ev::HedgeDue(a) => self.hedge_due(a),
@@ -862,13 +872,26 @@ impl<'s> Run<'s> {
     }
 
     fn start_call(&mut self, action: Ref, key: u64, unit: u32) {
-        let now = self.now;
         let idempotent =
             !SplitMix64::new(key ^ IDEMPOTENCY_SALT).next_u64_below(self.non_idempotent);
-        let call = self.calls.insert(Call {
+        let call = self.new_call(action, key, unit, self.now + self.deadline, idempotent, 0);
+        self.stats.requests += 1;
+        self.first_try(call);
+    }
+
+    fn new_call(
+        &mut self,
+        action: Ref,
+        key: u64,
+        unit: u32,
+        deadline: u64,
+        idempotent: bool,
+        own: u8,
+    ) -> Ref {
+        self.calls.insert(Call {
             action,
             key,
-            deadline: now + self.deadline,
+            deadline,
             unit,
             tries: 0,
             retries: 0,
@@ -879,8 +902,39 @@ impl<'s> Run<'s> {
             live: 0,
             hedges: 0,
             idempotent,
-        });
-        self.stats.requests += 1;
+            own,
+        })
+    }
+
+    /// The caller's own retry of a failed request. A policy that sees it (a budget with
+    /// `caller_retries = "enforce"`) admits it as stormguard's own retries are admitted —
+    /// `RetryPolicy::decide_caller_retry` (breaker, hold, scope, budget), then `admit` with
+    /// `try_acquire` — or refuses it; to any other it is a first try.
+    fn caller_retry(&mut self, call: Ref) {
+        let ts = self.ts();
+        let Some(c) = self.calls.get(call) else { return };
+        self.stats.caller_retries += 1;
+        let u = &self.units[c.unit as usize];
+        let (Some(policy), true) = (&u.policy, self.policy.caller_retries) else {
+            self.first_try(call);
+            return;
+        };
+        if u.counts_active {
+            policy.budget().set_active(u.active_primaries, 0);
+        }
+        let upstream =
+            u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
+        let scopes = scopes_of(&self.actions, c.action);
+        match policy.decide_caller_retry(ts, upstream, FailureKind::Error, scopes) {
+            Ok(ticket) => self.admit(call, ticket),
+            Err(reason) => self.deny(call, reason),
+        }
+    }
+
+    /// A first try: the breaker, the provider's window, then the cap.
+    fn first_try(&mut self, call: Ref) {
+        let now = self.now;
+        let Some(unit) = self.calls.get(call).map(|c| c.unit) else { return };
         let ts = self.ts();
         let max_wait = self.deadline.min(self.queue_timeout(unit));
         let u = &mut self.units[unit as usize];
@@ -1673,7 +1727,8 @@ impl<'s> Run<'s> {
         self.finish_call(call, false);
     }
 
-    /// The request's final answer reaches its user action.
+    /// The request's final answer reaches its user action — or, when it failed and the caller
+    /// retries on its own, the caller's next try.
     fn finish_call(&mut self, call: Ref, ok: bool) {
         let Some(c) = self.calls.remove(call) else { return };
         // Booked but never sent (refused its slot, its breaker, or a hold past its wait): given
@@ -1683,6 +1738,20 @@ impl<'s> Run<'s> {
         }
         if c.primary_active {
             self.units[c.unit as usize].active_primaries -= 1;
+        }
+        let at = self.now + self.own_backoff;
+        if !ok && u32::from(c.own) < self.own_retries && at < c.deadline {
+            let own = c.own + 1;
+            let again = self.new_call(
+                c.action,
+                mix(c.key, u64::from(own)),
+                c.unit,
+                c.deadline,
+                c.idempotent,
+                own,
+            );
+            self.push(at, Ev::CallerRetry(again));
+            return;
         }
         self.stats.requests_ok += u64::from(ok);
         let Some(a) = self.actions.get_mut(c.action) else { return };

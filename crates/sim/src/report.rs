@@ -148,6 +148,10 @@ pub struct PolicyReport {
     pub hedges_issued: u64,
     /// Hedges whose answer was the one the caller got.
     pub hedges_won: u64,
+    /// Requests the callers sent again on their own after a failure (`client.own_retries`):
+    /// retries to a policy that sees them (`caller_retries = "enforce"`), first tries (counted
+    /// in `primaries`) to any other. Attempts among them are in `amplification`.
+    pub caller_retries: u64,
     /// Hedges refused, all reasons.
     pub hedges_denied: u64,
     /// Hedges refused, by the retry reasons (`budget`, `cap`, `breaker`, `non-idempotent`, ...).
@@ -408,6 +412,7 @@ impl PolicyReport {
             retries_issued: s.retries,
             hedges_issued: s.hedges,
             hedges_won: s.hedges_won,
+            caller_retries: s.caller_retries,
             hedges_denied: s.hedges_denied.iter().sum(),
             hedges_denied_by: by_reason(&s.hedges_denied),
             offered_per_s: r4(attempts as f64 / duration_s),
@@ -644,6 +649,20 @@ impl Report {
                 out,
                 "first tries refused before the dependency: {}",
                 primaries_refused.join("; ")
+            )?;
+        }
+        let callers: Vec<String> = self
+            .policies
+            .iter()
+            .filter(|p| p.caller_retries > 0)
+            .map(|p| format!("{} {}", p.name, p.caller_retries))
+            .collect();
+        if !callers.is_empty() {
+            writeln!(
+                out,
+                "the callers' own retries (client.own_retries; retries to a budget that sees them, \
+                 first tries to the rest): {}",
+                callers.join(", ")
             )?;
         }
         let hedging: Vec<&PolicyReport> =

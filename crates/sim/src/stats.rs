@@ -99,6 +99,8 @@ pub(crate) struct RunStats {
     /// Hedges sent, those whose answer was the caller's, and those refused by reason.
     pub hedges: u64,
     pub hedges_won: u64,
+    /// Retries callers sent on their own (`client.own_retries`), seen or not.
+    pub caller_retries: u64,
     pub hedges_denied: [u64; Denied::ALL.len()],
     /// An adaptive cap's working cap (summed over the policy's limiters) now, the least and
     /// the most it was over `[0, horizon)`; `None` for a fixed cap or none.
@@ -156,6 +158,7 @@ impl RunStats {
             primaries_denied: [0; Denied::ALL.len()],
             hedges: 0,
             hedges_won: 0,
+            caller_retries: 0,
             hedges_denied: [0; Denied::ALL.len()],
             cap: None,
         }

@@ -74,6 +74,9 @@ pub(super) struct ClientFile {
     #[serde(default, deserialize_with = "de::option_duration")]
     pub fast_within: Option<Duration>,
     pub non_idempotent: Option<f64>,
+    pub own_retries: Option<u64>,
+    #[serde(default, deserialize_with = "de::option_duration")]
+    pub own_backoff: Option<Duration>,
 }
 
 /// The keys of the dependency's conditions, in `[dependency]` and in every `[[phase]]`.
@@ -181,6 +184,16 @@ pub(super) struct PolicyFile {
     pub max_hedges: Option<u64>,
     /// `adaptive = { min = 4, max = 40 }` or `[policy.adaptive]`.
     pub adaptive: Option<AdaptiveFile>,
+    /// `"enforce"` (the default) or `"off"`.
+    pub caller_retries: Option<CallerRetriesFile>,
+}
+
+/// `caller_retries` of a `[[policy]]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum CallerRetriesFile {
+    Enforce,
+    Off,
 }
 
 /// `adaptive = { min, max, algorithm, window, tolerance }`: the proxy's key of the same name.

@@ -195,6 +195,13 @@ pub struct ClientConfig {
     /// reached the dependency (core's `non-idempotent`); naive retries retry them anyway, as
     /// a retry loop that does not look at the method does.
     pub non_idempotent: f64,
+    /// The caller's own retries, on top of any policy's (`own_retries`, 0..=10): a request whose
+    /// final answer failed — an error, a timeout, or a refusal — is sent again by the caller, up
+    /// to this many times within its deadline, after `own_backoff`, as urllib3's `Retry` or a
+    /// hand-written loop does (reading no advice). Default 0.
+    pub own_retries: u32,
+    /// The caller's wait before its own retry (`own_backoff`). Default 0: at once.
+    pub own_backoff: Duration,
 }
 
 /// When a timed-out attempt's slot under the cap is released.
@@ -337,6 +344,11 @@ pub struct PolicyConfig {
     pub rate: Option<RateAdmissionConfig>,
     /// Hedged requests, if any.
     pub hedge: Option<HedgeConfig>,
+    /// Whether stormguard sees the caller's own retries (`client.own_retries`) as retries
+    /// (`caller_retries = "enforce"`, the proxy's default: each charged to the budget and
+    /// admitted with `try_acquire`, or refused) or as first tries (`"off"`). Budget policies
+    /// only; a naive policy sees every request as a first try.
+    pub caller_retries: bool,
 }
 
 /// Hedging: an attempt still unanswered after [`after`](HedgeConfig::after) gets a second
@@ -850,6 +862,9 @@ pub enum InvalidScenario {
     /// `scope_retries` on a policy without a budget.
     #[error("scopes are charged by RetryPolicy: give the policy a budget")]
     ScopeWithoutBudget,
+    /// `caller_retries` on a policy without a budget.
+    #[error("a caller's own retries are charged to a budget: give the policy a budget")]
+    CallerRetriesWithoutBudget,
     /// A `hedge_after` that is neither a duration above 0 nor a percentile from p50 to p99.9.
     #[error(
         "must be a delay above 0 (\"100ms\") or a percentile of recent attempt latency from \

@@ -268,6 +268,8 @@ impl ClientFile {
             fast_within: self.fast_within,
             held_slot: self.held_slot.unwrap_or(HeldSlotRelease::OnAnswer),
             non_idempotent: t.fraction("non_idempotent", self.non_idempotent)?.unwrap_or(0.0),
+            own_retries: t.range32("own_retries", self.own_retries, 0, 10)?.unwrap_or(0),
+            own_backoff: self.own_backoff.unwrap_or(Duration::ZERO),
         })
     }
 }
@@ -603,7 +605,11 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
         scope_retries,
         rate,
         hedge: hedge(f, t)?,
+        caller_retries: f.caller_retries != Some(super::file::CallerRetriesFile::Off),
     };
+    if f.caller_retries.is_some() && !budgeted {
+        return Err(t.fail("caller_retries", InvalidScenario::CallerRetriesWithoutBudget));
+    }
     p.name = match &f.name {
         Some(n) if n.trim().is_empty() => return Err(t.fail("name", InvalidScenario::EmptyName)),
         Some(n) => n.clone(),

@@ -2,6 +2,7 @@
 //! is the slow part of a test build, so each crate links its tests once.
 
 mod bounds;
+mod callers;
 mod capacity_drop;
 mod fan_out;
 mod long_tail;

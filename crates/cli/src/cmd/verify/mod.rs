@@ -242,6 +242,13 @@ fn runnable(sc: &Scenario, applied: f64) -> Result<(), Failure> {
             sc.fleet.fan_out
         ));
     }
+    if sc.client.own_retries > 0 {
+        return refuse(
+            "client.own_retries; verify's load generator retries nothing of its own (the \
+             callers stage of scripts/test drives real retrying callers through the proxy)"
+                .into(),
+        );
+    }
     if sc.client.non_idempotent > 0.0 {
         return refuse("client.non_idempotent; verify sends GETs only".into());
     }
