@@ -1165,7 +1165,7 @@ mod tests {
         use crate::budget::FailureKind;
         let breaker = BreakerConfig { consecutive_failures: Some(1), ..Default::default() };
         // A reserve of one retry a window, no share of traffic.
-        let mut w = world(RetryConfig::default(), "ratio:percent=0,min_per_sec=0.1", Some(breaker));
+        let w = world(RetryConfig::default(), "ratio:percent=0,min_per_sec=0.1", Some(breaker));
         let now = w.clock.now();
         let t = w.policy.decide_caller_retry(now, &w.upstream, FailureKind::Error, &[]).unwrap();
         assert_eq!(t.wait(), Duration::ZERO);
