@@ -45,7 +45,7 @@ pub const RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream,timeout";
 /// What `stormguard proxy --grpc` retries: gRPC's `UNAVAILABLE` (the status gRPC's own retry
 /// guidance names; a server answers it before doing the work), besides the default's transport
 /// failures and an intermediary's 5xx (which a gRPC client reads as `UNAVAILABLE` too).
-pub const GRPC_RETRY_ON: &str = "5xx,unavailable,reset,connect-failure,refused-stream,timeout";
+pub const GRPC_RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream,timeout,unavailable";
 
 /// The default budget is the ratio policy: retries are at most this share of original requests
 /// (a fraction; `0.2` is 20 %).

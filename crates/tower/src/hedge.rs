@@ -23,7 +23,7 @@ use tracing::Instrument;
 use crate::cap::BoxFuture;
 use crate::dependency::Dependency;
 use crate::error::BoxError;
-use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
+use crate::extensions::{AdmittedSlot, RateCost};
 use crate::rate::Unsent;
 use crate::retry::{AttemptPolicy, Rest, copy_request, request_facts, scopes_of};
 use crate::span::attempt_span;
@@ -129,13 +129,7 @@ where
     let slot = AdmittedSlot::new(permit, total, booked);
     let mut this = copy_request(req, body?);
     stormguard_http::stacked::mark_hedge(this.headers_mut(), 2);
-    if let Some(d) = rest.deadline {
-        this.extensions_mut().insert(AttemptDeadline(d));
-    }
-    this.extensions_mut().insert(slot);
-    if next != 0 {
-        this.extensions_mut().insert(UpstreamTarget(next));
-    }
+    crate::retry::admitted_attempt(&mut this, rest.deadline, slot, next);
     let span = attempt_span(dep, req, next, 1);
     let svc = rest.svc.clone();
     let fut_span = span.clone();

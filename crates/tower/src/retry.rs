@@ -356,32 +356,20 @@ where
     policy.counters().caller_retry(CallerRetryOutcome::Allowed);
     let mut this = match rest.policy.clone_body(rest.req.body()) {
         Some(body) => copy_request(&rest.req, body),
-        // A body that cannot be copied is sent itself, and its answer is final.
+        // A body that cannot be copied is sent itself, and its answer is final (`single` puts
+        // the deadline on it).
         None => {
             let Rest { dep, svc, mut req, deadline, id, target, .. } = *rest;
             mark_attempt(req.headers_mut(), caller.attempt);
-            req.extensions_mut().insert(slot);
-            if target != 0 {
-                req.extensions_mut().insert(UpstreamTarget(target));
-            }
+            admitted_attempt(&mut req, None, slot, target);
             let result = single(dep, svc, req, deadline, id, span).await;
             drop(charges);
             return result;
         }
     };
     mark_attempt(this.headers_mut(), caller.attempt);
-    if let Some(d) = rest.deadline {
-        this.extensions_mut().insert(AttemptDeadline(d));
-    }
-    this.extensions_mut().insert(slot);
-    if rest.target != 0 {
-        this.extensions_mut().insert(UpstreamTarget(rest.target));
-    }
-    let mut svc = rest.svc.clone();
-    let result = match svc.ready().await {
-        Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
-        Err(e) => Err(e),
-    };
+    admitted_attempt(&mut this, rest.deadline, slot, rest.target);
+    let result = send_attempt(rest.svc.clone(), this, &span).await;
     after_failure(rest, result, span, caller.attempt, Some(charges)).await
 }
 
@@ -763,19 +751,9 @@ where
                 attempt += 1;
                 let mut this = copy_request(&req, next_body);
                 mark_attempt(this.headers_mut(), attempt);
-                if let Some(d) = deadline {
-                    this.extensions_mut().insert(AttemptDeadline(d));
-                }
-                this.extensions_mut().insert(slot);
-                if next != 0 {
-                    this.extensions_mut().insert(UpstreamTarget(next));
-                }
+                admitted_attempt(&mut this, deadline, slot, next);
                 target = next;
-                let mut s = svc.clone();
-                result = match s.ready().await {
-                    Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
-                    Err(e) => Err(e),
-                };
+                result = send_attempt(svc.clone(), this, &span).await;
             }
             Err(reason) => {
                 refused(&span, &dep, attempt + 1, failure, reason);
@@ -785,6 +763,39 @@ where
                 return finish_kept(kept, reason);
             }
         }
+    }
+}
+
+/// What an admitted attempt carries to the cap: the request's deadline, the slot it was
+/// admitted with, and its upstream (when not the first).
+pub(crate) fn admitted_attempt<B>(
+    this: &mut Request<B>,
+    deadline: Option<Timestamp>,
+    slot: AdmittedSlot,
+    target: usize,
+) {
+    let ext = this.extensions_mut();
+    if let Some(d) = deadline {
+        ext.insert(AttemptDeadline(d));
+    }
+    ext.insert(slot);
+    if target != 0 {
+        ext.insert(UpstreamTarget(target));
+    }
+}
+
+/// Sends an attempt on `svc` (a clone of the layer's), once it is ready, in `span`.
+async fn send_attempt<S, B>(
+    mut svc: S,
+    this: Request<B>,
+    span: &tracing::Span,
+) -> Result<S::Response, BoxError>
+where
+    S: Service<Request<B>, Error = BoxError>,
+{
+    match svc.ready().await {
+        Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
+        Err(e) => Err(e),
     }
 }
 

@@ -111,7 +111,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "KIND", conflicts_with = "config", value_parser = args::provider_preset)]
     pub provider: Option<stormguard_tower::Provider>,
     /// A gRPC upstream: HTTP/2 by prior knowledge (h2c on http://), `retry_on` of
-    /// 5xx,unavailable,reset,connect-failure,refused-stream,timeout unless --retry-on says
+    /// 5xx,reset,connect-failure,refused-stream,timeout,unavailable unless --retry-on says
     /// otherwise. Every gRPC call is a POST: a method is retried after it may have run only
     /// when --idempotent names it. See docs/proxy.md, "HTTP/2 and gRPC upstreams".
     #[arg(long, conflicts_with = "config")]

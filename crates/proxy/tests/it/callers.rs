@@ -214,3 +214,38 @@ async fn a_request_resent_with_its_identity_or_marked_is_a_retry() {
         }
     }
 }
+
+/// Record mode writes a caller's retry as a retry of its own request (no `request` event: it
+/// deposits nothing), so `stormguard replay` charges it as the proxy did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_retry_is_recorded_as_a_retry() {
+    let upstream = chaos(Phase { error_rate: 1.0, ..Phase::default() }).await;
+    let dir = std::env::temp_dir().join(format!("stormguard-callers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    let mut d = ProxyDependency::new("dep", upstream.url("").parse().unwrap());
+    d.max_retries = 0;
+    let mut config = ProxyConfig::single("127.0.0.1:0".parse().unwrap(), d);
+    config.admin = None;
+    config.record = Some(trace.clone());
+    let p = start(config).await.unwrap();
+    let c = client();
+    get(&c, &p, &[]).await;
+    let (_, h) = get(&c, &p, &[]).await;
+    // Allowed (the default budget's reserve), sent, failed, and not retried on top.
+    assert!(h.contains_key("x-stormguard-denied"), "{h:?}");
+    p.shutdown().await;
+    let text = std::fs::read_to_string(&trace).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let ops: Vec<String> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| format!("{} {}", v["id"], v["op"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        ops,
+        ["1 request", "1 failure", "2 active", "2 retry", "2 failure", "2 retry_done"],
+        "{text}"
+    );
+    assert_eq!(upstream.stats().total.retries, 1, "marked as a retry at the upstream");
+}

@@ -292,13 +292,20 @@ async fn send(sc: &Scenario, target: SocketAddr, t0: Instant) -> Result<Vec<Outc
     let deadline = sc.client.deadline;
     let wait = deadline + Duration::from_millis(250);
     let mut tasks = Vec::with_capacity(arrivals.len());
-    for (at, _) in arrivals {
+    for (i, (at, _)) in arrivals.into_iter().enumerate() {
         let due = t0 + at;
         tokio::time::sleep_until(due.into()).await;
-        let (client, uri) = (client.clone(), uri.clone());
+        // Each arrival is its own request, as the model's callers are (none retries on its
+        // own): its own `x-request-id`, so the proxy never takes it for a caller's retry of
+        // the identical request before it.
+        let req = http::Request::get(uri.clone())
+            .header("x-request-id", i)
+            .body(Empty::new())
+            .map_err(|e| Failure::runtime(format!("a request: {e}")))?;
+        let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let answer = async {
-                let resp = client.get(uri).await.ok()?;
+                let resp = client.request(req).await.ok()?;
                 let ok = resp.status().is_success();
                 resp.into_body().collect().await.ok()?;
                 Some(ok)
