@@ -1628,8 +1628,10 @@ impl<'s> Run<'s> {
         }
     }
 
-    /// A budgeted retry after its wait: `RetryPolicy::admit` takes the slot with
-    /// `try_acquire` (refused `cap`, refunding the budget, if none is free).
+    /// A budgeted retry after its wait, in the tower layer's order (`admit_retry`): the
+    /// provider's window first — room now or no retry, and then its budget charge is given
+    /// back (`give_up`) — then `RetryPolicy::admit` takes the slot with `try_acquire` (refused
+    /// `cap`, refunding the budget and the booking, if none is free).
     fn admit(&mut self, call: Ref, ticket: RetryTicket) {
         let ts = self.ts();
         let Some(c) = self.calls.get_mut(call) else { return };
@@ -1638,30 +1640,33 @@ impl<'s> Run<'s> {
         let pooled = u.retry_upstream.is_some();
         let upstream =
             u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
+        let booking = match &u.rate {
+            None => None,
+            Some(meter) => match meter.book(ts, self.tokens.most, Duration::ZERO) {
+                Ok((booking, _)) => Some(booking),
+                Err(_) => {
+                    policy.give_up(ts, ticket);
+                    policy.counters().denied(Denied::Rate);
+                    self.deny(call, Denied::Rate);
+                    return;
+                }
+            },
+        };
         match policy.admit(upstream, ticket, &mut c.state) {
             Ok(mut admitted) => {
                 let permit = admitted.take_permit();
-                // A retry never waits for the provider's window. As in the tower layer, its
-                // slot comes back and its budget charge stands.
-                if let Some(meter) = &u.rate {
-                    match meter.book(ts, self.tokens.most, Duration::ZERO) {
-                        Ok((booking, _)) => c.rare().booking = Some(booking),
-                        Err(_) => {
-                            if let Some(p) = permit {
-                                p.release_at(ts);
-                            }
-                            policy.counters().denied(Denied::Rate);
-                            let unit = c.unit;
-                            self.note_cap(unit);
-                            self.deny(call, Denied::Rate);
-                            return;
-                        }
-                    }
+                if let Some(b) = booking {
+                    c.rare().booking = Some(b);
                 }
                 c.rare().charges = Some(admitted.into_charges());
                 self.send(call, permit, Sent::Retry, pooled, None);
             }
-            Err(reason) => self.deny(call, reason),
+            Err(reason) => {
+                if let Some(b) = booking {
+                    b.refund(ts);
+                }
+                self.deny(call, reason);
+            }
         }
     }
 
