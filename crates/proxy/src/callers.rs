@@ -311,22 +311,30 @@ impl RecentFailures {
         };
         let key = f.finish();
         let mut shard = self.shard(key);
-        let now = if retry.is_none() && !shard.waiting.contains_key(&key) {
-            return;
-        } else {
-            now()
-        };
         let Shard { waiting, len } = &mut *shard;
+        // What this connection's last call ended with: replaced by what it does now.
+        let ended_here = |w: &Waiting| {
+            f.connection.is_some() && w.connection == f.connection && w.retry.is_none()
+        };
         if retry.is_none() {
-            // An ended call matters only beside others' failures, and only without an
-            // identity (a request with one is its own call).
+            // An ended call matters only without an identity (a request with one is its own
+            // call), and only where this request's failures are kept: beside them, the next
+            // request on this connection is a new call, not another's retry.
             let Some(queue) = waiting.get_mut(&key).filter(|_| f.connection.is_some()) else {
                 return;
             };
+            let now = now();
             let before = queue.len();
-            queue.retain(|w| !(w.connection == f.connection && w.retry.is_none()));
-            *len -= before - queue.len();
-        } else if *len >= FULL {
+            queue.retain(|w| w.until > now && !ended_here(w));
+            if queue.len() >= PER_REQUEST {
+                queue.pop_front();
+            }
+            queue.push_back(Waiting { until: now + window, retry, connection: f.connection });
+            *len = *len - before + queue.len();
+            return;
+        }
+        let now = now();
+        if *len >= FULL {
             // Swept to 7/8 at most, so the next eighth of failures do not sweep again.
             waiting.retain(|_, q| {
                 q.retain(|w| w.until > now);
@@ -345,18 +353,14 @@ impl RecentFailures {
             }
         }
         let queue = waiting.entry(key).or_default();
-        if retry.is_some() && f.connection.is_some() {
-            // A call goes on on this connection: its ending no longer stands.
-            let before = queue.len();
-            queue.retain(|w| !(w.connection == f.connection && w.retry.is_none()));
-            *len -= before - queue.len();
-        }
+        let before = queue.len();
+        // A call goes on on this connection: its ending no longer stands.
+        queue.retain(|w| !ended_here(w));
         if queue.len() >= PER_REQUEST {
             queue.pop_front();
-            *len -= 1;
         }
         queue.push_back(Waiting { until: now + window, retry, connection: f.connection });
-        *len += 1;
+        *len = *len - before + queue.len();
     }
 
     #[cfg(test)]
