@@ -74,6 +74,13 @@ impl StackedHeaders {
     /// The attempt a request marked as a retry says it is (2 for a first retry; the highest
     /// when several markers say), or `None` when it is not marked as one.
     pub fn attempt(&self, headers: &HeaderMap) -> Option<u64> {
+        self.stated_attempt(headers).filter(|&n| n > 1)
+    }
+
+    /// The attempt the request's markers state, first tries included (`x-stormguard-attempt:
+    /// 1`, `x-stainless-retry-count: 0`): `Some` when its sender numbers its attempts. `None`
+    /// when no marker is there (a gRPC client marks only its retries).
+    pub fn stated_attempt(&self, headers: &HeaderMap) -> Option<u64> {
         self.markers
             .iter()
             .filter_map(|m| match m {
@@ -82,7 +89,6 @@ impl StackedHeaders {
                     number(headers, name).map(|n| n.saturating_add(1))
                 }
             })
-            .filter(|&n| n > 1)
             .max()
     }
 }
@@ -113,6 +119,17 @@ pub fn mark_hedge(headers: &mut HeaderMap, attempt: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_first_try_states_its_attempt_and_is_no_retry() {
+        let d = StackedHeaders::default();
+        let mut h = HeaderMap::new();
+        assert_eq!(d.stated_attempt(&h), None, "unnumbered");
+        h.insert("x-stainless-retry-count", HeaderValue::from_static("0"));
+        assert_eq!((d.stated_attempt(&h), d.attempt(&h)), (Some(1), None));
+        h.insert("grpc-previous-rpc-attempts", HeaderValue::from_static("2"));
+        assert_eq!((d.stated_attempt(&h), d.attempt(&h)), (Some(3), Some(3)));
+    }
 
     fn with(name: &'static str, value: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -208,27 +208,40 @@ fn route(shared: &Shared, host: Option<&str>, path: &str) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// A caller's own retry, and how it was told.
+#[derive(Clone, Copy)]
+struct Recognised {
+    retry: stormguard_tower::CallerRetry,
+    /// The layer that sent it marked it (its later retries will be marked too).
+    marked: bool,
+}
+
 /// The caller's own retry a request is, if it is one: marked as a retry by the layer that
-/// sent it, or the repeat of a recent failure (which it takes). With `caller_retries =
-/// "enforce"` the retry layer charges it ([`stormguard_tower::CallerRetry`]); with `"count"`
-/// it is counted here and sent as a first try.
+/// sent it, or the repeat of a recent failure (which it takes, marked or not: one charge per
+/// failure). With `caller_retries = "enforce"` the retry layer charges it
+/// ([`stormguard_tower::CallerRetry`]); with `"count"` it is counted here and sent as a first
+/// try.
 fn caller_retry(
     dep: &DepRuntime,
     fingerprint: &crate::callers::Fingerprint,
     headers: &http::HeaderMap,
     now: Instant,
-) -> Option<stormguard_tower::CallerRetry> {
+) -> Option<Recognised> {
     let config = dep.dependency.config();
     let repeated = dep.callers.recognise(fingerprint, now);
     let marked = config.stacked.attempt(headers).map(|attempt| stormguard_tower::CallerRetry {
         attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
         after: repeated.map_or(FailureKind::Error, |r| r.after),
     });
-    let retry = marked.or(repeated)?;
+    let recognised = match (marked, repeated) {
+        (Some(retry), _) => Recognised { retry, marked: true },
+        (None, Some(retry)) => Recognised { retry, marked: false },
+        (None, None) => return None,
+    };
     if dep.config.0.caller_retries == CallerRetries::Count {
         dep.dependency.policy().counters().caller_retry(CallerRetryOutcome::Counted);
     }
-    Some(retry)
+    Some(recognised)
 }
 
 /// The kind of failure an answer is to a caller that may retry it: a refusal of stormguard's
@@ -322,7 +335,11 @@ pub(crate) async fn handle(
     // A caller's own retry is told by its fingerprint, begun here from the head as the caller
     // sent it (`crate::callers`).
     let caller_retries = dep.config.0.caller_retries;
-    let mut fingerprint = (caller_retries != CallerRetries::Off).then(|| {
+    // A sender that numbers its attempts is taken at its word: its first try (`1`) is never
+    // another's retry, and leaves nothing for one.
+    let first_by_its_word =
+        dep.dependency.config().stacked.stated_attempt(&parts.headers) == Some(1);
+    let mut fingerprint = (caller_retries != CallerRetries::Off && !first_by_its_word).then(|| {
         let who = (named.as_deref(), named.is_none().then_some(peer.ip()));
         dep.callers.fingerprint(&who, peer, &parts)
     });
@@ -403,7 +420,7 @@ pub(crate) async fn handle(
     if let Some(r) = caller_retry
         && caller_retries == CallerRetries::Enforce
     {
-        parts.extensions.insert(r);
+        parts.extensions.insert(r.retry);
     }
     // Rate admission's token cost: the request's output maximum and its size, when tokens
     // are metered (or may be learned).
@@ -444,9 +461,17 @@ pub(crate) async fn handle(
     {
         state.count_caller_body(reason == "body-timeout");
     }
-    if let Some(f) = &fingerprint {
+    // A request its sender marked as a retry leaves nothing for the table (it still took the
+    // failure it repeats, above): that sender marks its next retry too. A failure left for it
+    // would be taken by the next identical request instead — another call's first try,
+    // refused in its place.
+    if let Some(f) = &fingerprint
+        && !caller_retry.is_some_and(|r| r.marked)
+    {
         let answered = match failure_kind(dep, &resp) {
-            Some(kind) => Answered::Failed { attempt: caller_retry.map_or(1, |r| r.attempt), kind },
+            Some(kind) => {
+                Answered::Failed { attempt: caller_retry.map_or(1, |r| r.retry.attempt), kind }
+            }
             None => Answered::Ended,
         };
         dep.callers.answered(f, answered, Instant::now, dep.config.0.client_retry_window);

@@ -249,3 +249,26 @@ async fn a_callers_retry_is_recorded_as_a_retry() {
     );
     assert_eq!(upstream.stats().total.retries, 1, "marked as a retry at the upstream");
 }
+
+/// A sender that numbers its attempts is taken at its word: its first try
+/// (`x-stainless-retry-count: 0`, as the OpenAI and Anthropic SDKs send) is never the retry of
+/// an identical request that failed before it, where the same request unnumbered is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_numbered_first_try_is_a_first_try() {
+    let upstream = chaos(Phase { error_rate: 1.0, ..Phase::default() }).await;
+    let c = client();
+    for (numbered, reach) in [(true, 3), (false, 1)] {
+        let p = proxy(&upstream, |d| {
+            d.budget = "ratio:percent=0,min_per_sec=0".parse().unwrap();
+            d.max_retries = 0;
+        })
+        .await;
+        upstream.reset();
+        let headers = if numbered { vec![("x-stainless-retry-count", "0".into())] } else { vec![] };
+        for _ in 0..3 {
+            get(&c, &p, &headers).await;
+        }
+        assert_eq!(upstream.stats().total.requests, reach, "numbered={numbered}");
+        p.shutdown().await;
+    }
+}
