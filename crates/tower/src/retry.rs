@@ -338,15 +338,26 @@ where
     let scopes = scopes_of(&rest.req, rest.route.as_ref());
     let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
     let mut state = RetryState::default();
-    let admitted = policy
-        .decide_caller_retry(now, dep.upstream_at(rest.target), caller.after, &scopes)
-        .and_then(|ticket| admit_retry(dep, rest.target, ticket, &mut state, cost, now));
-    if rest.id.is_some() {
-        dep.record(rest.id, now, TraceOp::Retry(caller.after, admitted.as_ref().err().copied()));
+    // Whether it reached the budget (the trace's rule, as for stormguard's own retries: a
+    // refusal by the breaker or a hold is no ask; one by the slots or the window after the
+    // budget is).
+    let admitted = match policy.decide_caller_retry(
+        now,
+        dep.upstream_at(rest.target),
+        caller.after,
+        &scopes,
+    ) {
+        Err(reason) => Err((reason, reached_budget(reason))),
+        Ok(ticket) => admit_retry(dep, rest.target, ticket, &mut state, cost, now)
+            .map_err(|reason| (reason, true)),
+    };
+    if rest.id.is_some() && admitted.as_ref().err().is_none_or(|(_, asked)| *asked) {
+        let refused = admitted.as_ref().err().map(|(reason, _)| *reason);
+        dep.record(rest.id, now, TraceOp::Retry(caller.after, refused));
     }
     let (slot, charges) = match admitted {
         Ok(admitted) => admitted,
-        Err(reason) => {
+        Err((reason, _)) => {
             policy.counters().caller_retry(CallerRetryOutcome::Refused);
             record_denied(&span, reason);
             tracing::debug!(parent: &span, dependency = dep.name(), attempt = caller.attempt, %reason, "the caller's retry refused");
