@@ -31,6 +31,7 @@ pub mod error;
 pub mod format;
 pub mod hedge;
 pub mod histogram;
+pub mod life;
 pub mod limiter;
 pub mod plan;
 pub mod random;

@@ -15,11 +15,12 @@ use reqwest_middleware::{Next, Result};
 use stormguard_core::Denied;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
-use stormguard_core::decision::{Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState};
-use stormguard_core::limiter::AttemptKind;
+use stormguard_core::decision::{FailedAttempt, RequestFacts};
+use stormguard_core::life::{AttemptId, Life, Next as LifeNext};
 use stormguard_core::scope::Scope;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
+use stormguard_tower::dependency::DependencyGates;
 use stormguard_tower::extensions::RateCost;
 use stormguard_tower::{
     Deadline, Dependency, FanOutScope, Idempotent, RouteBudget, StormguardError,
@@ -111,43 +112,36 @@ async fn run(
     if let Some(r) = route {
         scopes.push(Scope::Route(r.0));
     }
+    let mut life = Life::new(facts, scopes, 0);
+    let gates = dep.gates(cost);
     let hedge_after = match (&spare, config.retry.hedge) {
         (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), || dep.now()),
         _ => None,
     };
-    let first = First { req, slots, deadline, facts: &facts, scopes: &scopes, cost };
-    let (span, result) = match hedge_after {
-        Some(delay) => hedged(dep, next.clone(), extensions, first, delay).await,
+    let (id, span, result) = match hedge_after {
+        Some(delay) => {
+            let first = First { req, slots, deadline };
+            hedged(dep, next.clone(), extensions, first, (&mut life, &gates), delay).await
+        }
         None => {
-            traced_send(dep, next.clone(), extensions, first.req, first.slots, deadline, 0).await
+            let (span, result) =
+                traced_send(dep, next.clone(), extensions, req, slots, deadline, 0).await;
+            (AttemptId::FIRST, span, result)
         }
     };
-    let result = match result {
-        Ok(resp) if classify_response(resp.status(), resp.headers()).is_none() => {
-            dep.policy().on_success_with(|| dep.now(), false);
-            return Ok(resp);
-        }
-        other => other,
-    };
-    // A failure: the decision loop. The request is only needed again from here.
-    let Some(req) = spare else { return single(dep, &facts, &span, result) };
-    retry_loop(dep, req, extensions, next, Loop { facts, scopes, deadline, span, cost }, result)
-        .await
+    let answered = Answered { id, number: 1, span, result };
+    retry_loop(dep, spare, extensions, next, Loop { life, gates, deadline }, answered).await
 }
 
-/// A first attempt, admitted, and what its hedge would need.
-struct First<'a> {
+/// A first attempt, admitted.
+struct First {
     req: Request,
     slots: (attempt::Slots, Option<stormguard_tower::rate::RateReservation>),
     deadline: Option<Timestamp>,
-    facts: &'a RequestFacts,
-    scopes: &'a [Scope],
-    cost: RateCost,
 }
 
-/// The first attempt alone until `delay`, then — if the retry rules allow a hedge now (the
-/// tower layer's rules: [`RetryPolicy::decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge),
-/// a slot with `try_acquire`, the provider's window) — a hedge beside it, marked
+/// The first attempt alone until `delay`, then — if the request's life admits a hedge now
+/// ([`Life::hedge_due`], the tower layer's rules and admission) — a hedge beside it, marked
 /// `x-stormguard-attempt: 2; hedge`. The first success is the caller's; the other attempt is
 /// dropped, its slot held for `abandon_hold` (reqwest cannot run a call on without its caller).
 /// When both fail, the later failure goes to the decision loop.
@@ -155,47 +149,47 @@ async fn hedged(
     dep: &Dependency,
     next: Next<'_>,
     extensions: &mut Extensions,
-    first: First<'_>,
+    first: First,
+    (life, gates): (&mut Life, &DependencyGates<'_>),
     delay: std::time::Duration,
-) -> (Span, std::result::Result<Response, Failed>) {
-    let First { req, slots, deadline, facts, scopes, cost } = first;
+) -> (AttemptId, Span, std::result::Result<Response, Failed>) {
+    let First { req, slots, deadline } = first;
     let spare = req.try_clone();
     let mut hedge_extensions = extensions.clone();
     let first = traced_send(dep, next.clone(), extensions, req, slots, deadline, 0);
     tokio::pin!(first);
+    let of_first = |(span, result)| (AttemptId::FIRST, span, result);
     if let Ok(r) = tokio::time::timeout(delay, &mut first).await {
-        return r;
+        return of_first(r);
     }
-    let now = dep.now();
-    let Some(mut hedge_req) = spare else { return first.await };
-    let Some(admitted) = stormguard_tower::hedge::admit(dep, 0, facts, scopes, cost, now) else {
-        return first.await;
+    let Some(mut hedge_req) = spare else { return of_first(first.await) };
+    let admitted = match life.hedge_due(gates, dep.now(), AttemptId::FIRST) {
+        Ok(admitted) => admitted,
+        Err(_) => return of_first(first.await),
     };
-    let slots = ((admitted.permit, admitted.total), admitted.booked.sent());
-    // Held until the hedge has ended, as a retry's charges are.
-    let _charges = admitted.charges;
-    stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), 2);
-    let hedge = traced_send(dep, next, &mut hedge_extensions, hedge_req, slots, deadline, 1);
+    let id = admitted.id;
+    let slots = ((admitted.permit, admitted.total), admitted.booking);
+    stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), admitted.number);
+    let resend = admitted.number - 1;
+    let hedge = traced_send(dep, next, &mut hedge_extensions, hedge_req, slots, deadline, resend);
     tokio::pin!(hedge);
     let success = |r: &(Span, std::result::Result<Response, Failed>)| matches!(&r.1, Ok(resp) if classify_response(resp.status(), resp.headers()).is_none());
     tokio::select! {
         r = &mut first => {
             if success(&r) {
-                r
+                of_first(r)
             } else {
-                let h = (&mut hedge).await;
-                if success(&h) {
-                    dep.policy().counters().hedge_won();
-                }
-                h
+                life.ended(AttemptId::FIRST);
+                let (span, result) = (&mut hedge).await;
+                (id, span, result)
             }
         }
         r = &mut hedge => {
             if success(&r) {
-                dep.policy().counters().hedge_won();
-                r
+                (id, r.0, r.1)
             } else {
-                (&mut first).await
+                life.ended(id);
+                of_first((&mut first).await)
             }
         }
     }
@@ -221,39 +215,19 @@ fn rate_cost(dep: &Dependency, req: &Request, extensions: &Extensions) -> RateCo
 }
 
 /// What the decision loop needs besides the request.
-struct Loop {
-    facts: RequestFacts,
-    scopes: Vec<Scope>,
+struct Loop<'d> {
+    life: Life,
+    gates: DependencyGates<'d>,
     deadline: Option<Timestamp>,
-    /// The request's cost in the provider's window (each retry books it again).
-    cost: RateCost,
-    /// The span of the attempt the loop judges next.
-    span: Span,
 }
 
-/// A request whose body cannot be sent again failed: the decision runs (and counts) as for any
-/// other, with a body that is not replayable, so a retry it would allow is refused as `body`.
-fn single(
-    dep: &Dependency,
-    facts: &RequestFacts,
-    span: &Span,
+/// An attempt's answer: which attempt it was, its number in the headers (1: the first try),
+/// its span (a refusal of its retry is recorded there), and what came back.
+struct Answered {
+    id: AttemptId,
+    number: u32,
+    span: Span,
     result: std::result::Result<Response, Failed>,
-) -> Result<Response> {
-    // The pushback is read here too: a hold it sets applies to every request's retries.
-    let Some(failed) = failed_attempt(dep, &result) else { return finish_at(span, result, None) };
-    let mut state = RetryState::default();
-    let mut rng = dep.request_rng();
-    let decision =
-        dep.policy().decide(dep.now(), dep.upstream(), facts, &mut state, &failed, &[], &mut rng);
-    match decision {
-        Decision::NotRetryable => finish_at(span, result, None),
-        Decision::Denied(reason) => finish_at(span, result, Some(reason)),
-        // Never: a body that is not replayable is refused in every mode.
-        Decision::Retry(ticket) => {
-            dep.policy().give_up(dep.now(), ticket);
-            finish_at(span, result, Some(Denied::Body))
-        }
-    }
 }
 
 /// The failure an attempt's outcome is, as the decision reads it, with what the dependency said
@@ -289,55 +263,44 @@ fn failed_attempt(
     }
 }
 
-/// The decision loop after the first attempt failed.
+/// The decision loop, from the first attempt's answer: the order of what happens is the
+/// request's [`Life`]'s; this loop only carries reqwest's requests and responses through it.
+/// `req` is the copy a retry sends (`None`: the body cannot be sent again, and a retry the
+/// rules would allow is refused `body`).
 async fn retry_loop(
     dep: &Dependency,
-    req: Request,
+    req: Option<Request>,
     extensions: &mut Extensions,
     next: Next<'_>,
-    Loop { facts, scopes, deadline, mut span, cost }: Loop,
-    mut result: std::result::Result<Response, Failed>,
+    Loop { mut life, gates, deadline }: Loop<'_>,
+    answered: Answered,
 ) -> Result<Response> {
     let body_limit = dep.config().body_limit;
     let mut rng = dep.request_rng();
-    let mut state = RetryState::default();
-    let mut charges: Option<RetryCharges> = None;
-    let mut attempt: u32 = 1;
+    let Answered { mut id, mut number, mut span, mut result } = answered;
+    life.set_replayable(req.is_some());
     loop {
         let now = dep.now();
         let Some(failed) = failed_attempt(dep, &result) else {
-            // A success, or a local refusal of this attempt (final, and nothing the budget
-            // counts).
-            if result.is_ok() {
-                dep.policy().on_success(now, attempt > 1);
-                if let Some(c) = charges.as_mut() {
-                    c.succeeded();
-                }
+            match &result {
+                Ok(_) => life.succeeded(&gates, || now, id),
+                // A local refusal of this attempt (final, and nothing the budget counts); a
+                // retry refused at its breaker probe never reached the dependency.
+                Err(_) => life.unsent(&gates, now, id),
             }
             return finish_at(&span, result, None);
         };
-        // The failed retry has finished: its budget permit (a concurrency budget's count of
-        // retries in flight) ends here, not when the next retry is admitted.
-        drop(charges.take());
-        let decision = dep.policy().decide(
-            now,
-            dep.upstream(),
-            &facts,
-            &mut state,
-            &failed,
-            &scopes,
-            &mut rng,
-        );
-        let ticket = match decision {
-            Decision::NotRetryable => return finish_at(&span, result, None),
-            Decision::Denied(reason) => {
-                tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
-                return finish_at(&span, result, Some(reason));
+        let wait = match life.failed(&gates, now, id, &failed, &mut rng) {
+            LifeNext::Answer(reason) => {
+                if let Some(reason) = reason {
+                    tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
+                }
+                return finish_at(&span, result, reason);
             }
-            Decision::Retry(ticket) => ticket,
+            LifeNext::Retry { wait, .. } => wait,
         };
-        let Some(mut this) = req.try_clone() else {
-            dep.policy().give_up(now, ticket);
+        let Some(mut this) = req.as_ref().and_then(Request::try_clone) else {
+            life.give_up(&gates, now);
             return finish_at(&span, result, Some(Denied::Body));
         };
         // Keep the failed response until the retry is sent; reading it to the end also frees
@@ -347,66 +310,32 @@ async fn retry_loop(
                 Ok(kept) => Ok(kept),
                 Err(partial) => {
                     // Too large to keep: give the caller this response, not a retry.
-                    dep.policy().give_up(dep.now(), ticket);
+                    life.give_up(&gates, dep.now());
                     return Ok(partial);
                 }
             },
             Err(e) => Err(e),
         };
-        let wait = ticket.wait();
         tracing::trace!(
             dependency = dep.name(),
-            attempt,
+            attempt = number,
             wait_ms = wait.as_millis() as u64,
             "retrying"
         );
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
-        // With a total cap, a retry takes its slot there first, at once or not at all, like
-        // its upstream's.
-        let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
-            None => None,
-            Some(Ok(p)) => Some(p),
-            Some(Err(reason)) if dep.policy().enforce() => {
-                dep.policy().give_up(now, ticket);
-                dep.policy().counters().denied(reason);
-                return finish_at(&span, kept, Some(reason));
-            }
-            Some(Err(reason)) => {
-                dep.policy().counters().shadow_denied(reason);
-                None
-            }
-        };
-        // The provider's window: room now, or no retry (it never waits), decided before the
-        // budget is charged.
-        let booked = match stormguard_tower::rate::book_retry(dep, 0, cost, dep.now()) {
-            Ok(booked) => booked,
-            Err(reason) if dep.policy().enforce() => {
-                dep.policy().give_up(now, ticket);
-                drop(total);
-                dep.policy().counters().denied(reason);
-                tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
-                return finish_at(&span, kept, Some(reason));
-            }
-            Err(reason) => {
-                dep.policy().counters().shadow_denied(reason);
-                None
-            }
-        };
-        let booked = stormguard_tower::rate::Unsent::new(dep, booked);
-        match dep.policy().admit(dep.upstream(), ticket, &mut state) {
-            Ok(mut admitted) => {
-                let slots = ((admitted.take_permit(), total), booked.sent());
-                charges = Some(admitted.into_charges());
-                attempt += 1;
-                mark_attempt(this.headers_mut(), attempt);
-                let resend = attempt - 1;
+        match life.wait_elapsed(&gates, dep.now()) {
+            Ok(admitted) => {
+                (id, number) = (admitted.id, admitted.number);
+                let slots = ((admitted.permit, admitted.total), admitted.booking);
+                mark_attempt(this.headers_mut(), number);
                 (span, result) =
-                    traced_send(dep, next.clone(), extensions, this, slots, deadline, resend).await;
+                    traced_send(dep, next.clone(), extensions, this, slots, deadline, number - 1)
+                        .await;
             }
             Err(reason) => {
-                tracing::trace!(dependency = dep.name(), attempt, %reason, "retry refused");
+                tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
                 return finish_at(&span, kept, Some(reason));
             }
         }

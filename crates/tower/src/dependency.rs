@@ -639,6 +639,13 @@ impl Dependency {
         &self.inner.policy
     }
 
+    /// What a request's [`Life`](stormguard_core::life::Life) reads of this dependency, for a
+    /// request costing `cost` in the provider's window: its policy, upstreams, failover, total
+    /// cap and rate admission.
+    pub fn gates(&self, cost: RateCost) -> DependencyGates<'_> {
+        DependencyGates { dep: self, cost }
+    }
+
     /// Malformed header counters.
     pub fn header_stats(&self) -> &HeaderStats {
         &self.inner.header_stats
@@ -777,5 +784,49 @@ impl Dependency {
             rates: self.inner.rates.iter().map(|r| r.snapshot(now)).collect(),
             at: now,
         }
+    }
+}
+
+/// A dependency as a request's life reads it ([`Dependency::gates`]): a retry or hedge fails
+/// over to the next upstream whose breaker is closed and whose window has room, and books its
+/// turn now or never ([`book_retry`](crate::rate::book_retry)).
+#[derive(Debug, Clone, Copy)]
+pub struct DependencyGates<'a> {
+    dep: &'a Dependency,
+    cost: RateCost,
+}
+
+impl stormguard_core::life::Gates for DependencyGates<'_> {
+    type Booking = crate::rate::RateReservation;
+
+    fn policy(&self) -> &RetryPolicy {
+        self.dep.policy()
+    }
+
+    fn upstream(&self, target: usize) -> &Upstream {
+        self.dep.upstream_at(target)
+    }
+
+    fn failover(&self, failed: usize, now: Timestamp) -> usize {
+        match self.dep.upstream_count() {
+            1 => 0,
+            _ => self.dep.failover_target(failed, now, self.cost),
+        }
+    }
+
+    fn total(&self) -> Option<&Limiter> {
+        self.dep.total()
+    }
+
+    fn book_now(
+        &self,
+        target: usize,
+        now: Timestamp,
+    ) -> Result<Option<crate::rate::RateReservation>, stormguard_core::Denied> {
+        crate::rate::book_retry(self.dep, target, self.cost, now)
+    }
+
+    fn refund(&self, booking: crate::rate::RateReservation, now: Timestamp) {
+        booking.refund(now);
     }
 }

@@ -23,16 +23,15 @@ use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
+use stormguard_core::Denied;
 use stormguard_core::backoff::Pushback;
 use stormguard_core::budget::RetryBudget;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
-use stormguard_core::decision::{
-    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryState, RetryTicket,
-};
+use stormguard_core::decision::{FailedAttempt, RequestFacts};
+use stormguard_core::life::{Admitted, AttemptId, Life, Next as LifeNext, Refused};
 use stormguard_core::scope::{FanOutScope, Scope};
 use stormguard_core::signals::CallerRetryOutcome;
-use stormguard_core::{AttemptKind, Denied};
 use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
@@ -235,7 +234,8 @@ where
         // The readied service goes with the request, as below.
         let clone = first.clone();
         let svc = std::mem::replace(first, clone);
-        let rest = Box::new(Rest { dep, policy, svc, req, deadline, route, id, target });
+        let rest =
+            Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, life: None });
         return RetryFuture::Boxed { fut: Box::pin(caller_retry(rest, caller)) };
     }
     let span = attempt_span(&dep, &req, target, 0);
@@ -275,19 +275,31 @@ where
     };
     RetryFuture::First {
         attempt,
-        rest: Some(Box::new(Rest { dep, policy, svc: spare, req, deadline, route, id, target })),
+        rest: Some(Box::new(Rest {
+            dep,
+            policy,
+            svc: spare,
+            req,
+            deadline,
+            route,
+            id,
+            target,
+            life: None,
+        })),
         hedge,
     }
 }
 
 /// The answer to an attempt that ran alone (or won a hedge): a success is the caller's, at
 /// once (`Ok`); a failure is the decision loop, in its own allocation (`Err`) — its state is
-/// large, and a request that succeeds should not carry it.
+/// large, and a request that succeeds should not carry it. `id` and `number` name the attempt
+/// (the first, or the hedge that answered).
 #[allow(clippy::type_complexity)]
 pub(crate) fn first_answered<S, P, B, RB>(
-    rest: Box<Rest<S, P, B>>,
+    mut rest: Box<Rest<S, P, B>>,
     result: Result<Response<RB>, BoxError>,
     span: &tracing::Span,
+    (id, number): (AttemptId, u32),
 ) -> Result<
     Result<Response<RetryBody<RB>>, BoxError>,
     BoxFuture<Result<Response<RetryBody<RB>>, BoxError>>,
@@ -305,13 +317,18 @@ where
         && rest.policy.classify(resp.status(), resp.headers()).is_none()
     {
         record_response(span, resp.status(), None);
-        rest.dep.policy().on_success_with(|| rest.dep.now(), false);
+        let dep = &rest.dep;
+        match &mut rest.life {
+            // A request that hedged: its life tells the budget and the winner's charges.
+            Some(life) => life.succeeded(&dep.gates(RateCost::default()), || dep.now(), id),
+            None => dep.policy().on_success_with(|| dep.now(), false),
+        }
         if rest.id.is_some() {
             rest.dep.record(rest.id, rest.dep.now(), TraceOp::Success(false));
         }
         return Ok(result.map(|resp| resp.map(RetryBody::live)));
     }
-    Err(Box::pin(after_failure(rest, result, span.clone(), 1, None)))
+    Err(Box::pin(after_failure(rest, result, span.clone(), (id, number))))
 }
 
 /// A retry its caller sent itself ([`CallerRetry`]): admitted as a retry of stormguard's own
@@ -335,29 +352,30 @@ where
     let policy = dep.policy();
     let now = dep.now();
     let span = attempt_span(dep, &rest.req, rest.target, caller.attempt.saturating_sub(1));
-    let scopes = scopes_of(&rest.req, rest.route.as_ref());
     let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
-    let mut state = RetryState::default();
+    let gates = dep.gates(cost);
+    let facts = request_facts(dep, &rest.req, rest.deadline, true);
+    let (life, admitted) = Life::caller_retry(
+        &gates,
+        now,
+        facts,
+        scopes_of(&rest.req, rest.route.as_ref()),
+        rest.target,
+        caller.attempt,
+        caller.after,
+    );
     // Whether it reached the budget (the trace's rule, as for stormguard's own retries: a
     // refusal by the breaker or a hold is no ask; one by the slots or the window after the
     // budget is).
-    let admitted = match policy.decide_caller_retry(
-        now,
-        dep.upstream_at(rest.target),
-        caller.after,
-        &scopes,
-    ) {
-        Err(reason) => Err((reason, reached_budget(reason))),
-        Ok(ticket) => admit_retry(dep, rest.target, ticket, &mut state, cost, now)
-            .map_err(|reason| (reason, true)),
-    };
-    if rest.id.is_some() && admitted.as_ref().err().is_none_or(|(_, asked)| *asked) {
-        let refused = admitted.as_ref().err().map(|(reason, _)| *reason);
+    if rest.id.is_some()
+        && admitted.as_ref().err().is_none_or(|r| r.admitting || reached_budget(r.reason))
+    {
+        let refused = admitted.as_ref().err().map(|r| r.reason);
         dep.record(rest.id, now, TraceOp::Retry(caller.after, refused));
     }
-    let (slot, charges) = match admitted {
+    let admitted = match admitted {
         Ok(admitted) => admitted,
-        Err((reason, _)) => {
+        Err(Refused { reason, .. }) => {
             policy.counters().caller_retry(CallerRetryOutcome::Refused);
             record_denied(&span, reason);
             tracing::debug!(parent: &span, dependency = dep.name(), attempt = caller.attempt, %reason, "the caller's retry refused");
@@ -365,23 +383,26 @@ where
         }
     };
     policy.counters().caller_retry(CallerRetryOutcome::Allowed);
+    let attempt = (admitted.id, admitted.number);
     let mut this = match rest.policy.clone_body(rest.req.body()) {
         Some(body) => copy_request(&rest.req, body),
         // A body that cannot be copied is sent itself, and its answer is final (`single` puts
-        // the deadline on it).
+        // the deadline on it); the life, holding its charges, ends with it.
         None => {
-            let Rest { dep, svc, mut req, deadline, id, target, .. } = *rest;
+            let Rest { dep, svc, mut req, deadline, id, .. } = *rest;
             mark_attempt(req.headers_mut(), caller.attempt);
-            admitted_attempt(&mut req, None, slot, target);
+            admitted_attempt(&mut req, None, &dep, admitted);
             let result = single(dep, svc, req, deadline, id, span).await;
-            drop(charges);
+            drop(life);
             return result;
         }
     };
     mark_attempt(this.headers_mut(), caller.attempt);
-    admitted_attempt(&mut this, rest.deadline, slot, rest.target);
+    admitted_attempt(&mut this, rest.deadline, dep, admitted);
     let result = send_attempt(rest.svc.clone(), this, &span).await;
-    after_failure(rest, result, span, caller.attempt, Some(charges)).await
+    let mut rest = rest;
+    rest.life = Some(life);
+    after_failure(rest, result, span, attempt).await
 }
 
 /// What the retry rules need to know of a request (see [`RequestFacts`]).
@@ -432,6 +453,23 @@ pub(crate) struct Rest<S, P, B> {
     pub(crate) id: Option<u64>,
     /// The upstream the first attempt went to.
     pub(crate) target: usize,
+    /// The request's life, once it needs one (a hedge, a failure, a caller's retry).
+    pub(crate) life: Option<Life>,
+}
+
+impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
+    /// The request's life, made at its first need.
+    pub(crate) fn life(&mut self) -> &mut Life {
+        let Rest { dep, policy, req, deadline, route, target, life, .. } = self;
+        life.get_or_insert_with(|| {
+            let replayable = policy.is_replayable(req.body());
+            Life::new(
+                request_facts(dep, req, *deadline, replayable),
+                scopes_of(req, route.as_ref()),
+                *target,
+            )
+        })
+    }
 }
 
 pin_project! {
@@ -496,16 +534,22 @@ where
                     if !matches!(hedge, Hedge::Alone(_))
                         && let Poll::Ready(result) = attempt.as_mut().poll(cx)
                     {
-                        let r = rest.take().expect("a RetryFuture polled after it finished");
+                        let mut r = rest.take().expect("a RetryFuture polled after it finished");
                         match std::mem::replace(hedge, Hedge::Off) {
                             // Failed with its hedge in flight: the hedge's answer decides.
                             Hedge::Racing(h) if !succeeded(&r.policy, &result) => {
+                                r.life().ended(AttemptId::FIRST);
                                 *hedge = Hedge::Alone(h);
                                 *rest = Some(r);
                             }
                             // A hedge still in flight is dropped here: the cap runs it on in
                             // the background, holding its slot (the abandoned-attempt rules).
-                            _ => match first_answered(r, result, attempt.span()) {
+                            _ => match first_answered(
+                                r,
+                                result,
+                                attempt.span(),
+                                (AttemptId::FIRST, 1),
+                            ) {
                                 Ok(answer) => break Next::Answer(answer),
                                 Err(decision_loop) => break Next::Loop(decision_loop),
                             },
@@ -519,7 +563,7 @@ where
                             if t.as_mut().poll(cx).is_pending() {
                                 return Poll::Pending;
                             }
-                            let r = rest.as_ref().expect("a RetryFuture polled after it finished");
+                            let r = rest.as_mut().expect("a RetryFuture polled after it finished");
                             *hedge = match crate::hedge::send(r) {
                                 Some(sent) => Hedge::Racing(Box::new(sent)),
                                 None => Hedge::Off,
@@ -529,11 +573,15 @@ where
                             let Poll::Ready(result) = h.fut.as_mut().poll(cx) else {
                                 return Poll::Pending;
                             };
-                            let r = rest.take().expect("a RetryFuture polled after it finished");
+                            let mut r =
+                                rest.take().expect("a RetryFuture polled after it finished");
                             let won = succeeded(&r.policy, &result);
                             if !won && matches!(hedge, Hedge::Racing(_)) {
                                 // The hedge failed first: the first attempt's answer decides
                                 // (it was polled above, so it will wake this future).
+                                if let Hedge::Racing(h) = hedge {
+                                    r.life().ended(h.id);
+                                }
                                 *hedge = Hedge::Off;
                                 *rest = Some(r);
                                 return Poll::Pending;
@@ -543,12 +591,7 @@ where
                             else {
                                 unreachable!("matched above")
                             };
-                            if won {
-                                r.dep.policy().counters().hedge_won();
-                            }
-                            let mut r = r;
-                            r.target = h.target;
-                            match first_answered(r, result, &h.span) {
+                            match first_answered(r, result, &h.span, (h.id, h.number)) {
                                 Ok(answer) => break Next::Answer(answer),
                                 Err(decision_loop) => break Next::Loop(decision_loop),
                             }
@@ -597,15 +640,14 @@ pub(crate) enum Hedge<RB> {
     Alone(Box<crate::hedge::SentHedge<RB>>),
 }
 
-/// The decision loop after an attempt failed: `result` is the answer to the request's
-/// `attempt`th attempt (1: its first try), `span` its span, `charges` what it holds of the
-/// budget and scopes when it was a retry.
+/// The decision loop after an attempt failed: `result` is the answer to attempt `id` (its
+/// header number `number`: 1 for the first try), `span` its span. The order of what happens is
+/// the request's [`Life`]'s; this loop only carries the request and the answers through it.
 async fn after_failure<S, P, B, RB>(
-    rest: Box<Rest<S, P, B>>,
+    mut rest: Box<Rest<S, P, B>>,
     mut result: Result<Response<RB>, BoxError>,
     mut span: tracing::Span,
-    mut attempt: u32,
-    mut charges: Option<RetryCharges>,
+    (mut id, mut number): (AttemptId, u32),
 ) -> Result<Response<RetryBody<RB>>, BoxError>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
@@ -616,26 +658,23 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    let Rest { dep, policy, svc, req, deadline, route, id, mut target } = *rest;
+    rest.life();
+    let Rest { dep, policy, svc, req, deadline, id: trace, life, .. } = *rest;
+    let mut life = life.expect("made above");
     let config = dep.config();
-    let mut facts = request_facts(&dep, &req, deadline, true);
-    let scopes = scopes_of(&req, route.as_ref());
+    let gates = dep.gates(req.extensions().get::<RateCost>().copied().unwrap_or_default());
     let mut rng = dep.request_rng();
-    let mut state = RetryState::default();
     loop {
         let now = dep.now();
         let failed = match &result {
             Ok(resp) => match policy.classify(resp.status(), resp.headers()) {
                 None => {
                     record_response(&span, resp.status(), None);
-                    dep.policy().on_success(now, attempt > 1);
-                    if let Some(c) = charges.as_mut() {
-                        c.succeeded();
-                    }
-                    if id.is_some() {
-                        dep.record(id, now, TraceOp::Success(attempt > 1));
-                        if attempt > 1 {
-                            dep.record(id, now, TraceOp::RetryDone);
+                    life.succeeded(&gates, || now, id);
+                    if trace.is_some() {
+                        dep.record(trace, now, TraceOp::Success(number > 1));
+                        if number > 1 {
+                            dep.record(trace, now, TraceOp::RetryDone);
                         }
                     }
                     return Ok(result?.map(RetryBody::live));
@@ -663,9 +702,11 @@ where
             Err(e) => {
                 match e.downcast_ref::<StormguardError>() {
                     // A local refusal of this attempt (queue, breaker), or the caller's own body
-                    // failing: final, and nothing the budget or the breaker counts.
+                    // failing: final, and nothing the budget or the breaker counts. A retry
+                    // refused at the cap never reached the dependency: its charges go back.
                     Some(StormguardError::Denied(reason)) => {
                         record_denied(&span, *reason);
+                        life.unsent(&gates, now, id);
                         return Err(result.err().expect("an error"));
                     }
                     Some(StormguardError::CallerBody { .. }) => {
@@ -678,54 +719,32 @@ where
                 FailedAttempt { failure, unsent, pushback: None }
             }
         };
-        let kind = failed.failure.kind();
-        // The failed retry has finished: its budget permit (a concurrency budget's count of
-        // retries in flight) ends here, not when the next retry is admitted.
-        drop(charges.take());
-        if id.is_some() {
-            dep.record(id, now, TraceOp::Failure(kind));
-            if attempt > 1 {
-                dep.record(id, now, TraceOp::RetryDone);
+        let failure = failed.failure;
+        let kind = failure.kind();
+        if trace.is_some() {
+            dep.record(trace, now, TraceOp::Failure(kind));
+            if number > 1 {
+                dep.record(trace, now, TraceOp::RetryDone);
             }
         }
-        facts.replayable = policy.is_replayable(req.body());
-        // A retry goes to the next upstream (with one, the same): its breaker, its pushback
-        // hold and, at admission, a slot under its cap.
-        let next = match dep.upstream_count() {
-            1 => 0,
-            _ => dep.failover_target(
-                target,
-                now,
-                req.extensions().get::<RateCost>().copied().unwrap_or_default(),
-            ),
-        };
-        let decision = dep.policy().decide(
-            now,
-            dep.upstream_at(next),
-            &facts,
-            &mut state,
-            &failed,
-            &scopes,
-            &mut rng,
-        );
-        let failure = failed.failure;
-        let ticket = match decision {
-            Decision::NotRetryable => {
-                tracing::debug!(parent: &span, dependency = dep.name(), attempt, %failure, "not retried: the failure is not in retry_on");
+        life.set_replayable(policy.is_replayable(req.body()));
+        let (wait, target) = match life.failed(&gates, now, id, &failed, &mut rng) {
+            LifeNext::Answer(None) => {
+                tracing::debug!(parent: &span, dependency = dep.name(), attempt = number, %failure, "not retried: the failure is not in retry_on");
                 return finish(result, None);
             }
-            Decision::Denied(reason) => {
-                refused(&span, &dep, attempt, failure, reason);
-                if id.is_some() && reached_budget(reason) {
-                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
+            LifeNext::Answer(Some(reason)) => {
+                refused(&span, &dep, number, failure, reason);
+                if trace.is_some() && reached_budget(reason) {
+                    dep.record(trace, now, TraceOp::Retry(kind, Some(reason)));
                 }
                 return finish(result, Some(reason));
             }
-            Decision::Retry(ticket) => ticket,
+            LifeNext::Retry { wait, target } => (wait, target),
         };
         let Some(next_body) = policy.clone_body(req.body()) else {
-            dep.policy().give_up(now, ticket);
-            refused(&span, &dep, attempt, failure, Denied::Body);
+            life.give_up(&gates, now);
+            refused(&span, &dep, number, failure, Denied::Body);
             return finish(result, Some(Denied::Body));
         };
         // Keep the failed response until the retry is sent; reading it to the end also frees
@@ -735,15 +754,14 @@ where
                 Ok(kept) => Ok(kept),
                 Err(partial) => {
                     // Too large to keep: give the caller this response, not a retry.
-                    dep.policy().give_up(dep.now(), ticket);
-                    tracing::debug!(parent: &span, dependency = dep.name(), attempt, %failure, body_limit = config.body_limit, "not retried: the failed response is larger than body_limit, so it goes to the caller as it is");
+                    life.give_up(&gates, dep.now());
+                    tracing::debug!(parent: &span, dependency = dep.name(), attempt = number, %failure, body_limit = config.body_limit, "not retried: the failed response is larger than body_limit, so it goes to the caller as it is");
                     return Ok(partial);
                 }
             },
             Err(e) => Err(e),
         };
-        let wait = ticket.wait();
-        tracing::debug!(parent: &span, dependency = dep.name(), attempt, %failure, backoff_ms = wait.as_millis() as u64, "retrying");
+        tracing::debug!(parent: &span, dependency = dep.name(), attempt = number, %failure, backoff_ms = wait.as_millis() as u64, "retrying");
         // The failed attempt's span ends here: the backoff belongs to no attempt.
         drop(std::mem::replace(&mut span, tracing::Span::none()));
         if !wait.is_zero() {
@@ -751,25 +769,22 @@ where
         }
         // The retry's own span, open from the end of its backoff: a retry refused its slot now
         // is an attempt that never reached the dependency, with the reason.
-        span = attempt_span(&dep, &req, next, attempt);
-        let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
-        match admit_retry(&dep, next, ticket, &mut state, cost, now) {
-            Ok((slot, admitted)) => {
-                if id.is_some() {
-                    dep.record(id, now, TraceOp::Retry(kind, None));
+        span = attempt_span(&dep, &req, target, number);
+        match life.wait_elapsed(&gates, dep.now()) {
+            Ok(admitted) => {
+                if trace.is_some() {
+                    dep.record(trace, now, TraceOp::Retry(kind, None));
                 }
-                charges = Some(admitted);
-                attempt += 1;
+                (id, number) = (admitted.id, admitted.number);
                 let mut this = copy_request(&req, next_body);
-                mark_attempt(this.headers_mut(), attempt);
-                admitted_attempt(&mut this, deadline, slot, next);
-                target = next;
+                mark_attempt(this.headers_mut(), number);
+                admitted_attempt(&mut this, deadline, &dep, admitted);
                 result = send_attempt(svc.clone(), this, &span).await;
             }
             Err(reason) => {
-                refused(&span, &dep, attempt + 1, failure, reason);
-                if id.is_some() {
-                    dep.record(id, now, TraceOp::Retry(kind, Some(reason)));
+                refused(&span, &dep, number + 1, failure, reason);
+                if trace.is_some() {
+                    dep.record(trace, now, TraceOp::Retry(kind, Some(reason)));
                 }
                 return finish_kept(kept, reason);
             }
@@ -777,21 +792,22 @@ where
     }
 }
 
-/// What an admitted attempt carries to the cap: the request's deadline, the slot it was
-/// admitted with, and its upstream (when not the first).
+/// What an admitted attempt carries to the cap: the request's deadline, the slots and the
+/// booking it was admitted with, and its upstream (when not the first).
 pub(crate) fn admitted_attempt<B>(
     this: &mut Request<B>,
     deadline: Option<Timestamp>,
-    slot: AdmittedSlot,
-    target: usize,
+    dep: &Dependency,
+    admitted: Admitted<crate::rate::RateReservation>,
 ) {
     let ext = this.extensions_mut();
     if let Some(d) = deadline {
         ext.insert(AttemptDeadline(d));
     }
-    ext.insert(slot);
-    if target != 0 {
-        ext.insert(UpstreamTarget(target));
+    let booked = crate::rate::Unsent::new(dep, admitted.booking);
+    ext.insert(AdmittedSlot::new(admitted.permit, admitted.total, booked));
+    if admitted.target != 0 {
+        ext.insert(UpstreamTarget(admitted.target));
     }
 }
 
@@ -808,52 +824,6 @@ where
         Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
         Err(e) => Err(e),
     }
-}
-
-/// A retry that passed the rules, admitted to upstream `next` now, never waiting: its slot
-/// under the total cap (with several upstreams and `total_cap`), its booking in the provider's
-/// window (room now or none), then its upstream's slot with `try_acquire`. A refusal gives the
-/// ticket's charges back and is counted; in shadow mode what the total cap or the window would
-/// refuse is counted and let through without it.
-fn admit_retry(
-    dep: &Dependency,
-    next: usize,
-    ticket: RetryTicket,
-    state: &mut RetryState,
-    cost: RateCost,
-    now: Timestamp,
-) -> Result<(AdmittedSlot, RetryCharges), Denied> {
-    let policy = dep.policy();
-    let total = match dep.total().map(|t| t.try_acquire(AttemptKind::Retry)) {
-        None => None,
-        Some(Ok(p)) => Some(p),
-        Some(Err(reason)) if policy.enforce() => {
-            policy.give_up(now, ticket);
-            policy.counters().denied(reason);
-            return Err(reason);
-        }
-        Some(Err(reason)) => {
-            policy.counters().shadow_denied(reason);
-            None
-        }
-    };
-    // The provider's window, under rate admission: room now, or no retry (it never waits).
-    let booked = match crate::rate::book_retry(dep, next, cost, dep.now()) {
-        Ok(booked) => booked,
-        Err(reason) if policy.enforce() => {
-            policy.give_up(now, ticket);
-            drop(total);
-            policy.counters().denied(reason);
-            return Err(reason);
-        }
-        Err(reason) => {
-            policy.counters().shadow_denied(reason);
-            None
-        }
-    };
-    let booked = crate::rate::Unsent::new(dep, booked);
-    let mut admitted = policy.admit(dep.upstream_at(next), ticket, state)?;
-    Ok((AdmittedSlot::new(admitted.take_permit(), total, booked), admitted.into_charges()))
 }
 
 /// A refused retry: the reason on the attempt's span, and the `debug` line. `attempt` is the

@@ -1,0 +1,458 @@
+//! One request's life: the order in which a request's rules run, written once.
+//!
+//! The rules themselves live beside this module — the decision ([`RetryPolicy::decide`]), the
+//! budgets, the limiter, the breaker, backoff, hedging, the scopes. *When* each runs in a
+//! request's life is decided here, and only here: every placement (the tower layer, the reqwest
+//! middleware, the simulator, and through the tower layer the proxy) holds one [`Life`] per
+//! request, tells it what happened — an attempt answered, failed, was refused before it was
+//! sent; a backoff ended; a hedge is due; the caller retried on its own — each with the time,
+//! and does what it answers: wait, send an admitted attempt, or give the caller its answer.
+//! Nothing here waits, reads a clock or touches a socket, in the manner of `h2`'s and
+//! `quinn-proto`'s sans-I/O state machines.
+//!
+//! ```text
+//!            first try sent (the cap admitted it: breaker, window, total cap, slot)
+//!                  │
+//!                  ▼
+//!   ┌──────── in flight ◄────────────────────────────┐
+//!   │  hedge_due ──► decide_hedge → admit ──► a hedge │ beside it (up to max_hedges)
+//!   │                                                 │
+//!   ├─ succeeded ──► success (budget told; charges    │
+//!   │                 of the winner told "succeeded") │
+//!   └─ failed ──► decide (retry_on, request, breaker, │
+//!                  pushback, deadline, scopes, budget │ charged now)
+//!                  ├─ not retryable / refused ──► answer, with the reason
+//!                  └─ Retry { wait } ──► the shell keeps the failed answer,
+//!                        backs off, then wait_elapsed:
+//!                        total cap → provider's window → upstream slot,
+//!                        each now or never; a refusal gives the budget back
+//!                        ├─ refused ──► answer (the kept failure), with the reason
+//!                        └─ admitted ──► send ───────────────┘
+//! ```
+//!
+//! **Admission, in one order, for every extra attempt** (a retry after its backoff, a hedge, a
+//! caller's own retry): the rules charge the scopes and the budget first
+//! ([`RetryPolicy::decide`], [`decide_hedge`](RetryPolicy::decide_hedge),
+//! [`decide_caller_retry`](RetryPolicy::decide_caller_retry)); then, never waiting, a slot under
+//! the dependency's total cap, a turn in the provider's window, and a slot under the upstream's
+//! cap. A refusal at any step gives back what the earlier ones took — the charges, the total
+//! slot, the booking — and is counted once, as a retry's or a hedge's. In shadow mode a refusal
+//! by the total cap or the window is counted and the attempt goes without it, as the upstream's
+//! cap already does ([`RetryPolicy::admit`]).
+//!
+//! What a placement lends the life is a [`Gates`]: the policy, the upstreams, the total cap and
+//! the provider's window, each read synchronously.
+
+use std::time::Duration;
+
+use crate::budget::FailureKind;
+use crate::clock::Timestamp;
+use crate::decision::{
+    AdmittedRetry, Decision, FailedAttempt, RequestFacts, RetryCharges, RetryPolicy, RetryState,
+    RetryTicket, Upstream,
+};
+use crate::denied::Denied;
+use crate::limiter::{AttemptKind, Limiter, Permit};
+use crate::random::RandomSource;
+use crate::scope::Scope;
+
+/// What a placement lends a request's life: one dependency's rules and shared state. Nothing
+/// here waits: a slot or a turn is had now, or not.
+pub trait Gates {
+    /// A turn booked in an upstream's rate window (the provider's requests and tokens per
+    /// minute), for the attempt about to be sent.
+    type Booking;
+
+    /// The dependency's retry rules, budget and counters.
+    fn policy(&self) -> &RetryPolicy;
+
+    /// Upstream `target`'s cap, breaker and pushback hold (0 with a single upstream).
+    fn upstream(&self, target: usize) -> &Upstream;
+
+    /// Where another attempt goes after one on `failed` (a retry, or a hedge beside it). With
+    /// one upstream, the same.
+    fn failover(&self, failed: usize, now: Timestamp) -> usize {
+        let _ = now;
+        failed
+    }
+
+    /// The total cap across the upstreams, when there is one.
+    fn total(&self) -> Option<&Limiter> {
+        None
+    }
+
+    /// A turn in `target`'s window now or never: `Ok(None)` without rate admission,
+    /// `Err(Denied::Rate)` when there is no room now.
+    fn book_now(&self, target: usize, now: Timestamp) -> Result<Option<Self::Booking>, Denied>;
+
+    /// A booking whose attempt will not be sent after all goes back.
+    fn refund(&self, booking: Self::Booking, now: Timestamp);
+}
+
+/// Which attempt of a request: 0 is its first (or a caller's own retry it arrived as), then
+/// each retry and hedge in the order they were admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttemptId(pub u32);
+
+impl AttemptId {
+    /// The request's first attempt.
+    pub const FIRST: AttemptId = AttemptId(0);
+}
+
+/// What kind of extra attempt was admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extra {
+    /// A retry, after a failure and its wait.
+    Retry,
+    /// A hedge, beside an attempt still unanswered.
+    Hedge,
+}
+
+/// An attempt admitted: send it now, holding what it was admitted with until it ends.
+#[derive(Debug)]
+#[must_use = "send the attempt, or drop it (its slots and booking come back)"]
+pub struct Admitted<K> {
+    /// The attempt, to name it in what the life is told next.
+    pub id: AttemptId,
+    /// A retry or a hedge.
+    pub extra: Extra,
+    /// Its number as the request's headers carry it (`x-stormguard-attempt`): 2 for the first
+    /// retry, and for the first hedge (marked `; hedge`).
+    pub number: u32,
+    /// The upstream it goes to.
+    pub target: usize,
+    /// Its slot under the upstream's cap (`None`: a shadow-mode attempt the cap refused).
+    pub permit: Option<Permit>,
+    /// Its slot under the total cap, when there is one (`None` as above in shadow mode).
+    pub total: Option<Permit>,
+    /// Its turn in the provider's window, under rate admission.
+    pub booking: Option<K>,
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Give the caller this failure: `None` when it is not one to retry (not in `retry_on`, or
+    /// retries are off), else the reason its retry was refused.
+    Answer(Option<Denied>),
+    /// Keep the failed answer (the caller gets it if the retry is refused later), wait this
+    /// long, then call [`Life::wait_elapsed`]. The retry goes to upstream `target`.
+    Retry {
+        /// The backoff, or the dependency's own word (`Retry-After`).
+        wait: Duration,
+        /// The upstream it will go to.
+        target: usize,
+    },
+}
+
+/// A caller's own retry refused: why, and whether it was refused while being admitted (after
+/// the rules let it through and the budget was asked) rather than by the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// The reason.
+    pub reason: Denied,
+    /// Refused by the total cap, the window or the slot, after the budget was charged.
+    pub admitting: bool,
+}
+
+/// A retry decided and waiting for its backoff.
+#[derive(Debug)]
+struct Pending {
+    ticket: RetryTicket,
+    target: usize,
+}
+
+/// An extra attempt in flight.
+#[derive(Debug)]
+struct Inflight {
+    id: AttemptId,
+    extra: Extra,
+    target: usize,
+    charges: RetryCharges,
+}
+
+/// One request's life, from its first attempt to its answer. See the [module docs](self).
+#[derive(Debug)]
+pub struct Life {
+    facts: RequestFacts,
+    scopes: Vec<Scope>,
+    state: RetryState,
+    /// Extra attempts admitted so far (the next one's id is this plus one).
+    admitted: u32,
+    /// The upstream the first attempt went to.
+    first_target: usize,
+    /// The request arrived as its caller's own retry.
+    caller_retry: bool,
+    /// The extra attempts in flight: where each went, and what it holds of the budget and
+    /// the scopes.
+    inflight: Vec<Inflight>,
+    pending: Option<Pending>,
+}
+
+impl Life {
+    /// A request whose first attempt went to upstream `target`: its facts (idempotent,
+    /// replayable, stacked, deadline) and the scopes its retries and hedges are charged to
+    /// (its fan-out, then its route).
+    pub fn new(facts: RequestFacts, scopes: Vec<Scope>, target: usize) -> Life {
+        Life {
+            facts,
+            scopes,
+            state: RetryState::default(),
+            admitted: 0,
+            first_target: target,
+            caller_retry: false,
+            inflight: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// A request that is its caller's own retry — the caller's `number`th attempt, repeating a
+    /// failure of `kind` — to upstream `target`: the load rules a retry of stormguard's own
+    /// meets ([`RetryPolicy::decide_caller_retry`]: breaker, pushback hold, scopes, budget),
+    /// then admission as any extra attempt's, never waiting. Its slots, if admitted, are
+    /// the request's first; the request is stacked (not retried again while `deny_stacked`).
+    pub fn caller_retry<G: Gates>(
+        gates: &G,
+        now: Timestamp,
+        facts: RequestFacts,
+        scopes: Vec<Scope>,
+        target: usize,
+        number: u32,
+        kind: FailureKind,
+    ) -> (Life, Result<Admitted<G::Booking>, Refused>) {
+        let mut life = Life::new(RequestFacts { stacked: true, ..facts }, scopes, target);
+        life.caller_retry = true;
+        let policy = gates.policy();
+        let ticket =
+            match policy.decide_caller_retry(now, gates.upstream(target), kind, &life.scopes) {
+                Ok(ticket) => ticket,
+                Err(reason) => return (life, Err(Refused { reason, admitting: false })),
+            };
+        let admitted = life
+            .admit(gates, now, ticket, target, Extra::Retry)
+            // Numbered as its caller numbered it.
+            .map(|a| Admitted { number, ..a })
+            .map_err(|reason| Refused { reason, admitting: true });
+        (life, admitted)
+    }
+
+    /// The request's facts as the rules read them.
+    pub fn facts(&self) -> &RequestFacts {
+        &self.facts
+    }
+
+    /// Whether the request's body can still be sent again (a body copied while it is sent may
+    /// have outgrown what is kept of it).
+    pub fn set_replayable(&mut self, replayable: bool) {
+        self.facts.replayable = replayable;
+    }
+
+    /// Retries sent so far, and hedges.
+    pub fn state(&self) -> &RetryState {
+        &self.state
+    }
+
+    /// The upstream attempt `id` went to.
+    pub fn target_of(&self, id: AttemptId) -> usize {
+        self.inflight.iter().find(|a| a.id == id).map_or(self.first_target, |a| a.target)
+    }
+
+    /// Attempt `id` answered with a success: the request's answer. The budget hears it (a
+    /// success on any attempt but a plain first try is a retried one), the attempt's charges
+    /// are told (a quota budget refunds a successful retry), and a hedge that won is counted.
+    pub fn succeeded<G: Gates>(
+        &mut self,
+        gates: &G,
+        now: impl FnOnce() -> Timestamp,
+        id: AttemptId,
+    ) {
+        let retried = id != AttemptId::FIRST || self.caller_retry;
+        gates.policy().on_success_with(now, retried);
+        if let Some(a) = self.inflight.iter_mut().find(|a| a.id == id) {
+            a.charges.succeeded();
+            if a.extra == Extra::Hedge {
+                gates.policy().counters().hedge_won();
+            }
+        }
+    }
+
+    /// Attempt `id` has ended without deciding anything (it lost a race, or failed while
+    /// another attempt of the request is still awaited): what it held of the budget and the
+    /// scopes ends with it (a concurrency budget counts it no more).
+    pub fn ended(&mut self, id: AttemptId) {
+        self.inflight.retain(|a| a.id != id);
+    }
+
+    /// Attempt `id` was refused after it was admitted, before it reached the dependency (a
+    /// breaker's probe taken meanwhile): its budget and scope charges go back.
+    pub fn unsent<G: Gates>(&mut self, gates: &G, now: Timestamp, id: AttemptId) {
+        if let Some(k) = self.inflight.iter().position(|a| a.id == id) {
+            let a = self.inflight.swap_remove(k);
+            gates.policy().refund(now, a.charges);
+        }
+    }
+
+    /// Attempt `id` failed, and no other attempt of the request is awaited: the decision
+    /// ([`RetryPolicy::decide`]) for a retry to the upstream it fails over to (from the failed
+    /// attempt's), charging the scopes and the budget now. The failed attempt's own charges end
+    /// first.
+    pub fn failed<G: Gates>(
+        &mut self,
+        gates: &G,
+        now: Timestamp,
+        id: AttemptId,
+        failed: &FailedAttempt,
+        rng: &mut (impl RandomSource + ?Sized),
+    ) -> Next {
+        let from = self.target_of(id);
+        self.ended(id);
+        self.drop_pending(gates, now);
+        let next = gates.failover(from, now);
+        let decision = gates.policy().decide(
+            now,
+            gates.upstream(next),
+            &self.facts,
+            &mut self.state,
+            failed,
+            &self.scopes,
+            rng,
+        );
+        match decision {
+            Decision::NotRetryable => Next::Answer(None),
+            Decision::Denied(reason) => Next::Answer(Some(reason)),
+            Decision::Retry(ticket) => {
+                let wait = ticket.wait();
+                self.pending = Some(Pending { ticket, target: next });
+                Next::Retry { wait, target: next }
+            }
+        }
+    }
+
+    /// The retry decided will not be sent after all — its failed answer could not be kept, or
+    /// the body cannot be copied: its charges go back, and nothing is counted as a refusal.
+    pub fn give_up<G: Gates>(&mut self, gates: &G, now: Timestamp) {
+        self.drop_pending(gates, now);
+    }
+
+    fn drop_pending<G: Gates>(&mut self, gates: &G, now: Timestamp) {
+        if let Some(p) = self.pending.take() {
+            gates.policy().give_up(now, p.ticket);
+        }
+    }
+
+    /// The retry's wait has ended: it is admitted now or never (total cap, window, slot).
+    /// `Err` with the reason gives the caller the kept failure.
+    ///
+    /// # Panics
+    /// When no retry is waiting (only [`Next::Retry`] asks for this call).
+    pub fn wait_elapsed<G: Gates>(
+        &mut self,
+        gates: &G,
+        now: Timestamp,
+    ) -> Result<Admitted<G::Booking>, Denied> {
+        let Pending { ticket, target } = self.pending.take().expect("a retry waiting");
+        self.admit(gates, now, ticket, target, Extra::Retry)
+    }
+
+    /// Attempt `id` has not answered after the hedge delay: a hedge beside it (to the upstream
+    /// after `id`'s), if the rules allow
+    /// one now ([`RetryPolicy::decide_hedge`]: idempotent, replayable, `max_hedges`, not
+    /// stacked, breaker, hold, deadline, scopes and budget) and admission has room for it now.
+    /// `None`: no hedge (not one to hedge, or refused — counted as a hedge's refusal).
+    pub fn hedge_due<G: Gates>(
+        &mut self,
+        gates: &G,
+        now: Timestamp,
+        id: AttemptId,
+    ) -> Result<Admitted<G::Booking>, Option<Denied>> {
+        let target = gates.failover(self.target_of(id), now);
+        let policy = gates.policy();
+        match policy.decide_hedge(
+            now,
+            gates.upstream(target),
+            &self.facts,
+            &self.state,
+            &self.scopes,
+        ) {
+            Decision::NotRetryable => Err(None),
+            Decision::Denied(reason) => Err(Some(reason)),
+            Decision::Retry(ticket) => {
+                self.admit(gates, now, ticket, target, Extra::Hedge).map_err(Some)
+            }
+        }
+    }
+
+    /// Whether another hedge may still be sent (`max_hedges` not reached).
+    pub fn may_hedge(&self, policy: &RetryPolicy) -> bool {
+        policy.config().hedge.is_some_and(|h| self.state.hedges < h.max_hedges)
+    }
+
+    /// Admission, now or never, in its one order: the total cap, the provider's window, the
+    /// upstream's slot. A refusal gives back what was taken and is counted (as a hedge's
+    /// refusal for a hedge).
+    fn admit<G: Gates>(
+        &mut self,
+        gates: &G,
+        now: Timestamp,
+        ticket: RetryTicket,
+        target: usize,
+        extra: Extra,
+    ) -> Result<Admitted<G::Booking>, Denied> {
+        let policy = gates.policy();
+        let refused = |ticket: RetryTicket, reason: Denied| {
+            policy.give_up(now, ticket);
+            match extra {
+                Extra::Retry => policy.counters().denied(reason),
+                Extra::Hedge => policy.counters().hedge_denied(reason),
+            }
+            reason
+        };
+        // 1. The total cap across the upstreams.
+        let total = match gates.total().map(|t| t.try_acquire_at(AttemptKind::Retry, now)) {
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(reason)) if policy.enforce() => return Err(refused(ticket, reason)),
+            Some(Err(reason)) => {
+                policy.counters().shadow_denied(reason);
+                None
+            }
+        };
+        // 2. The provider's window: room now, or no attempt (it never waits for a turn).
+        let booking = match gates.book_now(target, now) {
+            Ok(b) => b,
+            Err(reason) if policy.enforce() => {
+                drop(total);
+                return Err(refused(ticket, reason));
+            }
+            Err(reason) => {
+                policy.counters().shadow_denied(reason);
+                None
+            }
+        };
+        // 3. The upstream's slot, with `try_acquire` (it refunds the charges and counts a
+        // refusal itself).
+        let upstream = gates.upstream(target);
+        let admitted: Result<AdmittedRetry, Denied> = match extra {
+            Extra::Retry => policy.admit(upstream, ticket, &mut self.state),
+            Extra::Hedge => policy.admit_hedge(upstream, ticket, &mut self.state),
+        };
+        let mut admitted = match admitted {
+            Ok(a) => a,
+            Err(reason) => {
+                if let Some(b) = booking {
+                    gates.refund(b, now);
+                }
+                return Err(reason);
+            }
+        };
+        self.admitted += 1;
+        let id = AttemptId(self.admitted);
+        let number = match extra {
+            Extra::Retry => self.state.retries + 1,
+            Extra::Hedge => self.state.hedges + 1,
+        };
+        let permit = admitted.take_permit();
+        self.inflight.push(Inflight { id, extra, target, charges: admitted.into_charges() });
+        Ok(Admitted { id, extra, number, target, permit, total, booking })
+    }
+}
