@@ -40,10 +40,8 @@ use stormguard_core::breaker::{AttemptResult, Breaker, BreakerPermit, BreakerSta
 use stormguard_core::budget::{BudgetSpec, FailureKind, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
-use stormguard_core::decision::{
-    Decision, FailedAttempt, RequestFacts, RetryCharges, RetryPolicy, RetryState, RetryTicket,
-    Upstream,
-};
+use stormguard_core::decision::{FailedAttempt, RequestFacts, RetryPolicy, Upstream};
+use stormguard_core::life::{AttemptId, Gates, Life, Next as LifeNext};
 use stormguard_core::denied::Denied;
 use stormguard_core::histogram::{Histogram, HistogramSnapshot};
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
@@ -370,7 +368,6 @@ struct Call {
     /// Naive policies: retries sent, and the last wait (decorrelated jitter grows from it).
     retries: u32,
     last_wait: Option<Duration>,
-    state: RetryState,
     /// What only retried, queued, rate-admitted or hedged requests need, boxed so the common
     /// request stays small.
     rare: Option<Box<Rare>>,
@@ -389,8 +386,8 @@ struct Call {
 
 #[derive(Debug, Default)]
 struct Rare {
-    charges: Option<RetryCharges>,
-    ticket: Option<RetryTicket>,
+    /// A budget policy's request life, from its first failure, hedge or caller's retry on.
+    life: Option<Life>,
     acquire: Option<(Acquire, Waker)>,
     /// A first try waiting for its turn under rate admission gives up past this (virtual ns).
     rate_give_up: u64,
@@ -423,6 +420,46 @@ impl Call {
     }
 }
 
+/// A budget policy's unit as a request's life reads it ([`Gates`]): its policy, the pool its
+/// retries and hedges take slots from (a separate retry pool, or the cap), and rate
+/// admission's meter, where they book their turn now or never.
+struct UnitGates<'u> {
+    unit: &'u Unit,
+    /// The tokens a call may use at most (what a booking holds).
+    most: u64,
+}
+
+impl Gates for UnitGates<'_> {
+    type Booking = Booking;
+
+    fn policy(&self) -> &RetryPolicy {
+        self.unit.policy.as_ref().expect("a budget policy has a RetryPolicy")
+    }
+
+    fn upstream(&self, _: usize) -> &Upstream {
+        self.unit.retry_upstream.as_ref().or(self.unit.upstream.as_ref()).expect("a budget has a cap")
+    }
+
+    fn book_now(&self, _: usize, now: Timestamp) -> Result<Option<Booking>, Denied> {
+        match &self.unit.rate {
+            None => Ok(None),
+            Some(meter) => {
+                meter.book(now, self.most, Duration::ZERO).map(|(b, _)| Some(b)).map_err(|_| Denied::Rate)
+            }
+        }
+    }
+
+    fn refund(&self, booking: Booking, now: Timestamp) {
+        booking.refund(now);
+    }
+}
+
+/// A call's life, made at its first need (a failure, a hedge).
+fn life_of<'c>(c: &'c mut Call, actions: &Slab<Action>) -> &'c mut Life {
+    let (facts, action) = (c.facts(), c.action);
+    c.rare().life.get_or_insert_with(|| Life::new(facts, scopes_of(actions, action).to_vec(), 0))
+}
+
 /// The scopes an action's retries and hedges are charged to.
 fn scopes_of(actions: &Slab<Action>, action: Ref) -> &[Scope] {
     match actions.get(action).and_then(|a| a.scope.as_ref()) {
@@ -438,9 +475,8 @@ struct Attempt {
     kind: Sent,
     /// When it was sent (virtual ns), for the latency a percentile `hedge_after` reads.
     sent_at: u64,
-    /// A hedge's budget and scope charges, held until its answer: told of a success if it
-    /// wins.
-    charge: Option<RetryCharges>,
+    /// Which attempt of its request it is, as the request's life names it.
+    id: AttemptId,
     error: bool,
     /// The client still waits for the answer (false once it timed out).
     waiting: bool,
@@ -474,7 +510,8 @@ enum Next {
     Deny(Denied),
     Now,
     At(u64),
-    Admit(RetryTicket),
+    /// A budgeted retry with no wait: admitted in the same event.
+    Admit,
 }
 
 /// The largest slab sizes a run reached: what its memory follows.
@@ -896,7 +933,6 @@ impl<'s> Run<'s> {
             tries: 0,
             retries: 0,
             last_wait: None,
-            state: RetryState::default(),
             rare: None,
             primary_active: false,
             live: 0,
@@ -907,27 +943,34 @@ impl<'s> Run<'s> {
     }
 
     /// The caller's own retry of a failed request. A policy that sees it (a budget with
-    /// `caller_retries = "enforce"`) admits it as stormguard's own retries are admitted —
-    /// `RetryPolicy::decide_caller_retry` (breaker, hold, scope, budget), then `admit` with
-    /// `try_acquire` — or refuses it; to any other it is a first try.
+    /// `caller_retries = "enforce"`) admits it as the request's life admits one
+    /// ([`Life::caller_retry`]: breaker, hold, scope, budget, then the window and a slot with
+    /// `try_acquire`) or refuses it; to any other it is a first try.
     fn caller_retry(&mut self, call: Ref) {
         let ts = self.ts();
-        let Some(c) = self.calls.get(call) else { return };
+        let Some(c) = self.calls.get_mut(call) else { return };
         self.stats.caller_retries += 1;
         let u = &self.units[c.unit as usize];
-        let (Some(policy), true) = (&u.policy, self.policy.caller_retries) else {
+        if u.policy.is_none() || !self.policy.caller_retries {
             self.first_try(call);
             return;
-        };
-        if u.counts_active {
-            policy.budget().set_active(u.active_primaries, 0);
         }
-        let upstream =
-            u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
-        let scopes = scopes_of(&self.actions, c.action);
-        match policy.decide_caller_retry(ts, upstream, FailureKind::Error, scopes) {
-            Ok(ticket) => self.admit(call, ticket),
-            Err(reason) => self.deny(call, reason),
+        let g = UnitGates { unit: u, most: self.tokens.most };
+        if u.counts_active {
+            g.policy().budget().set_active(u.active_primaries, 0);
+        }
+        let scopes = scopes_of(&self.actions, c.action).to_vec();
+        let number = u32::from(c.own) + 1;
+        let (life, admitted) =
+            Life::caller_retry(&g, ts, c.facts(), scopes, 0, number, FailureKind::Error);
+        let pooled = u.retry_upstream.is_some();
+        c.rare().life = Some(life);
+        match admitted {
+            Ok(a) => {
+                c.rare().booking = a.booking;
+                self.send(call, a.permit, Sent::Retry, pooled, a.id);
+            }
+            Err(refused) => self.deny(call, refused.reason),
         }
     }
 
@@ -1000,7 +1043,7 @@ impl<'s> Run<'s> {
         let Some(unit) = self.calls.get(call).map(|c| c.unit) else { return };
         let u = &mut self.units[unit as usize];
         let Some(up) = &u.upstream else {
-            self.send(call, None, Sent::Primary, false, None);
+            self.send(call, None, Sent::Primary, false, AttemptId::FIRST);
             return;
         };
         u.active_primaries += 1;
@@ -1021,7 +1064,7 @@ impl<'s> Run<'s> {
         {
             p.on_admitted(ts);
         }
-        self.send(call, Some(permit), Sent::Primary, false, None);
+        self.send(call, Some(permit), Sent::Primary, false, AttemptId::FIRST);
     }
 
     /// No free slot: wait in the limiter's FIFO queue, until the queue timeout or the deadline.
@@ -1136,7 +1179,7 @@ impl<'s> Run<'s> {
         permit: Option<Permit>,
         kind: Sent,
         pooled: bool,
-        charge: Option<RetryCharges>,
+        id: AttemptId,
     ) -> Option<Ref> {
         let ts = self.ts();
         let c = self.calls.get_mut(call)?;
@@ -1150,10 +1193,21 @@ impl<'s> Run<'s> {
                         p.release_at(ts);
                         self.note_cap(unit);
                     }
+                    // Never sent: what it was charged goes back.
+                    let u = &self.units[unit as usize];
+                    if u.policy.is_some()
+                        && let Some(life) = self
+                            .calls
+                            .get_mut(call)
+                            .and_then(|c| c.rare.as_mut())
+                            .and_then(|r| r.life.as_mut())
+                    {
+                        life.unsent(&UnitGates { unit: u, most: self.tokens.most }, ts, id);
+                    }
                     match kind {
                         Sent::Primary => self.primary_refused(call, Denied::Breaker),
                         Sent::Retry => self.deny(call, Denied::Breaker),
-                        Sent::Hedge => self.hedge_refused(unit, charge, Denied::Breaker),
+                        Sent::Hedge => self.stats.hedge_denied(Denied::Breaker),
                     }
                     return None;
                 }
@@ -1178,7 +1232,7 @@ impl<'s> Run<'s> {
             key,
             kind,
             sent_at: self.now,
-            charge,
+            id,
             error,
             waiting: true,
             unit,
@@ -1240,11 +1294,11 @@ impl<'s> Run<'s> {
     }
 
     fn timed_out(&mut self, att: Ref) {
+        let Some(id) = self.attempts.get(att).map(|a| a.id) else { return };
         let Some(call) = self.give_up(att, AttemptResult::UpstreamFailure, true) else { return };
         self.stats.timeouts += 1;
-        if self.one_fewer(call) == 0 {
-            self.attempt_failed(call, AttemptFailure::Timeout, None);
-        }
+        let others = self.one_fewer(call);
+        self.failed(call, id, others, AttemptFailure::Timeout, None);
     }
 
     /// The client stops waiting for an attempt (its per-try timeout, or another attempt of
@@ -1346,41 +1400,19 @@ impl<'s> Run<'s> {
                 }
             }
         };
-        let (permit, charges, booking) = match &u.policy {
-            Some(policy) => {
-                let upstream = upstream.expect("a budget has a cap");
+        let hedged = a.id;
+        let (permit, id, booking) = match &u.policy {
+            Some(_) => {
+                let g = UnitGates { unit: u, most };
                 if u.counts_active {
-                    policy.budget().set_active(u.active_primaries, 0);
+                    g.policy().budget().set_active(u.active_primaries, 0);
                 }
-                let facts = c.facts();
-                let scopes = scopes_of(&self.actions, c.action);
-                let ticket = match policy.decide_hedge(ts, upstream, &facts, &c.state, scopes) {
-                    Decision::Retry(ticket) => ticket,
-                    Decision::Denied(reason) => {
-                        self.stats.hedge_denied(reason);
-                        return;
-                    }
-                    Decision::NotRetryable => return,
-                };
-                // The provider's window before the slot, as in the tower layer.
-                let booking = match book(u) {
-                    Ok(b) => b,
-                    Err(()) => {
-                        policy.give_up(ts, ticket);
-                        policy.counters().hedge_denied(Denied::Rate);
-                        self.stats.hedge_denied(Denied::Rate);
-                        return;
-                    }
-                };
-                match policy.admit_hedge(upstream, ticket, &mut c.state) {
-                    Ok(mut admitted) => {
-                        (admitted.take_permit(), Some(admitted.into_charges()), booking)
-                    }
+                match life_of(c, &self.actions).hedge_due(&g, ts, hedged) {
+                    Ok(admitted) => (admitted.permit, admitted.id, admitted.booking),
                     Err(reason) => {
-                        if let Some(b) = booking {
-                            b.refund(ts);
+                        if let Some(reason) = reason {
+                            self.stats.hedge_denied(reason);
                         }
-                        self.stats.hedge_denied(reason);
                         return;
                     }
                 }
@@ -1403,8 +1435,8 @@ impl<'s> Run<'s> {
                 };
                 // Its own slot under the same cap, never queued.
                 match upstream.map(|up| up.limiter.try_acquire_at(AttemptKind::Retry, ts)) {
-                    None => (None, None, booking),
-                    Some(Ok(p)) => (Some(p), None, booking),
+                    None => (None, AttemptId::FIRST, booking),
+                    Some(Ok(p)) => (Some(p), AttemptId::FIRST, booking),
                     Some(Err(reason)) => {
                         if let Some(b) = booking {
                             b.refund(ts);
@@ -1419,21 +1451,12 @@ impl<'s> Run<'s> {
             c.rare().booking = Some(b);
         }
         c.hedges += 1;
-        let Some(hedge) = self.send(call, permit, Sent::Hedge, pooled, charges) else { return };
+        let Some(hedge) = self.send(call, permit, Sent::Hedge, pooled, id) else { return };
         if let Some(c) = self.calls.get_mut(call) {
             let together = &mut c.rare().hedged;
             together.retain(|r| *r != att);
             together.extend([att, hedge]);
         }
-    }
-
-    /// A hedge was refused: its budget charge (if it had one) goes back; the request waits on
-    /// the attempts it has.
-    fn hedge_refused(&mut self, unit: u32, charges: Option<RetryCharges>, reason: Denied) {
-        if let (Some(c), Some(policy)) = (charges, &self.units[unit as usize].policy) {
-            policy.refund(self.ts(), c);
-        }
-        self.stats.hedge_denied(reason);
     }
 
     /// The client has the attempt's answer (or the dependency's refusal). The model's errors
@@ -1464,19 +1487,13 @@ impl<'s> Run<'s> {
             if a.kind == Sent::Hedge {
                 self.stats.hedges_won += 1;
             }
-            if let Some(mut charge) = a.charge {
-                charge.succeeded();
-            }
             if others > 0 {
                 self.abandon_others(a.call);
             }
-            self.succeeded(a.call);
-        } else if others > 0 {
-            // Another attempt of the request is still awaited: its answer decides.
-            self.stats.errors += 1;
+            self.succeeded(a.call, a.id);
         } else {
             self.stats.errors += 1;
-            self.attempt_failed(a.call, AttemptFailure::Status(503), None);
+            self.failed(a.call, a.id, others, AttemptFailure::Status(503), None);
         }
     }
 
@@ -1519,9 +1536,8 @@ impl<'s> Run<'s> {
             b.settle(ts, None);
         }
         self.hear_limits(a.unit, a.limited);
-        if self.one_fewer(a.call) == 0 {
-            self.attempt_failed(a.call, AttemptFailure::Status(429), a.limited);
-        }
+        let others = self.one_fewer(a.call);
+        self.failed(a.call, a.id, others, AttemptFailure::Status(429), a.limited);
     }
 
     /// The first successful answer of a hedged request is the caller's: the client stops
@@ -1539,17 +1555,26 @@ impl<'s> Run<'s> {
         }
     }
 
-    /// A failed attempt goes to the retry decision; `retry_after` is the dependency's word on
-    /// when to retry (a 429's).
-    fn attempt_failed(
+    /// Attempt `id` of `call` failed. While `others` of its attempts are still awaited, their
+    /// answer decides (the failed one's charges end); otherwise the failure goes to the retry
+    /// decision. `retry_after` is the dependency's word on when to retry (a 429's).
+    fn failed(
         &mut self,
         call: Ref,
+        id: AttemptId,
+        others: u8,
         failure: AttemptFailure,
         retry_after: Option<Duration>,
     ) {
         let ts = self.ts();
         let now = self.now;
         let Some(c) = self.calls.get_mut(call) else { return };
+        if others > 0 {
+            if let Some(life) = c.rare.as_mut().and_then(|r| r.life.as_mut()) {
+                life.ended(id);
+            }
+            return;
+        }
         let u = &mut self.units[c.unit as usize];
         if c.primary_active {
             c.primary_active = false;
@@ -1578,36 +1603,20 @@ impl<'s> Run<'s> {
                 }
             }
             RetryRule::Budget { .. } => {
-                let policy = u.policy.as_ref().expect("a budget policy has a RetryPolicy");
+                let g = UnitGates { unit: u, most: self.tokens.most };
                 if u.counts_active {
-                    policy.budget().set_active(u.active_primaries, 0);
+                    g.policy().budget().set_active(u.active_primaries, 0);
                 }
-                let upstream =
-                    u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
-                let facts = c.facts();
-                let scopes = scopes_of(&self.actions, c.action);
                 let failed = FailedAttempt {
                     failure,
                     unsent: false,
                     pushback: retry_after.map(Pushback::RetryAfter),
                 };
-                match policy.decide(
-                    ts,
-                    upstream,
-                    &facts,
-                    &mut c.state,
-                    &failed,
-                    scopes,
-                    &mut self.jitter,
-                ) {
-                    Decision::NotRetryable => Next::Fail,
-                    Decision::Denied(reason) => Next::Deny(reason),
-                    Decision::Retry(ticket) if ticket.wait() < IMMEDIATE => Next::Admit(ticket),
-                    Decision::Retry(ticket) => {
-                        let at = now + nanos(ticket.wait());
-                        c.rare().ticket = Some(ticket);
-                        Next::At(at)
-                    }
+                match life_of(c, &self.actions).failed(&g, ts, id, &failed, &mut self.jitter) {
+                    LifeNext::Answer(None) => Next::Fail,
+                    LifeNext::Answer(Some(reason)) => Next::Deny(reason),
+                    LifeNext::Retry { wait, .. } if wait < IMMEDIATE => Next::Admit,
+                    LifeNext::Retry { wait, .. } => Next::At(now + nanos(wait)),
                 }
             }
         };
@@ -1616,57 +1625,33 @@ impl<'s> Run<'s> {
             Next::Deny(reason) => self.deny(call, reason),
             Next::Now => self.naive_retry(call),
             Next::At(at) => self.push(at, Ev::RetryDue(call)),
-            Next::Admit(ticket) => self.admit(call, ticket),
+            Next::Admit => self.admit(call),
         }
     }
 
     fn retry_due(&mut self, call: Ref) {
-        let Some(c) = self.calls.get_mut(call) else { return };
-        match c.rare.as_mut().and_then(|r| r.ticket.take()) {
-            Some(ticket) => self.admit(call, ticket),
-            None => self.naive_retry(call),
+        match self.policy.retry {
+            RetryRule::Budget { .. } => self.admit(call),
+            _ => self.naive_retry(call),
         }
     }
 
-    /// A budgeted retry after its wait, in the tower layer's order (`admit_retry`): the
-    /// provider's window first — room now or no retry, and then its budget charge is given
-    /// back (`give_up`) — then `RetryPolicy::admit` takes the slot with `try_acquire` (refused
-    /// `cap`, refunding the budget and the booking, if none is free).
-    fn admit(&mut self, call: Ref, ticket: RetryTicket) {
+    /// A budgeted retry after its wait: the request's life admits it now or never
+    /// ([`Life::wait_elapsed`]: the provider's window, then a slot with `try_acquire`; a
+    /// refusal gives the budget charge and the booking back).
+    fn admit(&mut self, call: Ref) {
         let ts = self.ts();
         let Some(c) = self.calls.get_mut(call) else { return };
         let u = &self.units[c.unit as usize];
-        let policy = u.policy.as_ref().expect("a budget policy has a RetryPolicy");
         let pooled = u.retry_upstream.is_some();
-        let upstream =
-            u.retry_upstream.as_ref().or(u.upstream.as_ref()).expect("a budget has a cap");
-        let booking = match &u.rate {
-            None => None,
-            Some(meter) => match meter.book(ts, self.tokens.most, Duration::ZERO) {
-                Ok((booking, _)) => Some(booking),
-                Err(_) => {
-                    policy.give_up(ts, ticket);
-                    policy.counters().denied(Denied::Rate);
-                    self.deny(call, Denied::Rate);
-                    return;
-                }
-            },
-        };
-        match policy.admit(upstream, ticket, &mut c.state) {
-            Ok(mut admitted) => {
-                let permit = admitted.take_permit();
-                if let Some(b) = booking {
-                    c.rare().booking = Some(b);
-                }
-                c.rare().charges = Some(admitted.into_charges());
-                self.send(call, permit, Sent::Retry, pooled, None);
+        let g = UnitGates { unit: u, most: self.tokens.most };
+        let Some(life) = c.rare.as_mut().and_then(|r| r.life.as_mut()) else { return };
+        match life.wait_elapsed(&g, ts) {
+            Ok(a) => {
+                c.rare().booking = a.booking;
+                self.send(call, a.permit, Sent::Retry, pooled, a.id);
             }
-            Err(reason) => {
-                if let Some(b) = booking {
-                    b.refund(ts);
-                }
-                self.deny(call, reason);
-            }
+            Err(reason) => self.deny(call, reason),
         }
     }
 
@@ -1702,17 +1687,21 @@ impl<'s> Run<'s> {
                 }
             }
         }
-        self.send(call, permit, Sent::Retry, pooled, None);
+        self.send(call, permit, Sent::Retry, pooled, AttemptId::FIRST);
     }
 
-    fn succeeded(&mut self, call: Ref) {
+    /// Attempt `id` of `call` succeeded: the request's life tells the budget (and the
+    /// attempt's charges), or, for a request that never needed one, the policy hears a first
+    /// try's success.
+    fn succeeded(&mut self, call: Ref, id: AttemptId) {
         let ts = self.ts();
         let Some(c) = self.calls.get_mut(call) else { return };
-        if let Some(charges) = c.rare.as_mut().and_then(|r| r.charges.as_mut()) {
-            charges.succeeded();
-        }
-        if let Some(p) = &self.units[c.unit as usize].policy {
-            p.on_success_with(|| ts, c.tries > 1);
+        let u = &self.units[c.unit as usize];
+        if let Some(p) = &u.policy {
+            match c.rare.as_mut().and_then(|r| r.life.as_mut()) {
+                Some(life) => life.succeeded(&UnitGates { unit: u, most: self.tokens.most }, || ts, id),
+                None => p.on_success_with(|| ts, false),
+            }
         }
         self.finish_call(call, true);
     }
