@@ -456,3 +456,204 @@ impl Life {
         Ok(Admitted { id, extra, number, target, permit, total, booking })
     }
 }
+
+#[cfg(all(test, not(stormguard_loom)))]
+mod tests {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::budget::BudgetSpec;
+    use crate::clock::{Clock, ManualClock};
+    use crate::conditions::AttemptFailure;
+    use crate::decision::RetryConfig;
+    use crate::hedge::{HedgeAfter, HedgeConfig};
+    use crate::limiter::LimiterConfig;
+    use crate::random::SplitMix64;
+
+    /// A dependency with one upstream (cap 2), an optional total cap, and a window of `room`
+    /// turns (`None`: no rate admission).
+    struct World {
+        clock: ManualClock,
+        policy: RetryPolicy,
+        upstream: Upstream,
+        total: Option<Limiter>,
+        room: Option<Cell<u32>>,
+    }
+
+    /// Exactly one retry in the budget.
+    const ONE: &str = "ratio:percent=0,min_per_sec=0.1,ttl=10s";
+
+    fn world(config: RetryConfig, total: Option<u64>, room: Option<u32>) -> World {
+        let clock = ManualClock::new();
+        let cap = |cap| LimiterConfig { cap, queue_len: 0, ..Default::default() };
+        let upstream = Upstream::new(cap(2), None, Arc::new(clock.clone())).unwrap();
+        let total = total.map(|n| Limiter::try_new(cap(n), Arc::new(clock.clone())).unwrap());
+        let budget = BudgetSpec::parse(ONE).unwrap().build().unwrap();
+        let policy = RetryPolicy::with_budget(config, budget).unwrap();
+        World { clock, policy, upstream, total, room: room.map(Cell::new) }
+    }
+
+    impl Gates for World {
+        type Booking = u32;
+        fn policy(&self) -> &RetryPolicy {
+            &self.policy
+        }
+        fn upstream(&self, _: usize) -> &Upstream {
+            &self.upstream
+        }
+        fn total(&self) -> Option<&Limiter> {
+            self.total.as_ref()
+        }
+        fn book_now(&self, _: usize, _: Timestamp) -> Result<Option<u32>, Denied> {
+            match &self.room {
+                None => Ok(None),
+                Some(r) if r.get() == 0 => Err(Denied::Rate),
+                Some(r) => {
+                    r.set(r.get() - 1);
+                    Ok(Some(1))
+                }
+            }
+        }
+        fn refund(&self, booking: u32, _: Timestamp) {
+            if let Some(r) = &self.room {
+                r.set(r.get() + booking);
+            }
+        }
+    }
+
+    impl World {
+        fn now(&self) -> Timestamp {
+            self.clock.now()
+        }
+
+        /// A request whose first attempt just failed with a 503: its life and what it said.
+        fn failed(&self) -> (Life, Next) {
+            let mut life = Life::new(RequestFacts::idempotent(), Vec::new(), 0);
+            let failed = FailedAttempt::from(AttemptFailure::Status(503));
+            let next =
+                life.failed(self, self.now(), AttemptId::FIRST, &failed, &mut SplitMix64::new(1));
+            (life, next)
+        }
+
+        /// Whether the budget has a retry left (asked and given back).
+        fn budget_left(&self) -> bool {
+            match self.policy.budget().try_retry(self.now(), AttemptFailure::Timeout.kind()) {
+                Ok(p) => {
+                    self.policy.budget().refund(self.now(), p);
+                    true
+                }
+                Err(_) => false,
+            }
+        }
+    }
+
+    /// The one order: rules (budget charged), then total cap, window, slot — and every refusal
+    /// gives back what the steps before it took.
+    #[test]
+    fn a_retry_is_admitted_in_one_order_and_a_refusal_gives_back_what_it_took() {
+        // Admitted: a slot under each cap and a turn in the window.
+        let w = world(RetryConfig::default(), Some(4), Some(1));
+        let (mut life, next) = w.failed();
+        let Next::Retry { wait, target: 0 } = next else { panic!("{next:?}") };
+        assert!(!w.budget_left(), "the budget is charged when the retry is decided");
+        w.clock.advance(wait);
+        let a = life.wait_elapsed(&w, w.now()).unwrap();
+        assert_eq!((a.id, a.extra, a.number), (AttemptId(1), Extra::Retry, 2));
+        assert!(a.permit.is_some() && a.total.is_some() && a.booking == Some(1));
+        assert_eq!(w.room.as_ref().unwrap().get(), 0);
+
+        // The window has no room: the budget is given back, no slot is held.
+        let w = world(RetryConfig::default(), Some(4), Some(0));
+        let (mut life, _) = w.failed();
+        assert_eq!(life.wait_elapsed(&w, w.now()).unwrap_err(), Denied::Rate);
+        assert!(w.budget_left(), "a retry the window refused charges nothing");
+        assert_eq!(w.total.as_ref().unwrap().in_flight(), 0, "the total slot came back");
+        assert_eq!(w.policy.counters().snapshot().denied[Denied::Rate.index()], 1);
+
+        // The upstream's cap is full: the booking and the budget are given back.
+        let w = world(RetryConfig::default(), None, Some(1));
+        let held: Vec<_> =
+            (0..2).map(|_| w.upstream.limiter.try_acquire(AttemptKind::Primary).unwrap()).collect();
+        let (mut life, _) = w.failed();
+        assert_eq!(life.wait_elapsed(&w, w.now()).unwrap_err(), Denied::Cap);
+        assert_eq!(w.room.as_ref().unwrap().get(), 1, "the booking was refunded");
+        assert!(w.budget_left());
+        drop(held);
+
+        // The total cap is full: refused before the window is asked.
+        let w = world(RetryConfig::default(), Some(1), Some(1));
+        let _other = w.total.as_ref().unwrap().try_acquire(AttemptKind::Primary).unwrap();
+        let (mut life, _) = w.failed();
+        assert_eq!(life.wait_elapsed(&w, w.now()).unwrap_err(), Denied::Cap);
+        assert_eq!(w.room.as_ref().unwrap().get(), 1, "the window was never asked");
+        assert!(w.budget_left());
+    }
+
+    /// Shadow mode lets through what the total cap and the window would refuse, counted.
+    #[test]
+    fn shadow_mode_counts_the_window_and_lets_the_retry_go() {
+        let w = world(RetryConfig { enforce: false, ..RetryConfig::default() }, None, Some(0));
+        let (mut life, _) = w.failed();
+        let a = life.wait_elapsed(&w, w.now()).unwrap();
+        assert!(a.booking.is_none() && a.permit.is_some());
+        assert_eq!(w.policy.counters().snapshot().shadow_denied[Denied::Rate.index()], 1);
+    }
+
+    /// A retry given up (its answer too large to keep) and one refused late (a breaker's probe)
+    /// both give the budget back; a failure while another attempt is awaited decides nothing.
+    #[test]
+    fn what_is_not_sent_is_not_paid_for() {
+        let w = world(RetryConfig::default(), None, None);
+        let (mut life, _) = w.failed();
+        life.give_up(&w, w.now());
+        assert!(w.budget_left());
+
+        let (mut life, _) = w.failed();
+        let a = life.wait_elapsed(&w, w.now()).unwrap();
+        assert!(!w.budget_left());
+        life.unsent(&w, w.now(), a.id);
+        assert!(w.budget_left(), "refused before it reached the dependency: given back");
+    }
+
+    /// Hedges: up to `max_hedges`, numbered from 2, admitted like retries, and a won hedge is
+    /// counted and its success is a retried one.
+    #[test]
+    fn hedges_are_admitted_up_to_max_hedges_and_counted_when_they_win() {
+        let mut config = RetryConfig::default();
+        config.hedge = Some(HedgeConfig {
+            after: HedgeAfter::Fixed(Duration::from_millis(10)),
+            max_hedges: 1,
+        });
+        let w = world(config, None, None);
+        let mut life = Life::new(RequestFacts::idempotent(), Vec::new(), 0);
+        assert!(life.may_hedge(&w.policy));
+        let h = life.hedge_due(&w, w.now(), AttemptId::FIRST).unwrap();
+        assert_eq!((h.id, h.extra, h.number), (AttemptId(1), Extra::Hedge, 2));
+        assert!(!life.may_hedge(&w.policy));
+        assert_eq!(
+            life.hedge_due(&w, w.now(), AttemptId::FIRST).unwrap_err(),
+            Some(Denied::Attempts)
+        );
+        life.succeeded(&w, || w.now(), h.id);
+        let c = w.policy.counters().snapshot();
+        assert_eq!((c.hedges, c.hedges_won), (1, 1));
+    }
+
+    /// A caller's own retry: the load rules, then admission; numbered as the caller numbered
+    /// it, stacked, and refused at once when the budget is spent.
+    #[test]
+    fn a_callers_retry_is_admitted_or_refused_at_once() {
+        let w = world(RetryConfig::default(), None, Some(1));
+        let kind = AttemptFailure::Status(503).kind();
+        let (life, a) =
+            Life::caller_retry(&w, w.now(), RequestFacts::idempotent(), Vec::new(), 0, 3, kind);
+        let a = a.unwrap();
+        assert_eq!(a.number, 3);
+        assert!(life.facts().stacked);
+        let (_, refused) =
+            Life::caller_retry(&w, w.now(), RequestFacts::idempotent(), Vec::new(), 0, 2, kind);
+        assert_eq!(refused.unwrap_err(), Refused { reason: Denied::Budget, admitting: false });
+        drop(a);
+    }
+}

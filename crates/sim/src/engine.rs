@@ -41,9 +41,9 @@ use stormguard_core::budget::{BudgetSpec, FailureKind, RetryBudget};
 use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
 use stormguard_core::decision::{FailedAttempt, RequestFacts, RetryPolicy, Upstream};
-use stormguard_core::life::{AttemptId, Gates, Life, Next as LifeNext};
 use stormguard_core::denied::Denied;
 use stormguard_core::histogram::{Histogram, HistogramSnapshot};
+use stormguard_core::life::{AttemptId, Gates, Life, Next as LifeNext};
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
 use stormguard_core::random::{RandomSource, SplitMix64};
 use stormguard_core::rate::RatePermit;
@@ -437,15 +437,20 @@ impl Gates for UnitGates<'_> {
     }
 
     fn upstream(&self, _: usize) -> &Upstream {
-        self.unit.retry_upstream.as_ref().or(self.unit.upstream.as_ref()).expect("a budget has a cap")
+        self.unit
+            .retry_upstream
+            .as_ref()
+            .or(self.unit.upstream.as_ref())
+            .expect("a budget has a cap")
     }
 
     fn book_now(&self, _: usize, now: Timestamp) -> Result<Option<Booking>, Denied> {
         match &self.unit.rate {
             None => Ok(None),
-            Some(meter) => {
-                meter.book(now, self.most, Duration::ZERO).map(|(b, _)| Some(b)).map_err(|_| Denied::Rate)
-            }
+            Some(meter) => meter
+                .book(now, self.most, Duration::ZERO)
+                .map(|(b, _)| Some(b))
+                .map_err(|_| Denied::Rate),
         }
     }
 
@@ -1699,7 +1704,9 @@ impl<'s> Run<'s> {
         let u = &self.units[c.unit as usize];
         if let Some(p) = &u.policy {
             match c.rare.as_mut().and_then(|r| r.life.as_mut()) {
-                Some(life) => life.succeeded(&UnitGates { unit: u, most: self.tokens.most }, || ts, id),
+                Some(life) => {
+                    life.succeeded(&UnitGates { unit: u, most: self.tokens.most }, || ts, id)
+                }
                 None => p.on_success_with(|| ts, false),
             }
         }
