@@ -42,7 +42,7 @@ use stormguard_core::clock::{Clock, ManualClock, Timestamp};
 use stormguard_core::conditions::{AttemptFailure, RetryOn};
 use stormguard_core::decision::{FailedAttempt, RequestFacts, RetryPolicy, Upstream};
 use stormguard_core::denied::Denied;
-use stormguard_core::histogram::{Histogram, HistogramSnapshot};
+use stormguard_core::hedge::HedgeDelay;
 use stormguard_core::life::{AttemptId, Gates, Life, Next as LifeNext};
 use stormguard_core::limiter::{Acquire, AttemptKind, HeldSlot, Limiter, LimiterConfig, Permit};
 use stormguard_core::random::{RandomSource, SplitMix64};
@@ -52,8 +52,7 @@ use stormguard_core::scope::{FanOutScope, Scope};
 use crate::dist::{self, ServiceTime, Stream, mix, nanos};
 use crate::rate::{self, Booking, CallTokens, Meter, Provider};
 use crate::scenario::{
-    Arrivals, HedgeAfter, HedgeConfig, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario,
-    Share,
+    Arrivals, HedgeConfig, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario, Share,
 };
 use crate::stats::{RunStats, Sent};
 
@@ -66,17 +65,6 @@ const SERVICE_SALT: u64 = 0x5e41_11ce_7135_0000;
 
 /// A salt that separates a request's idempotency draw from its attempts' draws.
 const IDEMPOTENCY_SALT: u64 = 0x1de0_9071_e4c7_0000;
-
-/// A percentile `hedge_after` reads the attempts answered in the window being filled and the
-/// last full one: 10 to 20 s of virtual time.
-const LATENCY_WINDOW: u64 = 10_000_000_000;
-
-/// How often the percentile is read again (virtual nanoseconds): between readings the hedge
-/// delay stays as it was.
-const LATENCY_REFRESH: u64 = 100_000_000;
-
-/// Answered attempts a percentile needs before any hedge is sent on it.
-const HEDGE_WARM_UP: u64 = 100;
 
 /// A handle to a slab entry; the generation makes a stale event's handle miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,88 +251,9 @@ struct Unit {
     /// until `min(start + queue_timeout, start + deadline)`), so one timer per unit, at the
     /// oldest waiter's end, is enough.
     queue_timer: bool,
-    /// Recent attempt latency, for a percentile `hedge_after`.
-    latency: Option<LatencyWindow>,
-}
-
-/// The latency of recently answered attempts, in core's histogram, read for a percentile
-/// `hedge_after`: the window being filled and the last full one count.
-#[derive(Debug)]
-struct LatencyWindow {
-    quantile: f64,
-    floor: u64,
-    current: Histogram,
-    previous: Option<HistogramSnapshot>,
-    /// When the current window ends (virtual ns).
-    window_end: u64,
-    /// The delay last read (`None` before the warm-up), and when to read it again.
-    delay: Option<u64>,
-    refresh_at: u64,
-}
-
-impl LatencyWindow {
-    fn new(quantile: f64, floor: Duration) -> LatencyWindow {
-        LatencyWindow {
-            quantile,
-            floor: nanos(floor),
-            current: Histogram::new(latency_bounds()),
-            previous: None,
-            window_end: LATENCY_WINDOW,
-            delay: None,
-            refresh_at: 0,
-        }
-    }
-
-    fn rotate(&mut self, now: u64) {
-        if now < self.window_end {
-            return;
-        }
-        let full = std::mem::replace(&mut self.current, Histogram::new(latency_bounds()));
-        // After a whole idle window, nothing is recent.
-        self.previous = (now < self.window_end + LATENCY_WINDOW).then(|| full.snapshot());
-        self.window_end = now - (now - self.window_end) % LATENCY_WINDOW + LATENCY_WINDOW;
-    }
-
-    fn record(&mut self, now: u64, latency: u64) {
-        self.rotate(now);
-        self.current.record(latency);
-    }
-
-    /// The hedge delay now: the quantile's bucket bound (at most 5 % above the value), never
-    /// below the floor; `None` until [`HEDGE_WARM_UP`] attempts have been answered.
-    fn delay(&mut self, now: u64) -> Option<u64> {
-        if now < self.refresh_at {
-            return self.delay;
-        }
-        self.rotate(now);
-        self.refresh_at = now + LATENCY_REFRESH;
-        let current = self.current.snapshot();
-        let previous = self.previous.as_ref();
-        let count = current.count + previous.map_or(0, |p| p.count);
-        self.delay = (count >= HEDGE_WARM_UP).then(|| {
-            let target = ((self.quantile * count as f64).ceil() as u64).max(1);
-            let mut seen = 0;
-            let last = current.bounds.last().copied().unwrap_or(u64::MAX);
-            let bound = current
-                .bounds
-                .iter()
-                .enumerate()
-                .find(|(i, _)| {
-                    seen += current.counts[*i] + previous.map_or(0, |p| p.counts[*i]);
-                    seen >= target
-                })
-                .map_or(last, |(_, b)| *b);
-            bound.max(self.floor)
-        });
-        self.delay
-    }
-}
-
-/// Bucket bounds for attempt latency: 100 µs to about 60 s, each 5 % above the last.
-fn latency_bounds() -> Vec<u64> {
-    std::iter::successors(Some(100_000u64), |b| Some(b + (b / 20).max(1)))
-        .take_while(|b| *b <= 60_000_000_000)
-        .collect()
+    /// A naive hedger's percentile `hedge_after`, read from the cap's histogram as a budget
+    /// policy's is (its `RetryPolicy` keeps its own).
+    hedge_delay: HedgeDelay,
 }
 
 #[derive(Debug)]
@@ -478,8 +387,6 @@ struct Attempt {
     call: Ref,
     key: u64,
     kind: Sent,
-    /// When it was sent (virtual ns), for the latency a percentile `hedge_after` reads.
-    sent_at: u64,
     /// Which attempt of its request it is, as the request's life names it.
     id: AttemptId,
     error: bool,
@@ -864,7 +771,6 @@ impl<'s> Run<'s> {
                     if let Some((p, _)) = a.reserved.take() {
                         p.refund(self.ts());
                     }
-                    self.heard(a.unit, a.sent_at);
                     if a.waiting {
                         self.answered(a, false);
                     } else if let Some(held) = a.held.take() {
@@ -1236,7 +1142,6 @@ impl<'s> Run<'s> {
             call,
             key,
             kind,
-            sent_at: self.now,
             id,
             error,
             waiting: true,
@@ -1357,25 +1262,23 @@ impl<'s> Run<'s> {
         })
     }
 
-    /// The hedge delay for an attempt sent now by `unit`: `None` while a percentile has too few
-    /// answers to read.
+    /// The hedge delay for an attempt sent now by `unit`, as the layer reads it (core's
+    /// [`HedgeDelay`] over the cap's histogram): `None` while a percentile has too few attempts
+    /// to read.
     fn hedge_delay(&mut self, unit: u32) -> Option<u64> {
-        match self.hedge?.after {
-            HedgeAfter::Fixed(d) => Some(nanos(d)),
-            HedgeAfter::Percentile { .. } => {
-                let now = self.now;
-                self.units[unit as usize].latency.as_mut()?.delay(now)
-            }
-        }
-    }
-
-    /// The dependency answered an attempt sent at `sent_at` (whether or not the client still
-    /// waited for it): its latency joins the recent ones a percentile `hedge_after` reads.
-    #[inline]
-    fn heard(&mut self, unit: u32, sent_at: u64) {
-        if let Some(w) = &mut self.units[unit as usize].latency {
-            w.record(self.now, self.now - sent_at);
-        }
+        let after = self.hedge?.to_core().after;
+        let ts = self.ts();
+        let u = &self.units[unit as usize];
+        let delay = match (&u.policy, &u.upstream) {
+            (Some(policy), Some(up)) => policy.hedge_after(up, || ts),
+            (None, Some(up)) => u.hedge_delay.delay(after, &up.limiter, ts),
+            // A percentile needs a cap (the scenario says so).
+            (_, None) => match after {
+                stormguard_core::hedge::HedgeAfter::Fixed(d) => Some(d),
+                stormguard_core::hedge::HedgeAfter::Percentile { .. } => None,
+            },
+        };
+        delay.map(nanos)
     }
 
     /// An attempt is still unanswered after the hedge delay: send a hedge beside it. A budget
@@ -1517,7 +1420,6 @@ impl<'s> Run<'s> {
     /// It says nothing of the dependency's health, so the breaker does not count it.
     fn limited(&mut self, att: Ref) {
         let Some(mut a) = self.attempts.remove(att) else { return };
-        self.heard(a.unit, a.sent_at);
         if !a.waiting {
             if let Some(held) = a.held.take() {
                 held.upstream_answered();
@@ -1834,7 +1736,6 @@ impl<'s> Run<'s> {
         self.dep_in_flight(-1);
         self.fill_servers();
         let Some(mut a) = self.attempts.remove(att) else { return };
-        self.heard(a.unit, a.sent_at);
         // The provider counts what it served: the prompt, and the output unless it failed.
         if let Some((p, in_run)) = a.reserved.take() {
             let used = if a.error { self.tokens.input } else { self.tokens.used };
@@ -1916,12 +1817,7 @@ fn build_units(
                 active_primaries: 0,
                 waiters: VecDeque::new(),
                 queue_timer: false,
-                latency: match p.hedge.map(|h| h.after) {
-                    Some(HedgeAfter::Percentile { quantile, floor }) => {
-                        Some(LatencyWindow::new(quantile, floor))
-                    }
-                    _ => None,
-                },
+                hedge_delay: HedgeDelay::new(),
             })
         })
         .collect()

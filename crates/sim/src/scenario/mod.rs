@@ -371,10 +371,10 @@ pub struct HedgeConfig {
 }
 
 impl HedgeConfig {
-    /// The same hedging in core's terms, for the retry rules' hedge decision
-    /// ([`RetryPolicy::decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge)).
-    /// The model reads its percentile from its own window of answered attempts (virtual time,
-    /// and a naive hedger has no limiter to read it from), not from the limiter's.
+    /// The same hedging in core's terms: the retry rules' hedge decision
+    /// ([`RetryPolicy::decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge)),
+    /// and the delay ([`HedgeDelay`](stormguard_core::hedge::HedgeDelay)), read as the layer
+    /// reads it from the cap's histogram of attempt times.
     pub fn to_core(&self) -> stormguard_core::hedge::HedgeConfig {
         use stormguard_core::hedge::HedgeAfter as Core;
         let after = match self.after {
@@ -392,10 +392,12 @@ impl HedgeConfig {
 pub enum HedgeAfter {
     /// A fixed delay after the attempt was sent: `hedge_after = "100ms"`.
     Fixed(Duration),
-    /// A percentile of the latency of recent attempts (answered in the last 10 to 20 s of
-    /// virtual time, by the same instance, or by the fleet when shared), never below `floor`:
-    /// `hedge_after = "p95"`, `hedge_floor = "10ms"`. No hedge is sent until 100 attempts have
-    /// been answered.
+    /// A percentile of recent attempts' times under the cap (core's
+    /// [`HedgeDelay`](stormguard_core::hedge::HedgeDelay), as in the layer: the cap's histogram
+    /// since the percentile was last read, at least a second of virtual time and 20 attempts
+    /// before it is trusted; an attempt cut by its per-try timeout counts at the timeout), by
+    /// the same instance or the fleet when shared, never below `floor`: `hedge_after = "p95"`,
+    /// `hedge_floor = "10ms"`. Needs a cap.
     Percentile {
         /// The quantile, in `[0.5, 0.999]` (`p95` is 0.95).
         quantile: f64,

@@ -610,6 +610,11 @@ fn policy(f: &PolicyFile, t: &Table) -> Rule<PolicyConfig> {
     if f.caller_retries.is_some() && !budgeted {
         return Err(t.fail("caller_retries", InvalidScenario::CallerRetriesWithoutBudget));
     }
+    // A percentile is read from the cap's histogram of attempt times, as in the layer.
+    if p.cap.is_none() && p.hedge.is_some_and(|h| matches!(h.after, HedgeAfter::Percentile { .. }))
+    {
+        return Err(t.fail("hedge_after", InvalidScenario::NeedsCap));
+    }
     p.name = match &f.name {
         Some(n) if n.trim().is_empty() => return Err(t.fail("name", InvalidScenario::EmptyName)),
         Some(n) => n.clone(),

@@ -144,6 +144,16 @@ fn every_hedging_key_changes_the_model_and_a_bad_value_is_located() {
     let r = simulate(&s).unwrap();
     assert_eq!(r.policies[0].name, "retry-once+hedge-100ms");
     assert!(r.policies[0].hedges_issued >= naive);
+    // A percentile is read from the cap's histogram, as in the layer: a naive hedger with a
+    // cap may use one; without a cap it is refused.
+    let capped = base.replace("budget = \"ratio:percent=0.2,min_per_sec=3\"\n", "");
+    let s = Scenario::parse("h.toml", &format!("{capped}retries = 1\nhedge_after = \"p95\"\n"))
+        .unwrap();
+    assert!(simulate(&s).unwrap().policies[0].hedges_issued > 0);
+    let e = Scenario::parse("h.toml", &format!("{naive_text}retries = 1\nhedge_after = \"p95\"\n"))
+        .unwrap_err();
+    assert_eq!(e.rule::<InvalidScenario>(), Some(&InvalidScenario::NeedsCap), "{e}");
+    assert!(e.to_string().contains("policy[0].hedge_after"), "{e}");
 
     let err = |keys: &str| Scenario::parse("h.toml", &format!("{base}{keys}")).unwrap_err();
     let e = err("hedge_after = \"soon\"\n");
