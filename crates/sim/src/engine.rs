@@ -54,6 +54,7 @@ use crate::rate::{self, Booking, CallTokens, Meter, Provider};
 use crate::scenario::{
     Arrivals, HedgeConfig, HeldSlotRelease, Load, PolicyConfig, RetryRule, Scenario, Share,
 };
+use crate::script::{Answer, Event as ScriptEvent, Line, ScriptedRequest};
 use crate::stats::{RunStats, Sent};
 
 /// Waits shorter than this are taken at once, in the same event (a `backoff = "none"` budget
@@ -488,6 +489,18 @@ pub(crate) struct Run<'s> {
     /// The caller's own retries of a failed request, and its wait before each (virtual ns).
     own_retries: u32,
     own_backoff: u64,
+    /// A scripted dependency ([`crate::script`]), when the run follows one.
+    script: Option<Box<Scripted<'s>>>,
+}
+
+/// A scripted run's state: the script, each call's place in it (by the call's key), the log,
+/// and the reason the call about to end was refused.
+#[derive(Debug)]
+struct Scripted<'s> {
+    requests: &'s [ScriptedRequest],
+    index: std::collections::HashMap<u64, u32>,
+    log: Vec<Line>,
+    refused: Option<Denied>,
 }
 
 /// Events handled at one instant of the virtual clock before a run is called stuck: closed-loop
@@ -621,7 +634,25 @@ impl<'s> Run<'s> {
             working_cap,
             own_retries: sc.client.own_retries,
             own_backoff: nanos(sc.client.own_backoff),
+            script: None,
         })
+    }
+
+    /// Answers every attempt as `requests` say, at once (see [`crate::script`]).
+    pub(crate) fn with_script(mut self, requests: &'s [ScriptedRequest]) -> Self {
+        self.script = Some(Box::new(Scripted {
+            requests,
+            index: std::collections::HashMap::new(),
+            log: Vec::new(),
+            refused: None,
+        }));
+        self
+    }
+
+    /// Runs a scripted run to its end and returns its log.
+    pub(crate) fn run_logged(mut self, progress: &AtomicU64) -> Result<Vec<Line>, RunError> {
+        self.drive(progress)?;
+        Ok(self.script.map(|s| s.log).unwrap_or_default())
     }
 
     /// Stops the run with an error once it has sent more than `n` attempts (default
@@ -635,6 +666,18 @@ impl<'s> Run<'s> {
     /// started is followed to its end. A run that sends more than its bound of attempts, or
     /// handles [`STUCK_EVENTS`] events without the clock moving, stops with an error.
     pub(crate) fn run(mut self, progress: &AtomicU64) -> Result<(RunStats, Footprint), RunError> {
+        self.drive(progress)?;
+        let footprint = Footprint {
+            actions: self.actions.capacity(),
+            requests: self.calls.capacity(),
+            attempts: self.attempts.capacity(),
+            events: self.max_events,
+        };
+        Ok((self.stats, footprint))
+    }
+
+    /// The event loop, to the end of the run.
+    fn drive(&mut self, progress: &AtomicU64) -> Result<(), RunError> {
         self.schedule_start();
         let mut events: u32 = 0;
         let mut at_this_instant: u64 = 0;
@@ -687,13 +730,7 @@ impl<'s> Run<'s> {
         }
         self.stats.advance(self.horizon);
         progress.store(self.horizon, AtomicOrdering::Relaxed);
-        let footprint = Footprint {
-            actions: self.actions.capacity(),
-            requests: self.calls.capacity(),
-            attempts: self.attempts.capacity(),
-            events: self.max_events,
-        };
-        Ok((self.stats, footprint))
+        Ok(())
     }
 
     #[inline]
@@ -799,6 +836,9 @@ impl<'s> Run<'s> {
         let k = self.instance_actions[instance as usize];
         self.instance_actions[instance as usize] += 1;
         let key = mix(mix(self.attempt_seed, u64::from(instance)), k);
+        if let Some(s) = &mut self.script {
+            s.index.insert(mix(key, 0), k as u32);
+        }
         let scope = self.policy.scope_retries.map(|n| Scope::FanOut(FanOutScope::new(n)));
         let place = self.stats.place();
         let action = self.actions.insert(Action {
@@ -1126,7 +1166,9 @@ impl<'s> Run<'s> {
         };
         c.tries += 1;
         c.live += 1;
-        let may_hedge = self.hedge.is_some_and(|h| u32::from(c.hedges) < h.max_hedges);
+        // A first try (or a hedge of it) may be hedged; a retry goes alone, as in the layer.
+        let may_hedge =
+            kind != Sent::Retry && self.hedge.is_some_and(|h| u32::from(c.hedges) < h.max_hedges);
         let booking = c.rare.as_mut().and_then(|r| r.booking.take());
         let key = mix(c.key, u64::from(c.tries));
         let limit = {
@@ -1137,7 +1179,17 @@ impl<'s> Run<'s> {
             let seg = &self.segs[self.seg];
             (seg.error_threshold, seg.capacity)
         };
-        let error = SplitMix64::new(key).next_u64_below(threshold);
+        let scripted = self.script.as_mut().map(|s| {
+            let i = s.index[&c.key];
+            let at = Duration::from_nanos(self.now);
+            let event = ScriptEvent::Sent { n: c.tries, hedge: kind == Sent::Hedge };
+            s.log.push(Line { at, request: i, event });
+            s.requests[i as usize].answer(c.tries)
+        });
+        let error = match scripted {
+            Some(answer) => matches!(answer, Answer::Unavailable(_)),
+            None => SplitMix64::new(key).next_u64_below(threshold),
+        };
         let att = self.attempts.insert(Attempt {
             call,
             key,
@@ -1162,6 +1214,27 @@ impl<'s> Run<'s> {
             if delay < limit {
                 self.push(now + delay, Ev::HedgeDue(att));
             }
+        }
+        // A scripted dependency answers when the script says, with no servers to wait for.
+        if let Some(answer) = scripted {
+            let after = nanos(answer.after()).max(1);
+            match answer {
+                Answer::TooMany(_, secs) => {
+                    if let Some(a) = self.attempts.get_mut(att) {
+                        a.limited = Some(Duration::from_secs(secs));
+                    }
+                    self.push(now + after, Ev::Limited(att));
+                }
+                Answer::Ok(_) | Answer::Unavailable(_) => {
+                    self.dep.busy += 1;
+                    self.dep_in_flight(1);
+                    self.push(now + after, Ev::Done(att));
+                }
+            }
+            if after > limit {
+                self.push(now + limit, Ev::Timeout(att));
+            }
+            return Some(att);
         }
         // The provider counts every attempt at its door, before its queue and servers.
         if let Some(provider) = &self.provider {
@@ -1617,11 +1690,17 @@ impl<'s> Run<'s> {
 
     fn deny(&mut self, call: Ref, reason: Denied) {
         self.stats.retry_denied(reason);
+        if let Some(s) = &mut self.script {
+            s.refused = Some(reason);
+        }
         self.finish_call(call, false);
     }
 
     fn primary_refused(&mut self, call: Ref, reason: Denied) {
         self.stats.primaries_denied[reason.index()] += 1;
+        if let Some(s) = &mut self.script {
+            s.refused = Some(reason);
+        }
         if let Some(c) = self.calls.get(call)
             && let Some(p) = &self.units[c.unit as usize].policy
         {
@@ -1634,6 +1713,12 @@ impl<'s> Run<'s> {
     /// retries on its own, the caller's next try.
     fn finish_call(&mut self, call: Ref, ok: bool) {
         let Some(c) = self.calls.remove(call) else { return };
+        if let Some(s) = &mut self.script {
+            let refused = s.refused.take();
+            let at = Duration::from_nanos(self.now);
+            let request = s.index[&c.key];
+            s.log.push(Line { at, request, event: ScriptEvent::Ended { ok, refused } });
+        }
         // Booked but never sent (refused its slot, its breaker, or a hold past its wait): given
         // back.
         if let Some(b) = c.rare.and_then(|r| r.booking) {

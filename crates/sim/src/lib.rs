@@ -40,6 +40,7 @@ pub mod html;
 mod rate;
 mod report;
 pub mod scenario;
+pub mod script;
 mod stats;
 mod trace;
 
