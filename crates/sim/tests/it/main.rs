@@ -4,6 +4,7 @@
 mod bounds;
 mod callers;
 mod capacity_drop;
+mod differential;
 mod fan_out;
 mod long_tail;
 mod metastable;
