@@ -12,4 +12,5 @@ pub mod body;
 pub mod classify;
 pub mod headers;
 pub mod provider;
+pub mod rate;
 pub mod stacked;

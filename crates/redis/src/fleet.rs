@@ -14,34 +14,7 @@ use stormguard_core::clock::Timestamp;
 use stormguard_core::decimal::Fraction;
 use stormguard_core::limiter::Limiter;
 
-use crate::resp::{Connection, RedisError, RedisTarget, Value};
-
-/// The most cluster redirects (`MOVED`, `ASK`) one lease call follows.
-const MAX_REDIRECTS: u32 = 3;
-
-/// Where a Redis Cluster node sent a command.
-#[derive(Debug, PartialEq, Eq)]
-enum Redirect {
-    /// `MOVED slot host:port`: the slot lives there now.
-    Moved(String, u16),
-    /// `ASK slot host:port`: the slot is migrating; this command goes there after `ASKING`.
-    Ask(String, u16),
-}
-
-/// A cluster redirect in an error reply, if it is one.
-fn redirect(message: &str) -> Option<Redirect> {
-    let mut words = message.split_ascii_whitespace();
-    let kind = words.next()?;
-    let _slot: u16 = words.next()?.parse().ok()?;
-    let (host, port) = words.next()?.rsplit_once(':')?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-    let port = port.parse().ok()?;
-    match kind {
-        "MOVED" => Some(Redirect::Moved(host, port)),
-        "ASK" => Some(Redirect::Ask(host, port)),
-        _ => None,
-    }
-}
+use crate::target::RedisTarget;
 
 /// The lease script, run by `EVALSHA` (loaded once per connection).
 pub const LEASE_SCRIPT: &str = include_str!("lease.lua");
@@ -441,31 +414,6 @@ impl Fleet {
         Ok(FleetBudget { local: local.build()?, shared: self.shared.clone() })
     }
 
-    /// The background worker that renews the lease, applying it to `limiter` (the
-    /// dependency's). Run it on your runtime (`tokio::spawn(worker.run())`): the library spawns
-    /// nothing. Until its first answer the limiter admits nothing new (at most one call
-    /// timeout).
-    ///
-    /// # Panics
-    /// When called twice: one fleet has one worker.
-    pub fn worker(&self, limiter: Limiter) -> FleetWorker {
-        limiter.set_lease(0, Timestamp::ZERO, 0);
-        assert!(self.shared.limiter.set(limiter.clone()).is_ok(), "one worker per fleet");
-        let now = limiter.now();
-        FleetWorker {
-            shared: self.shared.clone(),
-            limiter,
-            conn: None,
-            sha: None,
-            epoch: None,
-            unreported: 0,
-            spent_last: 0,
-            refill_at: now,
-            node: None,
-            rate_shares: Vec::new(),
-        }
-    }
-
     /// The fleet layer's state now.
     pub fn snapshot(&self) -> FleetSnapshot {
         let s = &self.shared;
@@ -598,392 +546,468 @@ impl RetryBudget for FleetBudget {
     }
 }
 
-/// What one script call answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Grant {
-    epoch: String,
-    quiet: bool,
-    ceiling: u64,
-    tokens: u64,
-    instances: u64,
-}
-
-fn parse_grant(v: Value) -> Result<Grant, RedisError> {
-    let Value::Array(items) = v else {
-        return Err(RedisError::Protocol("the script did not return an array"));
-    };
-    let int = |i: usize| match items.get(i) {
-        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
-        _ => Err(RedisError::Protocol("the script returned a non-integer")),
-    };
-    let epoch = match items.first() {
-        Some(Value::Bulk(b)) => String::from_utf8_lossy(b).into_owned(),
-        _ => return Err(RedisError::Protocol("the script returned no epoch")),
-    };
-    Ok(Grant { epoch, quiet: int(1)? == 1, ceiling: int(2)?, tokens: int(4)?, instances: int(6)? })
-}
-
-/// Renews the lease every interval. Owned by the caller, who runs it (see [`Fleet::worker`]).
-pub struct FleetWorker {
-    shared: Arc<Shared>,
-    limiter: Limiter,
-    conn: Option<Connection>,
-    sha: Option<String>,
-    epoch: Option<String>,
-    /// Tokens spent and not yet counted by Redis (a failed call keeps them for the next).
-    unreported: u64,
-    spent_last: u64,
-    /// When the fallback reserve share refills next.
-    refill_at: Timestamp,
-    /// On a Redis Cluster: the node a `MOVED` said holds the fleet's slot.
-    node: Option<(String, u16)>,
-    /// Where the count of instances sharing a provider's rate limits goes (see
-    /// [`FleetWorker::share_rates`]).
-    rate_shares: Vec<Arc<AtomicU64>>,
-}
-
-impl fmt::Debug for FleetWorker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FleetWorker")
-            .field("dependency", &self.shared.config.dependency)
-            .field("connected", &self.conn.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl FleetWorker {
-    /// Renews forever, one script call per interval.
-    pub async fn run(self) {
-        self.run_until(std::future::pending()).await
-    }
-
-    /// Renews until `stop` resolves. The lease is not handed back: it expires within the TTL,
-    /// as a crashed instance's does.
-    pub async fn run_until(mut self, stop: impl Future<Output = ()>) {
-        let mut stop = std::pin::pin!(stop);
-        loop {
-            let started = tokio::time::Instant::now();
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = self.tick() => {}
-            }
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = tokio::time::sleep_until(started + self.shared.config.interval) => {}
-            }
-        }
-    }
-
-    /// One renewal: a script call, applied on success; on failure the lease runs out and the
-    /// fallback share takes over.
-    pub async fn tick(&mut self) {
-        let timeout = self.shared.config.call_timeout;
-        let sent = self.limiter.now();
-        let s = self.shared.clone();
-        let mode = FleetMode::from_u8(s.mode.load(Ordering::Acquire));
-        let lease_valid = matches!(mode, FleetMode::Fleet | FleetMode::Quiet)
-            && sent.as_nanos() < s.lease_until.load(Ordering::Acquire);
-        let in_flight = self.limiter.in_flight();
-        let held = if lease_valid { s.slots.load(Ordering::Acquire) } else { 0 };
-        let committed = in_flight.max(held);
-        // An adaptive cap asks for what its working cap would admit: it adapts within its lease,
-        // and slots it could not use stay with the fleet.
-        let cap =
-            self.limiter.working_cap().unwrap_or(self.limiter.config().cap).min(s.config.fleet_cap);
-        let want = (in_flight + self.limiter.queued() + 1).min(cap);
-        let spent_now = s.spent.swap(0, Ordering::AcqRel);
-        self.unreported += spent_now;
-        self.spent_last = spent_now;
-        let tokens_before = if lease_valid { s.tokens.load(Ordering::Acquire) } else { 0 };
-        let reserve = s.reserve.load(Ordering::Acquire);
-        let window = s.window_ms.load(Ordering::Acquire);
-        let fair = reserve.div_ceil(s.config.max_instances.max(1));
-        let token_want = fair.max(2 * self.spent_last + 1).min(reserve);
-        let args = [
-            committed,
-            want,
-            s.config.fleet_cap,
-            u64::try_from(s.config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
-            self.unreported,
-            tokens_before,
-            token_want,
-            reserve,
-            window,
-        ];
-        let result = tokio::time::timeout(timeout, self.call(&args)).await;
-        match result {
-            Ok(Ok(grant)) => self.apply(sent, tokens_before, grant),
-            Ok(Err(e)) => self.failed(&e.to_string()),
-            Err(_) => self.failed(&RedisError::Timeout(timeout).to_string()),
-        }
-    }
-
-    /// One lease call. On a Redis Cluster, a node that does not hold the fleet's slot answers
-    /// `MOVED slot host:port`: the worker connects there (and keeps going there), or, while the
-    /// slot migrates, `ASK slot host:port`: this one call goes there after `ASKING`. At most
-    /// [`MAX_REDIRECTS`] redirects a call.
-    async fn call(&mut self, args: &[u64; 9]) -> Result<Grant, RedisError> {
-        let mut redirects = 0;
-        loop {
-            match self.call_once(args, None).await {
-                Err(RedisError::Server(m)) if redirects < MAX_REDIRECTS => {
-                    redirects += 1;
-                    match redirect(&m) {
-                        Some(Redirect::Moved(host, port)) => {
-                            tracing::debug!(
-                                dependency = %self.shared.config.dependency,
-                                node = %format!("{host}:{port}"),
-                                "the fleet's slot is on another cluster node: moving there"
-                            );
-                            self.node = Some((host, port));
-                            self.conn = None;
-                        }
-                        Some(Redirect::Ask(host, port)) => {
-                            return self.call_once(args, Some((host, port))).await;
-                        }
-                        None => return Err(RedisError::Server(m)),
-                    }
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// The target with the cluster node the fleet's slot was last found on.
-    fn node_target(&self, node: Option<&(String, u16)>) -> RedisTarget {
-        let mut t = self.shared.config.redis.clone();
-        if let Some((host, port)) = node.or(self.node.as_ref()) {
-            t.host.clone_from(host);
-            t.port = *port;
-        }
-        t
-    }
-
-    /// One lease call on the worker's connection, or (`ask`) on a connection of its own to the
-    /// node an `ASK` named.
-    async fn call_once(
-        &mut self,
-        args: &[u64; 9],
-        ask: Option<(String, u16)>,
-    ) -> Result<Grant, RedisError> {
-        let mut asked = None;
-        let conn = match &ask {
-            Some(node) => {
-                let mut c = Connection::connect(&self.node_target(Some(node))).await?;
-                c.command(&[b"ASKING"]).await?;
-                asked.insert(c)
-            }
-            None => {
-                if self.conn.is_none() {
-                    self.conn = Some(Connection::connect(&self.node_target(None)).await?);
-                    self.sha = None;
-                }
-                self.conn.as_mut().expect("connected above")
-            }
-        };
-        // The script by its hash where it is loaded; a one-off ASK connection sends it whole.
-        if ask.is_none() && self.sha.is_none() {
-            let v = conn.command(&[b"SCRIPT", b"LOAD", LEASE_SCRIPT.as_bytes()]).await?;
-            let Value::Bulk(sha) = v else {
-                return Err(RedisError::Protocol("SCRIPT LOAD returned no sha"));
-            };
-            self.sha = Some(String::from_utf8_lossy(&sha).into_owned());
-        }
-        let keys = self.shared.config.keys();
-        let nums: Vec<String> = args.iter().map(u64::to_string).collect();
-        let sha = self.sha.clone().unwrap_or_default();
-        let mut cmd: Vec<&[u8]> = match ask {
-            Some(_) => vec![b"EVAL", LEASE_SCRIPT.as_bytes(), b"3"],
-            None => vec![b"EVALSHA", sha.as_bytes(), b"3"],
-        };
-        cmd.extend(keys.iter().map(|k| k.as_bytes()));
-        cmd.push(self.shared.config.instance.as_bytes());
-        cmd.extend(nums.iter().map(|n| n.as_bytes()));
-        self.shared.script_calls.fetch_add(1, Ordering::Relaxed);
-        let reply = match conn.command(&cmd).await {
-            // The script cache was flushed (a restart, SCRIPT FLUSH): send it whole, once.
-            Err(RedisError::Server(m)) if m.starts_with("NOSCRIPT") => {
-                self.sha = None;
-                cmd[0] = b"EVAL";
-                cmd[1] = LEASE_SCRIPT.as_bytes();
-                self.shared.script_calls.fetch_add(1, Ordering::Relaxed);
-                conn.command(&cmd).await?
-            }
-            other => other?,
-        };
-        parse_grant(reply)
-    }
-
-    /// A provider's requests and tokens per minute are per key, so the fleet's: each instance
-    /// meters `limit / n`, where the worker stores `n` in each of `shares` — the live instances
-    /// at each renewal, `max_instances` until the first one and while Redis does not answer.
-    /// (The shares are even, not by demand as the slots are; an instance that joins is counted
-    /// by the others at their next renewal, so for at most one interval the fleet may meter a
-    /// little more than the limit — the provider's `remaining`, which every instance follows,
-    /// bounds that.)
-    pub fn share_rates(&mut self, shares: Vec<Arc<AtomicU64>>) {
-        let n = self.shared.config.max_instances.max(1);
-        for s in &shares {
-            s.store(n, Ordering::Relaxed);
-        }
-        self.rate_shares = shares;
-    }
-
-    fn set_rate_shares(&self, n: u64) {
-        for s in &self.rate_shares {
-            s.store(n.max(1), Ordering::Relaxed);
-        }
-    }
-
-    fn apply(&mut self, sent: Timestamp, tokens_before: u64, grant: Grant) {
-        let s = &self.shared;
-        let c = &s.config;
-        self.unreported = 0;
-        let data_lost = self.epoch.as_ref().is_some_and(|old| *old != grant.epoch);
-        if data_lost {
-            s.data_loss.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                dependency = %c.dependency,
-                redis = %c.redis,
-                "the fleet's Redis lost its data (a new epoch): re-asserting this instance's lease; nothing new is granted for one lease ttl"
-            );
-        }
-        self.epoch = Some(grant.epoch);
-        let until = sent.saturating_add(c.lease_ttl.saturating_sub(c.margin));
-        let fallback = c.fallback_slots();
-        // Record first, then the limiter: a snapshot never shows slots the limiter lacks.
-        s.slots.store(grant.ceiling, Ordering::Release);
-        s.lease_until.store(until.as_nanos(), Ordering::Release);
-        self.limiter.set_lease(grant.ceiling, until, fallback);
-        // Tokens spent while the call was out came from the old allowance; Redis's new record
-        // (at least the old unspent count) covers them, so take them off the new allowance.
-        let mut cur = s.tokens.load(Ordering::Acquire);
-        loop {
-            let in_rtt = tokens_before.saturating_sub(cur);
-            let next = grant.tokens.saturating_sub(in_rtt);
-            match s.tokens.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
-            }
-        }
-        s.tokens_until.store(until.as_nanos(), Ordering::Release);
-        s.instances.store(grant.instances, Ordering::Relaxed);
-        self.set_rate_shares(grant.instances);
-        s.last_ok.store(self.limiter.now().as_nanos(), Ordering::Release);
-        s.syncs_ok.fetch_add(1, Ordering::Relaxed);
-        let mode = if grant.quiet { FleetMode::Quiet } else { FleetMode::Fleet };
-        let was = FleetMode::from_u8(s.mode.swap(mode as u8, Ordering::AcqRel));
-        // One line per change of mode (the data-loss line above already said why it went quiet).
-        let line = match (was, mode) {
-            (a, b) if a == b => None,
-            (_, FleetMode::Quiet) if data_lost => None,
-            (FleetMode::Fallback, _) => {
-                Some("the fleet's Redis answers again: back on fleet leases")
-            }
-            (FleetMode::Joining, FleetMode::Fleet) => Some("joined the fleet: holding a lease"),
-            (_, FleetMode::Quiet) => {
-                Some("the fleet is quiet: Redis grants nothing new for one lease ttl")
-            }
-            (FleetMode::Quiet, FleetMode::Fleet) => {
-                Some("the fleet's quiet period is over: leases are granted again")
-            }
-            _ => None,
-        };
-        if let Some(line) = line {
-            tracing::info!(
-                dependency = %c.dependency,
-                redis = %c.redis,
-                mode = mode.as_str(),
-                was = was.as_str(),
-                slots = grant.ceiling,
-                "{line}"
-            );
-        }
-    }
-
-    fn failed(&mut self, error: &str) {
-        let s = &self.shared;
-        let c = &s.config;
-        // A reply may still come on this connection: never read it as the next one's.
-        self.conn = None;
-        s.syncs_failed.fetch_add(1, Ordering::Relaxed);
-        let now = self.limiter.now();
-        let mode = FleetMode::from_u8(s.mode.load(Ordering::Acquire));
-        let expired = now.as_nanos() >= s.lease_until.load(Ordering::Acquire);
-        if mode != FleetMode::Fallback && (mode == FleetMode::Joining || expired) {
-            s.mode.store(FleetMode::Fallback as u8, Ordering::Release);
-            let fallback = c.fallback_slots();
-            // The limiter already fell back on its own when the lease expired; a joining
-            // instance had no lease yet.
-            self.limiter.set_lease(fallback, Timestamp::ZERO, fallback);
-            self.set_rate_shares(c.max_instances);
-            self.refill_at = now;
-            tracing::warn!(
-                dependency = %c.dependency,
-                redis = %c.redis,
-                mode = FleetMode::Fallback.as_str(),
-                was = mode.as_str(),
-                error,
-                fallback_slots = fallback,
-                overcommit = c.fallback_overcommit(),
-                "the fleet's Redis does not answer: using the fallback share until it does (logged once per outage)"
-            );
-        }
-        if FleetMode::from_u8(s.mode.load(Ordering::Acquire)) == FleetMode::Fallback
-            && now >= self.refill_at
-        {
-            // The fallback reserve: this instance's share of it per window, spent locally.
-            let window = Duration::from_millis(s.window_ms.load(Ordering::Acquire).max(1));
-            let share = s.reserve.load(Ordering::Acquire) / c.max_instances.max(1);
-            s.tokens.store(share, Ordering::Release);
-            s.tokens_until.store(NEVER, Ordering::Release);
-            self.refill_at = now.saturating_add(window);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
+/// The lease worker: the Redis client's half (the default feature `client`).
+#[cfg(feature = "client")]
+mod worker {
     use super::*;
+    use crate::resp::{Connection, RedisError, Value};
 
-    fn config() -> FleetConfig {
-        let redis = RedisTarget::plain("127.0.0.1", 6379);
-        FleetConfig::new("payments", "pod-a", redis, 20, 50)
+    /// The most cluster redirects (`MOVED`, `ASK`) one lease call follows.
+    const MAX_REDIRECTS: u32 = 3;
+
+    /// Where a Redis Cluster node sent a command.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Redirect {
+        /// `MOVED slot host:port`: the slot lives there now.
+        Moved(String, u16),
+        /// `ASK slot host:port`: the slot is migrating; this command goes there after `ASKING`.
+        Ask(String, u16),
     }
 
-    #[test]
-    fn cluster_redirects_are_read_and_nothing_else_is() {
-        assert_eq!(
-            redirect("MOVED 3999 127.0.0.1:6381"),
-            Some(Redirect::Moved("127.0.0.1".into(), 6381))
-        );
-        assert_eq!(redirect("ASK 3999 [::1]:7000"), Some(Redirect::Ask("::1".into(), 7000)));
-        for other in ["ERR unknown", "MOVED x 1.2.3.4:1", "MOVED 1 nohostport", "NOSCRIPT x"] {
-            assert_eq!(redirect(other), None, "{other}");
+    /// A cluster redirect in an error reply, if it is one.
+    fn redirect(message: &str) -> Option<Redirect> {
+        let mut words = message.split_ascii_whitespace();
+        let kind = words.next()?;
+        let _slot: u16 = words.next()?.parse().ok()?;
+        let (host, port) = words.next()?.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let port = port.parse().ok()?;
+        match kind {
+            "MOVED" => Some(Redirect::Moved(host, port)),
+            "ASK" => Some(Redirect::Ask(host, port)),
+            _ => None,
         }
     }
 
-    #[test]
-    fn refusals_name_the_field() {
-        assert_eq!(config().validate(), Ok(()));
-        let err = FleetConfig { fleet_cap: 0, ..config() }.validate().unwrap_err();
-        assert!(matches!(err, FleetError::OutOfRange { key: "fleet_cap", .. }), "{err}");
-        assert_eq!(err.to_string(), "fleet_cap must be between 1 and 16777216, got 0");
-        let err = FleetConfig { dependency: "a{b}".into(), ..config() }.validate().unwrap_err();
-        assert_eq!(err.key(), "dependency");
-        let err = FleetConfig { instance: String::new(), ..config() }.validate().unwrap_err();
-        assert_eq!(err, FleetError::InstanceId);
-        let err = FleetConfig { call_timeout: Duration::ZERO, ..config() }.validate().unwrap_err();
-        assert_eq!(err.key(), "call_timeout");
+    impl Fleet {
+        /// The background worker that renews the lease, applying it to `limiter` (the
+        /// dependency's). Run it on your runtime (`tokio::spawn(worker.run())`): the library spawns
+        /// nothing. Until its first answer the limiter admits nothing new (at most one call
+        /// timeout).
+        ///
+        /// # Panics
+        /// When called twice: one fleet has one worker.
+        pub fn worker(&self, limiter: Limiter) -> FleetWorker {
+            limiter.set_lease(0, Timestamp::ZERO, 0);
+            assert!(self.shared.limiter.set(limiter.clone()).is_ok(), "one worker per fleet");
+            let now = limiter.now();
+            FleetWorker {
+                shared: self.shared.clone(),
+                limiter,
+                conn: None,
+                sha: None,
+                epoch: None,
+                unreported: 0,
+                spent_last: 0,
+                refill_at: now,
+                node: None,
+                rate_shares: Vec::new(),
+            }
+        }
     }
 
-    #[test]
-    fn a_lease_longer_than_the_budget_window_is_refused() {
-        let fleet =
-            Fleet::try_new(FleetConfig { lease_ttl: Duration::from_secs(10), ..config() }).unwrap();
-        let spec: BudgetSpec = "ratio:ttl=10s".parse().unwrap();
-        let err = fleet.budget(&spec).unwrap_err();
-        assert!(matches!(err, FleetError::LeaseAboveBudgetTtl { .. }), "{err}");
-        assert_eq!(err.key(), "lease_ttl");
+    /// What one script call answered.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Grant {
+        epoch: String,
+        quiet: bool,
+        ceiling: u64,
+        tokens: u64,
+        instances: u64,
+    }
+
+    fn parse_grant(v: Value) -> Result<Grant, RedisError> {
+        let Value::Array(items) = v else {
+            return Err(RedisError::Protocol("the script did not return an array"));
+        };
+        let int = |i: usize| match items.get(i) {
+            Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+            _ => Err(RedisError::Protocol("the script returned a non-integer")),
+        };
+        let epoch = match items.first() {
+            Some(Value::Bulk(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => return Err(RedisError::Protocol("the script returned no epoch")),
+        };
+        Ok(Grant {
+            epoch,
+            quiet: int(1)? == 1,
+            ceiling: int(2)?,
+            tokens: int(4)?,
+            instances: int(6)?,
+        })
+    }
+
+    /// Renews the lease every interval. Owned by the caller, who runs it (see [`Fleet::worker`]).
+    pub struct FleetWorker {
+        shared: Arc<Shared>,
+        limiter: Limiter,
+        conn: Option<Connection>,
+        sha: Option<String>,
+        epoch: Option<String>,
+        /// Tokens spent and not yet counted by Redis (a failed call keeps them for the next).
+        unreported: u64,
+        spent_last: u64,
+        /// When the fallback reserve share refills next.
+        refill_at: Timestamp,
+        /// On a Redis Cluster: the node a `MOVED` said holds the fleet's slot.
+        node: Option<(String, u16)>,
+        /// Where the count of instances sharing a provider's rate limits goes (see
+        /// [`FleetWorker::share_rates`]).
+        rate_shares: Vec<Arc<AtomicU64>>,
+    }
+
+    impl fmt::Debug for FleetWorker {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("FleetWorker")
+                .field("dependency", &self.shared.config.dependency)
+                .field("connected", &self.conn.is_some())
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl FleetWorker {
+        /// Renews forever, one script call per interval.
+        pub async fn run(self) {
+            self.run_until(std::future::pending()).await
+        }
+
+        /// Renews until `stop` resolves. The lease is not handed back: it expires within the TTL,
+        /// as a crashed instance's does.
+        pub async fn run_until(mut self, stop: impl Future<Output = ()>) {
+            let mut stop = std::pin::pin!(stop);
+            loop {
+                let started = tokio::time::Instant::now();
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = self.tick() => {}
+                }
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tokio::time::sleep_until(started + self.shared.config.interval) => {}
+                }
+            }
+        }
+
+        /// One renewal: a script call, applied on success; on failure the lease runs out and the
+        /// fallback share takes over.
+        pub async fn tick(&mut self) {
+            let timeout = self.shared.config.call_timeout;
+            let sent = self.limiter.now();
+            let s = self.shared.clone();
+            let mode = FleetMode::from_u8(s.mode.load(Ordering::Acquire));
+            let lease_valid = matches!(mode, FleetMode::Fleet | FleetMode::Quiet)
+                && sent.as_nanos() < s.lease_until.load(Ordering::Acquire);
+            let in_flight = self.limiter.in_flight();
+            let held = if lease_valid { s.slots.load(Ordering::Acquire) } else { 0 };
+            let committed = in_flight.max(held);
+            // An adaptive cap asks for what its working cap would admit: it adapts within its lease,
+            // and slots it could not use stay with the fleet.
+            let cap = self
+                .limiter
+                .working_cap()
+                .unwrap_or(self.limiter.config().cap)
+                .min(s.config.fleet_cap);
+            let want = (in_flight + self.limiter.queued() + 1).min(cap);
+            let spent_now = s.spent.swap(0, Ordering::AcqRel);
+            self.unreported += spent_now;
+            self.spent_last = spent_now;
+            let tokens_before = if lease_valid { s.tokens.load(Ordering::Acquire) } else { 0 };
+            let reserve = s.reserve.load(Ordering::Acquire);
+            let window = s.window_ms.load(Ordering::Acquire);
+            let fair = reserve.div_ceil(s.config.max_instances.max(1));
+            let token_want = fair.max(2 * self.spent_last + 1).min(reserve);
+            let args = [
+                committed,
+                want,
+                s.config.fleet_cap,
+                u64::try_from(s.config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+                self.unreported,
+                tokens_before,
+                token_want,
+                reserve,
+                window,
+            ];
+            let result = tokio::time::timeout(timeout, self.call(&args)).await;
+            match result {
+                Ok(Ok(grant)) => self.apply(sent, tokens_before, grant),
+                Ok(Err(e)) => self.failed(&e.to_string()),
+                Err(_) => self.failed(&RedisError::Timeout(timeout).to_string()),
+            }
+        }
+
+        /// One lease call. On a Redis Cluster, a node that does not hold the fleet's slot answers
+        /// `MOVED slot host:port`: the worker connects there (and keeps going there), or, while the
+        /// slot migrates, `ASK slot host:port`: this one call goes there after `ASKING`. At most
+        /// [`MAX_REDIRECTS`] redirects a call.
+        async fn call(&mut self, args: &[u64; 9]) -> Result<Grant, RedisError> {
+            let mut redirects = 0;
+            loop {
+                match self.call_once(args, None).await {
+                    Err(RedisError::Server(m)) if redirects < MAX_REDIRECTS => {
+                        redirects += 1;
+                        match redirect(&m) {
+                            Some(Redirect::Moved(host, port)) => {
+                                tracing::debug!(
+                                    dependency = %self.shared.config.dependency,
+                                    node = %format!("{host}:{port}"),
+                                    "the fleet's slot is on another cluster node: moving there"
+                                );
+                                self.node = Some((host, port));
+                                self.conn = None;
+                            }
+                            Some(Redirect::Ask(host, port)) => {
+                                return self.call_once(args, Some((host, port))).await;
+                            }
+                            None => return Err(RedisError::Server(m)),
+                        }
+                    }
+                    other => return other,
+                }
+            }
+        }
+
+        /// The target with the cluster node the fleet's slot was last found on.
+        fn node_target(&self, node: Option<&(String, u16)>) -> RedisTarget {
+            let mut t = self.shared.config.redis.clone();
+            if let Some((host, port)) = node.or(self.node.as_ref()) {
+                t.host.clone_from(host);
+                t.port = *port;
+            }
+            t
+        }
+
+        /// One lease call on the worker's connection, or (`ask`) on a connection of its own to the
+        /// node an `ASK` named.
+        async fn call_once(
+            &mut self,
+            args: &[u64; 9],
+            ask: Option<(String, u16)>,
+        ) -> Result<Grant, RedisError> {
+            let mut asked = None;
+            let conn = match &ask {
+                Some(node) => {
+                    let mut c = Connection::connect(&self.node_target(Some(node))).await?;
+                    c.command(&[b"ASKING"]).await?;
+                    asked.insert(c)
+                }
+                None => {
+                    if self.conn.is_none() {
+                        self.conn = Some(Connection::connect(&self.node_target(None)).await?);
+                        self.sha = None;
+                    }
+                    self.conn.as_mut().expect("connected above")
+                }
+            };
+            // The script by its hash where it is loaded; a one-off ASK connection sends it whole.
+            if ask.is_none() && self.sha.is_none() {
+                let v = conn.command(&[b"SCRIPT", b"LOAD", LEASE_SCRIPT.as_bytes()]).await?;
+                let Value::Bulk(sha) = v else {
+                    return Err(RedisError::Protocol("SCRIPT LOAD returned no sha"));
+                };
+                self.sha = Some(String::from_utf8_lossy(&sha).into_owned());
+            }
+            let keys = self.shared.config.keys();
+            let nums: Vec<String> = args.iter().map(u64::to_string).collect();
+            let sha = self.sha.clone().unwrap_or_default();
+            let mut cmd: Vec<&[u8]> = match ask {
+                Some(_) => vec![b"EVAL", LEASE_SCRIPT.as_bytes(), b"3"],
+                None => vec![b"EVALSHA", sha.as_bytes(), b"3"],
+            };
+            cmd.extend(keys.iter().map(|k| k.as_bytes()));
+            cmd.push(self.shared.config.instance.as_bytes());
+            cmd.extend(nums.iter().map(|n| n.as_bytes()));
+            self.shared.script_calls.fetch_add(1, Ordering::Relaxed);
+            let reply = match conn.command(&cmd).await {
+                // The script cache was flushed (a restart, SCRIPT FLUSH): send it whole, once.
+                Err(RedisError::Server(m)) if m.starts_with("NOSCRIPT") => {
+                    self.sha = None;
+                    cmd[0] = b"EVAL";
+                    cmd[1] = LEASE_SCRIPT.as_bytes();
+                    self.shared.script_calls.fetch_add(1, Ordering::Relaxed);
+                    conn.command(&cmd).await?
+                }
+                other => other?,
+            };
+            parse_grant(reply)
+        }
+
+        /// A provider's requests and tokens per minute are per key, so the fleet's: each instance
+        /// meters `limit / n`, where the worker stores `n` in each of `shares` — the live instances
+        /// at each renewal, `max_instances` until the first one and while Redis does not answer.
+        /// (The shares are even, not by demand as the slots are; an instance that joins is counted
+        /// by the others at their next renewal, so for at most one interval the fleet may meter a
+        /// little more than the limit — the provider's `remaining`, which every instance follows,
+        /// bounds that.)
+        pub fn share_rates(&mut self, shares: Vec<Arc<AtomicU64>>) {
+            let n = self.shared.config.max_instances.max(1);
+            for s in &shares {
+                s.store(n, Ordering::Relaxed);
+            }
+            self.rate_shares = shares;
+        }
+
+        fn set_rate_shares(&self, n: u64) {
+            for s in &self.rate_shares {
+                s.store(n.max(1), Ordering::Relaxed);
+            }
+        }
+
+        fn apply(&mut self, sent: Timestamp, tokens_before: u64, grant: Grant) {
+            let s = &self.shared;
+            let c = &s.config;
+            self.unreported = 0;
+            let data_lost = self.epoch.as_ref().is_some_and(|old| *old != grant.epoch);
+            if data_lost {
+                s.data_loss.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    dependency = %c.dependency,
+                    redis = %c.redis,
+                    "the fleet's Redis lost its data (a new epoch): re-asserting this instance's lease; nothing new is granted for one lease ttl"
+                );
+            }
+            self.epoch = Some(grant.epoch);
+            let until = sent.saturating_add(c.lease_ttl.saturating_sub(c.margin));
+            let fallback = c.fallback_slots();
+            // Record first, then the limiter: a snapshot never shows slots the limiter lacks.
+            s.slots.store(grant.ceiling, Ordering::Release);
+            s.lease_until.store(until.as_nanos(), Ordering::Release);
+            self.limiter.set_lease(grant.ceiling, until, fallback);
+            // Tokens spent while the call was out came from the old allowance; Redis's new record
+            // (at least the old unspent count) covers them, so take them off the new allowance.
+            let mut cur = s.tokens.load(Ordering::Acquire);
+            loop {
+                let in_rtt = tokens_before.saturating_sub(cur);
+                let next = grant.tokens.saturating_sub(in_rtt);
+                match s.tokens.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => break,
+                    Err(actual) => cur = actual,
+                }
+            }
+            s.tokens_until.store(until.as_nanos(), Ordering::Release);
+            s.instances.store(grant.instances, Ordering::Relaxed);
+            self.set_rate_shares(grant.instances);
+            s.last_ok.store(self.limiter.now().as_nanos(), Ordering::Release);
+            s.syncs_ok.fetch_add(1, Ordering::Relaxed);
+            let mode = if grant.quiet { FleetMode::Quiet } else { FleetMode::Fleet };
+            let was = FleetMode::from_u8(s.mode.swap(mode as u8, Ordering::AcqRel));
+            // One line per change of mode (the data-loss line above already said why it went quiet).
+            let line = match (was, mode) {
+                (a, b) if a == b => None,
+                (_, FleetMode::Quiet) if data_lost => None,
+                (FleetMode::Fallback, _) => {
+                    Some("the fleet's Redis answers again: back on fleet leases")
+                }
+                (FleetMode::Joining, FleetMode::Fleet) => Some("joined the fleet: holding a lease"),
+                (_, FleetMode::Quiet) => {
+                    Some("the fleet is quiet: Redis grants nothing new for one lease ttl")
+                }
+                (FleetMode::Quiet, FleetMode::Fleet) => {
+                    Some("the fleet's quiet period is over: leases are granted again")
+                }
+                _ => None,
+            };
+            if let Some(line) = line {
+                tracing::info!(
+                    dependency = %c.dependency,
+                    redis = %c.redis,
+                    mode = mode.as_str(),
+                    was = was.as_str(),
+                    slots = grant.ceiling,
+                    "{line}"
+                );
+            }
+        }
+
+        fn failed(&mut self, error: &str) {
+            let s = &self.shared;
+            let c = &s.config;
+            // A reply may still come on this connection: never read it as the next one's.
+            self.conn = None;
+            s.syncs_failed.fetch_add(1, Ordering::Relaxed);
+            let now = self.limiter.now();
+            let mode = FleetMode::from_u8(s.mode.load(Ordering::Acquire));
+            let expired = now.as_nanos() >= s.lease_until.load(Ordering::Acquire);
+            if mode != FleetMode::Fallback && (mode == FleetMode::Joining || expired) {
+                s.mode.store(FleetMode::Fallback as u8, Ordering::Release);
+                let fallback = c.fallback_slots();
+                // The limiter already fell back on its own when the lease expired; a joining
+                // instance had no lease yet.
+                self.limiter.set_lease(fallback, Timestamp::ZERO, fallback);
+                self.set_rate_shares(c.max_instances);
+                self.refill_at = now;
+                tracing::warn!(
+                    dependency = %c.dependency,
+                    redis = %c.redis,
+                    mode = FleetMode::Fallback.as_str(),
+                    was = mode.as_str(),
+                    error,
+                    fallback_slots = fallback,
+                    overcommit = c.fallback_overcommit(),
+                    "the fleet's Redis does not answer: using the fallback share until it does (logged once per outage)"
+                );
+            }
+            if FleetMode::from_u8(s.mode.load(Ordering::Acquire)) == FleetMode::Fallback
+                && now >= self.refill_at
+            {
+                // The fallback reserve: this instance's share of it per window, spent locally.
+                let window = Duration::from_millis(s.window_ms.load(Ordering::Acquire).max(1));
+                let share = s.reserve.load(Ordering::Acquire) / c.max_instances.max(1);
+                s.tokens.store(share, Ordering::Release);
+                s.tokens_until.store(NEVER, Ordering::Release);
+                self.refill_at = now.saturating_add(window);
+            }
+        }
+    }
+
+    #[cfg(all(test, feature = "client"))]
+    mod tests {
+        use super::worker::*;
+        use super::*;
+
+        fn config() -> FleetConfig {
+            let redis = RedisTarget::plain("127.0.0.1", 6379);
+            FleetConfig::new("payments", "pod-a", redis, 20, 50)
+        }
+
+        #[test]
+        fn cluster_redirects_are_read_and_nothing_else_is() {
+            assert_eq!(
+                redirect("MOVED 3999 127.0.0.1:6381"),
+                Some(Redirect::Moved("127.0.0.1".into(), 6381))
+            );
+            assert_eq!(redirect("ASK 3999 [::1]:7000"), Some(Redirect::Ask("::1".into(), 7000)));
+            for other in ["ERR unknown", "MOVED x 1.2.3.4:1", "MOVED 1 nohostport", "NOSCRIPT x"] {
+                assert_eq!(redirect(other), None, "{other}");
+            }
+        }
+
+        #[test]
+        fn refusals_name_the_field() {
+            assert_eq!(config().validate(), Ok(()));
+            let err = FleetConfig { fleet_cap: 0, ..config() }.validate().unwrap_err();
+            assert!(matches!(err, FleetError::OutOfRange { key: "fleet_cap", .. }), "{err}");
+            assert_eq!(err.to_string(), "fleet_cap must be between 1 and 16777216, got 0");
+            let err = FleetConfig { dependency: "a{b}".into(), ..config() }.validate().unwrap_err();
+            assert_eq!(err.key(), "dependency");
+            let err = FleetConfig { instance: String::new(), ..config() }.validate().unwrap_err();
+            assert_eq!(err, FleetError::InstanceId);
+            let err =
+                FleetConfig { call_timeout: Duration::ZERO, ..config() }.validate().unwrap_err();
+            assert_eq!(err.key(), "call_timeout");
+        }
+
+        #[test]
+        fn a_lease_longer_than_the_budget_window_is_refused() {
+            let fleet =
+                Fleet::try_new(FleetConfig { lease_ttl: Duration::from_secs(10), ..config() })
+                    .unwrap();
+            let spec: BudgetSpec = "ratio:ttl=10s".parse().unwrap();
+            let err = fleet.budget(&spec).unwrap_err();
+            assert!(matches!(err, FleetError::LeaseAboveBudgetTtl { .. }), "{err}");
+            assert_eq!(err.key(), "lease_ttl");
+        }
     }
 }
+#[cfg(feature = "client")]
+pub use worker::FleetWorker;

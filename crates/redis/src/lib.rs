@@ -51,6 +51,10 @@
 //! are Cluster-ready, the client is not. docs/fleet.md has the choices made where the design
 //! was silent.
 //!
+//! Without the default feature `client` (tokio, rustls) the crate is the fleet's settings and
+//! their checks only ([`FleetConfig`], [`Fleet::try_new`], [`Fleet::budget`], [`RedisTarget`]):
+//! what a crate that reads a configuration needs.
+//!
 //! [`Limiter::set_lease`]: stormguard_core::limiter::Limiter::set_lease
 
 #![warn(missing_docs)]
@@ -58,11 +62,16 @@
 mod fleet;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(feature = "client")]
 pub mod resp;
+#[cfg(feature = "client")]
 pub mod server;
+mod target;
 
+#[cfg(feature = "client")]
+pub use fleet::FleetWorker;
 pub use fleet::{
-    Fleet, FleetBudget, FleetConfig, FleetError, FleetMode, FleetSnapshot, FleetWorker,
-    LEASE_SCRIPT, default_instance_id,
+    Fleet, FleetBudget, FleetConfig, FleetError, FleetMode, FleetSnapshot, LEASE_SCRIPT,
+    default_instance_id,
 };
-pub use resp::{BadRedisUrl, RedisTarget};
+pub use target::{BadRedisUrl, RedisTarget};

@@ -3,14 +3,18 @@
 //! system's roots (rustls-native-certs) or only those of a CA file, and an optional client
 //! certificate (mutual TLS). Files are PEM, read with a bound (a FIFO or `/dev/zero` is refused,
 //! not read forever); every problem is a typed [`TlsError`] that names the setting at fault.
+//!
+//! The settings and their errors ([`TlsFiles`], [`TlsError`]) need nothing else; reading and
+//! building them ([`client_config`]) is the default feature `rustls`. A crate that only reads
+//! a configuration (`stormguard audit`) goes without it.
 
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
+
+/// An error from rustls (or its PEM reader), kept as the source of a [`TlsError`].
+pub type RustlsError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Which TLS files to use. Relative paths are from the current directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -62,8 +66,8 @@ pub enum TlsError {
     Certificate {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: rustls::Error,
+        /// Why (a `rustls::Error`).
+        source: RustlsError,
     },
     /// `client_cert` without `client_key`.
     #[error("client_cert needs client_key")]
@@ -73,10 +77,10 @@ pub enum TlsError {
     KeyWithoutCert,
     /// The key is not the certificate's.
     #[error("does not fit client_cert: {0}")]
-    KeyMismatch(rustls::Error),
+    KeyMismatch(RustlsError),
     /// rustls refused the protocol versions.
     #[error("{0}")]
-    Protocol(rustls::Error),
+    Protocol(RustlsError),
 }
 
 /// What was wrong with a PEM file.
@@ -94,7 +98,7 @@ pub enum PemProblem {
     NothingOfThatKind,
     /// Not PEM.
     #[error("not valid PEM: {0}")]
-    Invalid(rustls::pki_types::pem::Error),
+    Invalid(RustlsError),
     /// Reading failed.
     #[error("{0}")]
     Io(io::Error),
@@ -118,17 +122,19 @@ impl TlsError {
 /// client certificate, if any; ALPN is left to the connector. `needs_roots` names who will use
 /// it: with no `ca_file` and no system root, one warning is logged for it (every handshake will
 /// fail); `None` logs nothing (a config check).
+#[cfg(feature = "rustls")]
 pub fn client_config(
     tls: &TlsFiles,
     needs_roots: Option<&str>,
 ) -> Result<rustls::ClientConfig, TlsError> {
+    use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     match &tls.ca_file {
         Some(path) => {
             for c in read_certs("tls.ca_file", path)? {
                 roots
                     .add(c)
-                    .map_err(|source| TlsError::Certificate { path: path.clone(), source })?;
+                    .map_err(|e| TlsError::Certificate { path: path.clone(), source: e.into() })?;
             }
         }
         None => {
@@ -146,10 +152,10 @@ pub fn client_config(
             }
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(TlsError::Protocol)?
+        .map_err(|e| TlsError::Protocol(e.into()))?
         .with_root_certificates(roots);
     match (&tls.client_cert, &tls.client_key) {
         (None, None) => Ok(builder.with_no_client_auth()),
@@ -158,18 +164,26 @@ pub fn client_config(
         (Some(cert), Some(key_path)) => {
             let chain = read_certs("tls.client_cert", cert)?;
             let pem_text = read_pem("tls.client_key", key_path)?;
-            let key = PrivateKeyDer::from_pem_slice(&pem_text).map_err(|e| TlsError::Pem {
-                key: "tls.client_key",
-                path: key_path.clone(),
-                reason: PemProblem::NoKey(Box::new(pem(e))),
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&pem_text).map_err(|e| {
+                TlsError::Pem {
+                    key: "tls.client_key",
+                    path: key_path.clone(),
+                    reason: PemProblem::NoKey(Box::new(pem(e))),
+                }
             })?;
-            builder.with_client_auth_cert(chain, key).map_err(TlsError::KeyMismatch)
+            builder.with_client_auth_cert(chain, key).map_err(|e| TlsError::KeyMismatch(e.into()))
         }
     }
 }
 
 /// Every certificate in a PEM file; at least one.
-fn read_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+#[cfg(feature = "rustls")]
+fn read_certs(
+    key: &'static str,
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
     let text = read_pem(key, path)?;
     let bad = |reason| TlsError::Pem { key, path: path.to_path_buf(), reason };
     let certs = CertificateDer::pem_slice_iter(&text)
@@ -184,7 +198,8 @@ fn read_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'stat
 
 /// A PEM file's bytes: a regular file of at most 16 MiB (`/dev/zero` or a FIFO is refused, not
 /// read forever).
-fn read_pem(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+#[cfg(feature = "rustls")]
+fn read_pem(key: &'static str, path: &std::path::Path) -> Result<Vec<u8>, TlsError> {
     stormguard_input::read(path, stormguard_input::MAX_FILE).map_err(|source| TlsError::Read {
         key,
         path: path.to_path_buf(),
@@ -192,10 +207,11 @@ fn read_pem(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
+#[cfg(feature = "rustls")]
 fn pem(e: rustls::pki_types::pem::Error) -> PemProblem {
     match e {
         rustls::pki_types::pem::Error::Io(e) => PemProblem::Io(e),
         rustls::pki_types::pem::Error::NoItemsFound => PemProblem::NothingOfThatKind,
-        other => PemProblem::Invalid(other),
+        other => PemProblem::Invalid(other.into()),
     }
 }
