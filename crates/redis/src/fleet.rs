@@ -960,9 +960,8 @@ mod worker {
         }
     }
 
-    #[cfg(all(test, feature = "client"))]
+    #[cfg(test)]
     mod tests {
-        use super::worker::*;
         use super::*;
 
         fn config() -> FleetConfig {
