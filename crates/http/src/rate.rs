@@ -166,4 +166,3 @@ impl RateAdmission {
             || self.output_tokens_per_minute.is_some()
     }
 }
-

@@ -38,7 +38,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -62,54 +61,7 @@ pub const PER_REQUEST: usize = 64;
 /// Shards of the table (each its own lock).
 pub const SHARDS: usize = 16;
 
-/// What the proxy does with a caller's own retries (`caller_retries`, per dependency).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CallerRetries {
-    /// Charged to the budget and admitted like stormguard's own retries: refused at once when
-    /// none is left (the default: a sidecar's point is a budget that holds whatever the
-    /// caller's loop does).
-    #[default]
-    Enforce,
-    /// Recognised and counted (`stormguard_caller_retries_total{outcome="counted"}`), sent as
-    /// first tries: to measure before enforcing.
-    Count,
-    /// Not looked for: every request is a first try.
-    Off,
-}
-
-impl CallerRetries {
-    /// The value as the config writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallerRetries::Enforce => "enforce",
-            CallerRetries::Count => "count",
-            CallerRetries::Off => "off",
-        }
-    }
-}
-
-impl fmt::Display for CallerRetries {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A `caller_retries` value that is none of the three.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected \"enforce\", \"count\" or \"off\", got {0:?}")]
-pub struct BadCallerRetries(String);
-
-impl FromStr for CallerRetries {
-    type Err = BadCallerRetries;
-    fn from_str(s: &str) -> Result<CallerRetries, BadCallerRetries> {
-        match s {
-            "enforce" => Ok(CallerRetries::Enforce),
-            "count" => Ok(CallerRetries::Count),
-            "off" => Ok(CallerRetries::Off),
-            other => Err(BadCallerRetries(other.to_string())),
-        }
-    }
-}
+pub use stormguard_proxy_config::{BadCallerRetries, CallerRetries};
 
 /// How an answer left its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

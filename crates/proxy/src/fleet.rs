@@ -19,7 +19,7 @@ pub(crate) fn build(
 ) -> Result<(Dependency, Option<(Fleet, FleetWorker)>), StartError> {
     let invalid = |e: Invalid<RuleError>| StartError::Invalid(Box::new(e.under(here)));
     let tower_error = |e: stormguard_tower::DependencyError| {
-        invalid(Invalid::new(KeyPath::root().key(e.key()), e.into()))
+        invalid(Invalid::new(KeyPath::root().key(e.key()), RuleError::Dependency(Box::new(e))))
     };
     let Some(placement) = &d.fleet else {
         let dependency = Dependency::try_new(tower).map_err(tower_error)?;

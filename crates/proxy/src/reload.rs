@@ -113,7 +113,7 @@ pub(crate) fn build(
     addrs: &[SocketAddr],
     trace: Option<&Arc<TraceFile>>,
 ) -> Result<Built, crate::StartError> {
-    use crate::config::{Invalid, KeyPath, RuleError};
+    use crate::config::{Invalid, KeyPath, RuleError, ToTower};
     let invalid =
         |key: KeyPath, e: RuleError| crate::StartError::Invalid(Box::new(Invalid::new(key, e)));
     let mut report = ReloadReport::default();
@@ -134,10 +134,9 @@ pub(crate) fn build(
         let upstreams: Arc<[http::Uri]> = d.upstreams.clone().into();
         let same_upstream = old.filter(|o| o.upstreams == upstreams);
         let dependency = match same_upstream {
-            Some(o) if d.fleet.is_none() => o
-                .dependency
-                .successor(tower)
-                .map_err(|e| invalid(here.clone().key(e.key()), e.into()))?,
+            Some(o) if d.fleet.is_none() => o.dependency.successor(tower).map_err(|e| {
+                invalid(here.clone().key(e.key()), RuleError::Dependency(Box::new(e)))
+            })?,
             _ => {
                 let (dependency, fleet) = crate::fleet::build(d, &here, tower)?;
                 fleets.extend(fleet);

@@ -142,17 +142,12 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, TlsError> {
     Ok(UpstreamClient { send: Sender::Client(Arc::new(builder.build(connector))), peer })
 }
 
-pub use stormguard_tls::{PemProblem, TlsError};
+pub use stormguard_tls::TlsError;
 
-/// The rustls client config of a dependency: roots, ALPN (set by the connector), client
-/// certificate. Logs nothing (the config check calls it too).
-pub fn tls_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
-    stormguard_tls::client_config(tls, None)
-}
-
-/// [`tls_config`] for the client of the dependency `needs_roots` names when it has an https://
-/// upstream: with no `ca_file` and no system root, that one logs one warning (every handshake
-/// will fail).
+/// The rustls client config of the dependency `needs_roots` names when it has an https://
+/// upstream (roots, ALPN set by the connector, client certificate): with no `ca_file` and no
+/// system root, it logs one warning (every handshake will fail). The config check reads the
+/// same files through `stormguard_tls::client_config`.
 fn tls_config_for(
     tls: &TlsConfig,
     needs_roots: Option<&str>,

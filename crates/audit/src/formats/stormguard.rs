@@ -13,7 +13,7 @@
 
 use stormguard_config::{Document, FileError, KeyPath, Problem};
 use stormguard_core::budget::BudgetSpec;
-use stormguard_proxy::config::ProxyConfig;
+use stormguard_proxy_config::ProxyConfig;
 
 use crate::formats::conditions;
 use crate::model::{Budget, Format, Layer, Location, Rule, Severity, pct};
@@ -36,7 +36,7 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
         stormguard_core::text::line_col(text, doc.span(key).start).0.try_into().unwrap_or(u32::MAX)
     };
     let loc = |key: &KeyPath| Location { file: file.to_string(), line: line(key) };
-    let config = match ProxyConfig::read(&doc, false) {
+    let config = match ProxyConfig::read(&doc) {
         Ok(config) => config,
         Err(e) => {
             let (at, key, problem) = match &e {

@@ -10,7 +10,7 @@ use stormguard_audit::{AuditOptions, Budget, Rule, audit_sources};
 use stormguard_core::budget::BudgetSpec;
 use stormguard_core::conditions::RetryOn;
 use stormguard_core::defaults;
-use stormguard_proxy::config::ProxyConfig;
+use stormguard_proxy::config::{ProxyConfig, ToTower};
 use stormguard_sim::Scenario;
 
 /// A proxy config that names an upstream and nothing else.

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use stormguard_chaos::{ChaosConfig, ChaosServer, Latency, OnDisconnect, Phase};
 use stormguard_core::adaptive::AdaptiveConfig;
-use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
+use stormguard_proxy::config::{ProxyConfig, ProxyDependency, ToTower};
 use stormguard_proxy::start;
 use tokio::sync::Mutex;
 

@@ -3,15 +3,22 @@
 //!
 //! Rooms: [`model`] (the values and their defaults), `file` (the file's shape, read by
 //! `stormguard-config`, the reader every stormguard TOML format shares), [`validate`] (the
-//! rules, as typed [`RuleError`]s at a key path), `view` (`/config`'s JSON), `tower` (the
-//! in-process dependency each is built into) and `overrides` (flags kept over reloads).
+//! rules, as typed [`RuleError`]s at a key path), `view` (`/config`'s JSON) and `overrides`
+//! (flags kept over reloads). The in-process dependency each is built into is the proxy's
+//! (`stormguard_proxy::config::ToTower`).
+//!
+//! No runtime, no network, no TLS library: the proxy, `stormguard check-config` and
+//! `stormguard audit` read a file with the same code. The default feature `files` reads the
+//! TLS files a config names (rustls), as loading it for the proxy does ([`ProxyConfig::load`],
+//! [`ProxyConfig::parse`]); without it (audit) only the text's own rules are checked
+//! ([`ProxyConfig::read`]).
 //!
 //! A mistake in a file is reported as `file:line:column: key.path: reason` (the key as
 //! `dependency[0].cap`, indices from 0), so `stormguard check-config` can point at it before
 //! anything starts.
 //!
 //! ```
-//! use stormguard_proxy::config::{ProxyConfig, RuleError};
+//! use stormguard_proxy_config::{ProxyConfig, RuleError};
 //!
 //! let config = ProxyConfig::parse(r#"
 //! [[listener]]
@@ -36,48 +43,55 @@
 // A broken rule is found once per load or reload, never on a request's path: its error is
 // returned by value, whatever its size.
 #![allow(clippy::result_large_err)]
+// `/config`'s JSON is one `json!` of every key.
+#![recursion_limit = "256"]
+#![warn(missing_docs)]
 
 mod file;
 pub mod model;
 mod overrides;
-mod tower;
 pub mod validate;
 mod view;
 
-use std::path::Path;
-
-pub use crate::upstream::{PemProblem, TlsError};
 pub use model::*;
 pub use overrides::Overrides;
 pub use stormguard_config::{Document, FileError as ConfigError, Invalid, KeyPath, Segment};
+pub use stormguard_tls::{PemProblem, TlsError};
 pub use validate::{RuleError, RuleViolation};
 
 impl ProxyConfig {
     /// Reads and checks a config file (a regular file of at most 16 MiB), TLS files read.
-    pub fn load(path: &Path) -> Result<ProxyConfig, ConfigError> {
-        let mut config = stormguard_config::load(path, |doc| ProxyConfig::read(doc, true))?;
+    #[cfg(feature = "files")]
+    pub fn load(path: &std::path::Path) -> Result<ProxyConfig, ConfigError> {
+        let mut config = stormguard_config::load(path, ProxyConfig::read_with_files)?;
         config.source = Some(path.to_path_buf());
         Ok(config)
     }
 
     /// Parses and checks a config, TLS files read; `file` names it in errors.
+    #[cfg(feature = "files")]
     pub fn parse(text: &str, file: &str) -> Result<ProxyConfig, ConfigError> {
-        ProxyConfig::read(&Document::parse(text, file)?, true)
+        ProxyConfig::read_with_files(&Document::parse(text, file)?)
     }
 
-    /// The config a parsed document describes, every rule checked; the TLS files it names are
-    /// read only with `files` (`stormguard audit` reads a config on a machine that need not
+    /// The config a parsed document describes, every rule of its text checked; the TLS files
+    /// it names are not read (`stormguard audit` reads a config on a machine that need not
     /// have them).
-    pub fn read(doc: &Document<'_>, files: bool) -> Result<ProxyConfig, ConfigError> {
+    pub fn read(doc: &Document<'_>) -> Result<ProxyConfig, ConfigError> {
         let config =
             doc.deserialize::<file::ProxyFile>()?.into_model().map_err(|e| doc.invalid(e))?;
         config.validate().map_err(|e| doc.invalid(e))?;
-        if files {
-            config.check_files().map_err(|e| doc.invalid(e))?;
-        }
+        Ok(config)
+    }
+
+    /// [`read`](Self::read), then the TLS files read.
+    #[cfg(feature = "files")]
+    fn read_with_files(doc: &Document<'_>) -> Result<ProxyConfig, ConfigError> {
+        let config = ProxyConfig::read(doc)?;
+        config.check_files().map_err(|e| doc.invalid(e))?;
         Ok(config)
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "files"))]
 mod tests;

@@ -11,7 +11,7 @@ use super::{AdminToken, ProxyConfig};
 /// reload from the file**, so SIGHUP or `POST /reload` reads the file and keeps them. They are
 /// the process's own settings, as an Envoy or HAProxy command line sets them; a dependency's
 /// settings (cap, budget, retries) live only in the file. `/config` shows them under
-/// `overrides`. ([`ProxyHandle::reload`](crate::ProxyHandle::reload) takes the config it is
+/// `overrides`. (The proxy handle's `reload` takes the config it is
 /// given as it is.)
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {

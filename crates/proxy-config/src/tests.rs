@@ -328,7 +328,7 @@ fn provider_keys_read_and_their_mistakes_are_located() {
     );
     let c = ProxyConfig::parse(&text, "f.toml").unwrap();
     let d = &c.dependencies[0];
-    assert_eq!(d.rate.provider, Some(stormguard_tower::Provider::Anthropic));
+    assert_eq!(d.rate.provider, Some(stormguard_http::rate::Provider::Anthropic));
     assert!(d.rate.is_on(), "a provider learns its limits");
     assert_eq!(
         (d.rate.input_tokens_per_minute, d.rate.output_tokens_per_minute),
@@ -339,7 +339,7 @@ fn provider_keys_read_and_their_mistakes_are_located() {
         (Duration::from_secs(120), Duration::from_millis(500))
     );
     assert_eq!(d.bytes_per_token, 3);
-    assert_eq!(d.retry_on.to_string(), stormguard_tower::rate::PROVIDER_RETRY_ON);
+    assert_eq!(d.retry_on.to_string(), stormguard_http::rate::PROVIDER_RETRY_ON);
     // retry_on set: it wins over the preset.
     let c =
         ProxyConfig::parse(&format!("{BASE}provider = \"openai\"\nretry_on = \"5xx\"\n"), "f.toml")

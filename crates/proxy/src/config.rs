@@ -1,25 +1,20 @@
-//! The mapping from a [`ProxyDependency`](super::ProxyDependency) to tower's
-//! [`DependencyConfig`](stormguard_tower::DependencyConfig): what the proxy's stack is built from.
+//! The proxy's configuration: the model, the file, the rules and the `/config` view are
+//! [`stormguard_proxy_config`]'s (re-exported here); what is the proxy's own is the mapping from
+//! a [`ProxyDependency`] to tower's [`DependencyConfig`](stormguard_tower::DependencyConfig),
+//! what the proxy's stack is built from ([`ToTower`]).
 
-use stormguard_core::limiter::LimiterConfig;
+pub use stormguard_proxy_config::*;
 
-use super::{ProxyDependency, upstream_label};
-
-impl ProxyDependency {
+/// A dependency's config as the in-process dependency the proxy's stack runs on.
+pub trait ToTower {
     /// The tower dependency this describes.
-    pub fn to_tower(&self) -> stormguard_tower::DependencyConfig {
+    fn to_tower(&self) -> stormguard_tower::DependencyConfig;
+}
+
+impl ToTower for ProxyDependency {
+    fn to_tower(&self) -> stormguard_tower::DependencyConfig {
         let mut c = stormguard_tower::DependencyConfig::new(self.name.clone());
-        c.limiter = LimiterConfig {
-            cap: self.upstream_cap(0),
-            queue_len: self.queue,
-            queue_timeout: self.queue_timeout,
-            // With one upstream its own adaptive cap (or the dependency's); with several, the
-            // dependency's, each upstream's resolved in its own spec below.
-            adaptive: match self.upstreams.len() {
-                1 => self.upstream_adaptive(0),
-                _ => self.adaptive.map(|a| self.clamp_adaptive(a)),
-            },
-        };
+        c.limiter = self.limiter_config();
         c.budget = self.budget;
         c.retry.retry_on = self.retry_on.clone();
         c.retry.max_retries = self.max_retries;

@@ -185,7 +185,7 @@ struct DependencyFile {
     output_tokens_per_minute: Option<u64>,
     learn_rate_limits: Option<bool>,
     #[serde(default, deserialize_with = "sde::option_from_str")]
-    provider: Option<stormguard_tower::Provider>,
+    provider: Option<stormguard_http::rate::Provider>,
     #[serde(default, deserialize_with = "sde::option_duration")]
     quota_hold: Option<Duration>,
     #[serde(default, deserialize_with = "sde::option_duration")]
@@ -199,7 +199,7 @@ struct DependencyFile {
     max_hedges: Option<u32>,
     adaptive: Option<AdaptiveFile>,
     #[serde(default, deserialize_with = "sde::option_from_str")]
-    caller_retries: Option<crate::callers::CallerRetries>,
+    caller_retries: Option<super::CallerRetries>,
     #[serde(default, deserialize_with = "sde::option_duration")]
     client_retry_window: Option<Duration>,
 }

@@ -17,7 +17,7 @@ use super::{
     AdminTokenError, ConnectionConfig, FleetPlacement, ProxyConfig, ProxyDependency,
     RedisSourceError, upstream_label,
 };
-use crate::upstream::TlsError;
+use stormguard_tls::TlsError;
 
 /// A rule of the proxy's configuration that a value breaks. Each says what is wrong and, where
 /// there is one, the fix.
@@ -45,9 +45,10 @@ pub enum RuleError {
     /// An admin token that cannot be used.
     #[error(transparent)]
     AdminToken(#[from] AdminTokenError),
-    /// The in-process dependency refused what the proxy built from this config.
+    /// The in-process dependency refused what the proxy built from this config (a
+    /// `stormguard_tower::DependencyError`).
     #[error(transparent)]
-    Dependency(#[from] stormguard_tower::DependencyError),
+    Dependency(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// A number outside its range.
     #[error("must be between {min} and {max}, got {got}")]
     OutOfRange {
@@ -243,7 +244,7 @@ impl FleetPlacement {
 
 /// A fleet rule under the dependency's key for the field it names; the margin and the call
 /// timeout follow from `lease_ttl`.
-pub(crate) fn fleet_error(e: stormguard_redis::FleetError) -> RuleViolation {
+pub fn fleet_error(e: stormguard_redis::FleetError) -> RuleViolation {
     let key = match e.key() {
         "dependency" => "name",
         "margin" | "call_timeout" => "lease_ttl",
@@ -340,7 +341,7 @@ impl ProxyDependency {
         if let Some(m) = self.http2.max_concurrent_streams {
             range("max_concurrent_streams", 1, i32::MAX as u64, u64::from(m))?;
         }
-        self.to_tower().limiter.validate().map_err(limiter_error)?;
+        self.limiter_config().validate().map_err(limiter_error)?;
         self.budget.build().map_err(|e| at("budget", e))?;
         if self.max_retries > MAX_RETRIES_LIMIT {
             return Err(at(
@@ -402,16 +403,17 @@ impl ProxyDependency {
 
     /// Reads the TLS files of `https://` upstreams: a missing or invalid one is a config
     /// error, not a failed request.
+    #[cfg(feature = "files")]
     pub fn check_files(&self) -> Result<(), RuleViolation> {
         if self.upstreams.iter().any(|u| u.scheme_str() == Some("https")) {
-            crate::upstream::tls_config(&self.tls).map_err(tls_error)?;
+            stormguard_tls::client_config(&self.tls, None).map_err(tls_error)?;
         }
         Ok(())
     }
 }
 
 /// A TLS error under the dependency's key for the file it names (`tls.ca_file`).
-pub(crate) fn tls_error(e: TlsError) -> RuleViolation {
+pub fn tls_error(e: TlsError) -> RuleViolation {
     let key = e.key().split('.').fold(KeyPath::root(), KeyPath::key);
     Invalid::new(key, RuleError::Tls(e))
 }
@@ -504,6 +506,7 @@ impl ProxyConfig {
     }
 
     /// Reads every dependency's TLS files (see [`ProxyDependency::check_files`]).
+    #[cfg(feature = "files")]
     pub fn check_files(&self) -> Result<(), RuleViolation> {
         for (i, d) in self.dependencies.iter().enumerate() {
             d.check_files().map_err(|e| e.under(&KeyPath::root().key("dependency").index(i)))?;

@@ -2,8 +2,10 @@
 //! from a file by `file`, checked by [`validate`](super::validate), shown by
 //! `view`.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use http::{HeaderName, Uri};
@@ -61,7 +63,7 @@ pub struct ProxyConfig {
     /// Distinct `client` label values, at most; later callers are counted as `other`.
     /// Default 32.
     pub client_max: usize,
-    /// On SIGTERM (or [`ProxyHandle::drain`](crate::ProxyHandle::drain)): how long requests in
+    /// On SIGTERM (or the proxy handle's `drain`): how long requests in
     /// flight may take to finish before their connections are closed. Default 10 s.
     pub drain_timeout: Duration,
     /// The longest a caller may go without sending request body bytes: past it the request is
@@ -322,9 +324,9 @@ pub struct ProxyDependency {
     pub http2: Http2Config,
     /// A model provider's requests and tokens per minute (`requests_per_minute`,
     /// `tokens_per_minute`, `learn_rate_limits`), metered before each attempt: see
-    /// [`stormguard_tower::RateAdmission`]. The request's tokens are estimated from its body
+    /// [`RateAdmission`](stormguard_http::rate::RateAdmission). The request's tokens are estimated from its body
     /// (its `max_tokens` and its size). Default: off.
-    pub rate: stormguard_tower::RateAdmission,
+    pub rate: stormguard_http::rate::RateAdmission,
     /// Request body bytes per input token, for rate admission's estimate of a request's tokens
     /// (`bytes_per_token`). Default 4.
     pub bytes_per_token: u64,
@@ -338,8 +340,8 @@ pub struct ProxyDependency {
     pub adaptive: Option<stormguard_core::adaptive::AdaptiveConfig>,
     /// What a caller's own retry is to this dependency (`caller_retries`): charged to the
     /// budget (`enforce`, the default), counted only (`count`), or not looked for (`off`). See
-    /// [`CallerRetries`](crate::callers::CallerRetries).
-    pub caller_retries: crate::callers::CallerRetries,
+    /// [`CallerRetries`].
+    pub caller_retries: CallerRetries,
     /// How long after a failed or refused answer the caller's identical request is its retry
     /// (`client_retry_window`). Default 10 s.
     pub client_retry_window: Duration,
@@ -501,11 +503,11 @@ impl ProxyDependency {
             fleet: None,
             tls: TlsConfig::default(),
             http2: Http2Config::default(),
-            rate: stormguard_tower::RateAdmission::default(),
+            rate: stormguard_http::rate::RateAdmission::default(),
             bytes_per_token: stormguard_http::provider::Estimator::default().bytes_per_token,
             hedge: None,
             adaptive: None,
-            caller_retries: crate::callers::CallerRetries::default(),
+            caller_retries: CallerRetries::default(),
             client_retry_window: defaults::CLIENT_RETRY_WINDOW,
         }
     }
@@ -524,8 +526,24 @@ impl ProxyDependency {
         Some(self.clamp_adaptive(a))
     }
 
+    /// The limiter the dependency's (first) upstream is built with: its cap, the dependency's
+    /// queue and queue timeout, and with one upstream its own adaptive cap (or the
+    /// dependency's); with several, the dependency's (each upstream's own is resolved beside
+    /// it, [`upstream_adaptive`](Self::upstream_adaptive)).
+    pub fn limiter_config(&self) -> stormguard_core::limiter::LimiterConfig {
+        stormguard_core::limiter::LimiterConfig {
+            cap: self.upstream_cap(0),
+            queue_len: self.queue,
+            queue_timeout: self.queue_timeout,
+            adaptive: match self.upstreams.len() {
+                1 => self.upstream_adaptive(0),
+                _ => self.adaptive.map(|a| self.clamp_adaptive(a)),
+            },
+        }
+    }
+
     /// An adaptive cap whose ceiling (and floor) are at most `max_concurrent_streams`.
-    pub(crate) fn clamp_adaptive(
+    fn clamp_adaptive(
         &self,
         mut a: stormguard_core::adaptive::AdaptiveConfig,
     ) -> stormguard_core::adaptive::AdaptiveConfig {
@@ -630,6 +648,55 @@ impl ProxyConfig {
             admin_access: AdminAccessConfig::default(),
             source: None,
             overrides: Overrides::default(),
+        }
+    }
+}
+
+/// What the proxy does with a caller's own retries (`caller_retries`, per dependency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallerRetries {
+    /// Charged to the budget and admitted like stormguard's own retries: refused at once when
+    /// none is left (the default: a sidecar's point is a budget that holds whatever the
+    /// caller's loop does).
+    #[default]
+    Enforce,
+    /// Recognised and counted (`stormguard_caller_retries_total{outcome="counted"}`), sent as
+    /// first tries: to measure before enforcing.
+    Count,
+    /// Not looked for: every request is a first try.
+    Off,
+}
+
+impl CallerRetries {
+    /// The value as the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallerRetries::Enforce => "enforce",
+            CallerRetries::Count => "count",
+            CallerRetries::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for CallerRetries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A `caller_retries` value that is none of the three.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected \"enforce\", \"count\" or \"off\", got {0:?}")]
+pub struct BadCallerRetries(String);
+
+impl FromStr for CallerRetries {
+    type Err = BadCallerRetries;
+    fn from_str(s: &str) -> Result<CallerRetries, BadCallerRetries> {
+        match s {
+            "enforce" => Ok(CallerRetries::Enforce),
+            "count" => Ok(CallerRetries::Count),
+            "off" => Ok(CallerRetries::Off),
+            other => Err(BadCallerRetries(other.to_string())),
         }
     }
 }
