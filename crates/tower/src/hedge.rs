@@ -1,14 +1,16 @@
 //! Hedged requests in the tower layer: the first attempt alone until the hedge is due
 //! ([`RetryPolicy::hedge_after`](stormguard_core::decision::RetryPolicy::hedge_after)), then —
-//! if the retry rules allow it ([`decide_hedge`](stormguard_core::decision::RetryPolicy::decide_hedge):
-//! idempotent, no pushback hold, breaker closed, budget) and a slot is free now — a second
-//! attempt, marked `x-stormguard-attempt: 2; hedge`, to the next upstream when there are
-//! several. The race itself is run by [`RetryFuture`](crate::retry::RetryFuture), with the
-//! first attempt in place (a request that never hedges pays no allocation for the
-//! possibility). The first successful answer is the caller's; the other attempt is dropped and
-//! the cap runs it on in the background, holding its slot until the dependency has finished it
-//! (the abandoned-attempt rules: counted as abandoned). When both fail, the decision loop goes
-//! on from the last failure, as after any failed attempt.
+//! if the request's life admits one now ([`Life::hedge_due`](stormguard_core::life::Life::hedge_due):
+//! the retry rules' checks, then the total cap, the provider's window and a slot, never
+//! waiting) — a hedge beside it, marked `x-stormguard-attempt: 2; hedge`, to the next upstream
+//! when there are several; while `max_hedges` allows, another goes the same delay after the
+//! last, if that one has not answered. The race itself is run by
+//! [`RetryFuture`](crate::retry::RetryFuture), with the first attempt in place (a request that
+//! never hedges pays no allocation for the possibility). The first successful answer is the
+//! caller's; the other attempts are dropped and the cap runs each on in the background,
+//! holding its slot until the dependency has finished it (the abandoned-attempt rules: counted
+//! as abandoned). When all fail, the decision loop goes on from the last failure, as after any
+//! failed attempt. A retry is never hedged.
 
 use http::{Request, Response};
 use http_body::Body;
@@ -33,11 +35,14 @@ pub(crate) struct SentHedge<RB> {
     pub(crate) number: u32,
 }
 
-/// Sends the hedge, if the request's life admits one now
+/// Sends a hedge beside attempt `hedged`, if the request's life admits one now
 /// ([`Life::hedge_due`](stormguard_core::life::Life::hedge_due): the retry rules, then the total
 /// cap, the provider's window and its upstream's slot, never waiting). Its budget and scope
 /// charges stay with the life until the hedge has ended.
-pub(crate) fn send<S, P, B, RB>(rest: &mut Rest<S, P, B>) -> Option<SentHedge<RB>>
+pub(crate) fn send<S, P, B, RB>(
+    rest: &mut Rest<S, P, B>,
+    hedged: AttemptId,
+) -> Option<SentHedge<RB>>
 where
     S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -53,7 +58,7 @@ where
     let gates = dep.gates(cost);
     let life = rest.life();
     life.set_replayable(replayable);
-    let admitted = match life.hedge_due(&gates, now, AttemptId::FIRST) {
+    let admitted = match life.hedge_due(&gates, now, hedged) {
         Ok(admitted) => admitted,
         Err(reason) => {
             if let Some(reason) = reason {

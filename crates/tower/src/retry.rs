@@ -530,29 +530,29 @@ where
                 RetryProj::Boxed { fut } => return fut.as_mut().poll(cx),
                 RetryProj::Done { .. } => panic!("a RetryFuture polled after it finished"),
                 RetryProj::First { mut attempt, rest, hedge } => loop {
-                    // The first attempt, unless it already failed beside its hedge.
-                    if !matches!(hedge, Hedge::Alone(_))
-                        && let Poll::Ready(result) = attempt.as_mut().poll(cx)
-                    {
+                    // The first attempt, unless it already failed beside its hedges.
+                    let first_failed = matches!(hedge, Hedge::Racing(race) if race.first_failed);
+                    if !first_failed && let Poll::Ready(result) = attempt.as_mut().poll(cx) {
                         let mut r = rest.take().expect("a RetryFuture polled after it finished");
-                        match std::mem::replace(hedge, Hedge::Off) {
-                            // Failed with its hedge in flight: the hedge's answer decides.
-                            Hedge::Racing(h) if !succeeded(&r.policy, &result) => {
+                        match hedge {
+                            // Failed with hedges in flight: theirs decide.
+                            Hedge::Racing(race)
+                                if !race.sent.is_empty() && !succeeded(&r.policy, &result) =>
+                            {
                                 r.life().ended(AttemptId::FIRST);
-                                *hedge = Hedge::Alone(h);
+                                race.first_failed = true;
                                 *rest = Some(r);
                             }
-                            // A hedge still in flight is dropped here: the cap runs it on in
-                            // the background, holding its slot (the abandoned-attempt rules).
-                            _ => match first_answered(
-                                r,
-                                result,
-                                attempt.span(),
-                                (AttemptId::FIRST, 1),
-                            ) {
-                                Ok(answer) => break Next::Answer(answer),
-                                Err(decision_loop) => break Next::Loop(decision_loop),
-                            },
+                            // Hedges still in flight are dropped with this future: the cap
+                            // runs each on in the background, holding its slot (the
+                            // abandoned-attempt rules).
+                            _ => {
+                                let first = (AttemptId::FIRST, 1);
+                                match first_answered(r, result, attempt.span(), first) {
+                                    Ok(answer) => break Next::Answer(answer),
+                                    Err(decision_loop) => break Next::Loop(decision_loop),
+                                }
+                            }
                         }
                     }
                     match hedge {
@@ -563,37 +563,52 @@ where
                             if t.as_mut().poll(cx).is_pending() {
                                 return Poll::Pending;
                             }
+                            let delay = *delay;
                             let r = rest.as_mut().expect("a RetryFuture polled after it finished");
-                            *hedge = match crate::hedge::send(r) {
-                                Some(sent) => Hedge::Racing(Box::new(sent)),
+                            *hedge = match crate::hedge::send(r, AttemptId::FIRST) {
+                                Some(sent) => Hedge::Racing(Box::new(Race::new(sent, delay, r))),
                                 None => Hedge::Off,
                             };
                         }
-                        Hedge::Racing(h) | Hedge::Alone(h) => {
-                            let Poll::Ready(result) = h.fut.as_mut().poll(cx) else {
-                                return Poll::Pending;
-                            };
-                            let mut r =
-                                rest.take().expect("a RetryFuture polled after it finished");
-                            let won = succeeded(&r.policy, &result);
-                            if !won && matches!(hedge, Hedge::Racing(_)) {
-                                // The hedge failed first: the first attempt's answer decides
-                                // (it was polled above, so it will wake this future).
-                                if let Hedge::Racing(h) = hedge {
-                                    r.life().ended(h.id);
+                        Hedge::Racing(race) => {
+                            // A hedge's answer: a success wins; a failure decides only when
+                            // nothing else of the request is in flight.
+                            let answered = race.sent.iter_mut().enumerate().find_map(|(i, h)| {
+                                match h.fut.as_mut().poll(cx) {
+                                    Poll::Ready(result) => Some((i, result)),
+                                    Poll::Pending => None,
                                 }
-                                *hedge = Hedge::Off;
-                                *rest = Some(r);
+                            });
+                            if let Some((i, result)) = answered {
+                                let h = race.sent.swap_remove(i);
+                                let mut r =
+                                    rest.take().expect("a RetryFuture polled after it finished");
+                                let others = race.sent.len() + usize::from(!race.first_failed);
+                                if !succeeded(&r.policy, &result) && others > 0 {
+                                    r.life().ended(h.id);
+                                    if race.hedged == h.id {
+                                        // The attempt the next hedge was for has answered.
+                                        race.next = None;
+                                    }
+                                    *rest = Some(r);
+                                    continue;
+                                }
+                                match first_answered(r, result, &h.span, (h.id, h.number)) {
+                                    Ok(answer) => break Next::Answer(answer),
+                                    Err(decision_loop) => break Next::Loop(decision_loop),
+                                }
+                            }
+                            // The next hedge, beside the last one, while `max_hedges` allows.
+                            let Some(t) = race.next.as_mut() else { return Poll::Pending };
+                            if t.as_mut().poll(cx).is_pending() {
                                 return Poll::Pending;
                             }
-                            let (Hedge::Racing(h) | Hedge::Alone(h)) =
-                                std::mem::replace(hedge, Hedge::Off)
-                            else {
-                                unreachable!("matched above")
-                            };
-                            match first_answered(r, result, &h.span, (h.id, h.number)) {
-                                Ok(answer) => break Next::Answer(answer),
-                                Err(decision_loop) => break Next::Loop(decision_loop),
+                            race.next = None;
+                            let r = rest.as_mut().expect("a RetryFuture polled after it finished");
+                            if let Some(sent) = crate::hedge::send(r, race.hedged) {
+                                race.hedged = sent.id;
+                                race.sent.push(sent);
+                                race.arm(r);
                             }
                         }
                     }
@@ -602,7 +617,7 @@ where
             match next {
                 Next::Loop(fut) => self.set(RetryFuture::Boxed { fut }),
                 Next::Answer(answer) => {
-                    // A hedge's loser still in place goes now (the cap runs it on with its
+                    // Hedges or a loser still in place go now (the cap runs each on with its
                     // slot), not when the caller drops this future.
                     self.set(RetryFuture::Done { answered: () });
                     return Poll::Ready(answer);
@@ -626,18 +641,50 @@ fn succeeded<B, RB>(
     result.as_ref().is_ok_and(|resp| policy.classify(resp.status(), resp.headers()).is_none())
 }
 
-/// A request's hedge while its first attempt is in flight.
+/// A request's hedges while its first attempt is in flight.
 pub(crate) enum Hedge<RB> {
-    /// None to come: hedging off, the hedge refused, or it failed before the first attempt
-    /// answered (whose answer then decides).
+    /// None to come: hedging off, or the hedge refused.
     Off,
     /// Due `delay` after the first attempt was sent; the timer is made at the first attempt's
     /// first pending poll, so an attempt that answers at once pays none.
     Due { delay: std::time::Duration, timer: Option<Pin<Box<tokio::time::Sleep>>> },
-    /// In flight beside the first attempt: the first success wins.
-    Racing(Box<crate::hedge::SentHedge<RB>>),
-    /// The first attempt failed: the hedge's answer decides.
-    Alone(Box<crate::hedge::SentHedge<RB>>),
+    /// Hedges in flight beside the first attempt (or after it failed): the first success wins.
+    Racing(Box<Race<RB>>),
+}
+
+/// The hedges of a request, once one was sent.
+pub(crate) struct Race<RB> {
+    /// In flight.
+    sent: Vec<crate::hedge::SentHedge<RB>>,
+    /// The first attempt failed: only the hedges are left.
+    first_failed: bool,
+    /// The attempt the next hedge would go beside (the last one sent), and its timer, armed
+    /// while the request's life allows another hedge (`max_hedges`).
+    hedged: AttemptId,
+    next: Option<Pin<Box<tokio::time::Sleep>>>,
+    delay: std::time::Duration,
+}
+
+impl<RB> Race<RB> {
+    /// The race after the first hedge went, `delay` after the first attempt.
+    fn new<S, P: AttemptPolicy<B>, B>(
+        sent: crate::hedge::SentHedge<RB>,
+        delay: std::time::Duration,
+        rest: &mut Rest<S, P, B>,
+    ) -> Race<RB> {
+        let hedged = sent.id;
+        let mut race = Race { sent: vec![sent], first_failed: false, hedged, next: None, delay };
+        race.arm(rest);
+        race
+    }
+
+    /// Arms the next hedge's timer, `delay` after the last hedge, if another may go.
+    fn arm<S, P: AttemptPolicy<B>, B>(&mut self, rest: &mut Rest<S, P, B>) {
+        let dep = rest.dep.clone();
+        if rest.life().may_hedge(dep.policy()) {
+            self.next = Some(Box::pin(tokio::time::sleep(self.delay)));
+        }
+    }
 }
 
 /// The decision loop after an attempt failed: `result` is the answer to attempt `id` (its
