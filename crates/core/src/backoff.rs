@@ -142,7 +142,7 @@ impl Default for BackoffConfig {
             base: crate::defaults::BACKOFF_BASE,
             max: crate::defaults::BACKOFF_MAX,
             multiplier: crate::defaults::BACKOFF_MULTIPLIER,
-            jitter: crate::defaults::BACKOFF_JITTER,
+            jitter: Jitter::default(),
         }
     }
 }

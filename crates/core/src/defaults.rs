@@ -20,7 +20,6 @@
 
 use std::time::Duration;
 
-use crate::backoff::Jitter;
 use crate::decimal::Fraction;
 
 /// Attempts in flight at once, first tries and retries, per upstream.
@@ -73,8 +72,10 @@ pub const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// The backoff's growth per retry.
 pub const BACKOFF_MULTIPLIER: Fraction = Fraction::from_millionths(2 * Fraction::ONE_MILLIONTHS);
 
-/// How the backoff is spread.
-pub const BACKOFF_JITTER: Jitter = Jitter::Full;
+/// How the backoff is spread: the token of [`Jitter::Full`](crate::backoff::Jitter::Full),
+/// `Jitter`'s own default. (A token, so that this module, every placement's one source of
+/// defaults, is a leaf: it imports no rule.)
+pub const BACKOFF_JITTER: &str = "full";
 
 /// A server's pushback longer than this means no retry (never a shortened wait).
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(300);
@@ -207,7 +208,7 @@ mod tests {
         assert_eq!(r.backoff, BackoffConfig::default());
         let b = BackoffConfig::default();
         assert_eq!(
-            (b.base, b.max, b.multiplier, b.jitter),
+            (b.base, b.max, b.multiplier, b.jitter.as_str()),
             (BACKOFF_BASE, BACKOFF_MAX, BACKOFF_MULTIPLIER, BACKOFF_JITTER)
         );
         assert_eq!(BudgetSpec::default().to_string(), "ratio:percent=0.2,min_per_sec=10,ttl=10s");
