@@ -388,6 +388,9 @@ struct Attempt {
     call: Ref,
     key: u64,
     kind: Sent,
+    /// When it was sent (virtual ns): a 429 lowers rate admission's limits only for an attempt
+    /// sent after the last lowering, as in the layer.
+    sent_at: u64,
     /// Which attempt of its request it is, as the request's life names it.
     id: AttemptId,
     error: bool,
@@ -1194,6 +1197,7 @@ impl<'s> Run<'s> {
             call,
             key,
             kind,
+            sent_at: self.now,
             id,
             error,
             waiting: true,
@@ -1462,7 +1466,7 @@ impl<'s> Run<'s> {
         if let Some(b) = a.booking {
             b.settle(ts, ok.then_some(self.tokens.used));
         }
-        self.hear_limits(a.unit, None);
+        self.hear_limits(a.unit, None, a.sent_at);
         let others = self.one_fewer(a.call);
         if ok {
             if a.kind == Sent::Hedge {
@@ -1480,11 +1484,11 @@ impl<'s> Run<'s> {
 
     /// Rate admission hears what an answer states of the provider's limits (every answer
     /// carries them, as the provider's headers do), and a 429's retry-after.
-    fn hear_limits(&mut self, unit: u32, too_many: Option<Duration>) {
+    fn hear_limits(&mut self, unit: u32, too_many: Option<Duration>, sent_at: u64) {
         let ts = self.ts();
         if let Some(meter) = &self.units[unit as usize].rate {
             let seen = self.provider.as_ref().map(|p| p.headers(ts)).unwrap_or_default();
-            meter.heard(ts, seen, too_many);
+            meter.heard(ts, seen, too_many.map(|d| (d, Timestamp::from_nanos(sent_at))));
         }
     }
 
@@ -1515,7 +1519,7 @@ impl<'s> Run<'s> {
         if let Some(b) = a.booking {
             b.settle(ts, None);
         }
-        self.hear_limits(a.unit, a.limited);
+        self.hear_limits(a.unit, a.limited, a.sent_at);
         let others = self.one_fewer(a.call);
         self.failed(a.call, a.id, others, AttemptFailure::Status(429), a.limited);
     }

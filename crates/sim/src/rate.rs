@@ -222,14 +222,20 @@ impl Meter {
         self.requests.held(now).max(self.tokens.held(now))
     }
 
-    /// The client hears an answer: what it states of the limits, then, for a 429, its
-    /// retry-after (the tower layer's `Rates::observe`).
-    pub(crate) fn heard(&self, now: Timestamp, seen: Stated, too_many: Option<Duration>) {
+    /// The client hears an answer: what it states of the limits, then, for a 429 to an attempt
+    /// sent at `sent_at`, its retry-after — held, and the limits lowered once per wave of 429s
+    /// (the tower layer's `Rates::observe` and `Rates::refused`).
+    pub(crate) fn heard(
+        &self,
+        now: Timestamp,
+        seen: Stated,
+        too_many: Option<(Duration, Timestamp)>,
+    ) {
         self.requests.observe(now, seen.requests);
         self.tokens.observe(now, seen.tokens);
-        if let Some(retry_after) = too_many {
-            self.requests.refused(now, Some(retry_after));
-            self.tokens.refused(now, Some(retry_after));
+        if let Some((retry_after, sent_at)) = too_many {
+            self.requests.refused_attempt(now, sent_at, Some(retry_after));
+            self.tokens.refused_attempt(now, sent_at, Some(retry_after));
         }
     }
 }
@@ -309,7 +315,7 @@ mod tests {
         assert_eq!(meter.requests.snapshot(at(1)).available, 600);
         meter.heard(at(1), seen(0, 0), None);
         assert_eq!(meter.book(at(1), 0, Duration::ZERO).unwrap_err(), Duration::from_millis(100));
-        meter.heard(at(1), seen(0, 0), Some(Duration::from_millis(300)));
+        meter.heard(at(1), seen(0, 0), Some((Duration::from_millis(300), at(0))));
         assert_eq!(meter.held(at(101)), Some(Duration::from_millis(200)));
         assert!(meter.book(at(301), 0, Duration::ZERO).is_ok());
     }
