@@ -142,9 +142,11 @@ struct First {
 
 /// The first attempt alone until `delay`, then — if the request's life admits a hedge now
 /// ([`Life::hedge_due`], the tower layer's rules and admission) — a hedge beside it, marked
-/// `x-stormguard-attempt: 2; hedge`. The first success is the caller's; the other attempt is
-/// dropped, its slot held for `abandon_hold` (reqwest cannot run a call on without its caller).
-/// When both fail, the later failure goes to the decision loop.
+/// `x-stormguard-attempt: 2; hedge`, and while `max_hedges` allows, another the same delay after
+/// the last, beside it, if that one has not answered (as the tower layer does). The first
+/// success is the caller's; the other attempts are dropped, each slot held for `abandon_hold`
+/// (reqwest cannot run a call on without its caller). When all fail, the last failure goes to
+/// the decision loop.
 async fn hedged(
     dep: &Dependency,
     next: Next<'_>,
@@ -153,43 +155,73 @@ async fn hedged(
     (life, gates): (&mut Life, &DependencyGates<'_>),
     delay: std::time::Duration,
 ) -> (AttemptId, Span, std::result::Result<Response, Failed>) {
+    type Answer = (AttemptId, Span, std::result::Result<Response, Failed>);
     let First { req, slots, deadline } = first;
     let spare = req.try_clone();
-    let mut hedge_extensions = extensions.clone();
+    let max_hedges = dep.config().retry.hedge.map_or(0, |h| h.max_hedges) as usize;
+    // Each hedge sends with extensions of its own (the chain below takes them by `&mut`).
+    let mut own: Vec<Extensions> = (0..max_hedges).map(|_| extensions.clone()).collect();
+    let mut own = own.iter_mut();
     let first = traced_send(dep, next.clone(), extensions, req, slots, deadline, 0);
-    tokio::pin!(first);
-    let of_first = |(span, result)| (AttemptId::FIRST, span, result);
-    if let Ok(r) = tokio::time::timeout(delay, &mut first).await {
-        return of_first(r);
+    let mut inflight: Vec<
+        std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send + '_>>,
+    > = vec![Box::pin(async move {
+        let (span, result) = first.await;
+        (AttemptId::FIRST, span, result)
+    })];
+    let mut hedged = AttemptId::FIRST;
+    let mut timer = Some(Box::pin(tokio::time::sleep(delay)));
+    enum Event {
+        Answered(usize, Answer),
+        Due,
     }
-    let Some(mut hedge_req) = spare else { return of_first(first.await) };
-    let admitted = match life.hedge_due(gates, dep.now(), AttemptId::FIRST) {
-        Ok(admitted) => admitted,
-        Err(_) => return of_first(first.await),
-    };
-    let id = admitted.id;
-    let slots = ((admitted.permit, admitted.total), admitted.booking);
-    stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), admitted.number);
-    let resend = admitted.number - 1;
-    let hedge = traced_send(dep, next, &mut hedge_extensions, hedge_req, slots, deadline, resend);
-    tokio::pin!(hedge);
-    let success = |r: &(Span, std::result::Result<Response, Failed>)| matches!(&r.1, Ok(resp) if classify_response(resp.status(), resp.headers()).is_none());
-    tokio::select! {
-        r = &mut first => {
-            if success(&r) {
-                of_first(r)
-            } else {
-                life.ended(AttemptId::FIRST);
-                let (span, result) = (&mut hedge).await;
-                (id, span, result)
+    loop {
+        let event = std::future::poll_fn(|cx| {
+            for (i, f) in inflight.iter_mut().enumerate() {
+                if let std::task::Poll::Ready(answer) = f.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(Event::Answered(i, answer));
+                }
             }
-        }
-        r = &mut hedge => {
-            if success(&r) {
-                (id, r.0, r.1)
-            } else {
+            match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                Some(std::task::Poll::Ready(())) => std::task::Poll::Ready(Event::Due),
+                _ => std::task::Poll::Pending,
+            }
+        })
+        .await;
+        match event {
+            Event::Answered(i, (id, span, result)) => {
+                drop(inflight.swap_remove(i));
+                let won = matches!(&result, Ok(resp) if classify_response(resp.status(), resp.headers()).is_none());
+                if won || inflight.is_empty() {
+                    return (id, span, result);
+                }
                 life.ended(id);
-                of_first((&mut first).await)
+                if id == hedged {
+                    // The attempt the next hedge was for has answered.
+                    timer = None;
+                }
+            }
+            Event::Due => {
+                timer = None;
+                let (Some(mut hedge_req), Some(ext)) =
+                    (spare.as_ref().and_then(Request::try_clone), own.next())
+                else {
+                    continue;
+                };
+                let Ok(admitted) = life.hedge_due(gates, dep.now(), hedged) else { continue };
+                let id = admitted.id;
+                let slots = ((admitted.permit, admitted.total), admitted.booking);
+                stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), admitted.number);
+                let resend = admitted.number - 1;
+                let send = traced_send(dep, next.clone(), ext, hedge_req, slots, deadline, resend);
+                inflight.push(Box::pin(async move {
+                    let (span, result) = send.await;
+                    (id, span, result)
+                }));
+                hedged = id;
+                if life.may_hedge(dep.policy()) {
+                    timer = Some(Box::pin(tokio::time::sleep(delay)));
+                }
             }
         }
     }

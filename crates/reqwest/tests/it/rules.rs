@@ -441,6 +441,59 @@ async fn a_slow_get_is_hedged_and_a_post_is_not() {
     assert_eq!((c.hedges, c.hedges_won), (3, 3));
 }
 
+/// `max_hedges = 2` through reqwest, as in the tower layer: a first try and a first hedge that
+/// take 300 ms, and a second hedge (`x-stormguard-attempt: 3; hedge`, sent the hedge delay after
+/// the first hedge) answered at once — the caller's answer is the second hedge's. With
+/// `max_hedges = 1` no third attempt is sent and the first try answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_hedge_goes_beside_a_slow_first_hedge() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let mark = req
+                            .headers()
+                            .get("x-stormguard-attempt")
+                            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                            .unwrap_or_default();
+                        async move {
+                            if mark != "3; hedge" {
+                                tokio::time::sleep(ms(300)).await;
+                            }
+                            let body = if mark.is_empty() { "first".to_string() } else { mark };
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from(body),
+                            )))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let url = format!("http://{addr}/x");
+    for (max_hedges, answer) in [(2, "3; hedge"), (1, "first")] {
+        let dep = dependency(|c| {
+            c.budget = RICH.parse().unwrap();
+            c.limiter.cap = 8;
+            c.background = Some(stormguard_reqwest::Spawner::tokio());
+            c.retry.hedge = Some(stormguard_core::hedge::HedgeConfig {
+                after: stormguard_core::hedge::HedgeAfter::Fixed(ms(50)),
+                max_hedges,
+            });
+        });
+        let resp = guarded(&dep).get(&url).send().await.unwrap();
+        assert_eq!(resp.text().await.unwrap(), answer, "max_hedges = {max_hedges}");
+        let c = dep.snapshot().counters;
+        assert_eq!(c.hedges, u64::from(max_hedges), "max_hedges = {max_hedges}");
+    }
+}
+
 /// A caller that gives up while its attempt is at the dependency leaves the slot held (for
 /// `abandon_hold`): the dependency is still working on the request, so the next first try
 /// finds the cap of 1 full and is refused `queue` — the dependency never sees two at once.
