@@ -12,6 +12,11 @@
 //! never above it. A 429 that arrives anyway holds the limit until the reset it names and lowers
 //! the limit learned ([`RateLimit::refused`]).
 //!
+//! [`Rates`] is one upstream's four limits together (requests, tokens, input and output
+//! tokens) with what every placement adds around them — the instances sharing a provider's key,
+//! a cool-down after an overloaded answer, a booking per attempt ([`RateReservation`]) — the
+//! tower layer's rate admission and the simulator's client alike.
+//!
 //! The arithmetic is exact: the level is kept in units × window-nanoseconds, so a refill of
 //! `elapsed × limit` and a cost of `units × window` compare without rounding. Time is a
 //! parameter; nothing here sleeps. A permit that is dropped unsettled (an error, a reset, a
@@ -37,7 +42,7 @@
 use std::time::Duration;
 
 use crate::clock::Timestamp;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 
 /// One rate limit: `limit` units per `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,9 +411,344 @@ impl Drop for RatePermit {
     }
 }
 
+/// A request's tokens: its cost before it is sent (its input, estimated, and its output at
+/// most), or what the provider counted after.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Tokens {
+    /// Input (prompt) tokens.
+    pub input: u64,
+    /// Output (completion) tokens.
+    pub output: u64,
+}
+
+impl Tokens {
+    /// Input and output together.
+    pub fn total(self) -> u64 {
+        self.input.saturating_add(self.output)
+    }
+}
+
+/// What an answer states of a provider's four limits (any part may be missing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stated {
+    /// Requests per window.
+    pub requests: Observed,
+    /// Tokens per window (input and output together).
+    pub tokens: Observed,
+    /// Input tokens per window (Anthropic).
+    pub input_tokens: Observed,
+    /// Output tokens per window (Anthropic).
+    pub output_tokens: Observed,
+}
+
+/// Configured limits per minute; `None`: not limited until an answer states one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerMinute {
+    /// Requests per minute.
+    pub requests: Option<u64>,
+    /// Tokens per minute (input and output together).
+    pub tokens: Option<u64>,
+    /// Input tokens per minute.
+    pub input_tokens: Option<u64>,
+    /// Output tokens per minute.
+    pub output_tokens: Option<u64>,
+}
+
+/// A provider's limits as one upstream meters them.
+#[derive(Debug, Clone)]
+pub struct Rates {
+    /// Until when (nanoseconds on the dependency's clock) the upstream cools down after an
+    /// overloaded answer: first tries and failovers go to another upstream meanwhile.
+    cool_until: Arc<AtomicU64>,
+    /// How many instances share the provider's limits (see [`Rates::share`]), and the count
+    /// the buckets were last told.
+    share: Arc<AtomicU64>,
+    applied: Arc<AtomicU64>,
+    applying: Arc<Mutex<()>>,
+    /// First tries that waited for their turn, and how long they were told to wait in all
+    /// (nanoseconds).
+    waits: Arc<AtomicU64>,
+    waited_nanos: Arc<AtomicU64>,
+    /// Requests per minute.
+    pub requests: RateLimit,
+    /// Tokens per minute (input and output together).
+    pub tokens: RateLimit,
+    /// Input tokens per minute.
+    pub input_tokens: RateLimit,
+    /// Output tokens per minute.
+    pub output_tokens: RateLimit,
+}
+
+/// One upstream's limits at an instant, for metrics and the dashboard.
+#[derive(Debug, Clone, Copy)]
+pub struct RatesSnapshot {
+    /// Whether the upstream is cooling down after an overloaded answer.
+    pub cooling: bool,
+    /// First tries that waited for their turn in the window, since the start.
+    pub waits: u64,
+    /// The waits they booked, in all.
+    pub waited: Duration,
+    /// Requests per minute.
+    pub requests: RateSnapshot,
+    /// Tokens per minute.
+    pub tokens: RateSnapshot,
+    /// Input tokens per minute.
+    pub input_tokens: RateSnapshot,
+    /// Output tokens per minute.
+    pub output_tokens: RateSnapshot,
+}
+
+impl RatesSnapshot {
+    /// Each quantity by its name (`requests`, `tokens`, `input_tokens`, `output_tokens`, the
+    /// `quantity` label of the metrics), in that order.
+    pub fn quantities(&self) -> [(&'static str, &RateSnapshot); 4] {
+        [
+            ("requests", &self.requests),
+            ("tokens", &self.tokens),
+            ("input_tokens", &self.input_tokens),
+            ("output_tokens", &self.output_tokens),
+        ]
+    }
+}
+
+impl Rates {
+    /// Full buckets of the configured limits per minute (unknown ones admit everything until
+    /// learned).
+    pub fn new(limits: PerMinute) -> Rates {
+        let limit = |limit| RateLimit::new(RateConfig { limit, window: Duration::from_secs(60) });
+        Rates {
+            cool_until: Arc::new(AtomicU64::new(0)),
+            share: Arc::new(AtomicU64::new(1)),
+            applied: Arc::new(AtomicU64::new(1)),
+            applying: Arc::new(Mutex::new(())),
+            waits: Arc::new(AtomicU64::new(0)),
+            waited_nanos: Arc::new(AtomicU64::new(0)),
+            requests: limit(limits.requests),
+            tokens: limit(limits.tokens),
+            input_tokens: limit(limits.input_tokens),
+            output_tokens: limit(limits.output_tokens),
+        }
+    }
+
+    /// The count of instances that share this upstream's limits (provider limits are per key,
+    /// not per instance): each meters `limit / share`. 1 alone; with `placement = "fleet"` the
+    /// fleet's lease worker stores its live instances here (`max_instances` while it falls back
+    /// or joins).
+    pub fn share(&self) -> Arc<AtomicU64> {
+        self.share.clone()
+    }
+
+    /// Tells the buckets a changed share before they are read.
+    fn apply_share(&self, now: Timestamp) {
+        if self.share.load(Ordering::Relaxed).max(1) == self.applied.load(Ordering::Acquire) {
+            return;
+        }
+        // Under the lock, with the share read again: a change stored meanwhile is the one
+        // applied, and the last to take the lock applies the latest.
+        let _one = self.applying.lock();
+        let n = self.share.load(Ordering::Relaxed).max(1);
+        if self.applied.load(Ordering::Acquire) != n {
+            for (l, _) in self.each(Tokens::default()) {
+                l.set_share(now, n);
+            }
+            self.applied.store(n, Ordering::Release);
+        }
+    }
+
+    fn each(&self, cost: Tokens) -> [(&RateLimit, u64); 4] {
+        [
+            (&self.requests, 1),
+            (&self.tokens, cost.input.saturating_add(cost.output)),
+            (&self.input_tokens, cost.input),
+            (&self.output_tokens, cost.output),
+        ]
+    }
+
+    /// Books one request and its tokens in every limit, to be sent after the returned wait
+    /// (zero: now), or says how long the turn would be when it is past `max_wait` (nothing is
+    /// then taken).
+    pub fn reserve(
+        &self,
+        now: Timestamp,
+        cost: Tokens,
+        max_wait: Duration,
+    ) -> Result<(RateReservation, Duration), Duration> {
+        self.apply_share(now);
+        let mut taken: Vec<RatePermit> = Vec::with_capacity(4);
+        let mut wait = Duration::ZERO;
+        for (limit, units) in self.each(cost) {
+            match limit.reserve(now, units, max_wait) {
+                Ok((p, w)) => {
+                    taken.push(p);
+                    wait = wait.max(w);
+                }
+                Err(w) => {
+                    for p in taken {
+                        p.refund(now);
+                    }
+                    return Err(w.wait);
+                }
+            }
+        }
+        let mut it = taken.into_iter();
+        let mut next = || it.next().expect("four limits");
+        let r = RateReservation {
+            requests: next(),
+            tokens: next(),
+            input_tokens: next(),
+            output_tokens: next(),
+            estimate: cost,
+        };
+        Ok((r, wait))
+    }
+
+    /// A first try booked a turn `wait` from now and waits for it (counted for the metrics).
+    pub fn note_wait(&self, wait: Duration) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.waited_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// How long a request of `cost` would wait for its turn now, without booking anything.
+    pub fn wait_for(&self, now: Timestamp, cost: Tokens) -> Duration {
+        self.apply_share(now);
+        self.each(cost)
+            .into_iter()
+            .map(|(l, units)| l.wait_for(now, units))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// How long the upstream is held (a 429's reset, a spent quota, a cool-down), if it is.
+    pub fn held(&self, now: Timestamp) -> Option<Duration> {
+        self.each(Tokens::default()).into_iter().filter_map(|(l, _)| l.held(now)).max()
+    }
+
+    /// The upstream cools down for `d` from `now`: another upstream is preferred meanwhile
+    /// (an overloaded provider gets a rest; with one upstream nothing changes, and its
+    /// retries stay under the budget and the backoff).
+    pub fn cool_down(&self, now: Timestamp, d: Duration) {
+        let until = now.saturating_add(d).as_nanos();
+        self.cool_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Whether the upstream is cooling down at `now`.
+    pub fn cooling(&self, now: Timestamp) -> bool {
+        now.as_nanos() < self.cool_until.load(Ordering::Relaxed)
+    }
+
+    /// Holds every limit for `d` without lowering it.
+    pub fn hold(&self, now: Timestamp, d: Duration) {
+        for (l, _) in self.each(Tokens::default()) {
+            l.hold(now, d);
+        }
+    }
+
+    /// What an answer states of the limits (its headers, read by the placement; a 429's hold
+    /// is [`refused`](Self::refused)).
+    pub fn observe(&self, now: Timestamp, seen: &Stated) {
+        self.requests.observe(now, seen.requests);
+        self.tokens.observe(now, seen.tokens);
+        self.input_tokens.observe(now, seen.input_tokens);
+        self.output_tokens.observe(now, seen.output_tokens);
+    }
+
+    /// A 429 answered an attempt sent at `sent_at`: every limit is held until `retry_after` (one
+    /// unit's refill when it names none) and lowered by a tenth, once per wave of 429s (see
+    /// [`RateLimit::refused_attempt`]).
+    pub fn refused(&self, now: Timestamp, sent_at: Timestamp, retry_after: Option<Duration>) {
+        for (l, _) in self.each(Tokens::default()) {
+            l.refused_attempt(now, sent_at, retry_after);
+        }
+    }
+
+    /// The limits now.
+    pub fn snapshot(&self, now: Timestamp) -> RatesSnapshot {
+        self.apply_share(now);
+        RatesSnapshot {
+            cooling: self.cooling(now),
+            waits: self.waits.load(Ordering::Relaxed),
+            waited: Duration::from_nanos(self.waited_nanos.load(Ordering::Relaxed)),
+            requests: self.requests.snapshot(now),
+            tokens: self.tokens.snapshot(now),
+            input_tokens: self.input_tokens.snapshot(now),
+            output_tokens: self.output_tokens.snapshot(now),
+        }
+    }
+}
+
+/// One attempt's booking in its upstream's limits. Settled from what the provider counted when
+/// the answer ends ([`settle`](RateReservation::settle)), refunded when the attempt was never
+/// sent ([`refund`](RateReservation::refund)); dropped otherwise (a failed or abandoned
+/// attempt), its estimate stays charged and its units leave the outstanding count.
+#[derive(Debug)]
+pub struct RateReservation {
+    requests: RatePermit,
+    tokens: RatePermit,
+    input_tokens: RatePermit,
+    output_tokens: RatePermit,
+    /// What the request was estimated to cost (before any limit capped what was taken): what a
+    /// stated usage is clamped against.
+    estimate: Tokens,
+}
+
+impl RateReservation {
+    /// Settles the booking with what the provider counted (`None`: keep the estimate), each
+    /// count clamped to `max_factor` × its estimate
+    /// ([`clamp_usage`]). The request itself stays counted.
+    /// Returns whether a count was clamped.
+    pub fn settle(self, now: Timestamp, used: Option<Tokens>, max_factor: u64) -> bool {
+        let mut clamped = false;
+        let mut settle = |p: RatePermit, n: Option<u64>, estimate: u64| {
+            let n = n.map(|n| {
+                let (n, c) = clamp_usage(n, estimate, max_factor);
+                clamped |= c;
+                n
+            });
+            p.settle(now, n);
+        };
+        let e = self.estimate;
+        settle(self.requests, None, 1);
+        settle(self.tokens, used.map(Tokens::total), e.input.saturating_add(e.output));
+        settle(self.input_tokens, used.map(|u| u.input), e.input);
+        settle(self.output_tokens, used.map(|u| u.output), e.output);
+        clamped
+    }
+
+    /// Gives everything back: the attempt never reached the provider.
+    pub fn refund(self, now: Timestamp) {
+        self.requests.refund(now);
+        self.tokens.refund(now);
+        self.input_tokens.refund(now);
+        self.output_tokens.refund(now);
+    }
+}
+
 #[cfg(all(test, not(stormguard_loom)))]
 mod tests {
     use super::*;
+
+    fn rates(rpm: u64, tpm: u64) -> Rates {
+        Rates::new(PerMinute { requests: Some(rpm), tokens: Some(tpm), ..PerMinute::default() })
+    }
+
+    #[test]
+    fn a_booking_takes_from_every_limit_or_from_none() {
+        let r = rates(600, 1_000);
+        let cost = Tokens { input: 100, output: 500 };
+        let (b, wait) = r.reserve(Timestamp::ZERO, cost, Duration::ZERO).unwrap();
+        assert_eq!(wait, Duration::ZERO);
+        let s = r.snapshot(Timestamp::ZERO);
+        assert_eq!((s.requests.available, s.tokens.available), (599, 400));
+        // The tokens do not fit now: the request's unit is not taken either.
+        assert!(r.reserve(Timestamp::ZERO, cost, Duration::ZERO).is_err());
+        assert_eq!(r.snapshot(Timestamp::ZERO).requests.available, 599);
+        // Settled at what was used: 600 reserved, 250 counted.
+        b.settle(Timestamp::ZERO, Some(Tokens { input: 50, output: 200 }), 16);
+        let s = r.snapshot(Timestamp::ZERO);
+        assert_eq!((s.requests.available, s.tokens.available, s.tokens.outstanding), (599, 750, 0));
+    }
+
     use crate::random::{RandomSource, SplitMix64};
 
     fn per_minute(limit: u64) -> RateLimit {

@@ -35,6 +35,19 @@ pub struct ProviderLimits {
     pub malformed: u32,
 }
 
+impl ProviderLimits {
+    /// What the headers state of the four limits, as rate admission reads it
+    /// ([`Rates::observe`](stormguard_core::rate::Rates::observe)).
+    pub fn stated(&self) -> stormguard_core::rate::Stated {
+        stormguard_core::rate::Stated {
+            requests: self.requests,
+            tokens: self.tokens,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+        }
+    }
+}
+
 /// The headers of one quantity: (limit, remaining), the first present wins.
 const REQUESTS: [(&str, &str); 4] = [
     ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests"),
@@ -92,21 +105,7 @@ pub fn read_limits(headers: &HeaderMap) -> ProviderLimits {
     ProviderLimits { requests, tokens, input_tokens, output_tokens, malformed }
 }
 
-/// A call's token cost, estimated or counted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tokens {
-    /// Input (prompt) tokens.
-    pub input: u64,
-    /// Output (completion) tokens.
-    pub output: u64,
-}
-
-impl Tokens {
-    /// Input and output together.
-    pub fn total(self) -> u64 {
-        self.input.saturating_add(self.output)
-    }
-}
+pub use stormguard_core::rate::Tokens;
 
 /// How a request's cost is estimated before it is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

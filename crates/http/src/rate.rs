@@ -150,6 +150,17 @@ impl Default for RateAdmission {
 }
 
 impl RateAdmission {
+    /// The configured limits, as rate admission's meter is built with them
+    /// ([`Rates::new`](stormguard_core::rate::Rates::new)).
+    pub fn per_minute(&self) -> stormguard_core::rate::PerMinute {
+        stormguard_core::rate::PerMinute {
+            requests: self.requests_per_minute,
+            tokens: self.tokens_per_minute,
+            input_tokens: self.input_tokens_per_minute,
+            output_tokens: self.output_tokens_per_minute,
+        }
+    }
+
     /// Whether anything is metered: a limit configured, learning on, or a provider named (a
     /// provider preset learns).
     pub fn is_on(&self) -> bool {

@@ -13,19 +13,23 @@
 //!   tokens are settled when it is answered, at what it used (its input and the output the
 //!   model wrote), so the unused part of `max_tokens` comes back. Every answer states each
 //!   limit and what remains of it, as the provider's headers do;
-//! - the **client** (a policy with rate admission) meters with its own limits ([`Meter`]), as
-//!   the tower layer's `Rates` does: it books a request and `input + max_tokens` before sending
-//!   ([`Meter::book`]), settles the booking at the usage the answer states or refunds it when
-//!   the attempt is never sent ([`Booking`]), and hears every answer ([`Meter::heard`]): a
-//!   stated limit replaces its own, a stated remaining is the truth it never rises above, and a
-//!   429 holds admission for its retry-after and lowers the limits.
+//! - the **client** (a policy with rate admission) meters with core's [`Rates`], the tower
+//!   layer's own meter ([`Meter`] adapts it to the model's one token count): it books a request
+//!   and `input + max_tokens` before sending ([`Meter::book`]), settles the booking at the usage
+//!   the answer states or refunds it when the attempt is never sent ([`Booking`]), and hears
+//!   every answer ([`Meter::heard`]): a stated limit replaces its own, a stated remaining is the
+//!   truth it never rises above, and a 429 holds admission for its retry-after and lowers the
+//!   limits once per wave.
 //!
 //! The engine decides what waits and what is refused; this module only keeps the buckets.
 
 use std::time::Duration;
 
 use stormguard_core::clock::Timestamp;
-use stormguard_core::rate::{Observed, RateConfig, RateLimit, RatePermit};
+use stormguard_core::rate::{
+    Observed, PerMinute, RateConfig, RateLimit, RatePermit, RateReservation, Rates,
+    Stated as CoreStated, Tokens,
+};
 
 use crate::scenario::{ProviderLimit, ProviderRate, RateAdmissionConfig, Scenario};
 
@@ -159,83 +163,74 @@ fn retry_after(wait: Duration) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
-/// The client's limits for one instance: requests and tokens per minute, each the configured
-/// starting limit or none until an answer states one (the tower layer's `Rates`, without
-/// Anthropic's split input and output limits, which the simulated provider does not have).
+/// The client's limits for one instance: core's [`Rates`], the very meter the tower layer's
+/// rate admission runs, with the configured requests and tokens per minute (the simulated
+/// provider has no split input and output limits, so a call's tokens are booked as one count).
 #[derive(Debug)]
-pub(crate) struct Meter {
-    requests: RateLimit,
-    tokens: RateLimit,
-}
+pub(crate) struct Meter(Rates);
 
-/// One attempt's booking in the client's limits: settled when the answer arrives, refunded
-/// when the attempt is never sent; dropped (a timeout) it keeps its estimate.
+/// One attempt's booking in the client's limits (core's [`RateReservation`]): settled when the
+/// answer arrives, refunded when the attempt is never sent; dropped (a timeout) it keeps its
+/// estimate.
 #[derive(Debug)]
-pub(crate) struct Booking {
-    requests: RatePermit,
-    tokens: RatePermit,
-}
+pub(crate) struct Booking(RateReservation);
 
 impl Booking {
     /// The answer arrived: the request stays counted, the tokens are settled at `used`, what
     /// the provider counted (`None`: the answer states no usage, and the estimate stays).
     pub(crate) fn settle(self, now: Timestamp, used: Option<u64>) {
-        self.requests.settle(now, None);
-        self.tokens.settle(now, used);
+        let used = used.map(|input| Tokens { input, output: 0 });
+        self.0.settle(now, used, stormguard_core::defaults::USAGE_MAX_FACTOR);
     }
 
     /// The attempt never reached the provider: everything comes back.
     pub(crate) fn refund(self, now: Timestamp) {
-        self.requests.refund(now);
-        self.tokens.refund(now);
+        self.0.refund(now);
     }
 }
 
 impl Meter {
     pub(crate) fn new(c: &RateAdmissionConfig) -> Meter {
-        let limit = |limit| RateLimit::new(RateConfig { limit, window: MINUTE });
-        Meter { requests: limit(c.requests_per_minute), tokens: limit(c.tokens_per_minute) }
+        Meter(Rates::new(PerMinute {
+            requests: c.requests_per_minute,
+            tokens: c.tokens_per_minute,
+            ..PerMinute::default()
+        }))
     }
 
     /// Books one request and `tokens` (input and `max_tokens`), to be sent after the returned
     /// wait (zero: now), or says how long the turn would be when it is past `max_wait` (nothing
-    /// is then taken): the tower layer's `Rates::reserve`. A first try passes its queue timeout
-    /// (or what is left of its deadline); a retry, which never waits, zero.
+    /// is then taken): [`Rates::reserve`]. A first try passes its queue timeout (or what is
+    /// left of its deadline); a retry, which never waits, zero.
     pub(crate) fn book(
         &self,
         now: Timestamp,
         tokens: u64,
         max_wait: Duration,
     ) -> Result<(Booking, Duration), Duration> {
-        let (requests, wait) = self.requests.reserve(now, 1, max_wait).map_err(|w| w.wait)?;
-        match self.tokens.reserve(now, tokens, max_wait) {
-            Ok((tokens, w)) => Ok((Booking { requests, tokens }, wait.max(w))),
-            Err(w) => {
-                requests.refund(now);
-                Err(w.wait)
-            }
-        }
+        let cost = Tokens { input: tokens, output: 0 };
+        self.0.reserve(now, cost, max_wait).map(|(b, wait)| (Booking(b), wait))
     }
 
     /// How long a 429's hold lasts from `now`, if one does.
     pub(crate) fn held(&self, now: Timestamp) -> Option<Duration> {
-        self.requests.held(now).max(self.tokens.held(now))
+        self.0.held(now)
     }
 
     /// The client hears an answer: what it states of the limits, then, for a 429 to an attempt
     /// sent at `sent_at`, its retry-after — held, and the limits lowered once per wave of 429s
-    /// (the tower layer's `Rates::observe` and `Rates::refused`).
+    /// ([`Rates::observe`], [`Rates::refused`]).
     pub(crate) fn heard(
         &self,
         now: Timestamp,
         seen: Stated,
         too_many: Option<(Duration, Timestamp)>,
     ) {
-        self.requests.observe(now, seen.requests);
-        self.tokens.observe(now, seen.tokens);
+        let seen =
+            CoreStated { requests: seen.requests, tokens: seen.tokens, ..CoreStated::default() };
+        self.0.observe(now, &seen);
         if let Some((retry_after, sent_at)) = too_many {
-            self.requests.refused_attempt(now, sent_at, Some(retry_after));
-            self.tokens.refused_attempt(now, sent_at, Some(retry_after));
+            self.0.refused(now, sent_at, Some(retry_after));
         }
     }
 }
@@ -312,7 +307,7 @@ mod tests {
         // taken: the request's unit comes back.
         meter.heard(at(1), seen(600, 0), None);
         assert_eq!(meter.book(at(1), 500, Duration::ZERO).unwrap_err(), Duration::from_millis(500));
-        assert_eq!(meter.requests.snapshot(at(1)).available, 600);
+        assert_eq!(meter.0.requests.snapshot(at(1)).available, 600);
         meter.heard(at(1), seen(0, 0), None);
         assert_eq!(meter.book(at(1), 0, Duration::ZERO).unwrap_err(), Duration::from_millis(100));
         meter.heard(at(1), seen(0, 0), Some((Duration::from_millis(300), at(0))));

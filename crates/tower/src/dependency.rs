@@ -323,7 +323,9 @@ impl DependencyError {
 /// Rate admission's limits for each upstream, fresh from `config` (none when it is off).
 fn fresh_rates(config: &DependencyConfig) -> Vec<Rates> {
     match config.rate.is_on() {
-        true => (0..config.upstreams.len().max(1)).map(|_| Rates::new(&config.rate)).collect(),
+        true => (0..config.upstreams.len().max(1))
+            .map(|_| Rates::new(config.rate.per_minute()))
+            .collect(),
         false => Vec::new(),
     }
 }
@@ -506,7 +508,7 @@ impl Dependency {
                     (0..old.config.upstreams.len().max(1))
                         .find(|&j| old_name(j) == name)
                         .and_then(|j| old.rates.get(j).cloned())
-                        .unwrap_or_else(|| Rates::new(&config.rate))
+                        .unwrap_or_else(|| Rates::new(config.rate.per_minute()))
                 })
                 .collect()
         } else {

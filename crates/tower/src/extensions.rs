@@ -132,21 +132,9 @@ impl BodyReceived {
 
 /// A request extension: the tokens the request will use (its input, and its output maximum),
 /// booked in the provider's tokens per minute by rate admission before it is sent. Absent: no
-/// tokens (requests only).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RateCost {
-    /// Input (prompt) tokens, estimated.
-    pub input: u64,
-    /// Output tokens at most (the request's `max_tokens`).
-    pub output: u64,
-}
-
-impl From<stormguard_http::provider::Tokens> for RateCost {
-    /// A request's estimated tokens ([`stormguard_http::provider::estimate`]) as its cost.
-    fn from(t: stormguard_http::provider::Tokens) -> RateCost {
-        RateCost { input: t.input, output: t.output }
-    }
-}
+/// tokens (requests only). Core's [`Tokens`](stormguard_core::rate::Tokens), which the meter
+/// books (an estimate from a body, [`stormguard_http::provider::estimate`], is one already).
+pub type RateCost = stormguard_core::rate::Tokens;
 
 /// A response extension: the provider said the account's quota is spent (OpenAI's
 /// `insufficient_quota`), not that a rate was passed. The answer is never retried, and rate

@@ -647,7 +647,9 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.insert("x-ratelimit-limit-tokens", "40000".parse().unwrap());
         h.insert("x-ratelimit-remaining-tokens", "39000".parse().unwrap());
-        dep.rates().unwrap().observe(dep.now(), &h);
+        dep.rates()
+            .unwrap()
+            .observe(dep.now(), &stormguard_http::provider::read_limits(&h).stated());
         let text = encode(&dep);
         let tokens = "dependency=\"llm\",upstream=\"0\",quantity=\"tokens\"";
         assert!(

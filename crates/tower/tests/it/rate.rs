@@ -154,7 +154,7 @@ async fn first_tries_wait_their_turns_in_order() {
         if let Some(r) = dep.rates() {
             let mut h = http::HeaderMap::new();
             h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
-            r.observe(dep.now(), &h);
+            r.observe(dep.now(), &stormguard_http::provider::read_limits(&h).stated());
         }
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let svc = tower::service_fn({
@@ -201,7 +201,7 @@ async fn a_caller_that_leaves_before_its_turn_gives_it_back() {
     let dep = Dependency::try_new(c).unwrap();
     let mut h = http::HeaderMap::new();
     h.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
-    dep.rates().unwrap().observe(dep.now(), &h);
+    dep.rates().unwrap().observe(dep.now(), &stormguard_http::provider::read_limits(&h).stated());
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let start = tokio::time::Instant::now();
     let svc = tower::service_fn({
