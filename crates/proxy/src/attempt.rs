@@ -1,7 +1,7 @@
 //! What happens to each attempt below the cap, one concern a function or layer: counted and
 //! timed for the access log ([`AttemptLog`]), numbered, sent to its upstream, told its gRPC
 //! deadline, its cap held under the HTTP/2 peer's streams, an unsolicited upgrade refused.
-//! [`crate::stack::stack`] assembles them in order.
+//! the stack (`stack.rs`) assembles them in order.
 //!
 //! The extensions they read are set by the layers above: [`UpstreamTarget`] (which upstream
 //! the retry layer chose) and [`TimeLeft`] (the deadline left, set by the cap) from

@@ -29,7 +29,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use stormguard_core::Denied;
 
-use crate::stack::{DENIED_HEADER, ProxyBody};
+use crate::stack::{DENIED_HEADER, LocalAnswer, ProxyBody};
 
 /// The header the OpenAI and Anthropic SDKs read before retrying.
 pub(crate) static SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
@@ -37,10 +37,6 @@ pub(crate) static SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-r
 pub(crate) static GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-
-/// A response the proxy wrote itself (not relayed from an upstream).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LocalAnswer;
 
 /// The `Retry-After` of a refusal for a full cap or queue, when nothing longer is known.
 const CAP_RETRY_AFTER: Duration = Duration::from_secs(1);

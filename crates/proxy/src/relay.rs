@@ -37,9 +37,8 @@ use http_body_util::BodyExt;
 use stormguard_tower::BoxError;
 
 use crate::listener::ConnWatch;
-use crate::pushback::LocalAnswer;
 use crate::server::State;
-use crate::stack::ProxyBody;
+use crate::stack::{LocalAnswer, ProxyBody};
 
 /// How answers are read ahead (`response_buffer`, `response_idle_timeout`).
 #[derive(Debug, Clone, Copy)]

@@ -20,6 +20,11 @@ pub use crate::upstream::UpstreamClient;
 
 /// The body the proxy answers with.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A response extension: the proxy wrote the response itself ([`local`]), it was not relayed
+/// from an upstream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LocalAnswer;
 /// A request on its way to the upstream: the caller's body, copied for retries while sent.
 pub type UpstreamRequest = Request<ReplayBody<CallerBody>>;
 /// One dependency's stack. Refusals and upstream failures are responses; the error is only
@@ -90,7 +95,7 @@ where
 {
     Ok(match result {
         Ok(resp) => {
-            // The body is read ahead of the caller at the edge (`crate::relay`), which also
+            // The body is read ahead of the caller at the edge (the relay), which also
             // answers `502` for a body that breaks before anything of it arrived.
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -229,7 +234,7 @@ pub fn local(
     if let Some((name, value)) = header {
         resp.headers_mut().insert(name.clone(), HeaderValue::from_static(value));
     }
-    resp.extensions_mut().insert(crate::pushback::LocalAnswer);
+    resp.extensions_mut().insert(LocalAnswer);
     resp
 }
 
