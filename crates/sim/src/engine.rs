@@ -1498,6 +1498,10 @@ impl<'s> Run<'s> {
     fn limited(&mut self, att: Ref) {
         let Some(mut a) = self.attempts.remove(att) else { return };
         if !a.waiting {
+            // Nobody waits for it, but rate admission still hears the provider's 429 (the
+            // layer reads a timed-out attempt's answer in the background), then the slot
+            // comes back.
+            self.hear_limits(a.unit, a.limited, a.sent_at);
             if let Some(held) = a.held.take() {
                 held.upstream_answered();
             }
@@ -1834,9 +1838,13 @@ impl<'s> Run<'s> {
         if a.waiting {
             let ok = !a.error;
             self.answered(a, ok);
-        } else if let Some(held) = a.held.take() {
-            // The client gave up on it; the late answer frees the slot it still held.
-            held.upstream_answered();
+        } else {
+            // The client gave up on it: rate admission still hears what the late answer states
+            // (as the layer reads it in the background), and it frees the slot it still held.
+            self.hear_limits(a.unit, None, a.sent_at);
+            if let Some(held) = a.held.take() {
+                held.upstream_answered();
+            }
         }
     }
 }

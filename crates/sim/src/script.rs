@@ -32,8 +32,8 @@ impl Answer {
     }
 }
 
-/// The answer an attempt past the end of its request's script gets: a success after 80 ms.
-pub const AFTER_THE_SCRIPT: Answer = Answer::Ok(Duration::from_millis(80));
+/// The answer an attempt past the end of its request's script gets: a success after 160 ms.
+pub const AFTER_THE_SCRIPT: Answer = Answer::Ok(Duration::from_millis(160));
 
 /// One request of a script: when it arrives (from the start of the run), and its attempts'
 /// answers, in the order the attempts reach the dependency.

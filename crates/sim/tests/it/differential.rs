@@ -7,11 +7,12 @@
 //! (`stormguard_core::life`); what this catches is a placement that feeds it differently: a
 //! retry admitted before its wait, a hedge beside a retry, a budget charged in another order.
 //!
-//! Every instant of request `k` (below 20) is `k`, `k + 20`, `k + 40` or `k + 60` modulo 80 ms:
-//! arrivals at `80 ms × a + k`; latencies, backoffs and the slot hold whole multiples of 80 ms;
-//! the per-try timeout 180 ms (20 modulo 80) and the hedge delay 120 or 200 ms (40 modulo 80).
-//! So two requests' events never fall on one instant, nor, within a request, an answer on its
-//! own timeout, its hedge's turn, or its hedge's answer or timeout: the order of simultaneous events, which two
+//! Every instant of request `k` (below 20) is `k + 20 j` modulo 160 ms: arrivals at
+//! `160 ms × a + k`; latencies, backoffs and the slot hold whole multiples of 160 ms; the
+//! per-try timeout 180 ms (20 modulo 160) and the hedge delay 40 or 120 ms (so a first try, its
+//! timeout, its first hedge, that one's timeout, a second hedge and its timeout each keep a
+//! class of their own). So two requests' events never fall on one instant, nor, within a
+//! request, an answer on its own timeout, a hedge's turn, or another attempt's answer: the order of simultaneous events, which two
 //! placements are free to choose differently (the model lets an answer at its timeout count; a
 //! layer whose answer comes through another task may see the timer first), never decides
 //! anything here. The deadline (10 s) never binds. tokio's timers count whole milliseconds;
@@ -38,7 +39,7 @@ use stormguard_tower::{
 use tower::{Layer, Service, ServiceExt};
 
 /// The lane width: request `k`'s instants are `k + 20 j` modulo this many milliseconds.
-const LANE_MS: u64 = 80;
+const LANE_MS: u64 = 160;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -49,10 +50,10 @@ fn ms(n: u64) -> Duration {
 fn scenario(policy: &str) -> Scenario {
     let text = format!(
         "duration = \"1s\"\n[fleet]\nrate = 1\n\
-         [client]\nper_try_timeout = \"180ms\"\ndeadline = \"10s\"\ntimeout_slot_hold = \"2s\"\n\
+         [client]\nper_try_timeout = \"180ms\"\ndeadline = \"10s\"\ntimeout_slot_hold = \"1920ms\"\n\
          retry_on = \"5xx,429,timeout\"\n\
          [dependency]\ncapacity = 1000\nservice_time = \"fixed 20ms\"\n\
-         [[policy]]\nqueue = 0\nbackoff = \"80ms..640ms\"\njitter = \"none\"\n{policy}"
+         [[policy]]\nqueue = 0\nbackoff = \"160ms..640ms\"\njitter = \"none\"\n{policy}"
     );
     Scenario::parse("differential.toml", &text).unwrap()
 }
@@ -73,6 +74,10 @@ fn dependency(sc: &Scenario) -> Dependency {
     c.deadline = Some(sc.client.deadline);
     c.timeout_slot_hold = sc.client.timeout_slot_hold;
     c.background = Some(Spawner::tokio());
+    if let Some(r) = &p.rate {
+        c.rate.requests_per_minute = r.requests_per_minute;
+        c.rate.tokens_per_minute = r.tokens_per_minute;
+    }
     Dependency::try_new(c).unwrap()
 }
 
@@ -203,11 +208,11 @@ fn sim_log(sc: &Scenario, requests: &[ScriptedRequest]) -> Vec<Line> {
     log
 }
 
-/// A script: up to 19 requests, request `k` at `80 ms × a + k + 1`; each of its five possible
-/// attempts' answers after a whole number of lanes (80 to 400 ms, past the 180 ms per-try
+/// A script: up to 19 requests, request `k` at `160 ms × a + k + 1`; each of its five possible
+/// attempts' answers after a whole number of lanes (160 to 480 ms, past the 180 ms per-try
 /// timeout sometimes).
 fn scripts() -> impl Strategy<Value = Vec<ScriptedRequest>> {
-    let answer = (1..=5u64, 0..10u8).prop_map(|(lanes, kind)| {
+    let answer = (1..=3u64, 0..10u8).prop_map(|(lanes, kind)| {
         let after = ms(lanes * LANE_MS);
         match kind {
             0..=3 => Answer::Ok(after),
@@ -234,7 +239,7 @@ fn scripts() -> impl Strategy<Value = Vec<ScriptedRequest>> {
 /// The policies the scripts run under: a tight budget and cap, hedging (of first tries that are
 /// slow, or of every first try) under a tight budget and a rich one, a token bucket, and two
 /// hedges a request (the second beside the first hedge, if it is slow too).
-const POLICIES: [&str; 6] = [
+const POLICIES: [&str; 7] = [
     "budget = \"ratio:percent=0.1,min_per_sec=0.2,ttl=10s\"\ncap = 3\nretries = 2\n",
     "budget = \"ratio:percent=0.1,min_per_sec=0.2,ttl=10s\"\ncap = 4\nretries = 2\n\
      hedge_after = \"120ms\"\n",
@@ -245,6 +250,8 @@ const POLICIES: [&str; 6] = [
     "budget = \"token-bucket:max_tokens=4,token_ratio=0.1\"\ncap = 2\nretries = 3\n",
     "budget = \"ratio:percent=0.5,min_per_sec=10,ttl=10s\"\ncap = 6\nretries = 2\n\
      hedge_after = \"120ms\"\nmax_hedges = 2\n",
+    "budget = \"ratio:percent=0.5,min_per_sec=10,ttl=10s\"\ncap = 50\nretries = 2\n\
+     requests_per_minute = 12\n",
 ];
 
 #[test]
