@@ -260,18 +260,18 @@ impl Life {
     /// Attempt `id` answered with a success: the request's answer. The budget hears it (a
     /// success on any attempt but a plain first try is a retried one), the attempt's charges
     /// are told (a quota budget refunds a successful retry), and a hedge that won is counted.
-    pub fn succeeded<G: Gates>(
+    pub fn succeeded(
         &mut self,
-        gates: &G,
+        policy: &RetryPolicy,
         now: impl FnOnce() -> Timestamp,
         id: AttemptId,
     ) {
         let retried = id != AttemptId::FIRST || self.caller_retry;
-        gates.policy().on_success_with(now, retried);
+        policy.on_success_with(now, retried);
         if let Some(a) = self.inflight.iter_mut().find(|a| a.id == id) {
             a.charges.succeeded();
             if a.extra == Extra::Hedge {
-                gates.policy().counters().hedge_won();
+                policy.counters().hedge_won();
             }
         }
     }
@@ -285,10 +285,10 @@ impl Life {
 
     /// Attempt `id` was refused after it was admitted, before it reached the dependency (a
     /// breaker's probe taken meanwhile): its budget and scope charges go back.
-    pub fn unsent<G: Gates>(&mut self, gates: &G, now: Timestamp, id: AttemptId) {
+    pub fn unsent(&mut self, policy: &RetryPolicy, now: Timestamp, id: AttemptId) {
         if let Some(k) = self.inflight.iter().position(|a| a.id == id) {
             let a = self.inflight.swap_remove(k);
-            gates.policy().refund(now, a.charges);
+            policy.refund(now, a.charges);
         }
     }
 
@@ -306,7 +306,7 @@ impl Life {
     ) -> Next {
         let from = self.target_of(id);
         self.ended(id);
-        self.drop_pending(gates, now);
+        self.drop_pending(gates.policy(), now);
         let next = gates.failover(from, now);
         let decision = gates.policy().decide(
             now,
@@ -330,13 +330,13 @@ impl Life {
 
     /// The retry decided will not be sent after all — its failed answer could not be kept, or
     /// the body cannot be copied: its charges go back, and nothing is counted as a refusal.
-    pub fn give_up<G: Gates>(&mut self, gates: &G, now: Timestamp) {
-        self.drop_pending(gates, now);
+    pub fn give_up(&mut self, policy: &RetryPolicy, now: Timestamp) {
+        self.drop_pending(policy, now);
     }
 
-    fn drop_pending<G: Gates>(&mut self, gates: &G, now: Timestamp) {
+    fn drop_pending(&mut self, policy: &RetryPolicy, now: Timestamp) {
         if let Some(p) = self.pending.take() {
-            gates.policy().give_up(now, p.ticket);
+            policy.give_up(now, p.ticket);
         }
     }
 
@@ -606,13 +606,13 @@ mod tests {
     fn what_is_not_sent_is_not_paid_for() {
         let w = world(RetryConfig::default(), None, None);
         let (mut life, _) = w.failed();
-        life.give_up(&w, w.now());
+        life.give_up(&w.policy, w.now());
         assert!(w.budget_left());
 
         let (mut life, _) = w.failed();
         let a = life.wait_elapsed(&w, w.now()).unwrap();
         assert!(!w.budget_left());
-        life.unsent(&w, w.now(), a.id);
+        life.unsent(&w.policy, w.now(), a.id);
         assert!(w.budget_left(), "refused before it reached the dependency: given back");
     }
 
@@ -635,7 +635,7 @@ mod tests {
             life.hedge_due(&w, w.now(), AttemptId::FIRST).unwrap_err(),
             Some(Denied::Attempts)
         );
-        life.succeeded(&w, || w.now(), h.id);
+        life.succeeded(&w.policy, || w.now(), h.id);
         let c = w.policy.counters().snapshot();
         assert_eq!((c.hedges, c.hedges_won), (1, 1));
     }

@@ -315,10 +315,10 @@ async fn retry_loop(
         let now = dep.now();
         let Some(failed) = failed_attempt(dep, &result) else {
             match &result {
-                Ok(_) => life.succeeded(&gates, || now, id),
+                Ok(_) => life.succeeded(dep.policy(), || now, id),
                 // A local refusal of this attempt (final, and nothing the budget counts); a
                 // retry refused at its breaker probe never reached the dependency.
-                Err(_) => life.unsent(&gates, now, id),
+                Err(_) => life.unsent(dep.policy(), now, id),
             }
             return finish_at(&span, result, None);
         };
@@ -332,7 +332,7 @@ async fn retry_loop(
             LifeNext::Retry { wait, .. } => wait,
         };
         let Some(mut this) = req.as_ref().and_then(Request::try_clone) else {
-            life.give_up(&gates, now);
+            life.give_up(dep.policy(), now);
             return finish_at(&span, result, Some(Denied::Body));
         };
         // Keep the failed response until the retry is sent; reading it to the end also frees
@@ -342,7 +342,7 @@ async fn retry_loop(
                 Ok(kept) => Ok(kept),
                 Err(partial) => {
                     // Too large to keep: give the caller this response, not a retry.
-                    life.give_up(&gates, dep.now());
+                    life.give_up(dep.policy(), dep.now());
                     return Ok(partial);
                 }
             },

@@ -1148,15 +1148,14 @@ impl<'s> Run<'s> {
                         self.note_cap(unit);
                     }
                     // Never sent: what it was charged goes back.
-                    let u = &self.units[unit as usize];
-                    if u.policy.is_some()
+                    if let Some(policy) = &self.units[unit as usize].policy
                         && let Some(life) = self
                             .calls
                             .get_mut(call)
                             .and_then(|c| c.rare.as_mut())
                             .and_then(|r| r.life.as_mut())
                     {
-                        life.unsent(&UnitGates { unit: u, most: self.tokens.most }, ts, id);
+                        life.unsent(policy, ts, id);
                     }
                     match kind {
                         Sent::Primary => self.primary_refused(call, Denied::Breaker),
@@ -1684,12 +1683,9 @@ impl<'s> Run<'s> {
     fn succeeded(&mut self, call: Ref, id: AttemptId) {
         let ts = self.ts();
         let Some(c) = self.calls.get_mut(call) else { return };
-        let u = &self.units[c.unit as usize];
-        if let Some(p) = &u.policy {
+        if let Some(p) = &self.units[c.unit as usize].policy {
             match c.rare.as_mut().and_then(|r| r.life.as_mut()) {
-                Some(life) => {
-                    life.succeeded(&UnitGates { unit: u, most: self.tokens.most }, || ts, id)
-                }
+                Some(life) => life.succeeded(p, || ts, id),
                 None => p.on_success_with(|| ts, false),
             }
         }

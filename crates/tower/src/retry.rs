@@ -320,7 +320,7 @@ where
         let dep = &rest.dep;
         match &mut rest.life {
             // A request that hedged: its life tells the budget and the winner's charges.
-            Some(life) => life.succeeded(&dep.gates(RateCost::default()), || dep.now(), id),
+            Some(life) => life.succeeded(dep.policy(), || dep.now(), id),
             None => dep.policy().on_success_with(|| dep.now(), false),
         }
         if rest.id.is_some() {
@@ -717,7 +717,7 @@ where
             Ok(resp) => match policy.classify(resp.status(), resp.headers()) {
                 None => {
                     record_response(&span, resp.status(), None);
-                    life.succeeded(&gates, || now, id);
+                    life.succeeded(dep.policy(), || now, id);
                     if trace.is_some() {
                         dep.record(trace, now, TraceOp::Success(number > 1));
                         if number > 1 {
@@ -753,7 +753,7 @@ where
                     // refused at the cap never reached the dependency: its charges go back.
                     Some(StormguardError::Denied(reason)) => {
                         record_denied(&span, *reason);
-                        life.unsent(&gates, now, id);
+                        life.unsent(dep.policy(), now, id);
                         return Err(result.err().expect("an error"));
                     }
                     Some(StormguardError::CallerBody { .. }) => {
@@ -790,7 +790,7 @@ where
             LifeNext::Retry { wait, target } => (wait, target),
         };
         let Some(next_body) = policy.clone_body(req.body()) else {
-            life.give_up(&gates, now);
+            life.give_up(dep.policy(), now);
             refused(&span, &dep, number, failure, Denied::Body);
             return finish(result, Some(Denied::Body));
         };
@@ -801,7 +801,7 @@ where
                 Ok(kept) => Ok(kept),
                 Err(partial) => {
                     // Too large to keep: give the caller this response, not a retry.
-                    life.give_up(&gates, dep.now());
+                    life.give_up(dep.policy(), dep.now());
                     tracing::debug!(parent: &span, dependency = dep.name(), attempt = number, %failure, body_limit = config.body_limit, "not retried: the failed response is larger than body_limit, so it goes to the caller as it is");
                     return Ok(partial);
                 }
