@@ -308,7 +308,9 @@ async fn retry_loop(
     answered: Answered,
 ) -> Result<Response> {
     let body_limit = dep.config().body_limit;
-    let mut rng = dep.request_rng();
+    // The jitter's source, drawn at the first failure: a request that succeeds at once takes
+    // no number from the dependency's counter.
+    let mut rng = None;
     let Answered { mut id, mut number, mut span, mut result } = answered;
     life.set_replayable(req.is_some());
     loop {
@@ -322,7 +324,8 @@ async fn retry_loop(
             }
             return finish_at(&span, result, None);
         };
-        let wait = match life.failed(&gates, now, id, &failed, &mut rng) {
+        let rng = rng.get_or_insert_with(|| dep.request_rng());
+        let wait = match life.failed(&gates, now, id, &failed, rng) {
             LifeNext::Answer(reason) => {
                 if let Some(reason) = reason {
                     tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
