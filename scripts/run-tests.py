@@ -4,9 +4,9 @@ the doc tests, then one summary.
 
 Each crate's integration tests are one binary (tests/it). They run one binary at a time, as
 `cargo test` runs them, except the proxy's, the longest by far (most of its time is spent
-waiting: open loops paced on the wall clock, timeouts), which runs beside the others; its
-adaptive-cap runs, which judge latency under a load of their own, run last and alone, as they
-were calibrated; the doc tests (a compile) after the proxy's binary is done. A binary
+waiting: open loops paced on the wall clock, timeouts), which runs beside the others, three of
+its tests at a time; its adaptive-cap runs, which judge latency under a load of their own, run
+last and alone, as they were calibrated; the doc tests (a compile) after the proxy's binary is done. A binary
 is run as cargo runs it (from its package's directory), with libtest's `--report-time` (an
 unstable option of the test harness, enabled for the test binaries alone by RUSTC_BOOTSTRAP=1
 in their environment; the compiler never sees it), so the end of the run lists the slowest
@@ -29,8 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
 LOGS = os.path.join(TARGET, "test-logs")
 # Test binaries run beside the others rather than after them, by manifest directory and target
-# name; and the tests of theirs (a libtest filter) that run alone, last.
-BESIDE = {("crates/proxy", "it"): "adaptive::"}
+# name: with how many test threads (the proxy's tests mostly wait on the wall clock, so three
+# at a time take 76 s where libtest's two a core took 118 s, and its CPU stays under the
+# machine's), and the tests of theirs (a libtest filter) that run alone, last.
+BESIDE = {("crates/proxy", "it"): (3, "adaptive::")}
 SLOWEST = 10
 
 RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
@@ -128,11 +130,14 @@ def main():
     beside, after, last = [], [], []
     for package, name, kind, exe, cwd in found:
         label = f"{package} (unit)" if kind == "lib" else f"{package} {kind} {name}"
-        alone = BESIDE.get((os.path.relpath(cwd, ROOT), name)) if kind == "test" else None
-        if alone is None:
+        spec = BESIDE.get((os.path.relpath(cwd, ROOT), name)) if kind == "test" else None
+        if spec is None:
             after.append((label, [exe] + report, cwd, test_env))
-        else:
-            beside.append((label, [exe, "--skip", alone] + report, cwd, test_env))
+            continue
+        threads, alone = spec
+        skip = ["--skip", alone] if alone else []
+        beside.append((label, [exe, "--test-threads", str(threads)] + skip + report, cwd, test_env))
+        if alone:
             last.append((f"{label} {alone}", [exe, alone] + report, cwd, test_env))
     threads = [threading.Thread(target=run, args=job + (results, lock)) for job in beside]
     for t in threads:
