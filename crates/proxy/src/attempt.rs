@@ -3,9 +3,9 @@
 //! deadline, its cap held under the HTTP/2 peer's streams, an unsolicited upgrade refused.
 //! the stack (`stack.rs`) assembles them in order.
 //!
-//! The extensions they read are set by the layers above: [`UpstreamTarget`] (which upstream
-//! the retry layer chose) and [`TimeLeft`] (the deadline left, set by the cap) from
-//! stormguard-tower, [`AskedForSlot`] from the stack, [`AttemptLog`] from the server.
+//! The extensions they read are set above: [`UpstreamTarget`] (which upstream the request's
+//! life chose), [`TimeLeft`] (the deadline left) and [`SlotWait`] (how long a first try waited
+//! for its slot) by stormguard-tower's layer, [`AttemptLog`] by the server.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Request, Response, StatusCode};
 use stormguard_http::classify::ProtocolError;
 use stormguard_http::stacked::ATTEMPT_HEADER;
-use stormguard_tower::{BoxError, TimeLeft, UpstreamTarget};
+use stormguard_tower::{BoxError, SlotWait, TimeLeft, UpstreamTarget};
 use tower::{Layer, Service};
 
 /// Per request, shared by its attempts (request extensions are copied to each attempt): how
@@ -57,25 +57,14 @@ impl AttemptLog {
     }
 }
 
-/// When an attempt asked the cap for its slot: set above the cap, read below it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AskedForSlot(Instant);
-
-/// Notes when the attempt asks the cap for its slot.
-pub(crate) fn asked_for_slot<B>(mut req: Request<B>) -> Request<B> {
-    req.extensions_mut().insert(AskedForSlot(Instant::now()));
-    req
-}
-
-/// `x-stormguard-attempt: 1` on a first try that carries none (the retry layer numbers the
-/// retries).
+/// `x-stormguard-attempt: 1` on a first try that carries none (the layer numbers the retries).
 pub(crate) fn number_first<B>(mut req: Request<B>) -> Request<B> {
     // One lookup: the name is hashed once whether or not it is there.
     req.headers_mut().entry(&ATTEMPT_HEADER).or_insert(HeaderValue::from_static("1"));
     req
 }
 
-/// The upstream an attempt goes to: [`UpstreamTarget`], 0 when the retry layer set none.
+/// The upstream an attempt goes to: [`UpstreamTarget`], 0 when the layer set none.
 pub(crate) fn target<B>(req: &Request<B>) -> usize {
     req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0)
 }
@@ -120,8 +109,8 @@ pub(crate) fn no_upgrade<RB, E: Into<BoxError>>(
     }
 }
 
-/// Counts each attempt in the request's [`AttemptLog`] and times it: its slot wait (since
-/// [`AskedForSlot`]) and the upstream's time to response headers.
+/// Counts each attempt in the request's [`AttemptLog`] and times it: its slot wait
+/// ([`SlotWait`], when it waited) and the upstream's time to response headers.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LogLayer;
 
@@ -159,8 +148,8 @@ where
         if let Some(l) = &log {
             l.0.attempts.fetch_add(1, Ordering::Relaxed);
             l.0.target.store(target(&req), Ordering::Relaxed);
-            if let Some(asked) = req.extensions().get::<AskedForSlot>() {
-                let us = started.saturating_duration_since(asked.0).as_micros();
+            if let Some(SlotWait(waited)) = req.extensions().get::<SlotWait>() {
+                let us = waited.as_micros();
                 l.0.slot_wait_us
                     .fetch_add(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
             }

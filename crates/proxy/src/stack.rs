@@ -8,7 +8,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use stormguard_core::Denied;
-use stormguard_tower::{BoxError, CapLayer, Dependency, ReplayBody, RetryLayer, StormguardError};
+use stormguard_tower::{BoxError, Dependency, ReplayBody, StormguardError, StormguardLayer};
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 
@@ -58,13 +58,9 @@ pub fn stack(
         // Outermost: stormguard's own refusals and transport failures become responses (503,
         // 504, 502 with the reason), so every caller gets exactly one answer.
         .then(move |r| answer(r, provider))
-        // Retry outside the cap: every attempt takes its own slot, and a retry uses
-        // try_acquire, so it can never queue.
-        .layer(RetryLayer::new(dependency.clone()))
-        // Each attempt notes when it asked the cap for a slot, for the access log's slot wait.
-        .map_request(attempt::asked_for_slot)
-        // The cap around each attempt, with its per-try timeout: connect time counts.
-        .layer(CapLayer::new(dependency.clone()))
+        // The request's life, every attempt under the cap with its per-try timeout (connect
+        // time counts); a retry takes its slot now or never, so it can never queue.
+        .layer(StormguardLayer::new(dependency.clone()))
         // Below the cap, one concern a layer, each seeing exactly what the upstream sees:
         // the attempt counted and timed for the access log,
         .layer(attempt::LogLayer)

@@ -7,6 +7,14 @@
 //! Each operation is one request through `ready()` + `call()` on a current-thread tokio runtime,
 //! answered at once with 200 (so no retry is ever sent: this is the cost every request pays),
 //! and the response dropped. Timing never decides a test; the ratios go in BENCHMARKS.md.
+//!
+//! Counted instead of timed (what a call *does* does not move with a noisy machine): with
+//! `STACK_CALLS=N`, the binary makes N calls through one stack (`bare`, `tower`, `stormguard`)
+//! and exits, so that `perf stat` can count instructions, allocations, `memmove`s and clock
+//! reads, less a run of 0 calls, per call:
+//!
+//!     BIN=$(cargo bench -p stormguard-tower --bench stack --no-run 2>&1 | grep -o 'target/[^)]*')
+//!     STACK_CALLS=200000 perf stat -e instructions:u $BIN stormguard
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -14,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use http::{Request, Response};
 use http_body_util::Full;
 use stormguard_tower::{CloneBody, Dependency, DependencyConfig, ReplayBody, StormguardLayer};
@@ -181,5 +189,46 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// `STACK_CALLS=N`: N calls through the stack named by the first argument, not timed.
+fn count(item: &str, n: u64) {
+    let rt = runtime();
+    let req = || Request::get("http://dep/x").body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+    match item {
+        "bare" => {
+            let mut svc = noop::<Full<Bytes>>();
+            calls(&rt, n, &mut svc, req);
+        }
+        "tower" => {
+            let policy = TowerPolicy(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)));
+            let mut svc = ServiceBuilder::new()
+                .retry(policy)
+                .concurrency_limit(1_000)
+                .service(noop::<Full<Bytes>>());
+            calls(&rt, n, &mut svc, req);
+        }
+        "stormguard" => {
+            let dep = {
+                let _guard = rt.enter();
+                let mut c = DependencyConfig::new("bench");
+                c.limiter.cap = 1_000;
+                Dependency::try_new(c).unwrap()
+            };
+            let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
+            calls(&rt, n, &mut svc, req);
+        }
+        other => panic!("STACK_CALLS: no stack {other:?} (bare, tower, stormguard)"),
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(n) = std::env::var("STACK_CALLS") {
+        let n = n.parse().expect("STACK_CALLS: a number of calls");
+        let item = std::env::args().nth(1).expect("STACK_CALLS: name the stack");
+        count(&item, n);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

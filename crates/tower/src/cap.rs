@@ -1,8 +1,8 @@
 //! The cap: every attempt takes a slot, and holds it until its response body ends.
 //!
-//! A primary waits for a slot in the dependency's FIFO queue (bounded in length and time, and by
-//! the request's deadline); a retry arrives with the slot the [`Retry`](crate::Retry) layer
-//! already took for it with `try_acquire`, so it never waits here. Admission happens in `call`,
+//! A first try waits for a slot in the dependency's FIFO queue (bounded in length and time, and
+//! by the request's deadline); a retry or a hedge comes with the slot its request's life took
+//! for it with `try_acquire`, so it never waits. Admission happens in the service's `call`,
 //! where the request is known; `poll_ready` only forwards the inner service's readiness. The
 //! permit moves into the response body, so the slot is held until the body ends or is dropped —
 //! a caller slowly reading a large body is still load on the dependency.
@@ -39,45 +39,31 @@ use stormguard_core::clock::Timestamp;
 use stormguard_core::limiter::{AttemptKind, Permit};
 use stormguard_core::signals::Abandoned;
 use stormguard_http::classify::classify_response;
-use tower::{Layer, Service};
+use tower::Service;
 
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{AdmittedSlot, AttemptDeadline, RateCost, UpstreamTarget};
-pub use crate::extensions::{BodyReceived, TimeLeft};
+use crate::extensions::RateCost;
+pub use crate::extensions::{BodyReceived, SlotWait, TimeLeft};
 use crate::rate::{RateReservation, UsageTap};
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Applies [`Cap`].
-#[derive(Clone, Debug)]
-pub struct CapLayer {
-    dependency: Dependency,
-}
-
-impl CapLayer {
-    /// The cap of `dependency`.
-    pub fn new(dependency: Dependency) -> CapLayer {
-        CapLayer { dependency }
-    }
-}
-
-impl<S> Layer<S> for CapLayer {
-    type Service = Cap<S>;
-    fn layer(&self, inner: S) -> Cap<S> {
-        Cap { inner, dependency: self.dependency.clone() }
-    }
-}
-
-/// Puts every attempt under the dependency's cap. See the [module docs](self).
-#[derive(Clone, Debug)]
-pub struct Cap<S> {
-    inner: S,
-    dependency: Dependency,
-}
-
-impl<S, B, RB> Service<Request<B>> for Cap<S>
+/// Puts a first try under the cap of upstream `target`, on `inner`, which `poll_ready` readied:
+/// fails fast while the breaker is open; books its turn in the provider's window under rate
+/// admission (waiting for a later turn within the queue timeout and `deadline`); takes a free
+/// slot now when nobody waits (with a total cap, its slot first), else queues for it. Sent at
+/// once when admitted at once; the returned future waits otherwise. A first try that waits
+/// takes the readied service with it and leaves a clone in its place.
+pub(crate) fn first_try<S, B, RB>(
+    dep: &Dependency,
+    inner: &mut S,
+    req: Request<B>,
+    deadline: Option<Timestamp>,
+    target: usize,
+    now: Timestamp,
+) -> CapFuture<S::Future, RB, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -85,95 +71,81 @@ where
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
-    type Response = Response<PermitBody<RB>>;
-    type Error = BoxError;
-    type Future = CapFuture<S::Future, RB, S::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    let upstream = dep.upstream_at(target);
+    let policy = dep.policy();
+    // Fail fast while open, before waiting in the queue; half-open probes are counted once the
+    // attempt has its slot.
+    if let Some(b) = &upstream.breaker
+        && matches!(b.state(now), BreakerState::Open { .. })
+    {
+        policy.on_primary_refused(Denied::Breaker);
+        return CapFuture::boxed(refused(Denied::Breaker));
     }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        // The service that reported ready takes this request; a clone waits for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let dep = self.dependency.clone();
-        let now = dep.now();
-        let deadline = req
-            .extensions_mut()
-            .remove::<AttemptDeadline>()
-            .map(|d| d.0)
-            .or_else(|| dep.config().deadline.map(|d| now.saturating_add(d)));
-        let admitted = req.extensions_mut().remove::<AdmittedSlot>().and_then(|s| s.take());
-        // Which upstream (with several): the retry layer put it on the request.
-        let target = req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0);
-        let upstream = dep.upstream_at(target);
-        let mut rate = None;
-        let (permit, total) = match admitted {
-            // A retry: the retry layer took its slots (or, in shadow mode, none), and its
-            // booking in the provider's window (now or never, before the budget was charged).
-            Some((slots, booked)) => {
-                rate = booked.sent();
-                slots
+    // The provider's window before the cap: a first try books its turn, waits for it (within
+    // the queue timeout and the deadline), then queues for its slot.
+    let mut rate = None;
+    if dep.rates_at(target).is_some() {
+        let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
+        match crate::rate::book_first_try(dep, target, cost, deadline, now) {
+            Ok(None) => {}
+            Ok(Some((booked, wait))) if wait.is_zero() => rate = Some(booked),
+            Ok(Some((booked, wait))) => {
+                let inner = take_ready(inner);
+                let dep = dep.clone();
+                return CapFuture::boxed(Box::pin(rate_waited(
+                    dep,
+                    inner,
+                    req,
+                    (deadline, now),
+                    target,
+                    (cost, booked),
+                    wait,
+                )));
             }
-            None => {
-                let policy = dep.policy();
-                // Fail fast while open, before waiting in the queue; half-open probes are
-                // counted once the attempt has its slot.
-                if let Some(b) = &upstream.breaker
-                    && matches!(b.state(now), BreakerState::Open { .. })
-                {
-                    policy.on_primary_refused(Denied::Breaker);
-                    return CapFuture::boxed(refused(Denied::Breaker));
-                }
-                // The provider's window before the cap: a first try books its turn, waits for
-                // it (within the queue timeout and the deadline), then queues for its slot.
-                let cost = match dep.rates_at(target) {
-                    Some(_) => req.extensions().get::<RateCost>().copied().unwrap_or_default(),
-                    None => RateCost::default(),
-                };
-                match crate::rate::book_first_try(&dep, target, cost, deadline, now) {
-                    Ok(None) => {}
-                    Ok(Some((booked, wait))) if wait.is_zero() => rate = Some(booked),
-                    Ok(Some((booked, wait))) => {
-                        return CapFuture::boxed(Box::pin(rate_waited(
-                            dep,
-                            inner,
-                            req,
-                            deadline,
-                            target,
-                            (cost, booked),
-                            wait,
-                        )));
-                    }
-                    Err(reason) => return CapFuture::boxed(refused(reason)),
-                }
-                // A free slot and nobody waiting: take it now, without a queue entry or a
-                // timer; otherwise wait in the queue. With a total cap, its slot first.
-                let total = match dep.total().map(|t| t.try_acquire_at(AttemptKind::Primary, now)) {
-                    None => None,
-                    Some(Ok(p)) => Some(p),
-                    Some(Err(_)) => {
-                        return CapFuture::boxed(Box::pin(queued(
-                            dep, inner, req, deadline, target, rate,
-                        )));
-                    }
-                };
-                match upstream.limiter.try_acquire_at(AttemptKind::Primary, now) {
-                    Ok(p) => {
-                        policy.on_admitted(now);
-                        (Some(p), total)
-                    }
-                    Err(_) => {
-                        return CapFuture::boxed(Box::pin(queued(
-                            dep, inner, req, deadline, target, rate,
-                        )));
-                    }
-                }
-            }
-        };
-        send(dep, inner, req, (permit, total, rate), deadline, now, target)
+            Err(reason) => return CapFuture::boxed(refused(reason)),
+        }
     }
+    // A free slot and nobody waiting: take it now, without a queue entry or a timer; otherwise
+    // wait in the queue. With a total cap, its slot first.
+    let total = match dep.total().map(|t| t.try_acquire_at(AttemptKind::Primary, now)) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(_)) => {
+            let inner = take_ready(inner);
+            return CapFuture::boxed(Box::pin(queued(
+                dep.clone(),
+                inner,
+                req,
+                (deadline, now),
+                target,
+                rate,
+            )));
+        }
+    };
+    match upstream.limiter.try_acquire_at(AttemptKind::Primary, now) {
+        Ok(p) => {
+            policy.on_admitted(now);
+            send(dep, inner, req, (Some(p), total, rate), deadline, now, target)
+        }
+        Err(_) => {
+            drop(total);
+            let inner = take_ready(inner);
+            CapFuture::boxed(Box::pin(queued(
+                dep.clone(),
+                inner,
+                req,
+                (deadline, now),
+                target,
+                rate,
+            )))
+        }
+    }
+}
+
+/// The readied service, for a call made later: a clone takes its place for the next request.
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
 }
 
 fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> {
@@ -188,7 +160,7 @@ fn rate_waited<S, B, RB>(
     dep: Dependency,
     inner: S,
     req: Request<B>,
-    deadline: Option<Timestamp>,
+    (deadline, asked): (Option<Timestamp>, Timestamp),
     target: usize,
     (cost, booked): (RateCost, RateReservation),
     wait: Duration,
@@ -202,21 +174,21 @@ where
 {
     async move {
         match crate::rate::wait_turn(&dep, target, cost, booked, wait, deadline).await {
-            Ok(booked) => queued(dep, inner, req, deadline, target, Some(booked)).await,
+            Ok(booked) => queued(dep, inner, req, (deadline, asked), target, Some(booked)).await,
             Err(reason) => Err(StormguardError::Denied(reason).into()),
         }
     }
 }
 
-/// A primary that found no free slot: waits in the queue, then is sent. (An `async` block,
-/// not an `async fn`: the arguments are captured once instead of copied into locals, which
-/// keeps the future smaller.)
+/// A primary that found no free slot: waits in the queue, then is sent, its wait since `asked`
+/// on its request ([`SlotWait`]). (An `async` block, not an `async fn`: the arguments are
+/// captured once instead of copied into locals, which keeps the future smaller.)
 #[allow(clippy::manual_async_fn)]
 fn queued<S, B, RB>(
     dep: Dependency,
-    inner: S,
-    req: Request<B>,
-    deadline: Option<Timestamp>,
+    mut inner: S,
+    mut req: Request<B>,
+    (deadline, asked): (Option<Timestamp>, Timestamp),
     target: usize,
     rate: Option<RateReservation>,
 ) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
@@ -262,7 +234,9 @@ where
                     }
                 };
                 dep.policy().on_admitted(now);
-                send(dep, inner, req, (permit, total, rate.sent()), deadline, now, target).await
+                req.extensions_mut().insert(SlotWait(now.saturating_since(asked)));
+                send(&dep, &mut inner, req, (permit, total, rate.sent()), deadline, now, target)
+                    .await
             }
             Err(reason) => {
                 drop(rate);
@@ -273,11 +247,12 @@ where
     }
 }
 
-/// An admitted attempt: takes its breaker probe, calls the inner service at once, and returns
-/// the future that finishes the attempt.
-fn send<S, B, RB>(
-    dep: Dependency,
-    mut inner: S,
+/// An admitted attempt: takes its breaker probe, calls the inner service (`poll_ready` readied
+/// it) at once, and returns the future that finishes the attempt. A first try's admission is
+/// [`first_try`]'s; a retry's or a hedge's, the request's life's.
+pub(crate) fn send<S, B, RB>(
+    dep: &Dependency,
+    inner: &mut S,
     mut req: Request<B>,
     (permit, total, rate): (Option<Permit>, Option<Permit>, Option<RateReservation>),
     deadline: Option<Timestamp>,
@@ -302,7 +277,7 @@ where
         }
         Some(Ok(p)) => {
             if let Some(t) = p.transition() {
-                log_transition(&dep, target, t, now);
+                log_transition(dep, target, t, now);
             }
             Some(p)
         }
@@ -323,7 +298,10 @@ where
     let body = timer.as_ref().and_then(|_| req.extensions().get::<BodyReceived>().cloned());
     let call = inner.call(req);
     let movable = dep.config().background.is_some();
-    let attempt = Attempt { dep, permit, total, probe, now, target, body, rate };
+    // What most attempts never have, in one allocation that only they make.
+    let rare = (probe.is_some() || body.is_some() || rate.is_some())
+        .then(|| Box::new(Rare { probe, body, rate }));
+    let attempt = Attempt { dep: dep.clone(), permit, total, now, target, rare };
     if movable {
         // A call that outlives its caller (a timeout, a dropped future) runs on in the
         // background until the dependency answers: box it so it can be moved there.
@@ -436,16 +414,23 @@ where
     }));
 }
 
-/// What an attempt in flight holds besides its call.
+/// What an attempt in flight holds besides its call. Small, because the response future that
+/// holds it is moved as a whole: what only some attempts have is boxed apart ([`Rare`]).
 struct Attempt {
     dep: Dependency,
     permit: Option<Permit>,
     /// Its slot under the dependency's total cap, if there is one.
     total: Option<Permit>,
-    probe: Option<BreakerPermit>,
     now: Timestamp,
     /// Which upstream.
     target: usize,
+    rare: Option<Box<Rare>>,
+}
+
+/// What only some attempts hold: a breaker probe, a caller's body still being received, a
+/// booking in the provider's window.
+struct Rare {
+    probe: Option<BreakerPermit>,
     /// Whether the caller's body has been received, when someone tracks it (and a per-try
     /// timer runs).
     body: Option<BodyReceived>,
@@ -457,13 +442,26 @@ struct Attempt {
 impl Attempt {
     /// Whether the caller is still sending the request body.
     fn caller_still_sending(&self) -> bool {
-        self.body.as_ref().is_some_and(|b| !b.is_received())
+        self.rare.as_ref().and_then(|r| r.body.as_ref()).is_some_and(|b| !b.is_received())
+    }
+
+    /// The probe, the body flag and the booking, taken apart.
+    fn rare(
+        rare: Option<Box<Rare>>,
+    ) -> (Option<BreakerPermit>, Option<BodyReceived>, Option<RateReservation>) {
+        match rare {
+            Some(r) => {
+                let Rare { probe, body, rate } = *r;
+                (probe, body, rate)
+            }
+            None => (None, None, None),
+        }
     }
 }
 
 pin_project! {
-    /// The response future of [`Cap`]: the inner call with its slot and per-try timer, or (for
-    /// a primary that waits in the queue, and for refusals) a boxed future.
+    /// The future of one attempt under the cap: the inner call with its slot and per-try timer,
+    /// or (for a first try that waits in the queue, and for refusals) a boxed future.
     // pin-project-lite takes no attributes on fields, so the variants' fields (internal state,
     // never built outside this module) are described in the variants' docs.
     #[allow(missing_docs)]
@@ -593,7 +591,8 @@ fn hold_slots(
     hold: std::time::Duration,
     why: Orphaned,
 ) -> (Option<stormguard_core::limiter::HeldSlot>, Option<stormguard_core::limiter::HeldSlot>) {
-    if let Some(p) = a.probe
+    let (probe, _, _) = Attempt::rare(a.rare);
+    if let Some(p) = probe
         && why == Orphaned::TimedOut
     {
         judge(&a.dep, a.target, p, a.dep.now(), AttemptResult::UpstreamFailure);
@@ -619,11 +618,12 @@ pub fn overload_answer(status: http::StatusCode) -> bool {
 /// failure. The call is cut (the dependency never had the whole request), the slots come back
 /// at once, and the breaker does not count it.
 fn caller_too_slow(a: Attempt) -> BoxError {
-    if let Some(p) = a.probe {
+    let (probe, _, rate) = Attempt::rare(a.rare);
+    if let Some(p) = probe {
         p.record(a.dep.now(), AttemptResult::NotCounted);
     }
     drop((a.permit, a.total));
-    if let Some(r) = a.rate {
+    if let Some(r) = rate {
         // The provider never had the whole request.
         r.refund(a.dep.now());
     }
@@ -635,7 +635,8 @@ fn finish<RB, E: Into<BoxError>>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
 ) -> Result<Response<PermitBody<RB>>, BoxError> {
-    let Attempt { dep, mut permit, total, probe, now, target, rate, .. } = attempt;
+    let Attempt { dep, mut permit, total, now, target, rare } = attempt;
+    let (probe, _, rate) = Attempt::rare(rare);
     let sent_at = now;
     // The clock only for the breaker: the permit reads it when the body ends.
     let now = if probe.is_some() { dep.now() } else { now };

@@ -1,27 +1,26 @@
-//! The request and response extensions the layers pass each other, in one place: who sets
-//! each, who reads it, and what it means. A caller sets the first four; the rest are the
-//! layers' own.
+//! The request and response extensions between the caller, the layer's service
+//! ([`Stormguard`](crate::Stormguard)) and the service under it, in one place: who sets each,
+//! who reads it, and what it means. The layer passes nothing to itself through them: a
+//! request's deadline, its slots and its booking travel with its attempts inside the one future.
 //!
 //! | extension | set by | read by | meaning |
 //! | --- | --- | --- | --- |
-//! | [`Deadline`] | the caller | [`Retry`](crate::Retry) | the whole request's deadline (shortens the dependency's) |
-//! | [`Idempotent`] | the caller (a route, gRPC) | [`Retry`](crate::Retry) | any method may be retried |
-//! | [`RouteBudget`] | the caller (a route) | [`Retry`](crate::Retry) | a second budget, charged with the dependency's |
-//! | [`FanOutScope`](crate::FanOutScope) | the caller (a trace) | [`Retry`](crate::Retry) | retries one user action may spend across its calls |
-//! | [`BodyReceived`] | whoever reads the caller's body | [`Cap`](crate::Cap) | a per-try timeout before it is the caller's slowness |
-//! | [`UpstreamTarget`] | [`Retry`](crate::Retry), every attempt | [`Cap`](crate::Cap), the client | which upstream the attempt goes to |
-//! | `AdmittedSlot` | [`Retry`](crate::Retry), on a retry | [`Cap`](crate::Cap) (taken out) | the slot the retry was admitted with: a retry never queues |
-//! | `AttemptDeadline` | [`Retry`](crate::Retry) | [`Cap`](crate::Cap) | when this attempt must have its response headers |
-//! | [`TimeLeft`] | [`Cap`](crate::Cap) | the client (gRPC's `grpc-timeout`) | the request's time left when the attempt was sent |
-//! | [`RateCost`] | the caller (the proxy, from the body) | [`Cap`](crate::Cap) | the tokens a request will use, for rate admission |
-//! | [`CallerRetry`] | the caller (the proxy, which recognised it) | [`Retry`](crate::Retry) | the request is the caller's own retry: charged to the budget, never queued |
-//! | [`Denied`](crate::Denied) (response) | [`Retry`](crate::Retry) | the caller | why the last failure was not retried |
+//! | [`Deadline`] | the caller | the layer | the whole request's deadline (shortens the dependency's) |
+//! | [`Idempotent`] | the caller (a route, gRPC) | the layer | any method may be retried |
+//! | [`RouteBudget`] | the caller (a route) | the layer | a second budget, charged with the dependency's |
+//! | [`FanOutScope`](crate::FanOutScope) | the caller (a trace) | the layer | retries one user action may spend across its calls |
+//! | [`RateCost`] | the caller (the proxy, from the body) | the layer | the tokens a request will use, for rate admission |
+//! | [`CallerRetry`] | the caller (the proxy, which recognised it) | the layer | the request is the caller's own retry: charged to the budget, never queued |
+//! | [`BodyReceived`] | whoever reads the caller's body | the layer | a per-try timeout before it is the caller's slowness |
+//! | [`UpstreamTarget`] | the layer, on an attempt to any upstream but the first | the service under it | which upstream the attempt goes to |
+//! | [`TimeLeft`] | the layer, while a deadline applies | the service under it (gRPC's `grpc-timeout`) | the request's time left when the attempt was sent |
+//! | [`SlotWait`](crate::SlotWait) | the layer, on an attempt that waited for its slot | the service under it (the proxy's access log) | how long it waited in the queue or for its turn in the provider's window |
+//! | [`QuotaExhausted`] (response) | the service under it (the proxy, for OpenAI) | the layer | the account's quota is spent: never retried |
+//! | [`Denied`](crate::Denied) (response) | the layer | the caller | why the last failure was not retried |
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use stormguard_core::budget::RetryBudget;
-use stormguard_core::clock::Timestamp;
-use stormguard_core::limiter::Permit;
 
 /// A request extension: the caller's deadline for the whole request (queue waits, attempts and
 /// backoffs included). Shortens the dependency's configured deadline, never lengthens it.
@@ -39,7 +38,7 @@ impl Deadline {
 /// as the repeat of an attempt that failed, or it arrived marked as one — the caller's
 /// `attempt`th (2 for its first retry), after a failure of kind `after`.
 ///
-/// The retry layer treats it as a retry of its own, not as an original request: it deposits
+/// The layer treats it as a retry of its own, not as an original request: it deposits
 /// nothing in the budget (nor the route's), meets the load rules
 /// ([`RetryPolicy::decide_caller_retry`](stormguard_core::decision::RetryPolicy::decide_caller_retry):
 /// breaker, pushback hold, scopes, budget) and takes its slot with `try_acquire` — refused at
@@ -69,45 +68,25 @@ impl std::fmt::Debug for RouteBudget {
 }
 
 /// A request extension: which of the dependency's upstreams an attempt goes to (an index into
-/// [`DependencyConfig::upstreams`](crate::DependencyConfig::upstreams); 0 with a single upstream). Set by the retry layer on every
-/// attempt; read by the cap and by the service that sends the attempt.
+/// [`DependencyConfig::upstreams`](crate::DependencyConfig::upstreams); 0 with a single
+/// upstream). Set by the layer on an attempt to any upstream but the first (absent: 0); read by
+/// the service under the layer, which sends the attempt there.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UpstreamTarget(pub usize);
 
-/// The slot the retry layer took for a retry (`Some(None)`: a shadow-mode retry sent without
-/// one), and its booking in the provider's window under rate admission. Cap takes it out of
-/// the request's extensions.
-#[derive(Clone, Debug)]
-pub(crate) struct AdmittedSlot(Arc<Mutex<Option<(Slots, crate::rate::Unsent)>>>);
-
-/// What an attempt holds: its slot under its upstream's cap, and one under the dependency's
-/// total cap when there is one (`None`s in shadow mode).
-pub(crate) type Slots = (Option<Permit>, Option<Permit>);
-
-impl AdmittedSlot {
-    pub(crate) fn new(
-        permit: Option<Permit>,
-        total: Option<Permit>,
-        rate: crate::rate::Unsent,
-    ) -> AdmittedSlot {
-        AdmittedSlot(Arc::new(Mutex::new(Some(((permit, total), rate)))))
-    }
-
-    pub(crate) fn take(&self) -> Option<(Slots, crate::rate::Unsent)> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-/// The time by which this attempt must have its response headers (the request's deadline).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttemptDeadline(pub(crate) Timestamp);
-
-/// A request extension on each attempt the cap sends while a deadline applies (the
+/// A request extension on each attempt the layer sends while a deadline applies (the
 /// dependency's, or the caller's [`Deadline`]): the time the request had left
 /// when the attempt was sent — its deadline, not the per-try timeout. A client can pass it on
 /// to the dependency, as gRPC's `grpc-timeout`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimeLeft(pub std::time::Duration);
+
+/// A request extension on an attempt that waited for its slot (a first try in the queue, or for
+/// its turn in the provider's window): how long, from the request's arrival at the layer to its
+/// admission. For the service under the layer (the proxy's access log reads it); an attempt
+/// admitted at once carries none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotWait(pub std::time::Duration);
 
 /// A request extension: whether the caller's request body has been received whole (set by
 /// whoever reads it, e.g. the proxy). While it has not, a per-try timeout is the caller's

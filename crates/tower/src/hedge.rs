@@ -15,19 +15,18 @@
 use http::{Request, Response};
 use http_body::Body;
 use stormguard_core::life::AttemptId;
-use tower::{Service, ServiceExt};
-use tracing::Instrument;
+use tower::Service;
 
 use crate::cap::BoxFuture;
 use crate::error::BoxError;
 use crate::extensions::RateCost;
-use crate::retry::{AttemptPolicy, Rest, copy_request};
+use crate::retry::{Answer, AttemptPolicy, Rest, copy_request, send_admitted};
 use crate::span::attempt_span;
 
 /// A hedge in flight beside the first attempt.
 pub(crate) struct SentHedge<RB> {
     /// Its response future (holding its slot).
-    pub(crate) fut: BoxFuture<Result<Response<RB>, BoxError>>,
+    pub(crate) fut: BoxFuture<Answer<RB>>,
     /// Its span.
     pub(crate) span: tracing::Span,
     /// The attempt it is in the request's life, and its number in the headers.
@@ -44,8 +43,9 @@ pub(crate) fn send<S, P, B, RB>(
     hedged: AttemptId,
 ) -> Option<SentHedge<RB>>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
@@ -73,8 +73,7 @@ where
     let req = &rest.req;
     let mut this = copy_request(req, body);
     stormguard_http::stacked::mark_hedge(this.headers_mut(), number);
-    crate::retry::admitted_attempt(&mut this, rest.deadline, &dep, admitted);
     let span = attempt_span(&dep, req, target, number - 1);
-    let fut = rest.svc.clone().oneshot(this).instrument(span.clone());
+    let fut = send_admitted(dep, rest.svc.clone(), this, rest.deadline, admitted, span.clone());
     Some(SentHedge { fut: Box::pin(fut), span, id, number })
 }

@@ -17,11 +17,14 @@
 //! # Ok::<(), stormguard_tower::DependencyError>(())
 //! ```
 //!
-//! The stack is [`Retry`] outside [`Cap`]: every attempt takes its own slot; a retry takes its
-//! slot with `try_acquire` when its backoff ends, so it never queues. The [`Dependency`] owns the
-//! limiter, the budget, the breaker and the counters, and is shared by every clone of the stack;
-//! `metrics::register` exports its signals on a `prometheus-client` registry (the default
-//! feature `metrics`; without it the snapshot still holds every count and histogram).
+//! The layer makes one service, [`Stormguard`], and one future per request: every attempt —
+//! the first try, each retry and hedge — takes its own slot under the cap; a first try may wait
+//! in the queue, a retry takes its slot with `try_acquire` when its backoff ends, so it never
+//! queues. The order of a request's steps is core's [`Life`](stormguard_core::life::Life); the
+//! layer runs it. The [`Dependency`] owns the limiter, the budget, the breaker and the
+//! counters, and is shared by every clone of the stack; `metrics::register` exports its signals
+//! on a `prometheus-client` registry (the default feature `metrics`; without it the snapshot
+//! still holds every count and histogram).
 
 #![warn(missing_docs)]
 
@@ -38,7 +41,7 @@ pub mod record;
 pub mod retry;
 pub mod span;
 
-pub use cap::{BodyReceived, Cap, CapLayer, PermitBody, TimeLeft};
+pub use cap::{BodyReceived, PermitBody, SlotWait, TimeLeft};
 pub use dependency::{
     Dependency, DependencyConfig, DependencyError, DependencySnapshot, RateAdmission, Rates,
     Spawner, UpstreamSnapshot, UpstreamSpec,
@@ -48,8 +51,7 @@ pub use extensions::{CallerRetry, UpstreamTarget};
 pub use rate::Provider;
 pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{
-    AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, Retry, RetryBody, RetryLayer,
-    RouteBudget,
+    AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, RetryBody, RouteBudget, Stormguard,
 };
 pub use stormguard_core::Denied;
 pub use stormguard_core::limiter::Reader;
@@ -58,37 +60,32 @@ pub use stormguard_http::body::ReplayBody;
 
 use tower::Layer;
 
-/// The whole stack: [`Retry`] outside [`Cap`], both over one [`Dependency`].
+/// The whole stack: one [`Stormguard`] service over one [`Dependency`].
 #[derive(Clone, Debug)]
 pub struct StormguardLayer<P = Replay> {
-    retry: RetryLayer<P>,
-    cap: CapLayer,
+    dependency: Dependency,
+    policy: P,
 }
 
 impl StormguardLayer<Replay> {
     /// The stack for `dependency`, for `http::Request<ReplayBody<B>>` services.
     pub fn new(dependency: Dependency) -> StormguardLayer<Replay> {
-        StormguardLayer {
-            retry: RetryLayer::new(dependency.clone()),
-            cap: CapLayer::new(dependency),
-        }
+        StormguardLayer { dependency, policy: Replay }
     }
 }
 
 impl<P> StormguardLayer<P> {
     /// The same stack with another way to copy request bodies and read responses.
     pub fn with_policy<Q>(self, policy: Q) -> StormguardLayer<Q> {
-        StormguardLayer { retry: self.retry.with_policy(policy), cap: self.cap }
+        StormguardLayer { dependency: self.dependency, policy }
     }
 }
 
 impl<S, P: Clone> Layer<S> for StormguardLayer<P> {
-    type Service = Retry<Cap<S>, P>;
+    type Service = Stormguard<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        // Retry outside the cap: every attempt takes its own slot, and a retry uses
-        // try_acquire, so it can never queue.
-        self.retry.layer(self.cap.layer(inner))
+        Stormguard { inner, dependency: self.dependency.clone(), policy: self.policy.clone() }
     }
 }
 

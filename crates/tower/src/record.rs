@@ -1,7 +1,7 @@
 //! Record mode: a dependency's traffic as the events `stormguard replay` reads, so an incident
 //! can be replayed against candidate budgets.
 //!
-//! The retry layer reports, per request: `request` when the first attempt is sent; `failure`
+//! The layer reports, per request: `request` when the first attempt is sent; `failure`
 //! (`kind` error, timeout or throttle) or `success` (`retry` when it was a retried attempt) for
 //! each attempt's outcome; `retry_done` after a retried attempt's outcome; and `retry` when a
 //! retry *reached the budget* — allowed, or refused by the budget, a scope or the cap (the

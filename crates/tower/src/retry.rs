@@ -1,8 +1,10 @@
-//! The retry layer, outside the cap: the retry decision (docs/rules.md) on each failed attempt.
+//! The layer's service, [`Stormguard`]: one future per request, which puts each attempt under
+//! the cap ([`crate::cap`]) and runs the request's [`Life`] — the retry decision (docs/rules.md)
+//! on each failed attempt, hedges, a caller's own retries.
 //!
-//! Retry sits *outside* [`Cap`](crate::Cap): every attempt passes through the cap and takes its
-//! own slot, and a retry takes its slot with `try_acquire` when its backoff ends, so it can never
-//! queue behind primaries or push the dependency past the cap. Each failed attempt goes through
+//! Every attempt takes its own slot: a first try may wait in the queue; a retry takes its slot
+//! with `try_acquire` when its backoff ends, so it can never queue behind first tries or push
+//! the dependency past the cap. Each failed attempt goes through
 //! [`RetryPolicy::decide`](stormguard_core::decision::RetryPolicy::decide) — `retry_on`,
 //! idempotency, replayable body, attempts, stacked retries, breaker, pushback, deadline, scopes,
 //! budget — and the first refusal is the reason. The failed response (body up to the body limit)
@@ -35,16 +37,14 @@ use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
-use tower::{Layer, Service, ServiceExt};
+use tower::Service;
 use tracing::Instrument;
 use tracing::instrument::Instrumented;
 
-use crate::cap::BoxFuture;
+use crate::cap::{BoxFuture, CapFuture, PermitBody};
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{
-    AdmittedSlot, AttemptDeadline, CallerRetry, QuotaExhausted, RateCost, UpstreamTarget,
-};
+use crate::extensions::{CallerRetry, QuotaExhausted, RateCost, UpstreamTarget};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
@@ -121,58 +121,38 @@ impl<B: Clone + Send + Sync + 'static> AttemptPolicy<B> for CloneBody {
     }
 }
 
-/// Applies [`Retry`].
+/// What an attempt came to: the answer with its slot (held by the body), or how it failed.
+pub(crate) type Answer<RB> = Result<Response<PermitBody<RB>>, BoxError>;
+
+/// What the caller gets.
+pub(crate) type Out<RB> = Result<Response<RetryBody<PermitBody<RB>>>, BoxError>;
+
+/// Every attempt to a dependency under its cap, and retries under its rules: the service that
+/// [`StormguardLayer`](crate::StormguardLayer) makes. See the [module docs](self).
 #[derive(Clone, Debug)]
-pub struct RetryLayer<P = Replay> {
-    dependency: Dependency,
-    policy: P,
+pub struct Stormguard<S, P = Replay> {
+    pub(crate) inner: S,
+    pub(crate) dependency: Dependency,
+    pub(crate) policy: P,
 }
 
-impl RetryLayer<Replay> {
-    /// Retries under `dependency`'s rules, for `ReplayBody` requests.
-    pub fn new(dependency: Dependency) -> RetryLayer<Replay> {
-        RetryLayer { dependency, policy: Replay }
-    }
-}
-
-impl<P> RetryLayer<P> {
-    /// Retries with another [`AttemptPolicy`].
-    pub fn with_policy<Q>(self, policy: Q) -> RetryLayer<Q> {
-        RetryLayer { dependency: self.dependency, policy }
-    }
-}
-
-impl<S, P: Clone> Layer<S> for RetryLayer<P> {
-    type Service = Retry<S, P>;
-    fn layer(&self, inner: S) -> Retry<S, P> {
-        Retry { inner, dependency: self.dependency.clone(), policy: self.policy.clone() }
-    }
-}
-
-/// Retries failed attempts under the dependency's rules. See the [module docs](self).
-#[derive(Clone, Debug)]
-pub struct Retry<S, P = Replay> {
-    inner: S,
-    dependency: Dependency,
-    policy: P,
-}
-
-impl<S, P, B, RB> Service<Request<B>> for Retry<S, P>
+impl<S, P, B, RB> Service<Request<B>> for Stormguard<S, P>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + Unpin + 'static,
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    type Response = Response<RetryBody<RB>>;
+    type Response = Response<RetryBody<PermitBody<RB>>>;
     type Error = BoxError;
     type Future = RetryFuture<S, P, B, RB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
@@ -202,8 +182,9 @@ fn start<S, P, B, RB>(
     req: Request<B>,
 ) -> RetryFuture<S, P, B, RB>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + Unpin + 'static,
@@ -218,17 +199,18 @@ where
         route.as_ref().filter(|_| caller.is_none()),
         req.extensions().get::<Deadline>().copied(),
     );
+    // One clock read for the request's start and its first try's admission.
+    let now = start.unwrap_or_else(|| dep.now());
     let id = dep.trace_id();
     if id.is_some() && caller.is_none() {
-        dep.record(id, start.unwrap_or_else(|| dep.now()), TraceOp::Request);
+        dep.record(id, now, TraceOp::Request);
     }
     // With several upstreams, the first whose breaker is not open.
     let target = match dep.upstream_count() {
         1 => 0,
-        _ => dep.primary_target(
-            start.unwrap_or_else(|| dep.now()),
-            req.extensions().get::<RateCost>().copied().unwrap_or_default(),
-        ),
+        _ => {
+            dep.primary_target(now, req.extensions().get::<RateCost>().copied().unwrap_or_default())
+        }
     };
     if let Some(caller) = caller {
         // The readied service goes with the request, as below.
@@ -248,27 +230,24 @@ where
         // The readied service goes with the request (it may hold what `poll_ready` reserved).
         let clone = first.clone();
         let svc = std::mem::replace(first, clone);
-        return RetryFuture::Boxed { fut: Box::pin(single(dep, svc, req, deadline, id, span)) };
+        let fut = single(dep, svc, req, (deadline, now, target), id, span, None);
+        return RetryFuture::Boxed { fut: Box::pin(fut) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.
     let mut this = copy_request(&req, body);
-    if let Some(d) = deadline {
-        this.extensions_mut().insert(AttemptDeadline(d));
-    }
     if target != 0 {
         this.extensions_mut().insert(UpstreamTarget(target));
     }
     let spare = first.clone();
-    let attempt = span.in_scope(|| first.call(this)).instrument(span);
+    let attempt = span
+        .in_scope(|| crate::cap::first_try(&dep, first, this, deadline, target, now))
+        .instrument(span);
     // With hedging on, a second attempt may follow this one; its timer is made only if the
     // first does not answer at once.
     let hedge = match dep.config().retry.hedge {
         None => Hedge::Off,
-        Some(_) => match dep
-            .policy()
-            .hedge_after(dep.upstream_at(target), || start.unwrap_or_else(|| dep.now()))
-        {
+        Some(_) => match dep.policy().hedge_after(dep.upstream_at(target), || now) {
             Some(delay) => Hedge::Due { delay, timer: None },
             None => Hedge::Off,
         },
@@ -297,16 +276,14 @@ where
 #[allow(clippy::type_complexity)]
 pub(crate) fn first_answered<S, P, B, RB>(
     mut rest: Box<Rest<S, P, B>>,
-    result: Result<Response<RB>, BoxError>,
+    result: Answer<RB>,
     span: &tracing::Span,
     (id, number): (AttemptId, u32),
-) -> Result<
-    Result<Response<RetryBody<RB>>, BoxError>,
-    BoxFuture<Result<Response<RetryBody<RB>>, BoxError>>,
->
+) -> Result<Out<RB>, BoxFuture<Out<RB>>>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + Unpin + 'static,
@@ -335,13 +312,11 @@ where
 /// is — the load rules, then its slots now or never — and refused at once otherwise
 /// ([`StormguardError::Denied`]); once sent, its answer goes through the decision loop like
 /// any attempt's (which, the request being stacked, does not retry it again by default).
-async fn caller_retry<S, P, B, RB>(
-    rest: Box<Rest<S, P, B>>,
-    caller: CallerRetry,
-) -> Result<Response<RetryBody<RB>>, BoxError>
+async fn caller_retry<S, P, B, RB>(rest: Box<Rest<S, P, B>>, caller: CallerRetry) -> Out<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + Unpin + 'static,
@@ -386,22 +361,22 @@ where
     let attempt = (admitted.id, admitted.number);
     let mut this = match rest.policy.clone_body(rest.req.body()) {
         Some(body) => copy_request(&rest.req, body),
-        // A body that cannot be copied is sent itself, and its answer is final (`single` puts
-        // the deadline on it); the life, holding its charges, ends with it.
+        // A body that cannot be copied is sent itself, and its answer is final; the life,
+        // holding its charges, ends with it.
         None => {
             let Rest { dep, svc, mut req, deadline, id, .. } = *rest;
             mark_attempt(req.headers_mut(), caller.attempt);
-            admitted_attempt(&mut req, None, &dep, admitted);
-            let result = single(dep, svc, req, deadline, id, span).await;
+            let how = (deadline, now, admitted.target);
+            let result = single(dep, svc, req, how, id, span, Some(admitted)).await;
             drop(life);
             return result;
         }
     };
     mark_attempt(this.headers_mut(), caller.attempt);
-    admitted_attempt(&mut this, rest.deadline, dep, admitted);
-    let result = send_attempt(rest.svc.clone(), this, &span).await;
+    let svc = rest.svc.clone();
+    let result = send_admitted(dep.clone(), svc, this, rest.deadline, admitted, span.clone()).await;
     let mut rest = rest;
-    rest.life = Some(life);
+    rest.life = Some(Box::new(life));
     after_failure(rest, result, span, attempt).await
 }
 
@@ -454,7 +429,8 @@ pub(crate) struct Rest<S, P, B> {
     /// The upstream the first attempt went to.
     pub(crate) target: usize,
     /// The request's life, once it needs one (a hedge, a failure, a caller's retry).
-    pub(crate) life: Option<Life>,
+    /// (Boxed: a request that succeeds at once moves `Rest` into its box without it.)
+    pub(crate) life: Option<Box<Life>>,
 }
 
 impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
@@ -463,17 +439,17 @@ impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
         let Rest { dep, policy, req, deadline, route, target, life, .. } = self;
         life.get_or_insert_with(|| {
             let replayable = policy.is_replayable(req.body());
-            Life::new(
+            Box::new(Life::new(
                 request_facts(dep, req, *deadline, replayable),
                 scopes_of(req, route.as_ref()),
                 *target,
-            )
+            ))
         })
     }
 }
 
 pin_project! {
-    /// The response future of [`Retry`]: the first attempt in flight, then (only after a
+    /// The response future of [`Stormguard`]: the first attempt in flight, then (only after a
     /// failure) the decision loop.
     // pin-project-lite takes no attributes on fields, so the variants' fields (internal state,
     // never built outside this module) are described in the variants' docs.
@@ -488,12 +464,12 @@ pin_project! {
         /// hedging on, the hedge to come or in flight beside it.
         First {
             #[pin]
-            attempt: Instrumented<S::Future>,
+            attempt: Instrumented<CapFuture<S::Future, RB, S::Error>>,
             rest: Option<Box<Rest<S, P, B>>>,
             hedge: Hedge<RB>,
         },
         /// Retrying, or finished without a first attempt.
-        Boxed { fut: BoxFuture<Result<Response<RetryBody<RB>>, BoxError>> },
+        Boxed { fut: BoxFuture<Out<RB>> },
         /// Answered.
         Done { answered: () },
     }
@@ -514,15 +490,16 @@ where
 
 impl<S, P, B, RB> Future for RetryFuture<S, P, B, RB>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + Unpin + 'static,
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    type Output = Result<Response<RetryBody<RB>>, BoxError>;
+    type Output = Out<RB>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
@@ -634,10 +611,7 @@ enum Next<T> {
 }
 
 /// Whether an attempt's answer is one the caller takes (not a failure to retry).
-fn succeeded<B, RB>(
-    policy: &impl AttemptPolicy<B>,
-    result: &Result<Response<RB>, BoxError>,
-) -> bool {
+fn succeeded<B, RB>(policy: &impl AttemptPolicy<B>, result: &Answer<RB>) -> bool {
     result.as_ref().is_ok_and(|resp| policy.classify(resp.status(), resp.headers()).is_none())
 }
 
@@ -692,13 +666,14 @@ impl<RB> Race<RB> {
 /// the request's [`Life`]'s; this loop only carries the request and the answers through it.
 async fn after_failure<S, P, B, RB>(
     mut rest: Box<Rest<S, P, B>>,
-    mut result: Result<Response<RB>, BoxError>,
+    mut result: Answer<RB>,
     mut span: tracing::Span,
     (mut id, mut number): (AttemptId, u32),
-) -> Result<Response<RetryBody<RB>>, BoxError>
+) -> Out<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + Unpin + 'static,
@@ -754,10 +729,10 @@ where
                     Some(StormguardError::Denied(reason)) => {
                         record_denied(&span, *reason);
                         life.unsent(dep.policy(), now, id);
-                        return Err(result.err().expect("an error"));
+                        return Err(result.expect_err("an error"));
                     }
                     Some(StormguardError::CallerBody { .. }) => {
-                        return Err(result.err().expect("an error"));
+                        return Err(result.expect_err("an error"));
                     }
                     _ => {}
                 }
@@ -825,8 +800,9 @@ where
                 (id, number) = (admitted.id, admitted.number);
                 let mut this = copy_request(&req, next_body);
                 mark_attempt(this.headers_mut(), number);
-                admitted_attempt(&mut this, deadline, &dep, admitted);
-                result = send_attempt(svc.clone(), this, &span).await;
+                let sent =
+                    send_admitted(dep.clone(), svc.clone(), this, deadline, admitted, span.clone());
+                result = sent.await;
             }
             Err(reason) => {
                 refused(&span, &dep, number + 1, failure, reason);
@@ -839,38 +815,38 @@ where
     }
 }
 
-/// What an admitted attempt carries to the cap: the request's deadline, the slots and the
-/// booking it was admitted with, and its upstream (when not the first).
-pub(crate) fn admitted_attempt<B>(
-    this: &mut Request<B>,
-    deadline: Option<Timestamp>,
-    dep: &Dependency,
-    admitted: Admitted<crate::rate::RateReservation>,
-) {
-    let ext = this.extensions_mut();
-    if let Some(d) = deadline {
-        ext.insert(AttemptDeadline(d));
-    }
-    let booked = crate::rate::Unsent::new(dep, admitted.booking);
-    ext.insert(AdmittedSlot::new(admitted.permit, admitted.total, booked));
-    if admitted.target != 0 {
-        ext.insert(UpstreamTarget(admitted.target));
-    }
-}
-
-/// Sends an attempt on `svc` (a clone of the layer's), once it is ready, in `span`.
-async fn send_attempt<S, B>(
+/// Sends an attempt its request's life admitted (a retry, a hedge, a caller's own retry) with
+/// the slots and the booking it was admitted with, on `svc` (a clone of the layer's service)
+/// once it is ready, in `span`. Dropped before it is sent, its booking comes back (its slots
+/// with it).
+pub(crate) async fn send_admitted<S, B, RB>(
+    dep: Dependency,
     mut svc: S,
-    this: Request<B>,
-    span: &tracing::Span,
-) -> Result<S::Response, BoxError>
+    mut this: Request<B>,
+    deadline: Option<Timestamp>,
+    admitted: Admitted<crate::rate::RateReservation>,
+    span: tracing::Span,
+) -> Answer<RB>
 where
-    S: Service<Request<B>, Error = BoxError>,
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
+    RB: Body + Send + 'static,
 {
-    match svc.ready().await {
-        Ok(ready) => span.in_scope(|| ready.call(this)).instrument(span.clone()).await,
-        Err(e) => Err(e),
+    let target = admitted.target;
+    if target != 0 {
+        this.extensions_mut().insert(UpstreamTarget(target));
     }
+    let booked = crate::rate::Unsent::new(&dep, admitted.booking);
+    let slots = (admitted.permit, admitted.total);
+    if let Err(e) = std::future::poll_fn(|cx| svc.poll_ready(cx)).await {
+        return Err(e.into());
+    }
+    let now = dep.now();
+    let sent = (slots.0, slots.1, booked.sent());
+    let call =
+        span.in_scope(|| crate::cap::send(&dep, &mut svc, this, sent, deadline, now, target));
+    call.instrument(span).await
 }
 
 /// A refused retry: the reason on the attempt's span, and the `debug` line. `attempt` is the
@@ -888,10 +864,7 @@ fn refused(
 
 /// Returns the kept response of the last failed attempt (or its error), marked with the
 /// reason its retry was refused.
-fn finish_kept<RB>(
-    kept: Result<Response<RetryBody<RB>>, BoxError>,
-    reason: Denied,
-) -> Result<Response<RetryBody<RB>>, BoxError> {
+fn finish_kept<RB>(kept: Out<RB>, reason: Denied) -> Out<RB> {
     let mut resp = kept.map_err(|e| not_retried(e, reason))?;
     resp.extensions_mut().insert(reason);
     Ok(resp)
@@ -905,20 +878,32 @@ fn not_retried(source: BoxError, reason: Denied) -> BoxError {
 /// Sends a request whose body can't be copied, once, with no retry, in `span`.
 async fn single<S, B, RB>(
     dep: Dependency,
-    svc: S,
-    mut req: Request<B>,
-    deadline: Option<Timestamp>,
+    mut svc: S,
+    req: Request<B>,
+    (deadline, now, target): (Option<Timestamp>, Timestamp, usize),
     id: Option<u64>,
     span: tracing::Span,
-) -> Result<Response<RetryBody<RB>>, BoxError>
+    admitted: Option<Admitted<crate::rate::RateReservation>>,
+) -> Out<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
-    RB: Body,
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
+    B: Send + 'static,
+    RB: Body + Send + 'static,
 {
-    if let Some(d) = deadline {
-        req.extensions_mut().insert(AttemptDeadline(d));
-    }
-    let resp = match svc.oneshot(req).instrument(span.clone()).await {
+    let answer = match admitted {
+        // A first try: `svc` is the service `poll_ready` readied.
+        None => {
+            let first =
+                span.in_scope(|| crate::cap::first_try(&dep, &mut svc, req, deadline, target, now));
+            first.instrument(span.clone()).await
+        }
+        Some(admitted) => {
+            send_admitted(dep.clone(), svc, req, deadline, admitted, span.clone()).await
+        }
+    };
+    let resp = match answer {
         Ok(resp) => resp,
         Err(e) => {
             let refused = match e.downcast_ref() {
@@ -952,10 +937,7 @@ where
 }
 
 /// Returns the last outcome, marking a refusal on the response.
-fn finish<RB>(
-    result: Result<Response<RB>, BoxError>,
-    reason: Option<Denied>,
-) -> Result<Response<RetryBody<RB>>, BoxError> {
+fn finish<RB>(result: Answer<RB>, reason: Option<Denied>) -> Out<RB> {
     let mut resp = match (result, reason) {
         (Ok(resp), _) => resp.map(RetryBody::live),
         (Err(e), Some(r)) => return Err(not_retried(e, r)),
@@ -1020,7 +1002,7 @@ where
 }
 
 pin_project! {
-    /// The response body of the retry layer: the live body of the attempt that answered, or a
+    /// The response body of the layer: the live body of the attempt that answered, or a
     /// failed response kept in memory while its retry was tried.
     pub struct RetryBody<B> {
         #[pin]

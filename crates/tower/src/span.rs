@@ -2,7 +2,7 @@
 //! service that exports its traces (`tracing-opentelemetry`) sees every retry and every refusal
 //! in the trace of the request that made it.
 //!
-//! The [`Retry`](crate::Retry) layer opens a span `stormguard.attempt` (target
+//! The layer ([`Stormguard`](crate::Stormguard)) opens a span `stormguard.attempt` (target
 //! [`TARGET`], level `INFO`) for each attempt — the first try, each retry, and a retry whose
 //! slot was refused when its backoff ended — and enters it while the attempt runs, so the
 //! cap's and the inner client's own spans and events are its children. Its fields:
