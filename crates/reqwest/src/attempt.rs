@@ -1,5 +1,5 @@
-//! One attempt under the cap: a primary's admission (the tower [`Cap`](stormguard_tower::Cap)'s
-//! order of calls), then the send, under the breaker's probe and the per-try timeout.
+//! One attempt under the cap: a primary's admission (the tower layer's own,
+//! [`admit_first_try`]), then the send, under the breaker's probe and the per-try timeout.
 
 use std::time::Duration;
 
@@ -7,11 +7,11 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 use stormguard_core::Denied;
-use stormguard_core::breaker::{AttemptResult, BreakerPermit, BreakerState};
+use stormguard_core::breaker::{AttemptResult, BreakerPermit};
 use stormguard_core::clock::Timestamp;
-use stormguard_core::limiter::{AttemptKind, Permit};
+use stormguard_core::limiter::Permit;
 use stormguard_http::classify::{TransportError, classify_response, classify_transport};
-use stormguard_tower::cap::acquire_primary;
+use stormguard_tower::cap::{FirstTry, admit_first_try};
 use stormguard_tower::error::classify_error;
 use stormguard_tower::extensions::RateCost;
 use stormguard_tower::rate::RateReservation;
@@ -36,73 +36,22 @@ pub(crate) enum Failed {
     Final(reqwest_middleware::Error),
 }
 
-/// Admits a primary: fails fast while the breaker is open; takes a free slot at once when
-/// nobody waits; otherwise waits in the dependency's FIFO queue (bounded in length, in time and
-/// by the deadline). With a total cap, its slot first, then the upstream's — always in this
-/// order, like the tower layer.
+/// Admits a primary in the tower layer's order, with the same function
+/// ([`admit_first_try`]): fails fast while the breaker is open; books its turn in the
+/// provider's window; takes a free slot at once when nobody waits; otherwise waits in the
+/// dependency's FIFO queue (bounded in length, in time and by the deadline), then for a hold
+/// that began while it queued. With a total cap, its slot first, then the upstream's.
 pub(crate) async fn admit_primary(
     dep: &Dependency,
     deadline: Option<Timestamp>,
     cost: RateCost,
 ) -> Result<(Slots, Option<RateReservation>), Denied> {
-    let now = dep.now();
-    let upstream = dep.upstream();
-    let policy = dep.policy();
-    if let Some(b) = &upstream.breaker
-        && matches!(b.state(now), BreakerState::Open { .. })
-    {
-        policy.on_primary_refused(Denied::Breaker);
-        return Err(Denied::Breaker);
-    }
-    // The provider's window before the cap, as the tower layer books it: a turn now, or later
-    // (waited for), or a refusal `rate` (counted by the booking).
-    let booked = match stormguard_tower::rate::book_first_try(dep, 0, cost, deadline, now)? {
-        None => None,
-        Some((booked, wait)) if wait.is_zero() => Some(booked),
-        Some((booked, wait)) => {
-            Some(stormguard_tower::rate::wait_turn(dep, 0, cost, booked, wait, deadline).await?)
-        }
+    let admission = match admit_first_try(dep, 0, cost, deadline, dep.now()) {
+        FirstTry::Now(a) => a,
+        FirstTry::Wait(w) => w.await?,
+        FirstTry::Refused(reason) => return Err(reason),
     };
-    // Dropped while it queues (the caller left) or refused its slot: the booking comes back.
-    let booked = stormguard_tower::rate::Unsent::new(dep, booked);
-    let slots = admit_slots(dep, deadline).await?;
-    Ok((slots, booked.sent()))
-}
-
-/// A primary's slots: a free one at once when nobody waits, else the queue.
-async fn admit_slots(dep: &Dependency, deadline: Option<Timestamp>) -> Result<Slots, Denied> {
-    let now = dep.now();
-    let upstream = dep.upstream();
-    let policy = dep.policy();
-    let fast = match dep.total() {
-        None => upstream.limiter.try_acquire_at(AttemptKind::Primary, now).ok().map(|p| (p, None)),
-        Some(t) => t.try_acquire_at(AttemptKind::Primary, now).ok().and_then(|total| {
-            let p = upstream.limiter.try_acquire_at(AttemptKind::Primary, now).ok()?;
-            Some((p, Some(total)))
-        }),
-    };
-    if let Some((p, total)) = fast {
-        policy.on_admitted(now);
-        return Ok((Some(p), total));
-    }
-    let queued = async {
-        let total = match dep.total() {
-            None => None,
-            Some(t) => Some(acquire_primary(dep, t, deadline).await?),
-        };
-        let p = acquire_primary(dep, &upstream.limiter, deadline).await?;
-        Ok::<_, Denied>((Some(p), total))
-    };
-    match queued.await {
-        Ok(slots) => {
-            policy.on_admitted(dep.now());
-            Ok(slots)
-        }
-        Err(reason) => {
-            policy.on_primary_refused(reason);
-            Err(reason)
-        }
-    }
+    Ok(((Some(admission.permit), admission.total), admission.rate))
 }
 
 /// Sends an admitted attempt down the rest of the chain and returns its response holding its

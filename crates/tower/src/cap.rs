@@ -28,7 +28,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -50,16 +49,148 @@ use crate::rate::{RateReservation, UsageTap};
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Puts a first try under the cap of upstream `target`, on `inner`, which `poll_ready` readied:
-/// fails fast while the breaker is open; books its turn in the provider's window under rate
-/// admission (waiting for a later turn within the queue timeout and `deadline`); takes a free
-/// slot now when nobody waits (with a total cap, its slot first), else queues for it. Sent at
-/// once when admitted at once; the returned future waits otherwise. A first try that waits
-/// takes the readied service with it and leaves a clone in its place.
+/// A first try's slots (under its upstream's cap, and under the total cap when there is one)
+/// and its booking in the provider's window, once admitted.
+#[derive(Debug)]
+pub struct Admission {
+    /// Its slot under its upstream's cap.
+    pub permit: Permit,
+    /// Its slot under the dependency's total cap, when there is one.
+    pub total: Option<Permit>,
+    /// Its booking in the provider's window, under rate admission.
+    pub rate: Option<RateReservation>,
+    /// When it was admitted.
+    pub at: Timestamp,
+}
+
+/// How a first try's admission goes: now, after a wait (the future), or refused (counted).
+#[derive(Debug)]
+pub enum FirstTry<W> {
+    /// Admitted at once: a free slot, nobody waiting, its turn in the window now.
+    Now(Admission),
+    /// Admitted when `W` is ready, or refused then (counted): it waits for its turn in the
+    /// provider's window, then in the queue.
+    Wait(W),
+    /// Refused at once: the breaker is open, or the window has no turn for it in time.
+    Refused(Denied),
+}
+
+/// A first try's admission to upstream `target`, in the one order every placement on tokio
+/// uses (the tower layer, the reqwest middleware): fail fast while the breaker is open; book a
+/// turn in the provider's window under rate admission (`cost`; a later turn is waited for,
+/// within the queue timeout and `deadline`); take a free slot now when nobody waits (with a
+/// total cap, its slot first), else queue for it; a hold that began while it queued (a 429,
+/// a spent quota) is waited out, holding the slot, while the queue timeout allows. Each refusal
+/// is counted once.
+pub fn admit_first_try(
+    dep: &Dependency,
+    target: usize,
+    cost: RateCost,
+    deadline: Option<Timestamp>,
+    now: Timestamp,
+) -> FirstTry<impl Future<Output = Result<Admission, Denied>> + Send + 'static> {
+    let upstream = dep.upstream_at(target);
+    let policy = dep.policy();
+    // Fail fast while open, before waiting in the queue; half-open probes are counted once the
+    // attempt has its slot.
+    if let Some(b) = &upstream.breaker
+        && matches!(b.state(now), BreakerState::Open { .. })
+    {
+        policy.on_primary_refused(Denied::Breaker);
+        return FirstTry::Refused(Denied::Breaker);
+    }
+    // The provider's window before the cap: a first try books its turn, waits for it (within
+    // the queue timeout and the deadline), then queues for its slot.
+    let (rate, turn) = match crate::rate::book_first_try(dep, target, cost, deadline, now) {
+        Ok(None) => (None, None),
+        Ok(Some((booked, wait))) if wait.is_zero() => (Some(booked), None),
+        Ok(Some((booked, wait))) => (None, Some((booked, wait))),
+        Err(reason) => return FirstTry::Refused(reason),
+    };
+    // A free slot and nobody waiting: taken now, without a queue entry or a timer. With a
+    // total cap, its slot first.
+    if turn.is_none() {
+        let total = match dep.total().map(|t| t.try_acquire_at(AttemptKind::Primary, now)) {
+            None => Some(None),
+            Some(Ok(p)) => Some(Some(p)),
+            Some(Err(_)) => None,
+        };
+        if let Some(total) = total
+            && let Ok(permit) = upstream.limiter.try_acquire_at(AttemptKind::Primary, now)
+        {
+            policy.on_admitted(now);
+            return FirstTry::Now(Admission { permit, total, rate, at: now });
+        }
+    }
+    let dep = dep.clone();
+    FirstTry::Wait(async move {
+        let rate = match turn {
+            Some((booked, wait)) => {
+                Some(crate::rate::wait_turn(&dep, target, cost, booked, wait, deadline).await?)
+            }
+            None => rate,
+        };
+        queued(&dep, target, deadline, rate).await
+    })
+}
+
+/// A first try that found no free slot: waits in the queue (dropped, or refused, its booking
+/// comes back), then for a hold that began meanwhile.
+async fn queued(
+    dep: &Dependency,
+    target: usize,
+    deadline: Option<Timestamp>,
+    rate: Option<RateReservation>,
+) -> Result<Admission, Denied> {
+    let rate = crate::rate::Unsent::new(dep, rate);
+    let policy = dep.policy();
+    // With a total cap, its slot first, then the upstream's (always in this order).
+    let slots = async {
+        let total = match dep.total() {
+            None => None,
+            Some(t) => Some(acquire_primary(dep, t, deadline).await?),
+        };
+        let permit = acquire_primary(dep, &dep.upstream_at(target).limiter, deadline).await?;
+        Ok::<_, Denied>((permit, total))
+    };
+    let (permit, total) = match slots.await {
+        Ok(slots) => slots,
+        Err(reason) => {
+            drop(rate);
+            policy.on_primary_refused(reason);
+            return Err(reason);
+        }
+    };
+    let now = dep.now();
+    // A hold that began while it queued (a 429, a spent quota) is waited out while the queue
+    // timeout allows, holding the slot; past it, refused `rate`.
+    let at = match dep.rates_at(target).and_then(|r| r.held(now)) {
+        None => now,
+        Some(held)
+            if held <= dep.config().limiter.queue_timeout
+                && deadline.is_none_or(|d| now.saturating_add(held) <= d) =>
+        {
+            tokio::time::sleep(held).await;
+            dep.now()
+        }
+        Some(_) => {
+            drop((permit, total, rate));
+            policy.on_primary_refused(Denied::Rate);
+            return Err(Denied::Rate);
+        }
+    };
+    policy.on_admitted(at);
+    Ok(Admission { permit, total, rate: rate.sent(), at })
+}
+
+/// Puts a first try under the cap of upstream `target` ([`admit_first_try`]), on `inner`, which
+/// `poll_ready` readied: sent at once when admitted at once; the returned future waits
+/// otherwise, taking the readied service with it (a clone takes its place), and tells the
+/// service below how long it waited ([`SlotWait`]).
 pub(crate) fn first_try<S, B, RB>(
     dep: &Dependency,
     inner: &mut S,
-    req: Request<B>,
+    mut req: Request<B>,
     deadline: Option<Timestamp>,
     target: usize,
     now: Timestamp,
@@ -71,73 +202,24 @@ where
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
-    let upstream = dep.upstream_at(target);
-    let policy = dep.policy();
-    // Fail fast while open, before waiting in the queue; half-open probes are counted once the
-    // attempt has its slot.
-    if let Some(b) = &upstream.breaker
-        && matches!(b.state(now), BreakerState::Open { .. })
-    {
-        policy.on_primary_refused(Denied::Breaker);
-        return CapFuture::boxed(refused(Denied::Breaker));
-    }
-    // The provider's window before the cap: a first try books its turn, waits for it (within
-    // the queue timeout and the deadline), then queues for its slot.
-    let mut rate = None;
-    if dep.rates_at(target).is_some() {
-        let cost = req.extensions().get::<RateCost>().copied().unwrap_or_default();
-        match crate::rate::book_first_try(dep, target, cost, deadline, now) {
-            Ok(None) => {}
-            Ok(Some((booked, wait))) if wait.is_zero() => rate = Some(booked),
-            Ok(Some((booked, wait))) => {
-                let inner = take_ready(inner);
-                let dep = dep.clone();
-                return CapFuture::boxed(Box::pin(rate_waited(
-                    dep,
-                    inner,
-                    req,
-                    (deadline, now),
-                    target,
-                    (cost, booked),
-                    wait,
-                )));
-            }
-            Err(reason) => return CapFuture::boxed(refused(reason)),
-        }
-    }
-    // A free slot and nobody waiting: take it now, without a queue entry or a timer; otherwise
-    // wait in the queue. With a total cap, its slot first.
-    let total = match dep.total().map(|t| t.try_acquire_at(AttemptKind::Primary, now)) {
-        None => None,
-        Some(Ok(p)) => Some(p),
-        Some(Err(_)) => {
-            let inner = take_ready(inner);
-            return CapFuture::boxed(Box::pin(queued(
-                dep.clone(),
-                inner,
-                req,
-                (deadline, now),
-                target,
-                rate,
-            )));
-        }
+    let cost = match dep.rates_at(target) {
+        Some(_) => req.extensions().get::<RateCost>().copied().unwrap_or_default(),
+        None => RateCost::default(),
     };
-    match upstream.limiter.try_acquire_at(AttemptKind::Primary, now) {
-        Ok(p) => {
-            policy.on_admitted(now);
-            send(dep, inner, req, (Some(p), total, rate), deadline, now, target)
+    match admit_first_try(dep, target, cost, deadline, now) {
+        FirstTry::Now(a) => {
+            send(dep, inner, req, (Some(a.permit), a.total, a.rate), deadline, now, target)
         }
-        Err(_) => {
-            drop(total);
-            let inner = take_ready(inner);
-            CapFuture::boxed(Box::pin(queued(
-                dep.clone(),
-                inner,
-                req,
-                (deadline, now),
-                target,
-                rate,
-            )))
+        FirstTry::Refused(reason) => CapFuture::boxed(refused(reason)),
+        FirstTry::Wait(admission) => {
+            let mut inner = take_ready(inner);
+            let dep = dep.clone();
+            CapFuture::boxed(Box::pin(async move {
+                let a = admission.await.map_err(|r| BoxError::from(StormguardError::Denied(r)))?;
+                req.extensions_mut().insert(SlotWait(a.at.saturating_since(now)));
+                let slots = (Some(a.permit), a.total, a.rate);
+                send(&dep, &mut inner, req, slots, deadline, a.at, target).await
+            }))
         }
     }
 }
@@ -150,101 +232,6 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
 
 fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> {
     Box::pin(std::future::ready(Err(StormguardError::Denied(reason).into())))
-}
-
-/// A primary that booked a later turn in the provider's window: waits for it (and for any
-/// hold a 429 or a cool-down put on the upstream meanwhile, never past the queue timeout or the
-/// deadline: then its booking is refunded and it is refused `rate`), then queues for its slot.
-#[allow(clippy::manual_async_fn)]
-fn rate_waited<S, B, RB>(
-    dep: Dependency,
-    inner: S,
-    req: Request<B>,
-    (deadline, asked): (Option<Timestamp>, Timestamp),
-    target: usize,
-    (cost, booked): (RateCost, RateReservation),
-    wait: Duration,
-) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
-where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
-    B: Send + 'static,
-    RB: Body + Send + 'static,
-{
-    async move {
-        match crate::rate::wait_turn(&dep, target, cost, booked, wait, deadline).await {
-            Ok(booked) => queued(dep, inner, req, (deadline, asked), target, Some(booked)).await,
-            Err(reason) => Err(StormguardError::Denied(reason).into()),
-        }
-    }
-}
-
-/// A primary that found no free slot: waits in the queue, then is sent, its wait since `asked`
-/// on its request ([`SlotWait`]). (An `async` block, not an `async fn`: the arguments are
-/// captured once instead of copied into locals, which keeps the future smaller.)
-#[allow(clippy::manual_async_fn)]
-fn queued<S, B, RB>(
-    dep: Dependency,
-    mut inner: S,
-    mut req: Request<B>,
-    (deadline, asked): (Option<Timestamp>, Timestamp),
-    target: usize,
-    rate: Option<RateReservation>,
-) -> impl Future<Output = Result<Response<PermitBody<RB>>, BoxError>> + Send + 'static
-where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
-    B: Send + 'static,
-    RB: Body + Send + 'static,
-{
-    async move {
-        // Dropped while it waits (the caller left) or refused, the booking comes back.
-        let rate = crate::rate::Unsent::new(&dep, rate);
-        // With a total cap, its slot first, then the upstream's (always in this order).
-        let total = match dep.total() {
-            None => Ok(None),
-            Some(t) => acquire_primary(&dep, t, deadline).await.map(Some),
-        };
-        let r = match total {
-            Ok(total) => acquire_primary(&dep, &dep.upstream_at(target).limiter, deadline)
-                .await
-                .map(|p| (Some(p), total)),
-            Err(reason) => Err(reason),
-        };
-        let now = dep.now();
-        match r {
-            Ok((permit, total)) => {
-                // A hold that began while it queued (a 429, a spent quota) is waited out while
-                // the queue timeout allows, holding the slot; past it, refused `rate`.
-                let now = match dep.rates_at(target).and_then(|r| r.held(now)) {
-                    None => now,
-                    Some(held)
-                        if held <= dep.config().limiter.queue_timeout
-                            && deadline.is_none_or(|d| now.saturating_add(held) <= d) =>
-                    {
-                        tokio::time::sleep(held).await;
-                        dep.now()
-                    }
-                    Some(_) => {
-                        drop((permit, total, rate));
-                        dep.policy().on_primary_refused(Denied::Rate);
-                        return Err(StormguardError::Denied(Denied::Rate).into());
-                    }
-                };
-                dep.policy().on_admitted(now);
-                req.extensions_mut().insert(SlotWait(now.saturating_since(asked)));
-                send(&dep, &mut inner, req, (permit, total, rate.sent()), deadline, now, target)
-                    .await
-            }
-            Err(reason) => {
-                drop(rate);
-                dep.policy().on_primary_refused(reason);
-                Err(StormguardError::Denied(reason).into())
-            }
-        }
-    }
 }
 
 /// An admitted attempt: takes its breaker probe, calls the inner service (`poll_ready` readied
@@ -756,10 +743,9 @@ fn log_transition(dep: &Dependency, target: usize, t: BreakerTransition, now: Ti
 }
 
 /// Waits for a primary's slot, racing the queue against its deadline and the limiter's own
-/// timed events (a held slot or a limit hint expiring). Public for clients that admit attempts
-/// outside tower (stormguard-reqwest): a refusal is [`Denied::Queue`] (the queue is full, or the
-/// wait passed its deadline).
-pub async fn acquire_primary(
+/// timed events (a held slot or a limit hint expiring): a refusal is [`Denied::Queue`] (the
+/// queue is full, or the wait passed its deadline).
+async fn acquire_primary(
     dep: &Dependency,
     limiter: &stormguard_core::limiter::Limiter,
     deadline: Option<Timestamp>,

@@ -30,9 +30,8 @@ pub use stormguard_http::rate::{PROVIDER_RETRY_ON, Provider, RateAdmission, Unkn
 /// A first try's booking on upstream `target`, as the cap makes it before queueing for a slot:
 /// `Ok(None)` without rate admission; the booking and the wait before its turn (zero: now);
 /// or `Err(Denied::Rate)`, counted as a refused first try, when the turn is past the queue
-/// timeout or the deadline. Public for clients that admit attempts outside tower
-/// (stormguard-reqwest).
-pub fn book_first_try(
+/// timeout or the deadline. One step of [`admit_first_try`](crate::cap::admit_first_try).
+pub(crate) fn book_first_try(
     dep: &Dependency,
     target: usize,
     cost: RateCost,
@@ -66,7 +65,7 @@ pub fn book_first_try(
 /// back and made again, so the new turn is after the hold and after every booking made before
 /// it — the waiters stay spaced by the refill. Dropped before its turn (the caller left), the
 /// booking is refunded: nothing was sent.
-pub async fn wait_turn(
+pub(crate) async fn wait_turn(
     dep: &Dependency,
     target: usize,
     cost: RateCost,

@@ -266,6 +266,39 @@ async fn a_cancelled_request_gives_its_slot_and_queue_place_back() {
     assert_eq!(dep.upstream().limiter.in_flight(), 0, "the cancelled attempt freed its slot");
 }
 
+/// The service under the layer learns how long a first try waited for its slot
+/// ([`SlotWait`](stormguard_tower::SlotWait), what the proxy's access log reports): the time it
+/// queued behind a slow request, and nothing for one admitted at once.
+#[tokio::test(start_paused = true)]
+async fn a_first_try_that_queued_tells_the_service_below_how_long() {
+    let dep = dependency(|c| {
+        c.limiter.cap = 1;
+        c.limiter.queue_len = 4;
+        c.limiter.queue_timeout = Duration::from_secs(10);
+    });
+    let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let below = tower::service_fn(move |req: Req| {
+        let wait = req.extensions().get::<stormguard_tower::SlotWait>().map(|w| w.0);
+        seen.lock().unwrap().push(wait);
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    });
+    let stack = StormguardLayer::new(dep.clone()).layer(below);
+    let first = tokio::spawn(stack.clone().oneshot(request(Method::GET)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let queued = tokio::spawn(stack.clone().oneshot(request(Method::GET)));
+    // The first answer's body is read to its end: the slot comes back at 300 ms.
+    body_text(first.await.unwrap().unwrap()).await;
+    body_text(queued.await.unwrap().unwrap()).await;
+    let waits = waits.lock().unwrap().clone();
+    assert_eq!(waits.len(), 2, "{waits:?}");
+    assert_eq!(waits[0], None, "admitted at once");
+    assert_eq!(waits[1], Some(Duration::from_millis(200)), "queued from 100 ms to 300 ms");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_attempt_holds_its_slot_while_the_dependency_works() {
     let dep = dependency(|c| {
