@@ -51,7 +51,7 @@ pub(crate) async fn admit_primary(
         FirstTry::Wait(w) => w.await?,
         FirstTry::Refused(reason) => return Err(reason),
     };
-    Ok(((Some(admission.permit), admission.total), admission.rate))
+    Ok(((Some(admission.permit), admission.total), admission.rate.map(|r| *r)))
 }
 
 /// Sends an admitted attempt down the rest of the chain and returns its response holding its

@@ -57,20 +57,20 @@ pub struct Admission {
     pub permit: Permit,
     /// Its slot under the dependency's total cap, when there is one.
     pub total: Option<Permit>,
-    /// Its booking in the provider's window, under rate admission.
-    pub rate: Option<RateReservation>,
+    /// Its booking in the provider's window, under rate admission (boxed: the admission of
+    /// every first try is moved, and most have none).
+    pub rate: Option<Box<RateReservation>>,
     /// When it was admitted.
     pub at: Timestamp,
 }
 
 /// How a first try's admission goes: now, after a wait (the future), or refused (counted).
-#[derive(Debug)]
-pub enum FirstTry<W> {
+pub enum FirstTry {
     /// Admitted at once: a free slot, nobody waiting, its turn in the window now.
     Now(Admission),
-    /// Admitted when `W` is ready, or refused then (counted): it waits for its turn in the
-    /// provider's window, then in the queue.
-    Wait(W),
+    /// Admitted when the future is ready, or refused then (counted): it waits for its turn in
+    /// the provider's window, then in the queue. (Boxed: only a first try that waits makes it.)
+    Wait(BoxFuture<Result<Admission, Denied>>),
     /// Refused at once: the breaker is open, or the window has no turn for it in time.
     Refused(Denied),
 }
@@ -88,7 +88,7 @@ pub fn admit_first_try(
     cost: RateCost,
     deadline: Option<Timestamp>,
     now: Timestamp,
-) -> FirstTry<impl Future<Output = Result<Admission, Denied>> + Send + 'static> {
+) -> FirstTry {
     let upstream = dep.upstream_at(target);
     let policy = dep.policy();
     // Fail fast while open, before waiting in the queue; half-open probes are counted once the
@@ -119,11 +119,11 @@ pub fn admit_first_try(
             && let Ok(permit) = upstream.limiter.try_acquire_at(AttemptKind::Primary, now)
         {
             policy.on_admitted(now);
-            return FirstTry::Now(Admission { permit, total, rate, at: now });
+            return FirstTry::Now(Admission { permit, total, rate: rate.map(Box::new), at: now });
         }
     }
     let dep = dep.clone();
-    FirstTry::Wait(async move {
+    FirstTry::Wait(Box::pin(async move {
         let rate = match turn {
             Some((booked, wait)) => {
                 Some(crate::rate::wait_turn(&dep, target, cost, booked, wait, deadline).await?)
@@ -131,7 +131,17 @@ pub fn admit_first_try(
             None => rate,
         };
         queued(&dep, target, deadline, rate).await
-    })
+    }))
+}
+
+impl std::fmt::Debug for FirstTry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FirstTry::Now(a) => f.debug_tuple("Now").field(a).finish(),
+            FirstTry::Wait(_) => f.write_str("Wait"),
+            FirstTry::Refused(r) => f.debug_tuple("Refused").field(r).finish(),
+        }
+    }
 }
 
 /// A first try that found no free slot: waits in the queue (dropped, or refused, its booking
@@ -180,7 +190,7 @@ async fn queued(
         }
     };
     policy.on_admitted(at);
-    Ok(Admission { permit, total, rate: rate.sent(), at })
+    Ok(Admission { permit, total, rate: rate.sent().map(Box::new), at })
 }
 
 /// Puts a first try under the cap of upstream `target` ([`admit_first_try`]), on `inner`, which
@@ -207,9 +217,15 @@ where
         None => RateCost::default(),
     };
     match admit_first_try(dep, target, cost, deadline, now) {
-        FirstTry::Now(a) => {
-            send(dep, inner, req, (Some(a.permit), a.total, a.rate), deadline, now, target)
-        }
+        FirstTry::Now(a) => send(
+            dep,
+            inner,
+            req,
+            (Some(a.permit), a.total, a.rate.map(|r| *r)),
+            deadline,
+            now,
+            target,
+        ),
         FirstTry::Refused(reason) => CapFuture::boxed(refused(reason)),
         FirstTry::Wait(admission) => {
             let mut inner = take_ready(inner);
@@ -217,7 +233,7 @@ where
             CapFuture::boxed(Box::pin(async move {
                 let a = admission.await.map_err(|r| BoxError::from(StormguardError::Denied(r)))?;
                 req.extensions_mut().insert(SlotWait(a.at.saturating_since(now)));
-                let slots = (Some(a.permit), a.total, a.rate);
+                let slots = (Some(a.permit), a.total, a.rate.map(|r| *r));
                 send(&dep, &mut inner, req, slots, deadline, a.at, target).await
             }))
         }
