@@ -27,7 +27,7 @@ use stormguard_core::Denied;
 use stormguard_core::signals::Abandoned;
 use stormguard_tower::Dependency;
 
-use crate::server::State;
+use crate::state::{Refused, State};
 
 mod dashboard;
 
@@ -38,33 +38,6 @@ pub(crate) struct Admin {
     addr: SocketAddr,
     /// `admin_token`, resolved.
     token: Option<String>,
-}
-
-/// Why a state change was refused: the `reason` label of `stormguard_admin_refused_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refused {
-    /// Not `Content-Type: application/json`.
-    ContentType,
-    /// A `Host` that is not the admin address.
-    Host,
-    /// An `Origin` other than the admin's own.
-    Origin,
-    /// `admin_token` is configured and the bearer token is missing or wrong.
-    Token,
-}
-
-impl Refused {
-    pub(crate) const ALL: [Refused; 4] =
-        [Refused::ContentType, Refused::Host, Refused::Origin, Refused::Token];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Refused::ContentType => "content-type",
-            Refused::Host => "host",
-            Refused::Origin => "origin",
-            Refused::Token => "token",
-        }
-    }
 }
 
 /// Whether `host` (a `Host` header or an HTTP/2 `:authority`) names the admin listener at

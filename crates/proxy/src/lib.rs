@@ -60,6 +60,7 @@ mod reload;
 mod scopes;
 mod server;
 mod stack;
+mod state;
 mod traffic;
 mod upstream;
 
@@ -80,8 +81,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::ProxyConfig;
-use crate::listener::{ListenerStats, Stop, serve};
-use crate::server::State;
+use crate::listener::{Stop, serve};
+use crate::state::{ListenerStats, State};
 
 pub use crate::reload::{ReloadError, ReloadReport};
 

@@ -30,7 +30,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,10 +41,6 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
@@ -52,6 +48,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::ConnectionConfig;
+use crate::state::{Closed, ListenerStats, Open};
 
 /// How the listeners stop: a drain lets the connections finish what they are serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,233 +56,6 @@ pub(crate) enum Stop {
     Run,
     Drain,
     Now,
-}
-
-/// Why the proxy closed a connection: the `reason` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Closed {
-    /// No whole request head within `header_read_timeout`.
-    HeaderTimeout,
-    /// Nothing in flight for `idle_timeout`.
-    Idle,
-    /// The listener held `max_connections` already.
-    Limit,
-    /// An HTTP/2 PING went unanswered.
-    Http2KeepAlive,
-    /// The listener was full and this connection had been idle longest: closed to make room
-    /// for a new one.
-    Evicted,
-    /// An HTTP/1.1 caller accepted nothing of its answer for `response_idle_timeout`.
-    ResponseStalled,
-}
-
-impl Closed {
-    const ALL: [Closed; 6] = [
-        Closed::HeaderTimeout,
-        Closed::Idle,
-        Closed::Limit,
-        Closed::Http2KeepAlive,
-        Closed::Evicted,
-        Closed::ResponseStalled,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Closed::HeaderTimeout => "header-timeout",
-            Closed::Idle => "idle",
-            Closed::Limit => "limit",
-            Closed::Http2KeepAlive => "h2-keepalive",
-            Closed::Evicted => "evicted",
-            Closed::ResponseStalled => "response-stalled",
-        }
-    }
-}
-
-/// One listener's connections, for the metrics: open now, the limit, accepted, closed.
-#[derive(Debug)]
-pub(crate) struct ListenerStats {
-    /// The `listener` label: the address callers connect to, or `admin`.
-    label: String,
-    max: usize,
-    open: AtomicUsize,
-    accepted: AtomicU64,
-    closed: [AtomicU64; Closed::ALL.len()],
-    /// When the limit was last logged at warn (at most every 10 s).
-    limit_warned: Throttled,
-    /// Failed accepts, logged at warn at most every 10 s.
-    accept_failed: Throttled,
-    /// HTTP/2 connections closed for resetting streams too fast, the same.
-    calmed: Throttled,
-}
-
-/// A warning given at most every 10 s, with the count of what it warns of since the last one:
-/// one client cannot fill the log with one line per connection.
-#[derive(Debug, Default)]
-struct Throttled {
-    last: Mutex<Option<Instant>>,
-    since: AtomicU64,
-}
-
-impl Throttled {
-    /// One more; the count since the last warning when one is due now.
-    fn tick(&self) -> Option<u64> {
-        let n = self.since.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = Instant::now();
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.is_some_and(|t| now < t + Duration::from_secs(10)) {
-            return None;
-        }
-        *last = Some(now);
-        self.since.store(0, Ordering::Relaxed);
-        Some(n)
-    }
-}
-
-impl ListenerStats {
-    pub(crate) fn new(label: impl Into<String>, max: usize) -> ListenerStats {
-        ListenerStats {
-            label: label.into(),
-            max,
-            open: AtomicUsize::new(0),
-            accepted: AtomicU64::new(0),
-            closed: Default::default(),
-            limit_warned: Throttled::default(),
-            accept_failed: Throttled::default(),
-            calmed: Throttled::default(),
-        }
-    }
-
-    fn count(&self, why: Closed) {
-        self.closed[why as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// An accept failed: logged at debug each time, at warn at most every 10 s (with the count
-    /// since), so a flood of connections reset before they are accepted is one line, not one a
-    /// connection.
-    fn accept_failed(&self, e: &io::Error) {
-        tracing::debug!(listener = %self.label, error = %e, "accept failed");
-        if let Some(n) = self.accept_failed.tick() {
-            tracing::warn!(listener = %self.label, error = %e, failures = n, "accept failed (logged at most every 10 s)");
-        }
-    }
-
-    /// A connection ended with an error: logged at debug with its whole chain. A caller that
-    /// resets HTTP/2 streams faster than allowed (the "rapid reset" attack: h2 answers with a
-    /// GOAWAY of `ENHANCE_YOUR_CALM`) is logged at warn at most every 10 s, with the count since:
-    /// one line, not one a connection (h2's own warning is off in the binary's default filter).
-    fn connection_failed(&self, e: &(dyn std::error::Error + 'static)) {
-        let mut chain = e.to_string();
-        let mut cause = e.source();
-        while let Some(c) = cause {
-            chain.push_str(": ");
-            chain.push_str(&c.to_string());
-            cause = c.source();
-        }
-        tracing::debug!(listener = %self.label, error = %chain, "connection ended with an error");
-        if (chain.contains("excessive load") || chain.contains("ENHANCE_YOUR_CALM"))
-            && let Some(n) = self.calmed.tick()
-        {
-            tracing::warn!(
-                listener = %self.label,
-                connections = n,
-                "HTTP/2 callers reset streams faster than allowed: their connections were closed (ENHANCE_YOUR_CALM; logged at most every 10 s)"
-            );
-        }
-    }
-
-    fn refuse(&self, peer: SocketAddr) {
-        self.count(Closed::Limit);
-        tracing::debug!(listener = %self.label, %peer, reason = "limit", "connection closed");
-        if self.limit_warned.tick().is_some() {
-            tracing::warn!(
-                listener = %self.label,
-                max_connections = self.max,
-                "connection limit reached with every connection busy: new connections are closed at once"
-            );
-        }
-    }
-}
-
-/// Decrements a listener's open count when its connection's task ends (or is aborted).
-struct Open(Arc<ListenerStats>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The listeners' series and the admin listener's refusals, registered with the proxy's own.
-#[derive(Debug, Default)]
-pub(crate) struct Listening {
-    listeners: OnceLock<Vec<Arc<ListenerStats>>>,
-    /// State changes the admin listener refused, by [`crate::admin::Refused`].
-    pub(crate) admin_refused: [AtomicU64; crate::admin::Refused::ALL.len()],
-}
-
-impl Listening {
-    /// Sets the listeners (once, at start).
-    pub(crate) fn set(&self, listeners: Vec<Arc<ListenerStats>>) {
-        let _ = self.listeners.set(listeners);
-    }
-
-    pub(crate) fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-        let listeners = self.listeners.get().map_or(&[][..], Vec::as_slice);
-        let mut m = enc.encode_descriptor(
-            "stormguard_proxy_connections",
-            "connections each listener holds now",
-            None,
-            MetricType::Gauge,
-        )?;
-        for l in listeners {
-            let open = i64::try_from(l.open.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-            ConstGauge::new(open).encode(m.encode_family(&[("listener", l.label.as_str())])?)?;
-        }
-        let mut m = enc.encode_descriptor(
-            "stormguard_proxy_connections_max",
-            "connections each listener holds at most (max_connections, admin_max_connections)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for l in listeners {
-            let max = i64::try_from(l.max).unwrap_or(i64::MAX);
-            ConstGauge::new(max).encode(m.encode_family(&[("listener", l.label.as_str())])?)?;
-        }
-        let mut m = enc.encode_descriptor(
-            "stormguard_proxy_connections_accepted",
-            "connections each listener accepted (under its limit)",
-            None,
-            MetricType::Counter,
-        )?;
-        for l in listeners {
-            ConstCounter::new(l.accepted.load(Ordering::Relaxed))
-                .encode(m.encode_family(&[("listener", l.label.as_str())])?)?;
-        }
-        let mut m = enc.encode_descriptor(
-            "stormguard_proxy_connections_closed",
-            "connections the proxy closed: header-timeout (no whole request head within header_read_timeout), idle (nothing in flight for idle_timeout), limit (refused at accept: the listener full and every connection busy), h2-keepalive (an HTTP/2 PING unanswered), evicted (idle longest when the listener was full: closed for a new connection), response-stalled (an HTTP/1.1 answer cut at response_idle_timeout)",
-            None,
-            MetricType::Counter,
-        )?;
-        for l in listeners {
-            for why in Closed::ALL {
-                ConstCounter::new(l.closed[why as usize].load(Ordering::Relaxed)).encode(
-                    m.encode_family(&[("listener", l.label.as_str()), ("reason", why.as_str())])?,
-                )?;
-            }
-        }
-        let mut m = enc.encode_descriptor(
-            "stormguard_admin_refused",
-            "state changes the admin listener refused: content-type (not application/json), host (not the admin address), origin (a foreign Origin), token (admin_token missing or wrong)",
-            None,
-            MetricType::Counter,
-        )?;
-        for why in crate::admin::Refused::ALL {
-            ConstCounter::new(self.admin_refused[why as usize].load(Ordering::Relaxed))
-                .encode(m.encode_family(&[("reason", why.as_str())])?)?;
-        }
-        Ok(())
-    }
 }
 
 /// The timeouts a [`ConnWatch`] applies.
@@ -359,11 +129,13 @@ impl ConnWatch {
             stall_logged: AtomicBool::new(false),
         }
     }
+}
 
-    /// An answer on this connection was cut (`crate::relay`): logged once per connection, and
-    /// an HTTP/1.1 connection is closed (what is left of its answer cannot be sent). An HTTP/2
-    /// connection stays: its other streams are not at fault.
-    pub(crate) fn response_stalled(&self) {
+/// An answer on this connection was cut (`crate::relay`): logged once per connection, and an
+/// HTTP/1.1 connection is closed (what is left of its answer cannot be sent). An HTTP/2
+/// connection stays: its other streams are not at fault.
+impl crate::relay::Stalled for ConnWatch {
+    fn response_stalled(&self) {
         let h2 = self.phase().h2;
         if !self.stall_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -375,7 +147,9 @@ impl ConnWatch {
             self.close_now(CLOSE_STALLED);
         }
     }
+}
 
+impl ConnWatch {
     fn close_now(&self, why: u8) {
         // Relaxed: the notify that follows orders it for the watch that reads it.
         if self.close.compare_exchange(0, why, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
@@ -714,7 +488,7 @@ where
                     let mut resp = answer.await?;
                     // A piped answer is told its connection, to close it if the answer is cut.
                     if let Some(hook) = resp.extensions_mut().remove::<crate::relay::StallHook>() {
-                        hook.attach(in_flight.0.clone());
+                        hook.attach(in_flight.0.clone() as Arc<dyn crate::relay::Stalled>);
                     }
                     Ok::<_, Infallible>(resp.map(|body| Tracked { body, in_flight }))
                 }

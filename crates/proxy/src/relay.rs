@@ -36,9 +36,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use stormguard_tower::BoxError;
 
-use crate::listener::ConnWatch;
-use crate::server::State;
 use crate::stack::{LocalAnswer, ProxyBody};
+use crate::state::State;
 
 /// How answers are read ahead (`response_buffer`, `response_idle_timeout`).
 #[derive(Debug, Clone, Copy)]
@@ -272,6 +271,14 @@ pub(crate) async fn read_ahead(
     Response::from_parts(parts, relay.boxed_unsync())
 }
 
+/// What the relay tells of the caller's connection: an answer on it was cut. The listener's
+/// connection watch is one; the relay knows it only by this, so it sits below the listener.
+pub(crate) trait Stalled: Send + Sync {
+    /// An answer on this connection was cut: its caller accepted nothing of it for
+    /// `response_idle_timeout`.
+    fn response_stalled(&self);
+}
+
 /// Left on a piped answer for the listener, which gives it the connection to close when the
 /// answer is cut ([`StallHook::attach`]).
 #[derive(Clone)]
@@ -279,7 +286,7 @@ pub(crate) struct StallHook(Arc<Pipe>);
 
 impl StallHook {
     /// The answer goes out on `conn`.
-    pub(crate) fn attach(self, conn: Arc<ConnWatch>) {
+    pub(crate) fn attach(self, conn: Arc<dyn Stalled>) {
         let mut s = self.0.lock();
         if matches!(s.end, Some(End::Cut(_))) {
             drop(s);
@@ -315,7 +322,7 @@ struct PipeState {
     taken: u64,
     /// The caller's connection, to close when the answer is cut (weak: the pipe must not keep
     /// a closed connection's watch alive).
-    conn: Option<std::sync::Weak<ConnWatch>>,
+    conn: Option<std::sync::Weak<dyn Stalled>>,
 }
 
 enum End {

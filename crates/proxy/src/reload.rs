@@ -33,7 +33,7 @@ use stormguard_tower::Dependency;
 use crate::config::ProxyConfig;
 use crate::record::TraceFile;
 use crate::scopes::TraceScopes;
-use crate::server::{DepRuntime, RouteRuntime, Shared, State};
+use crate::state::{DepRuntime, RouteRuntime, Shared, State};
 
 /// What a reload changed, by dependency name. Shown as `changed: a; added: none; removed: none;
 /// unchanged: b, c`.

@@ -2,158 +2,23 @@
 //! prior knowledge), each request checked, routed, and sent through its dependency's stack.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use http::header::HOST;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use stormguard_core::budget::{FailureKind, RetryBudget};
+use stormguard_core::budget::FailureKind;
 use stormguard_core::signals::CallerRetryOutcome;
-use stormguard_tower::{Dependency, Idempotent, ReplayBody, RouteBudget};
+use stormguard_tower::{Idempotent, ReplayBody, RouteBudget};
 use tower::ServiceExt;
 
 use crate::callers::{Answered, CallerRetries};
-use crate::config::{ProxyConfig, ProxyDependency, RouteConfig};
 use crate::hop::strip_hop_by_hop;
-use crate::scopes::TraceScopes;
-use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, ProxyService, local};
+use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, local};
+use crate::state::{DepRuntime, Shared, State};
 use crate::traffic::Caller;
-
-/// One dependency at run time. Kept whole across a reload that leaves its config unchanged.
-pub(crate) struct DepRuntime {
-    pub(crate) dependency: Dependency,
-    pub(crate) service: ProxyService,
-    /// `http://host:port` of each upstream, in order of preference.
-    pub(crate) upstreams: Arc<[Uri]>,
-    pub(crate) scopes: TraceScopes,
-    /// Recent failures, to recognise a caller's own retry (`crate::callers`).
-    pub(crate) callers: crate::callers::RecentFailures,
-    /// What it was built from (with the proxy's `scope_max`).
-    pub(crate) config: (ProxyDependency, usize),
-    /// Labels of the per-route series: its name, each upstream's host and port.
-    pub(crate) name: Arc<str>,
-    pub(crate) upstream_labels: Vec<Arc<str>>,
-}
-
-/// One route at run time.
-pub(crate) struct RouteRuntime {
-    pub(crate) host: Option<String>,
-    pub(crate) path_prefix: String,
-    pub(crate) dep: usize,
-    pub(crate) budget: Option<Arc<dyn RetryBudget>>,
-    pub(crate) idempotent: bool,
-    pub(crate) label: Arc<str>,
-    /// What it was built from (an unchanged route keeps its budget across a reload).
-    pub(crate) config: RouteConfig,
-}
-
-/// One generation of the configuration: what a request is routed and served by. A reload
-/// builds a new one; requests in flight finish on the one they started with.
-pub(crate) struct Shared {
-    pub(crate) deps: Vec<Arc<DepRuntime>>,
-    pub(crate) routes: Vec<Arc<RouteRuntime>>,
-    /// Per listener: its address, its default dependency, and whether its refusals tell the
-    /// caller's retry loop to stand down (`downstream_pushback`).
-    pub(crate) listeners: Vec<(SocketAddr, Option<usize>, bool)>,
-    /// The header naming the caller (else its IP address).
-    pub(crate) client_header: Option<http::HeaderName>,
-    /// The effective config.
-    pub(crate) config: ProxyConfig,
-}
-
-/// What lives as long as the proxy, across reloads.
-pub(crate) struct State {
-    current: RwLock<Arc<Shared>>,
-    /// Requests refused before any dependency: absolute-form for other hosts, no route.
-    pub(crate) refused_not_routable: AtomicU64,
-    pub(crate) refused_no_route: AtomicU64,
-    /// Requests refused as malformed HTTP (400): more than one Host header.
-    pub(crate) bad_requests: AtomicU64,
-    /// Callers whose request body stalled past `body_idle_timeout` (408), or broke (400).
-    pub(crate) body_timeouts: AtomicU64,
-    pub(crate) body_malformed: AtomicU64,
-    /// Answers cut because their caller accepted nothing for `response_idle_timeout`.
-    pub(crate) response_stalls: AtomicU64,
-    /// The per-route series.
-    pub(crate) traffic: crate::traffic::Traffic,
-    /// The trace file, in record mode.
-    pub(crate) trace: Option<Arc<crate::record::TraceFile>>,
-    /// Set when draining starts: `/readyz` fails from then on.
-    pub(crate) draining: AtomicBool,
-    /// Reloads applied, and refused.
-    pub(crate) reloads: AtomicU64,
-    pub(crate) reloads_refused: AtomicU64,
-    /// The metrics registry, rebuilt by a reload.
-    pub(crate) registry: RwLock<prometheus_client::registry::Registry>,
-    /// The file the config was read from, for `POST /reload`.
-    pub(crate) source: Option<std::path::PathBuf>,
-    /// Reloads run one at a time.
-    pub(crate) reload_lock: tokio::sync::Mutex<()>,
-    /// The fleet layers of `placement = "fleet"` dependencies (fixed for the proxy's life).
-    pub(crate) fleets: Vec<stormguard_redis::Fleet>,
-    /// The listeners' connections and the admin listener's refusals, for the metrics.
-    pub(crate) listening: crate::listener::Listening,
-}
-
-impl State {
-    pub(crate) fn new(
-        shared: Shared,
-        trace: Option<Arc<crate::record::TraceFile>>,
-        source: Option<std::path::PathBuf>,
-        fleets: Vec<stormguard_redis::Fleet>,
-    ) -> State {
-        State {
-            traffic: crate::traffic::Traffic::new(shared.config.client_max),
-            current: RwLock::new(Arc::new(shared)),
-            refused_not_routable: AtomicU64::new(0),
-            refused_no_route: AtomicU64::new(0),
-            bad_requests: AtomicU64::new(0),
-            body_timeouts: AtomicU64::new(0),
-            body_malformed: AtomicU64::new(0),
-            response_stalls: AtomicU64::new(0),
-            trace,
-            draining: AtomicBool::new(false),
-            reloads: AtomicU64::new(0),
-            reloads_refused: AtomicU64::new(0),
-            registry: RwLock::new(prometheus_client::registry::Registry::default()),
-            source,
-            reload_lock: tokio::sync::Mutex::new(()),
-            fleets,
-            listening: crate::listener::Listening::default(),
-        }
-    }
-
-    /// Counts a caller's body failure.
-    pub(crate) fn count_caller_body(&self, timed_out: bool) {
-        let c = if timed_out { &self.body_timeouts } else { &self.body_malformed };
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The answer to a caller whose body failed before its request reached a dependency:
-    /// `408` when it stalled, `400` when it broke; counted, and logged at debug.
-    pub(crate) fn caller_body_failed(
-        &self,
-        e: &crate::body::CallerBodyError,
-    ) -> Response<ProxyBody> {
-        tracing::debug!(error = %e, "the caller's request body failed");
-        let resp = crate::stack::caller_body_answer(e);
-        self.count_caller_body(e.timed_out());
-        resp
-    }
-
-    /// The configuration requests are served by now.
-    pub(crate) fn current(&self) -> Arc<Shared> {
-        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Puts a new generation in force; returns the old one.
-    pub(crate) fn replace(&self, shared: Shared) -> Arc<Shared> {
-        let mut c = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        std::mem::replace(&mut *c, Arc::new(shared))
-    }
-}
 
 /// The `route` label of requests no route matched (the listener's dependency).
 static DEFAULT_ROUTE: std::sync::LazyLock<Arc<str>> =
