@@ -54,12 +54,7 @@ pub(crate) fn advise(
     grpc: bool,
     retry_after: impl FnOnce(Denied) -> Option<Duration>,
 ) -> Response<ProxyBody> {
-    let Some(reason) = resp
-        .headers()
-        .get(&DENIED_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<Denied>().ok())
-        .filter(|r| stands_down(*r))
+    let Some(reason) = resp.extensions().get::<Denied>().copied().filter(|r| stands_down(*r))
     else {
         return resp;
     };
@@ -118,6 +113,7 @@ fn grpc_refusal(reason: Denied) -> Response<ProxyBody> {
     h.insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
     h.insert(GRPC_PUSHBACK.clone(), HeaderValue::from_static("-1"));
     resp.extensions_mut().insert(LocalAnswer);
+    resp.extensions_mut().insert(reason);
     resp
 }
 
@@ -126,9 +122,10 @@ mod tests {
     use super::*;
 
     fn refused(reason: &'static str, local: bool) -> Response<ProxyBody> {
+        let reason: Denied = reason.parse().expect("a reason");
         let mut r = crate::stack::local(
             StatusCode::SERVICE_UNAVAILABLE,
-            Some((&DENIED_HEADER, reason)),
+            Some(crate::stack::Why::Denied(reason)),
             "stormguard: refused\n",
         );
         if !local {

@@ -16,7 +16,7 @@ use tower::ServiceExt;
 
 use crate::callers::{Answered, CallerRetries};
 use crate::hop::strip_hop_by_hop;
-use crate::stack::{AttemptLog, DENIED_HEADER, ProxyBody, local};
+use crate::stack::{AttemptLog, LocalError, ProxyBody, local};
 use crate::state::{DepRuntime, Shared, State};
 use crate::traffic::Caller;
 
@@ -113,7 +113,7 @@ fn caller_retry(
 /// (any reason), or a failure the dependency's `retry_on` names. `None`: the caller has no
 /// reason to resend it.
 fn failure_kind(dep: &DepRuntime, resp: &Response<ProxyBody>) -> Option<FailureKind> {
-    if resp.headers().contains_key(&DENIED_HEADER) {
+    if resp.extensions().get::<stormguard_core::Denied>().is_some() {
         return Some(FailureKind::Error);
     }
     let failure = stormguard_http::classify::classify_response(resp.status(), resp.headers())?;
@@ -321,10 +321,10 @@ pub(crate) async fn handle(
     let c = &shared.config;
     let relay = crate::relay::RelayConfig::new(c.response_buffer, c.response_idle_timeout);
     let resp = crate::relay::read_ahead(resp, relay, &state).await;
-    if let Some(reason) = resp.headers().get(&crate::stack::ERROR_HEADER)
-        && (reason == "body-timeout" || reason == "body-malformed")
-    {
-        state.count_caller_body(reason == "body-timeout");
+    match resp.extensions().get::<LocalError>() {
+        Some(LocalError::BodyTimeout) => state.count_caller_body(true),
+        Some(LocalError::BodyMalformed) => state.count_caller_body(false),
+        _ => {}
     }
     // A request its sender marked as a retry leaves nothing for the table (it still took the
     // failure it repeats, above): that sender marks its next retry too. A failure left for it
@@ -341,7 +341,7 @@ pub(crate) async fn handle(
         };
         dep.callers.answered(f, answered, Instant::now, dep.config.0.client_retry_window);
     }
-    let denied = resp.headers().get(&DENIED_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let denied = resp.extensions().get::<stormguard_core::Denied>().copied();
     state.traffic.count(crate::traffic::Finished {
         dependency: &dep.name,
         upstream: &dep.upstream_labels[log.target().min(dep.upstream_labels.len() - 1)],
@@ -349,7 +349,7 @@ pub(crate) async fn handle(
         client,
         status: resp.status().as_u16(),
         attempts: log.attempts(),
-        denied: denied.parse().ok(),
+        denied,
     });
     tracing::info!(
         target: "stormguard::access",
@@ -360,7 +360,7 @@ pub(crate) async fn handle(
         client = %client,
         status = resp.status().as_u16(),
         attempts = log.attempts(),
-        denied,
+        denied = denied.map_or("", stormguard_core::Denied::as_str),
         slot_wait_ms = log.slot_wait().as_secs_f64() * 1e3,
         upstream_ms = log.upstream_time().as_secs_f64() * 1e3,
         total_ms = started.elapsed().as_secs_f64() * 1e3,

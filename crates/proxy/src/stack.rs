@@ -95,6 +95,7 @@ where
             // answers `502` for a body that breaks before anything of it arrived.
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            // The layer's reason stays in the extensions, typed, for the edge to read.
             if let Some(reason) = parts.extensions.get::<Denied>().copied() {
                 parts
                     .headers
@@ -115,7 +116,7 @@ where
                 };
                 local(
                     status,
-                    Some((&DENIED_HEADER, reason.as_str())),
+                    Some(Why::Denied(*reason)),
                     &format!("stormguard: refused ({reason})\n"),
                 )
             }
@@ -126,7 +127,7 @@ where
                     // The per-try timeout passed while the caller was still sending.
                     None => local(
                         StatusCode::REQUEST_TIMEOUT,
-                        Some((&ERROR_HEADER, "body-timeout")),
+                        Some(Why::Error(LocalError::BodyTimeout)),
                         "stormguard: the request body was still arriving when the per-try timeout passed\n",
                     ),
                 }
@@ -137,6 +138,7 @@ where
                 let mut resp = failed(&**source);
                 resp.headers_mut()
                     .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+                resp.extensions_mut().insert(*reason);
                 resp
             }
             _ => failed(&*e),
@@ -149,11 +151,11 @@ where
 /// closed after it: what is left of the body cannot be read as a request.
 pub fn caller_body_answer(e: &crate::body::CallerBodyError) -> Response<ProxyBody> {
     let (status, kind) = if e.timed_out() {
-        (StatusCode::REQUEST_TIMEOUT, "body-timeout")
+        (StatusCode::REQUEST_TIMEOUT, LocalError::BodyTimeout)
     } else {
-        (StatusCode::BAD_REQUEST, "body-malformed")
+        (StatusCode::BAD_REQUEST, LocalError::BodyMalformed)
     };
-    let mut resp = local(status, Some((&ERROR_HEADER, kind)), &format!("stormguard: {e}\n"));
+    let mut resp = local(status, Some(Why::Error(kind)), &format!("stormguard: {e}\n"));
     resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     resp
 }
@@ -164,7 +166,7 @@ pub(crate) fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Res
     if let Some(StormguardError::Timeout) = e.downcast_ref::<StormguardError>() {
         return local(
             StatusCode::GATEWAY_TIMEOUT,
-            Some((&ERROR_HEADER, "timeout")),
+            Some(Why::Error(LocalError::Timeout)),
             "stormguard: the upstream did not answer within the per-try timeout\n",
         );
     }
@@ -172,18 +174,18 @@ pub(crate) fn failed(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Res
         // A failed handshake is a connect failure (nothing was sent) that the caller is told
         // apart: retrying will not fix a certificate.
         stormguard_http::classify::TransportError::Connect if crate::upstream::is_tls_error(e) => {
-            "tls"
+            LocalError::Tls
         }
-        stormguard_http::classify::TransportError::Connect => "connect-failure",
-        stormguard_http::classify::TransportError::Timeout => "timeout",
-        stormguard_http::classify::TransportError::Protocol => "protocol",
-        _ => "reset",
+        stormguard_http::classify::TransportError::Connect => LocalError::ConnectFailure,
+        stormguard_http::classify::TransportError::Timeout => LocalError::Timeout,
+        stormguard_http::classify::TransportError::Protocol => LocalError::Protocol,
+        _ => LocalError::Reset,
     };
     tracing::debug!(error = %e, "upstream failed");
     local(
         StatusCode::BAD_GATEWAY,
-        Some((&ERROR_HEADER, kind)),
-        &format!("stormguard: upstream {kind}\n"),
+        Some(Why::Error(kind)),
+        &format!("stormguard: upstream {}\n", kind.as_str()),
     )
 }
 
@@ -205,7 +207,7 @@ fn rate_refusal(provider: Option<stormguard_tower::Provider>) -> Response<ProxyB
     };
     let mut resp = local(
         StatusCode::TOO_MANY_REQUESTS,
-        Some((&DENIED_HEADER, Denied::Rate.as_str())),
+        Some(Why::Denied(Denied::Rate)),
         &json.clone().unwrap_or_else(|| format!("{MESSAGE}\n")),
     );
     if json.is_some() {
@@ -216,22 +218,76 @@ fn rate_refusal(provider: Option<stormguard_tower::Provider>) -> Response<ProxyB
 }
 
 /// A response the proxy makes itself.
-pub fn local(
-    status: StatusCode,
-    header: Option<(&http::HeaderName, &'static str)>,
-    body: &str,
-) -> Response<ProxyBody> {
+pub fn local(status: StatusCode, why: Option<Why>, body: &str) -> Response<ProxyBody> {
     let mut resp = Response::new(
         Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}).boxed_unsync(),
     );
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    if let Some((name, value)) = header {
-        resp.headers_mut().insert(name.clone(), HeaderValue::from_static(value));
+    match why {
+        Some(Why::Denied(reason)) => {
+            resp.headers_mut()
+                .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+            resp.extensions_mut().insert(reason);
+        }
+        Some(Why::Error(kind)) => {
+            resp.headers_mut()
+                .insert(ERROR_HEADER.clone(), HeaderValue::from_static(kind.as_str()));
+            resp.extensions_mut().insert(kind);
+        }
+        None => {}
     }
     resp.extensions_mut().insert(LocalAnswer);
     resp
+}
+
+/// Why the proxy answered itself, typed: the header it writes for the caller
+/// (`x-stormguard-denied` or `x-stormguard-error`), and the same value in the response's
+/// extensions, which the edge reads (the access log, the caller-retry table, pushback advice)
+/// instead of parsing the header back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// stormguard refused: the request, or the retry of its last failure.
+    Denied(Denied),
+    /// What failed below HTTP, or the caller's body.
+    Error(LocalError),
+}
+
+/// What failed when the proxy answers `502`, `504`, `408` or `400` itself: the value of
+/// `x-stormguard-error`, and a response extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalError {
+    /// The caller's request body stalled past `body_idle_timeout`, or was still arriving when
+    /// the per-try timeout passed (`408`).
+    BodyTimeout,
+    /// The caller's request body broke (`400`).
+    BodyMalformed,
+    /// The upstream did not answer in time (`504`).
+    Timeout,
+    /// The TLS handshake with the upstream failed (`502`).
+    Tls,
+    /// The upstream could not be reached (`502`).
+    ConnectFailure,
+    /// The upstream broke HTTP (`502`).
+    Protocol,
+    /// The connection to the upstream was reset (`502`).
+    Reset,
+}
+
+impl LocalError {
+    /// The header's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalError::BodyTimeout => "body-timeout",
+            LocalError::BodyMalformed => "body-malformed",
+            LocalError::Timeout => "timeout",
+            LocalError::Tls => "tls",
+            LocalError::ConnectFailure => "connect-failure",
+            LocalError::Protocol => "protocol",
+            LocalError::Reset => "reset",
+        }
+    }
 }
 
 #[cfg(test)]
