@@ -147,6 +147,8 @@ enum Ev {
     Limited(Ref),
     /// A first try's wait for its turn under the client's rate admission ended.
     RateDue(Ref),
+    /// A first try that queued for its slot has waited out a hold that began meanwhile.
+    HoldDue(Ref),
     /// An attempt's per-try timeout.
     Timeout(Ref),
     /// A request's backoff ended.
@@ -304,6 +306,9 @@ struct Rare {
     /// Rate admission's booking for the attempt about to be sent. Still here when the request
     /// ends, the attempt never reached the provider, and it is refunded.
     booking: Option<Booking>,
+    /// The slot of a first try that queued for it, held while a hold that began meanwhile is
+    /// waited out.
+    held_slot: Option<Permit>,
     /// The attempts in flight together once a hedge was sent: the first successful answer
     /// abandons the others.
     hedged: Vec<Ref>,
@@ -820,6 +825,7 @@ impl<'s> Run<'s> {
             }
             Ev::Limited(a) => self.limited(a),
             Ev::RateDue(c) => self.rate_due(c),
+            Ev::HoldDue(c) => self.hold_due(c),
             Ev::Timeout(a) => self.timed_out(a),
             Ev::RetryDue(c) => self.retry_due(c),
             Ev::CallerRetry(c) => self.caller_retry(c),
@@ -1011,6 +1017,40 @@ impl<'s> Run<'s> {
         }
     }
 
+    /// A first try that queued has its slot: a hold that began while it waited (a 429, a spent
+    /// quota) is waited out, holding the slot, while the queue timeout and the deadline allow;
+    /// past them it is refused `rate` (the tower layer's `admit_first_try`).
+    fn queued_admitted(&mut self, call: Ref, permit: Permit) {
+        let ts = self.ts();
+        let Some(c) = self.calls.get(call) else { return };
+        let (unit, deadline) = (c.unit, c.deadline);
+        let held = self.units[unit as usize].rate.as_ref().and_then(|m| m.held(ts));
+        match held {
+            None => self.admitted(call, permit),
+            Some(h)
+                if nanos(h) <= self.queue_timeout(unit)
+                    && self.now.saturating_add(nanos(h)) <= deadline =>
+            {
+                if let Some(c) = self.calls.get_mut(call) {
+                    c.rare().held_slot = Some(permit);
+                }
+                self.push(self.now + nanos(h), Ev::HoldDue(call));
+            }
+            Some(_) => {
+                drop(permit);
+                self.primary_refused(call, Denied::Rate);
+            }
+        }
+    }
+
+    /// A queued first try's hold is over: it is sent with the slot it held.
+    fn hold_due(&mut self, call: Ref) {
+        let Some(permit) = self.calls.get_mut(call).and_then(|c| c.rare().held_slot.take()) else {
+            return;
+        };
+        self.admitted(call, permit);
+    }
+
     fn admitted(&mut self, call: Ref, permit: Permit) {
         let ts = self.ts();
         if let Some(c) = self.calls.get(call)
@@ -1030,7 +1070,7 @@ impl<'s> Run<'s> {
         let mut acquire = limiter.acquire_until(Timestamp::from_nanos(deadline));
         let waker = Waker::from(Arc::new(CallWaker { sink: self.sink.clone(), call }));
         match acquire.poll_acquire(&mut Context::from_waker(&waker)) {
-            Poll::Ready(Ok(p)) => self.admitted(call, p),
+            Poll::Ready(Ok(p)) => self.queued_admitted(call, p),
             Poll::Ready(Err(reason)) => self.primary_refused(call, reason),
             Poll::Pending => {
                 let at = acquire.deadline().as_nanos();
@@ -1058,7 +1098,7 @@ impl<'s> Run<'s> {
             return;
         };
         match acquire.poll_acquire(&mut Context::from_waker(&waker)) {
-            Poll::Ready(Ok(p)) => self.admitted(call, p),
+            Poll::Ready(Ok(p)) => self.queued_admitted(call, p),
             Poll::Ready(Err(reason)) => self.primary_refused(call, reason),
             Poll::Pending => {
                 if let Some(c) = self.calls.get_mut(call) {

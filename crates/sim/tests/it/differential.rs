@@ -295,3 +295,46 @@ fn a_placement_that_differs_is_caught() {
     assert_eq!(sim_log(&tight, &requests), tower_log(&tight, &requests));
     assert_ne!(sim_log(&looser, &requests), tower_log(&tight, &requests));
 }
+
+/// A first try that waits in the queue while a 429 puts a hold on the provider's window: when
+/// its slot comes, it waits the hold out (holding the slot), within its queue timeout, and is
+/// sent after it — in the layer and in the model alike. Request 0 takes the only slot and is
+/// answered `429, Retry-After: 1` at 321 ms; request 1, queued behind it since 2 ms, gets the
+/// slot then and reaches the dependency at 1 321 ms, not at 321 ms (the model sent it at once
+/// until it learnt this step). With no room in its queue timeout for the hold, it is refused
+/// `rate` instead.
+#[test]
+fn a_queued_first_try_waits_out_a_hold_that_began_while_it_queued() {
+    let with = |queue_timeout: &str| {
+        let text = format!(
+            "duration = \"1s\"\n[fleet]\nrate = 1\n\
+             [client]\nper_try_timeout = \"2s\"\ndeadline = \"10s\"\ntimeout_slot_hold = \"1920ms\"\n\
+             retry_on = \"5xx,timeout\"\n\
+             [dependency]\ncapacity = 1000\nservice_time = \"fixed 20ms\"\n\
+             [[policy]]\nqueue = 4\nqueue_timeout = \"{queue_timeout}\"\nbackoff = \"160ms..640ms\"\n\
+             jitter = \"none\"\nbudget = \"ratio:percent=0.5,min_per_sec=10,ttl=10s\"\ncap = 1\n\
+             retries = 0\nrequests_per_minute = 600\n"
+        );
+        Scenario::parse("differential-hold.toml", &text).unwrap()
+    };
+    let requests = vec![
+        ScriptedRequest { at: ms(1), answers: vec![Answer::TooMany(ms(320), 1)] },
+        ScriptedRequest { at: ms(2), answers: vec![Answer::Ok(ms(160))] },
+    ];
+    let waits = with("5s");
+    let sim = sim_log(&waits, &requests);
+    assert_eq!(sim, tower_log(&waits, &requests));
+    let sent = |log: &[Line]| {
+        log.iter().find(|l| l.request == 1 && matches!(l.event, Event::Sent { .. })).map(|l| l.at)
+    };
+    assert_eq!(sent(&sim), Some(ms(1_321)), "{sim:#?}");
+    let refused = with("500ms");
+    let sim = sim_log(&refused, &requests);
+    assert_eq!(sim, tower_log(&refused, &requests));
+    assert_eq!(sent(&sim), None, "{sim:#?}");
+    assert!(
+        sim.iter().any(|l| l.request == 1
+            && l.event == Event::Ended { ok: false, refused: Some(Denied::Rate) }),
+        "{sim:#?}"
+    );
+}
