@@ -20,7 +20,7 @@ use tower::Service;
 use crate::cap::BoxFuture;
 use crate::error::BoxError;
 use crate::extensions::RateCost;
-use crate::retry::{Answer, AttemptPolicy, Rest, copy_request, send_admitted};
+use crate::request::{Answer, AttemptPolicy, Rest, copy_request, send_admitted};
 use crate::span::attempt_span;
 
 /// A hedge in flight beside the first attempt.

@@ -38,6 +38,7 @@ pub mod hedge;
 pub mod metrics;
 pub mod rate;
 pub mod record;
+pub mod request;
 pub mod retry;
 pub mod span;
 

@@ -27,15 +27,12 @@ use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 use stormguard_core::Denied;
 use stormguard_core::backoff::Pushback;
-use stormguard_core::budget::RetryBudget;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
-use stormguard_core::decision::{FailedAttempt, RequestFacts};
+use stormguard_core::decision::FailedAttempt;
 use stormguard_core::life::{Admitted, AttemptId, Life, Next as LifeNext, Refused};
-use stormguard_core::scope::{FanOutScope, Scope};
 use stormguard_core::signals::CallerRetryOutcome;
-use stormguard_http::body::ReplayBody;
-use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
+use stormguard_http::classify::{classify_response, classify_transport};
 use stormguard_http::stacked::mark_attempt;
 use tower::Service;
 use tracing::Instrument;
@@ -47,82 +44,9 @@ use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::{CallerRetry, QuotaExhausted, RateCost, UpstreamTarget};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
+use crate::request::{Answer, Rest, copy_request, request_facts, scopes_of, send_admitted};
+pub use crate::request::{AttemptPolicy, CloneBody, Replay, request_start};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
-
-/// A request's start: its start time (read only when something needs it) and its deadline —
-/// the dependency's, or the caller's [`Deadline`] when sooner — with the request counted on its
-/// route's budget. For clients that run the retry loop outside tower (stormguard-reqwest) too.
-pub fn request_start(
-    dep: &Dependency,
-    route: Option<&RouteBudget>,
-    asked: Option<Deadline>,
-) -> (Option<Timestamp>, Option<Timestamp>) {
-    let config = dep.config();
-    let start =
-        (config.deadline.is_some() || asked.is_some() || route.is_some()).then(|| dep.now());
-    let deadline = start.and_then(|now| {
-        let configured = config.deadline.map(|d| now.saturating_add(d));
-        let asked = asked.map(|d| {
-            now.saturating_add(d.0.saturating_duration_since(tokio::time::Instant::now()))
-        });
-        match (configured, asked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    });
-    if let (Some(r), Some(now)) = (route, start) {
-        r.0.record_request(now);
-    }
-    (start, deadline)
-}
-
-/// How to send a request body again, and how to read a response. Implement it for request
-/// types other than `http::Request<ReplayBody<B>>` (e.g. a tonic client whose bodies are
-/// buffered).
-pub trait AttemptPolicy<B>: Clone + Send + Sync + 'static {
-    /// A copy of the body for another attempt, or `None` when it cannot be sent again.
-    fn clone_body(&self, body: &B) -> Option<B>;
-
-    /// Whether everything sent so far can be sent again (checked after an attempt fails).
-    fn is_replayable(&self, body: &B) -> bool;
-
-    /// The failure a response is, or `None` for a success. Default: status ≥ 400, or a
-    /// trailers-only gRPC response with a non-zero `grpc-status`.
-    fn classify(&self, status: http::StatusCode, headers: &HeaderMap) -> Option<AttemptFailure> {
-        classify_response(status, headers)
-    }
-}
-
-/// The policy for [`ReplayBody`] requests: the body is copied while sent, up to a limit.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Replay;
-
-impl<B: Send + 'static> AttemptPolicy<ReplayBody<B>> for Replay {
-    fn clone_body(&self, body: &ReplayBody<B>) -> Option<ReplayBody<B>> {
-        Some(body.clone())
-    }
-
-    fn is_replayable(&self, body: &ReplayBody<B>) -> bool {
-        body.is_replayable()
-    }
-}
-
-/// The policy for bodies that are cheap to clone whole (`()`, `Empty`, `Full`, `String`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CloneBody;
-
-impl<B: Clone + Send + Sync + 'static> AttemptPolicy<B> for CloneBody {
-    fn clone_body(&self, body: &B) -> Option<B> {
-        Some(body.clone())
-    }
-
-    fn is_replayable(&self, _: &B) -> bool {
-        true
-    }
-}
-
-/// What an attempt came to: the answer with its slot (held by the body), or how it failed.
-pub(crate) type Answer<RB> = Result<Response<PermitBody<RB>>, BoxError>;
 
 /// What the caller gets.
 pub(crate) type Out<RB> = Result<Response<RetryBody<PermitBody<RB>>>, BoxError>;
@@ -160,17 +84,6 @@ where
         // one clone of it for the retries (each readied again before it is used).
         start(self.dependency.clone(), self.policy.clone(), &mut self.inner, req)
     }
-}
-
-/// Copies a request's head for another attempt, with a new body.
-pub(crate) fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
-    let mut r = Request::new(body);
-    *r.method_mut() = req.method().clone();
-    *r.uri_mut() = req.uri().clone();
-    *r.version_mut() = req.version();
-    *r.headers_mut() = req.headers().clone();
-    *r.extensions_mut() = req.extensions().clone();
-    r
 }
 
 /// Sends the first attempt at once (the request moves straight into the inner service), and
@@ -378,74 +291,6 @@ where
     let mut rest = rest;
     rest.life = Some(Box::new(life));
     after_failure(rest, result, span, attempt).await
-}
-
-/// What the retry rules need to know of a request (see [`RequestFacts`]).
-pub(crate) fn request_facts<B>(
-    dep: &Dependency,
-    req: &Request<B>,
-    deadline: Option<Timestamp>,
-    replayable: bool,
-) -> RequestFacts {
-    let config = dep.config();
-    RequestFacts {
-        idempotent: is_idempotent(
-            req.method(),
-            req.headers(),
-            &config.idempotency_key,
-            req.extensions().get::<Idempotent>().is_some(),
-        ),
-        replayable,
-        // A caller's own retry is one, marked or not.
-        stacked: config.stacked.arrived_as_retry(req.headers())
-            || req.extensions().get::<CallerRetry>().is_some(),
-        deadline,
-    }
-}
-
-/// The scopes a request's retries (and hedges) are charged to: its fan-out, then its route.
-pub(crate) fn scopes_of<B>(req: &Request<B>, route: Option<&RouteBudget>) -> Vec<Scope> {
-    let mut scopes = Vec::new();
-    if let Some(s) = req.extensions().get::<FanOutScope>() {
-        scopes.push(Scope::FanOut(s.clone()));
-    }
-    if let Some(r) = route {
-        scopes.push(Scope::Route(r.0.clone()));
-    }
-    scopes
-}
-
-/// What a request keeps while its first attempt is in flight, for the retries (and the hedge)
-/// it may need.
-pub(crate) struct Rest<S, P, B> {
-    pub(crate) dep: Dependency,
-    pub(crate) policy: P,
-    pub(crate) svc: S,
-    pub(crate) req: Request<B>,
-    pub(crate) deadline: Option<Timestamp>,
-    pub(crate) route: Option<RouteBudget>,
-    /// The request's number in the recorded trace, when recording.
-    pub(crate) id: Option<u64>,
-    /// The upstream the first attempt went to.
-    pub(crate) target: usize,
-    /// The request's life, once it needs one (a hedge, a failure, a caller's retry).
-    /// (Boxed: a request that succeeds at once moves `Rest` into its box without it.)
-    pub(crate) life: Option<Box<Life>>,
-}
-
-impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
-    /// The request's life, made at its first need.
-    pub(crate) fn life(&mut self) -> &mut Life {
-        let Rest { dep, policy, req, deadline, route, target, life, .. } = self;
-        life.get_or_insert_with(|| {
-            let replayable = policy.is_replayable(req.body());
-            Box::new(Life::new(
-                request_facts(dep, req, *deadline, replayable),
-                scopes_of(req, route.as_ref()),
-                *target,
-            ))
-        })
-    }
 }
 
 pin_project! {
@@ -813,40 +658,6 @@ where
             }
         }
     }
-}
-
-/// Sends an attempt its request's life admitted (a retry, a hedge, a caller's own retry) with
-/// the slots and the booking it was admitted with, on `svc` (a clone of the layer's service)
-/// once it is ready, in `span`. Dropped before it is sent, its booking comes back (its slots
-/// with it).
-pub(crate) async fn send_admitted<S, B, RB>(
-    dep: Dependency,
-    mut svc: S,
-    mut this: Request<B>,
-    deadline: Option<Timestamp>,
-    admitted: Admitted<crate::rate::RateReservation>,
-    span: tracing::Span,
-) -> Answer<RB>
-where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
-    RB: Body + Send + 'static,
-{
-    let target = admitted.target;
-    if target != 0 {
-        this.extensions_mut().insert(UpstreamTarget(target));
-    }
-    let booked = crate::rate::Unsent::new(&dep, admitted.booking);
-    let slots = (admitted.permit, admitted.total);
-    if let Err(e) = std::future::poll_fn(|cx| svc.poll_ready(cx)).await {
-        return Err(e.into());
-    }
-    let now = dep.now();
-    let sent = (slots.0, slots.1, booked.sent());
-    let call =
-        span.in_scope(|| crate::cap::send(&dep, &mut svc, this, sent, deadline, now, target));
-    call.instrument(span).await
 }
 
 /// A refused retry: the reason on the attempt's span, and the `debug` line. `attempt` is the
