@@ -31,7 +31,7 @@ pub(crate) struct ProviderBody {
 }
 
 impl ProviderBody {
-    fn untouched(body: Incoming) -> ProviderBody {
+    pub(crate) fn untouched(body: Incoming) -> ProviderBody {
         ProviderBody { head: None, trailers: None, rest: Some(body) }
     }
 }
@@ -72,6 +72,11 @@ fn says_quota_spent(body: &[u8]) -> bool {
     body.windows(b"\"insufficient_quota\"".len()).any(|w| w == b"\"insufficient_quota\"")
 }
 
+/// Whether an answer's body is read before it goes on: an OpenAI 429, for a spent quota.
+pub(crate) fn needs_inspection<B>(provider: Option<Provider>, resp: &Response<B>) -> bool {
+    provider == Some(Provider::OpenAi) && resp.status() == StatusCode::TOO_MANY_REQUESTS
+}
+
 /// The answer as the layers above see it: a 429 from an OpenAI-preset provider read and, when
 /// its error is `insufficient_quota`, marked [`QuotaExhausted`].
 pub(crate) async fn inspect(
@@ -79,7 +84,7 @@ pub(crate) async fn inspect(
     result: Result<Response<Incoming>, BoxError>,
 ) -> Result<Response<ProviderBody>, BoxError> {
     let resp = result?;
-    if provider != Some(Provider::OpenAi) || resp.status() != StatusCode::TOO_MANY_REQUESTS {
+    if !needs_inspection(provider, &resp) {
         return Ok(resp.map(ProviderBody::untouched));
     }
     let (mut parts, mut body) = resp.into_parts();

@@ -61,22 +61,12 @@ pub fn stack(
         // The request's life, every attempt under the cap with its per-try timeout (connect
         // time counts); a retry takes its slot now or never, so it can never queue.
         .layer(StormguardLayer::new(dependency.clone()))
-        // Below the cap, one concern a layer, each seeing exactly what the upstream sees:
-        // the attempt counted and timed for the access log,
-        .layer(attempt::LogLayer)
-        // numbered (`x-stormguard-attempt: 1` on a first try; the retry layer numbers retries),
-        .map_request(attempt::number_first)
-        // sent to the upstream the retry layer chose when it is not the first,
-        .map_request(move |req| attempt::failover(&upstreams, req))
-        // told its deadline when it is gRPC,
-        .map_request(attempt::grpc_deadline)
-        // with the cap held under the HTTP/2 peer's streams,
-        .map_request(move |req| peer.hold_cap(&dep, req))
-        // an OpenAI 429's body read for a spent quota,
-        .then(move |r| crate::provider::inspect(provider, r))
-        // and an upgrade nobody asked for refused.
-        .map_result(attempt::no_upgrade)
-        .service(client);
+        // Below the cap, one service and one future per attempt, seeing exactly what the
+        // upstream sees: counted and timed for the access log, numbered, sent to the upstream
+        // the request's life chose, told its gRPC deadline, its cap held under the HTTP/2
+        // peer's streams; an OpenAI 429's body read for a spent quota, an upgrade nobody asked
+        // for refused.
+        .service(attempt::Attempt { client, upstreams, peer, dependency: dep, provider });
     BoxCloneSyncService::new(svc)
 }
 

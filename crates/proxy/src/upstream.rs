@@ -210,12 +210,6 @@ impl PeerStreams {
             p.lower(&dep.upstream_at(target).limiter);
         }
     }
-
-    /// [`PeerStreams::apply`] for the upstream an attempt goes to, as a request passes.
-    pub(crate) fn hold_cap<B>(&self, dep: &Dependency, req: Request<B>) -> Request<B> {
-        self.apply(dep, crate::attempt::target(&req));
-        req
-    }
 }
 
 /// `host:port` of an upstream or a connection's URI, the scheme's default port filled in.
