@@ -514,3 +514,46 @@ async fn a_caller_that_gives_up_leaves_its_slot_held() {
     assert_eq!(server.stats().total.requests, 1, "one attempt at the dependency");
     assert_eq!(dep.upstream().limiter.in_flight(), 1, "held until abandon_hold passes");
 }
+
+/// A first try queued behind the only slot while a 429 puts a hold on the provider's window:
+/// when the slot comes it waits the hold out (holding the slot) before it is sent, as the tower
+/// layer does — one admission function for both. The first request is answered `429,
+/// Retry-After: 1` after 300 ms; the second, queued since 50 ms, reaches the upstream a second
+/// after that 429, not at once (until issue 40 the middleware sent it at once, into the hold).
+#[tokio::test]
+async fn a_queued_first_try_waits_out_a_hold_that_began_while_it_queued() {
+    let server = support::scripted_after(
+        |n| if n == 0 { ms(300) } else { Duration::ZERO },
+        |n, _| match n {
+            0 => (429, vec![("retry-after", "1".to_string())]),
+            _ => (200, vec![]),
+        },
+    )
+    .await;
+    let dep = dependency(|c| {
+        c.budget = RICH.parse().unwrap();
+        c.limiter.cap = 1;
+        c.limiter.queue_len = 4;
+        c.limiter.queue_timeout = Duration::from_secs(5);
+        c.rate.requests_per_minute = Some(6_000);
+    });
+    let client = guarded(&dep);
+    let first = {
+        let (client, url) = (client.clone(), server.url("/a"));
+        tokio::spawn(async move {
+            let resp = client.get(url).send().await.unwrap();
+            let status = resp.status();
+            // Read to its end: the slot comes back.
+            resp.bytes().await.unwrap();
+            status
+        })
+    };
+    tokio::time::sleep(ms(50)).await;
+    let second = client.get(server.url("/b")).send().await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(first.await.unwrap(), 429);
+    let seen = server.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    let after = seen[1].arrived.saturating_duration_since(seen[0].answered);
+    assert!(after >= ms(900), "the second went {after:?} after the 429, inside its hold");
+}

@@ -67,6 +67,15 @@ type Answer = (u16, Vec<(&'static str, String)>);
 pub async fn scripted(
     answer: impl Fn(usize, Instant) -> Answer + Send + Sync + 'static,
 ) -> Scripted {
+    scripted_after(|_| Duration::ZERO, answer).await
+}
+
+/// [`scripted`], with the `n`-th request's answer sent `delay(n)` after it arrived.
+pub async fn scripted_after(
+    delay: impl Fn(usize) -> Duration + Send + Sync + 'static,
+    answer: impl Fn(usize, Instant) -> Answer + Send + Sync + 'static,
+) -> Scripted {
+    let delay = Arc::new(delay);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -75,20 +84,25 @@ pub async fn scripted(
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { return };
-            let (seen, answer) = (shared.clone(), answer.clone());
+            let (seen, answer, delay) = (shared.clone(), answer.clone(), delay.clone());
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |_req: http::Request<Incoming>| {
-                    let (seen, answer) = (seen.clone(), answer.clone());
+                    let (seen, answer, delay) = (seen.clone(), answer.clone(), delay.clone());
                     async move {
                         let arrived = Instant::now();
-                        let n = seen.lock().unwrap().len();
+                        let n = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(Seen { arrived, answered: arrived });
+                            seen.len() - 1
+                        };
+                        tokio::time::sleep(delay(n)).await;
                         let (status, headers) = answer(n, arrived);
                         let mut resp = http::Response::builder().status(status);
                         for (k, v) in headers {
                             resp = resp.header(k, v);
                         }
                         let resp = resp.body(Full::new(Bytes::from_static(b"answer"))).unwrap();
-                        seen.lock().unwrap().push(Seen { arrived, answered: Instant::now() });
+                        seen.lock().unwrap()[n].answered = Instant::now();
                         Ok::<_, Infallible>(resp)
                     }
                 });
