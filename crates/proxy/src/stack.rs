@@ -57,7 +57,7 @@ pub fn stack(
     let svc = ServiceBuilder::new()
         // Outermost: stormguard's own refusals and transport failures become responses (503,
         // 504, 502 with the reason), so every caller gets exactly one answer.
-        .then(move |r| answer(r, provider))
+        .map_result(move |r| answer(r, provider))
         // The request's life, every attempt under the cap with its per-try timeout (connect
         // time counts); a retry takes its slot now or never, so it can never queue.
         .layer(StormguardLayer::new(dependency.clone()))
@@ -72,7 +72,7 @@ pub fn stack(
 
 /// What the caller gets: the upstream's response (hop-by-hop headers removed, a refused
 /// retry's reason in `x-stormguard-denied`), or the proxy's own answer.
-async fn answer<B>(
+fn answer<B>(
     result: Result<Response<B>, BoxError>,
     provider: Option<stormguard_tower::Provider>,
 ) -> Result<Response<ProxyBody>, BoxError>
