@@ -108,6 +108,10 @@ fn no_upgrade<RB, E: Into<BoxError>>(r: Result<Response<RB>, E>) -> Result<Respo
     }
 }
 
+/// An attempt's request (the stack's `UpstreamRequest`): the caller's body, copied for retries
+/// while sent.
+type Outgoing = Request<stormguard_http::body::ReplayBody<crate::body::CallerBody>>;
+
 /// Every step of an attempt below the cap, as one service and one future (each step used to be
 /// a layer of its own, each moving the request in and the response out): the attempt counted
 /// and timed for the request's [`AttemptLog`] (its slot wait, [`SlotWait`], when it waited;
@@ -123,7 +127,7 @@ pub(crate) struct Attempt {
     pub(crate) provider: Option<stormguard_tower::Provider>,
 }
 
-impl Service<crate::stack::UpstreamRequest> for Attempt {
+impl Service<Outgoing> for Attempt {
     type Response = Response<crate::provider::ProviderBody>;
     type Error = BoxError;
     type Future = AttemptFuture;
@@ -132,7 +136,7 @@ impl Service<crate::stack::UpstreamRequest> for Attempt {
         self.client.poll_ready(cx)
     }
 
-    fn call(&mut self, req: crate::stack::UpstreamRequest) -> AttemptFuture {
+    fn call(&mut self, req: Outgoing) -> AttemptFuture {
         let log = req.extensions().get::<AttemptLog>().cloned();
         let started = Instant::now();
         let i = target(&req);
@@ -168,7 +172,7 @@ pub(crate) struct AttemptFuture {
 /// Where an attempt is.
 enum Sent {
     /// At the upstream (the client's future is boxed already).
-    Call(<crate::upstream::UpstreamClient as Service<crate::stack::UpstreamRequest>>::Future),
+    Call(<crate::upstream::UpstreamClient as Service<Outgoing>>::Future),
     /// An OpenAI 429's body being read.
     Inspecting(
         Pin<
