@@ -241,7 +241,7 @@ where
 }
 
 /// The readied service, for a call made later: a clone takes its place for the next request.
-fn take_ready<S: Clone>(inner: &mut S) -> S {
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
     let clone = inner.clone();
     std::mem::replace(inner, clone)
 }

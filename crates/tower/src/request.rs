@@ -11,7 +11,7 @@ use stormguard_core::life::{Admitted, Life};
 use stormguard_core::scope::{FanOutScope, Scope};
 use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, is_idempotent};
-use tower::Service;
+use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
 use crate::cap::PermitBody;
@@ -197,7 +197,7 @@ where
     }
     let booked = crate::rate::Unsent::new(&dep, admitted.booking);
     let slots = (admitted.permit, admitted.total);
-    if let Err(e) = std::future::poll_fn(|cx| svc.poll_ready(cx)).await {
+    if let Err(e) = svc.ready().await {
         return Err(e.into());
     }
     let now = dep.now();

@@ -127,8 +127,7 @@ where
     };
     if let Some(caller) = caller {
         // The readied service goes with the request, as below.
-        let clone = first.clone();
-        let svc = std::mem::replace(first, clone);
+        let svc = crate::cap::take_ready(first);
         let rest =
             Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, life: None });
         return RetryFuture::Boxed { fut: Box::pin(caller_retry(rest, caller)) };
@@ -141,8 +140,7 @@ where
             req.extensions_mut().insert(UpstreamTarget(target));
         }
         // The readied service goes with the request (it may hold what `poll_ready` reserved).
-        let clone = first.clone();
-        let svc = std::mem::replace(first, clone);
+        let svc = crate::cap::take_ready(first);
         let fut = single(dep, svc, req, (deadline, now, target), id, span, None);
         return RetryFuture::Boxed { fut: Box::pin(fut) };
     };
