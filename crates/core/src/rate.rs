@@ -353,6 +353,19 @@ impl RateLimit {
     }
 }
 
+/// Whether a first try that got its slot after waiting in the queue waits out a hold that began
+/// meanwhile (a 429, a spent quota), keeping the slot: only while the hold fits within its queue
+/// timeout and ends by its deadline; otherwise it is refused `rate`. One rule for every
+/// placement (the tower layer's first try, the simulator's).
+pub fn waits_out_hold(
+    held: Duration,
+    queue_timeout: Duration,
+    now: Timestamp,
+    deadline: Option<Timestamp>,
+) -> bool {
+    held <= queue_timeout && deadline.is_none_or(|d| now.saturating_add(held) <= d)
+}
+
 /// A provider's count for a request, clamped to `max_factor` × what the request was estimated
 /// to cost: a count far above anything the request could have used (`1e30` tokens from a broken
 /// or hostile upstream) is not a count. Returns the count to settle with, and whether it was

@@ -1028,8 +1028,12 @@ impl<'s> Run<'s> {
         match held {
             None => self.admitted(call, permit),
             Some(h)
-                if nanos(h) <= self.queue_timeout(unit)
-                    && self.now.saturating_add(nanos(h)) <= deadline =>
+                if stormguard_core::rate::waits_out_hold(
+                    h,
+                    Duration::from_nanos(self.queue_timeout(unit)),
+                    ts,
+                    Some(Timestamp::from_nanos(deadline)),
+                ) =>
             {
                 if let Some(c) = self.calls.get_mut(call) {
                     c.rare().held_slot = Some(permit);

@@ -177,8 +177,12 @@ async fn queued(
     let at = match dep.rates_at(target).and_then(|r| r.held(now)) {
         None => now,
         Some(held)
-            if held <= dep.config().limiter.queue_timeout
-                && deadline.is_none_or(|d| now.saturating_add(held) <= d) =>
+            if stormguard_core::rate::waits_out_hold(
+                held,
+                dep.config().limiter.queue_timeout,
+                now,
+                deadline,
+            ) =>
         {
             tokio::time::sleep(held).await;
             dep.now()
