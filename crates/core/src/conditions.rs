@@ -45,6 +45,11 @@ pub enum AttemptFailure {
     /// past the client's limit, an unsolicited `101`). Deterministic: no `retry_on` condition
     /// matches it, so it is never retried; the breaker counts it (the dependency is broken).
     Protocol,
+    /// A failure the caller's own classifier called worth retrying, outside HTTP (the closure
+    /// API: a deadlock, a serialization failure, an unavailable service): it may have run, so
+    /// only an idempotent call is retried unless the classifier says it never took effect.
+    /// Every `retry_on` but an empty one covers it — the classifier is its condition.
+    Transient,
 }
 
 /// gRPC's status codes by name, in code order (0 is OK).
@@ -92,7 +97,8 @@ impl AttemptFailure {
             AttemptFailure::ConnectFailure
             | AttemptFailure::Reset
             | AttemptFailure::Timeout
-            | AttemptFailure::Protocol => true,
+            | AttemptFailure::Protocol
+            | AttemptFailure::Transient => true,
             AttemptFailure::Status(s) => (500..600).contains(&s),
             // UNKNOWN, INTERNAL, UNAVAILABLE, DATA_LOSS, DEADLINE_EXCEEDED.
             AttemptFailure::Grpc(c) => matches!(c, 2 | 4 | 13 | 14 | 15),
@@ -109,6 +115,7 @@ impl fmt::Display for AttemptFailure {
             AttemptFailure::Reset => f.write_str("reset"),
             AttemptFailure::Timeout => f.write_str("timeout"),
             AttemptFailure::Protocol => f.write_str("protocol"),
+            AttemptFailure::Transient => f.write_str("transient"),
             AttemptFailure::Status(s) => write!(f, "{s}"),
             AttemptFailure::Grpc(c) => {
                 f.write_str(GRPC_CODES.get(usize::from(*c)).copied().unwrap_or("grpc-unknown-code"))
@@ -169,6 +176,7 @@ impl RetryOn {
             }
             AttemptFailure::Grpc(c) => c < 32 && self.grpc & (1 << c) != 0,
             AttemptFailure::Protocol => false,
+            AttemptFailure::Transient => *self != RetryOn::none(),
         }
     }
 
@@ -265,6 +273,15 @@ mod tests {
         for bad in ["5XXX", "200", "999", "slow", "ok"] {
             assert!(bad.parse::<RetryOn>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_classifiers_transient_failure_is_covered_unless_retries_are_off() {
+        assert!(RetryOn::default().matches(AttemptFailure::Transient));
+        assert!("429".parse::<RetryOn>().unwrap().matches(AttemptFailure::Transient));
+        assert!(!RetryOn::none().matches(AttemptFailure::Transient));
+        assert_eq!(AttemptFailure::Transient.to_string(), "transient");
+        assert!(!AttemptFailure::Transient.provably_unsent());
     }
 
     #[test]

@@ -1,27 +1,18 @@
-//! One attempt under the cap: a primary's admission (the tower layer's own,
-//! [`admit_first_try`]), then the send, under the breaker's probe and the per-try timeout.
-
-use std::time::Duration;
+//! One attempt under the cap: the send, under the breaker's probe and the per-try timeout
+//! (tower's [`call`](stormguard_tower::call) helpers), its slots held by the response's body.
 
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
-use stormguard_core::Denied;
-use stormguard_core::breaker::{AttemptResult, BreakerPermit};
+use stormguard_core::breaker::AttemptResult;
 use stormguard_core::clock::Timestamp;
-use stormguard_core::limiter::Permit;
 use stormguard_http::classify::{TransportError, classify_response, classify_transport};
-use stormguard_tower::cap::{FirstTry, admit_first_try};
+use stormguard_tower::call::{Outstanding, Sent, per_try_limit, probe, timed_out};
 use stormguard_tower::error::classify_error;
-use stormguard_tower::extensions::RateCost;
 use stormguard_tower::rate::RateReservation;
 use stormguard_tower::{Dependency, StormguardError};
 
 use crate::response;
-
-/// What an attempt holds: its slot under the upstream's cap, and one under the dependency's
-/// total cap when there is one (`None`s for a shadow-mode retry sent without a slot).
-pub(crate) type Slots = (Option<Permit>, Option<Permit>);
 
 /// How an attempt ended without a response.
 #[derive(Debug)]
@@ -36,24 +27,6 @@ pub(crate) enum Failed {
     Final(reqwest_middleware::Error),
 }
 
-/// Admits a primary in the tower layer's order, with the same function
-/// ([`admit_first_try`]): fails fast while the breaker is open; books its turn in the
-/// provider's window; takes a free slot at once when nobody waits; otherwise waits in the
-/// dependency's FIFO queue (bounded in length, in time and by the deadline), then for a hold
-/// that began while it queued. With a total cap, its slot first, then the upstream's.
-pub(crate) async fn admit_primary(
-    dep: &Dependency,
-    deadline: Option<Timestamp>,
-    cost: RateCost,
-) -> Result<(Slots, Option<RateReservation>), Denied> {
-    let admission = match admit_first_try(dep, 0, cost, deadline, dep.now()) {
-        FirstTry::Now(a) => a,
-        FirstTry::Wait(w) => w.await?,
-        FirstTry::Refused(reason) => return Err(reason),
-    };
-    Ok(((Some(admission.permit), admission.total), admission.rate.map(|r| *r)))
-}
-
 /// Sends an admitted attempt down the rest of the chain and returns its response holding its
 /// slots, or how it failed. The breaker's probe is taken here, for first tries and retries
 /// alike; the per-try timeout runs to response headers.
@@ -62,41 +35,31 @@ pub(crate) async fn send(
     next: Next<'_>,
     extensions: &mut Extensions,
     req: Request,
-    (slots, rate): (Slots, Option<RateReservation>),
+    sent: Sent,
     deadline: Option<Timestamp>,
 ) -> Result<Response, Failed> {
     let now = dep.now();
+    let rate = sent.booking;
     // Never sent: the booking comes back.
     let refund = |rate: Option<RateReservation>| {
         if let Some(r) = rate {
             r.refund(dep.now());
         }
     };
-    let probe = match dep.upstream().breaker.as_ref().map(|b| b.try_acquire(now)) {
-        Some(Err(_)) => {
+    let probe = match probe(dep, 0, now) {
+        Ok(p) => p,
+        Err(reason) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
-            drop(slots);
             refund(rate);
-            dep.policy().counters().denied(Denied::Breaker);
-            let refused = StormguardError::Denied(Denied::Breaker);
+            let refused = StormguardError::Denied(reason);
             return Err(Failed::Final(reqwest_middleware::Error::middleware(refused)));
         }
-        Some(Ok(p)) => {
-            stormguard_tower::cap::admitted_probe(dep, 0, &p);
-            Some(p)
-        }
-        None => None,
     };
-    let per_try = match (dep.config().per_try_timeout, deadline) {
-        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
-        (Some(t), None) => Some(t),
-        (None, Some(d)) => Some(d.saturating_since(now)),
-        (None, None) => None,
-    };
+    let per_try = per_try_limit(dep, now, deadline);
     // While the call is out its slots are the dependency's: dropped here (the caller left, or
     // a hedge won), they are held for abandon_hold — reqwest's call cannot run on without its
     // caller, so the hold stands in for the answer this client will not see.
-    let mut out = Outstanding { slots: Some(slots), dep };
+    let mut out = Outstanding::new(dep, (sent.permit, sent.total));
     let call = next.run(req, extensions);
     let result = match per_try {
         None => call.await,
@@ -105,7 +68,7 @@ pub(crate) async fn send(
             Err(_) => {
                 // The call is dropped, but the dependency is still working on the request:
                 // its slot is held for timeout_slot_hold.
-                timed_out(dep, out.take(), probe);
+                timed_out(dep, 0, out.take(), probe);
                 return Err(Failed::Timeout);
             }
         },
@@ -141,7 +104,7 @@ pub(crate) async fn send(
             }
             // reqwest's own timeout: the dependency is still working on it, as after ours.
             Some(TransportError::Timeout) => {
-                timed_out(dep, out.take(), probe);
+                timed_out(dep, 0, out.take(), probe);
                 Err(Failed::Transport(e, TransportError::Timeout))
             }
             Some(kind) => {
@@ -164,44 +127,6 @@ pub(crate) async fn send(
             }
         },
     }
-}
-
-/// An attempt's slots while its call is out (see [`send`]).
-struct Outstanding<'a> {
-    slots: Option<Slots>,
-    dep: &'a Dependency,
-}
-
-impl Outstanding<'_> {
-    /// The call ended: the slots go where its end says.
-    fn take(&mut self) -> Slots {
-        self.slots.take().unwrap_or((None, None))
-    }
-}
-
-impl Drop for Outstanding<'_> {
-    fn drop(&mut self) {
-        if let Some((permit, total)) = self.slots.take() {
-            let hold = self.dep.config().abandon_hold;
-            // Dropping a held slot keeps the hold; the limiter gives it back when it passes.
-            drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
-        }
-    }
-}
-
-/// A timed-out attempt: the breaker counts it, and its slots are held for `timeout_slot_hold`,
-/// since the dependency keeps working on the request its client gave up on.
-fn timed_out(dep: &Dependency, (mut permit, total): Slots, probe: Option<BreakerPermit>) {
-    if let Some(p) = probe {
-        stormguard_tower::cap::record_probe(dep, 0, p, AttemptResult::UpstreamFailure);
-    }
-    // A drop for an adaptive cap (the upstream's: a total cap never adapts).
-    if let Some(p) = &mut permit {
-        p.mark_dropped();
-    }
-    let hold: Duration = dep.config().timeout_slot_hold;
-    // Dropping a held slot keeps the hold; the limiter gives the slot back when it passes.
-    drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
 }
 
 /// What an error from the rest of the chain was, read by type, never by message; `None` for an
@@ -230,6 +155,10 @@ pub(crate) fn classify(error: &reqwest_middleware::Error) -> Option<TransportErr
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use stormguard_core::Denied;
+
     use super::*;
 
     /// A loopback port nobody listens on.

@@ -1,11 +1,9 @@
-//! The middleware: the retry decision (docs/rules.md) on each failed attempt, every attempt
-//! under the cap — the tower [`Retry`](stormguard_tower::Retry) layer's order of calls, over
+//! The middleware: every attempt under the cap, and the request's life (docs/rules.md) over
 //! reqwest's types.
 //!
-//! The decision itself is [`RetryPolicy::decide`](stormguard_core::decision::RetryPolicy::decide)
-//! and [`admit`](stormguard_core::decision::RetryPolicy::admit), the same code the tower layer,
-//! the proxy and the simulator run; this module only carries reqwest's requests and responses
-//! through it.
+//! The order of a request's steps is core's [`Life`], run by tower's
+//! [`drive`](stormguard_tower::call::drive) — the shell the closure API runs too; this module
+//! only carries reqwest's requests and responses through it.
 
 use std::time::SystemTime;
 
@@ -16,11 +14,12 @@ use stormguard_core::Denied;
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::{FailedAttempt, RequestFacts};
-use stormguard_core::life::{AttemptId, Life, Next as LifeNext};
+use stormguard_core::life::Life;
 use stormguard_core::scope::Scope;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
-use stormguard_tower::dependency::DependencyGates;
+use stormguard_tower::call::{Judged, Sent, drive};
+use stormguard_tower::cap::{FirstTry, admit_first_try};
 use stormguard_tower::extensions::RateCost;
 use stormguard_tower::{
     Deadline, Dependency, FanOutScope, Idempotent, RouteBudget, StormguardError,
@@ -69,7 +68,9 @@ impl reqwest_middleware::Middleware for StormguardMiddleware {
     }
 }
 
-/// The whole request: the first attempt, then (only after a failure) the decision loop.
+/// The whole request: its first try's admission (the tower layer's own, [`admit_first_try`]),
+/// then its life over reqwest's requests and responses ([`drive`], the shell the closure API
+/// runs too).
 async fn run(
     dep: &Dependency,
     req: Request,
@@ -98,8 +99,13 @@ async fn run(
         deadline,
     };
     let cost = rate_cost(dep, &req, extensions);
-    let slots = match attempt::admit_primary(dep, deadline, cost).await {
-        Ok(slots) => slots,
+    let admitted = match admit_first_try(dep, 0, cost, deadline, dep.now()) {
+        FirstTry::Now(a) => Ok(a),
+        FirstTry::Wait(w) => w.await,
+        FirstTry::Refused(reason) => Err(reason),
+    };
+    let admission = match admitted {
+        Ok(a) => a,
         Err(reason) => {
             tracing::trace!(dependency = dep.name(), %reason, "first try refused");
             return Err(refused(StormguardError::Denied(reason)));
@@ -118,113 +124,57 @@ async fn run(
         (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), || dep.now()),
         _ => None,
     };
-    let (id, span, result) = match hedge_after {
-        Some(delay) => {
-            let first = First { req, slots, deadline };
-            hedged(dep, next.clone(), extensions, first, (&mut life, &gates), delay).await
-        }
-        None => {
-            let (span, result) =
-                traced_send(dep, next.clone(), extensions, req, slots, deadline, 0).await;
-            (AttemptId::FIRST, span, result)
+    // The attempts after the first send with extensions of their own, copied from the
+    // caller's (the chain below takes them by `&mut`, and a hedge runs beside the first).
+    let template = spare.as_ref().map(|_| extensions.clone());
+    let mut first = Some((req, extensions));
+    let send = |sent: Sent| {
+        let (req, ext) = match first.take() {
+            Some((req, ext)) => (Some(req), Own::Caller(ext)),
+            None => {
+                let mut req = spare.as_ref().and_then(Request::try_clone);
+                if let Some(r) = &mut req {
+                    match sent.hedge {
+                        true => stormguard_http::stacked::mark_hedge(r.headers_mut(), sent.number),
+                        false => mark_attempt(r.headers_mut(), sent.number),
+                    }
+                }
+                (req, Own::Copy(template.clone().unwrap_or_default()))
+            }
+        };
+        traced_send(dep, next.clone(), ext, req, sent, deadline)
+    };
+    let judge = |(_, result): &(Span, std::result::Result<Response, Failed>)| {
+        match failed_attempt(dep, result) {
+            Some(failed) => Judged::Failed(failed),
+            None if result.is_ok() => Judged::Answer,
+            // A local refusal of this attempt (final, and nothing the budget counts); a retry
+            // refused at its breaker probe never reached the dependency.
+            None => Judged::Unsent,
         }
     };
-    let answered = Answered { id, number: 1, span, result };
-    retry_loop(dep, spare, extensions, next, Loop { life, gates, deadline }, answered).await
-}
-
-/// A first attempt, admitted.
-struct First {
-    req: Request,
-    slots: (attempt::Slots, Option<stormguard_tower::rate::RateReservation>),
-    deadline: Option<Timestamp>,
-}
-
-/// The first attempt alone until `delay`, then — if the request's life admits a hedge now
-/// ([`Life::hedge_due`], the tower layer's rules and admission) — a hedge beside it, marked
-/// `x-stormguard-attempt: 2; hedge`, and while `max_hedges` allows, another the same delay after
-/// the last, beside it, if that one has not answered (as the tower layer does). The first
-/// success is the caller's; the other attempts are dropped, each slot held for `abandon_hold`
-/// (reqwest cannot run a call on without its caller). When all fail, the last failure goes to
-/// the decision loop.
-async fn hedged(
-    dep: &Dependency,
-    next: Next<'_>,
-    extensions: &mut Extensions,
-    first: First,
-    (life, gates): (&mut Life, &DependencyGates<'_>),
-    delay: std::time::Duration,
-) -> (AttemptId, Span, std::result::Result<Response, Failed>) {
-    type Answer = (AttemptId, Span, std::result::Result<Response, Failed>);
-    let First { req, slots, deadline } = first;
-    let spare = req.try_clone();
-    let max_hedges = dep.config().retry.hedge.map_or(0, |h| h.max_hedges) as usize;
-    // Each hedge sends with extensions of its own (the chain below takes them by `&mut`).
-    let mut own: Vec<Extensions> = (0..max_hedges).map(|_| extensions.clone()).collect();
-    let mut own = own.iter_mut();
-    let first = traced_send(dep, next.clone(), extensions, req, slots, deadline, 0);
-    let mut inflight: Vec<
-        std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send + '_>>,
-    > = vec![Box::pin(async move {
-        let (span, result) = first.await;
-        (AttemptId::FIRST, span, result)
-    })];
-    let mut hedged = AttemptId::FIRST;
-    let mut timer = Some(Box::pin(tokio::time::sleep(delay)));
-    enum Event {
-        Answered(usize, Answer),
-        Due,
-    }
-    loop {
-        let event = std::future::poll_fn(|cx| {
-            for (i, f) in inflight.iter_mut().enumerate() {
-                if let std::task::Poll::Ready(answer) = f.as_mut().poll(cx) {
-                    return std::task::Poll::Ready(Event::Answered(i, answer));
-                }
-            }
-            match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
-                Some(std::task::Poll::Ready(())) => std::task::Poll::Ready(Event::Due),
-                _ => std::task::Poll::Pending,
-            }
-        })
-        .await;
-        match event {
-            Event::Answered(i, (id, span, result)) => {
-                drop(inflight.swap_remove(i));
-                let won = matches!(&result, Ok(resp) if classify_response(resp.status(), resp.headers()).is_none());
-                if won || inflight.is_empty() {
-                    return (id, span, result);
-                }
-                life.ended(id);
-                if id == hedged {
-                    // The attempt the next hedge was for has answered.
-                    timer = None;
-                }
-            }
-            Event::Due => {
-                timer = None;
-                let (Some(mut hedge_req), Some(ext)) =
-                    (spare.as_ref().and_then(Request::try_clone), own.next())
-                else {
-                    continue;
-                };
-                let Ok(admitted) = life.hedge_due(gates, dep.now(), hedged) else { continue };
-                let id = admitted.id;
-                let slots = ((admitted.permit, admitted.total), admitted.booking);
-                stormguard_http::stacked::mark_hedge(hedge_req.headers_mut(), admitted.number);
-                let resend = admitted.number - 1;
-                let send = traced_send(dep, next.clone(), ext, hedge_req, slots, deadline, resend);
-                inflight.push(Box::pin(async move {
-                    let (span, result) = send.await;
-                    (id, span, result)
-                }));
-                hedged = id;
-                if life.may_hedge(dep.policy()) {
-                    timer = Some(Box::pin(tokio::time::sleep(delay)));
-                }
-            }
+    let body_limit = config.body_limit;
+    // Keep the failed response until the retry is sent; reading it to the end also frees its
+    // slot. Too large to keep: the caller gets this response, not a retry.
+    let keep = |(span, result): (Span, std::result::Result<Response, Failed>)| async move {
+        match result {
+            Ok(resp) => match response::keep(resp, body_limit).await {
+                Ok(kept) => Ok((span, Ok(kept))),
+                Err(partial) => Err((span, Ok(partial))),
+            },
+            Err(e) => Ok((span, Err(e))),
         }
-    }
+    };
+    let first = Sent::first(admission, 0);
+    let driven = drive(dep, &gates, &mut life, first, hedge_after, send, judge, keep).await;
+    let ((span, result), reason) = (driven.out, driven.refused);
+    finish_at(&span, result, reason)
+}
+
+/// The extensions an attempt sends with: the caller's own (the first try), or a copy.
+enum Own<'a> {
+    Caller(&'a mut Extensions),
+    Copy(Extensions),
 }
 
 /// A request's token cost for rate admission: the caller's [`RateCost`] extension, or, when
@@ -244,22 +194,6 @@ fn rate_cost(dep: &Dependency, req: &Request, extensions: &Extensions) -> RateCo
         }
         _ => RateCost::default(),
     }
-}
-
-/// What the decision loop needs besides the request.
-struct Loop<'d> {
-    life: Life,
-    gates: DependencyGates<'d>,
-    deadline: Option<Timestamp>,
-}
-
-/// An attempt's answer: which attempt it was, its number in the headers (1: the first try),
-/// its span (a refusal of its retry is recorded there), and what came back.
-struct Answered {
-    id: AttemptId,
-    number: u32,
-    span: Span,
-    result: std::result::Result<Response, Failed>,
 }
 
 /// The failure an attempt's outcome is, as the decision reads it, with what the dependency said
@@ -295,108 +229,34 @@ fn failed_attempt(
     }
 }
 
-/// The decision loop, from the first attempt's answer: the order of what happens is the
-/// request's [`Life`]'s; this loop only carries reqwest's requests and responses through it.
-/// `req` is the copy a retry sends (`None`: the body cannot be sent again, and a retry the
-/// rules would allow is refused `body`).
-async fn retry_loop(
-    dep: &Dependency,
-    req: Option<Request>,
-    extensions: &mut Extensions,
-    next: Next<'_>,
-    Loop { mut life, gates, deadline }: Loop<'_>,
-    answered: Answered,
-) -> Result<Response> {
-    let body_limit = dep.config().body_limit;
-    // The jitter's source, drawn at the first failure: a request that succeeds at once takes
-    // no number from the dependency's counter.
-    let mut rng = None;
-    let Answered { mut id, mut number, mut span, mut result } = answered;
-    life.set_replayable(req.is_some());
-    loop {
-        let now = dep.now();
-        let Some(failed) = failed_attempt(dep, &result) else {
-            match &result {
-                Ok(_) => life.succeeded(dep.policy(), || now, id),
-                // A local refusal of this attempt (final, and nothing the budget counts); a
-                // retry refused at its breaker probe never reached the dependency.
-                Err(_) => life.unsent(dep.policy(), now, id),
-            }
-            return finish_at(&span, result, None);
-        };
-        let rng = rng.get_or_insert_with(|| dep.request_rng());
-        let wait = match life.failed(&gates, now, id, &failed, rng) {
-            LifeNext::Answer(reason) => {
-                if let Some(reason) = reason {
-                    tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
-                }
-                return finish_at(&span, result, reason);
-            }
-            LifeNext::Retry { wait, .. } => wait,
-        };
-        let Some(mut this) = req.as_ref().and_then(Request::try_clone) else {
-            life.give_up(dep.policy(), now);
-            return finish_at(&span, result, Some(Denied::Body));
-        };
-        // Keep the failed response until the retry is sent; reading it to the end also frees
-        // its slot.
-        let kept = match result {
-            Ok(resp) => match response::keep(resp, body_limit).await {
-                Ok(kept) => Ok(kept),
-                Err(partial) => {
-                    // Too large to keep: give the caller this response, not a retry.
-                    life.give_up(dep.policy(), dep.now());
-                    return Ok(partial);
-                }
-            },
-            Err(e) => Err(e),
-        };
-        tracing::trace!(
-            dependency = dep.name(),
-            attempt = number,
-            wait_ms = wait.as_millis() as u64,
-            "retrying"
-        );
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-        match life.wait_elapsed(&gates, dep.now()) {
-            Ok(admitted) => {
-                (id, number) = (admitted.id, admitted.number);
-                let slots = ((admitted.permit, admitted.total), admitted.booking);
-                mark_attempt(this.headers_mut(), number);
-                (span, result) =
-                    traced_send(dep, next.clone(), extensions, this, slots, deadline, number - 1)
-                        .await;
-            }
-            Err(reason) => {
-                tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
-                return finish_at(&span, kept, Some(reason));
-            }
-        }
-    }
-}
-
 /// One attempt in its `tracing` span (tower's, named as OpenTelemetry names resends): the span
 /// records where it went, the status or failure, and is returned so a refusal of its retry can
-/// be recorded on it.
+/// be recorded on it. `req` is `None` when a request that could be copied once could not be
+/// copied again: the attempt is refused as `body`, unsent.
 async fn traced_send(
     dep: &Dependency,
     next: Next<'_>,
-    extensions: &mut Extensions,
-    req: Request,
-    slots: (attempt::Slots, Option<stormguard_tower::rate::RateReservation>),
+    mut ext: Own<'_>,
+    req: Option<Request>,
+    sent: Sent,
     deadline: Option<Timestamp>,
-    resend_count: u32,
 ) -> (Span, std::result::Result<Response, Failed>) {
     use tracing::Instrument;
-    let span = stormguard_tower::span::span_for(dep, req.method().as_str(), 0, resend_count);
+    let Some(req) = req else {
+        let body = reqwest_middleware::Error::middleware(StormguardError::Denied(Denied::Body));
+        return (Span::none(), Err(Failed::Final(body)));
+    };
+    let span = stormguard_tower::span::span_for(dep, req.method().as_str(), 0, sent.number - 1);
     if !span.is_disabled() {
         let url = req.url();
         stormguard_tower::span::record_server(&span, url.host_str(), url.port_or_known_default());
     }
+    let extensions = match &mut ext {
+        Own::Caller(e) => &mut **e,
+        Own::Copy(e) => e,
+    };
     let result =
-        attempt::send(dep, next, extensions, req, slots, deadline).instrument(span.clone()).await;
+        attempt::send(dep, next, extensions, req, sent, deadline).instrument(span.clone()).await;
     match &result {
         Ok(resp) => stormguard_tower::span::record_response(
             &span,

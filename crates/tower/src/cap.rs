@@ -272,30 +272,18 @@ where
     S::Error: Into<BoxError> + 'static,
     RB: Body + Send + 'static,
 {
-    let probe = match dep.upstream_at(target).breaker.as_ref().map(|b| b.try_acquire(now)) {
-        Some(Err(_)) => {
+    let probe = match crate::call::probe(dep, target, now) {
+        Ok(p) => p,
+        Err(reason) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
             drop((permit, total));
             if let Some(r) = rate {
                 r.refund(now);
             }
-            dep.policy().counters().denied(Denied::Breaker);
-            return CapFuture::boxed(refused(Denied::Breaker));
+            return CapFuture::boxed(refused(reason));
         }
-        Some(Ok(p)) => {
-            if let Some(t) = p.transition() {
-                log_transition(dep, target, t, now);
-            }
-            Some(p)
-        }
-        None => None,
     };
-    let per_try = match (dep.config().per_try_timeout, deadline) {
-        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
-        (Some(t), None) => Some(t),
-        (None, Some(d)) => Some(d.saturating_since(now)),
-        (None, None) => None,
-    };
+    let per_try = crate::call::per_try_limit(dep, now, deadline);
     if let Some(d) = deadline {
         req.extensions_mut().insert(TimeLeft(d.saturating_since(now)));
     }
@@ -726,9 +714,9 @@ pub fn record_probe(dep: &Dependency, target: usize, probe: BreakerPermit, resul
 
 /// Logs the change a breaker probe's admission made (the first probe of a half-open period),
 /// for clients that take probes outside tower.
-pub fn admitted_probe(dep: &Dependency, target: usize, probe: &BreakerPermit) {
+pub fn admitted_probe(dep: &Dependency, target: usize, probe: &BreakerPermit, now: Timestamp) {
     if let Some(t) = probe.transition() {
-        log_transition(dep, target, t, dep.now());
+        log_transition(dep, target, t, now);
     }
 }
 

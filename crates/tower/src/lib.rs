@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod call;
 pub mod cap;
 pub mod clock;
 pub mod dependency;
@@ -42,6 +43,7 @@ pub mod request;
 pub mod retry;
 pub mod span;
 
+pub use call::{Attempt, CallError, Classify, Failure, Outcome};
 pub use cap::{BodyReceived, PermitBody, SlotWait, TimeLeft};
 pub use dependency::{
     Dependency, DependencyConfig, DependencyError, DependencySnapshot, RateAdmission, Rates,

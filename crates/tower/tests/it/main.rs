@@ -7,6 +7,7 @@ mod support;
 
 mod abandon;
 mod adaptive;
+mod call;
 mod config_errors;
 mod deploy_kit;
 mod hedge;
