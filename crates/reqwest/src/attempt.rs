@@ -38,8 +38,8 @@ pub(crate) async fn send(
     sent: Sent,
     deadline: Option<Timestamp>,
 ) -> Result<Response, Failed> {
-    let now = dep.now();
-    let rate = sent.booking;
+    let now = sent.at;
+    let rate = sent.booking.map(|b| *b);
     // Never sent: the booking comes back.
     let refund = |rate: Option<RateReservation>| {
         if let Some(r) = rate {

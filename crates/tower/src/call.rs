@@ -506,7 +506,7 @@ async fn guard<T, E, Fut>(
 where
     Fut: Future<Output = Result<T, E>>,
 {
-    let now = dep.now();
+    let now = sent.at;
     let target = sent.target;
     let probe = match probe(dep, target, now) {
         Ok(p) => p,
@@ -668,8 +668,12 @@ pub struct Sent {
     pub permit: Option<Permit>,
     /// Its slot under the total cap, when there is one.
     pub total: Option<Permit>,
-    /// Its turn in the provider's window, under rate admission.
-    pub booking: Option<RateReservation>,
+    /// Its turn in the provider's window, under rate admission (boxed: most attempts have
+    /// none, and the attempt is moved into its future).
+    pub booking: Option<Box<RateReservation>>,
+    /// When it was admitted: the time it is sent at (an attempt goes out as soon as it is
+    /// admitted), so its send reads no clock of its own.
+    pub at: Timestamp,
 }
 
 impl Sent {
@@ -682,12 +686,13 @@ impl Sent {
             target,
             permit: Some(admission.permit),
             total: admission.total,
-            booking: admission.rate.map(|r| *r),
+            booking: admission.rate,
+            at: admission.at,
         }
     }
 
-    /// An extra attempt the request's life admitted.
-    pub fn admitted(a: Admitted<RateReservation>) -> Sent {
+    /// An extra attempt the request's life admitted at `at`.
+    pub fn admitted(a: Admitted<RateReservation>, at: Timestamp) -> Sent {
         Sent {
             id: a.id,
             number: a.number,
@@ -695,7 +700,8 @@ impl Sent {
             target: a.target,
             permit: a.permit,
             total: a.total,
-            booking: a.booking,
+            booking: a.booking.map(Box::new),
+            at,
         }
     }
 }
@@ -753,11 +759,39 @@ where
     K: FnMut(O) -> KF,
     KF: Future<Output = Result<O, O>>,
 {
-    let policy = dep.policy();
-    let (mut id, mut number, mut out) = match hedge_after {
+    let (id, number, out) = match hedge_after {
         None => (AttemptId::FIRST, 1, send(first).await),
-        Some(delay) => hedged(dep, gates, life, first, delay, &mut send, &judge).await,
+        // Boxed: a request that never hedges should not carry the race's state.
+        Some(delay) => Box::pin(hedged(dep, gates, life, first, delay, &mut send, &judge)).await,
     };
+    if judge(&out) == Judged::Answer {
+        life.succeeded(dep.policy(), || dep.now(), id);
+        return Driven { out, refused: None };
+    }
+    // Boxed, as the hedge race is: most requests end above, and should not carry the retry
+    // loop's state (its backoff timer, the kept answer, a second send).
+    Box::pin(decide(dep, gates, life, (id, number, out), send, judge, keep)).await
+}
+
+/// The decision loop, from an attempt's answer that ended no race: the failure is decided on,
+/// the retry waits, is admitted, and sent, until an answer or a refusal ends the request.
+async fn decide<O, S, SF, J, K, KF>(
+    dep: &Dependency,
+    gates: &DependencyGates<'_>,
+    life: &mut Life,
+    (mut id, mut number, mut out): (AttemptId, u32, O),
+    mut send: S,
+    judge: J,
+    mut keep: K,
+) -> Driven<O>
+where
+    S: FnMut(Sent) -> SF,
+    SF: Future<Output = O>,
+    J: Fn(&O) -> Judged,
+    K: FnMut(O) -> KF,
+    KF: Future<Output = Result<O, O>>,
+{
+    let policy = dep.policy();
     // The jitter's source, drawn at the first failure: a request that succeeds at once takes
     // no number from the dependency's counter.
     let mut rng = None;
@@ -801,10 +835,11 @@ where
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
-        match life.wait_elapsed(gates, dep.now()) {
+        let now = dep.now();
+        match life.wait_elapsed(gates, now) {
             Ok(admitted) => {
                 (id, number) = (admitted.id, admitted.number);
-                out = send(Sent::admitted(admitted)).await;
+                out = send(Sent::admitted(admitted, now)).await;
             }
             Err(reason) => {
                 tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
@@ -867,9 +902,10 @@ where
             }
             Event::Due => {
                 timer = None;
-                let Ok(admitted) = life.hedge_due(gates, dep.now(), hedged) else { continue };
+                let now = dep.now();
+                let Ok(admitted) = life.hedge_due(gates, now, hedged) else { continue };
                 let (id, number) = (admitted.id, admitted.number);
-                inflight.push((id, number, Box::pin(send(Sent::admitted(admitted)))));
+                inflight.push((id, number, Box::pin(send(Sent::admitted(admitted, now)))));
                 hedged = id;
                 if life.may_hedge(dep.policy()) {
                     timer = Some(Box::pin(tokio::time::sleep(delay)));
