@@ -750,7 +750,7 @@ pub async fn drive<O, S, SF, J, K, KF>(
     hedge_after: Option<Duration>,
     mut send: S,
     judge: J,
-    mut keep: K,
+    keep: K,
 ) -> Driven<O>
 where
     S: FnMut(Sent) -> SF,
