@@ -152,17 +152,11 @@ impl PlanInput {
         };
         let pool = match self.pool {
             None => None,
-            Some((_, _, 0)) => return Err(PlanError::Pool("instances must be at least 1".into())),
-            Some((server_limit, reserve, _)) if reserve >= server_limit => {
-                return Err(PlanError::Pool(format!(
-                    "the reserve ({reserve}) leaves nothing of the server limit ({server_limit})"
-                )));
-            }
             Some((server_limit, reserve, instances)) => Some(Pool {
                 server_limit,
                 reserve,
                 instances,
-                per_instance: (server_limit - reserve) / instances,
+                per_instance: per_instance(server_limit, reserve, instances)?,
                 demanded: cap.saturating_mul(instances),
             }),
         };
@@ -238,6 +232,22 @@ pub struct FanOut {
     pub quantile: f64,
     /// `quantile ^ calls`: all calls fast.
     pub p_all_fast: f64,
+}
+
+/// The cap each instance of a fleet gets of a server's limit — the mission's pool sizing: the
+/// server's limit less what it keeps for admin, migrations and monitoring, divided by the peak
+/// (autoscaled) instance count, `floor((server_limit − reserve) / instances)`. A database's
+/// `max_connections` is the usual limit, and the result the pool size of each instance.
+pub fn per_instance(server_limit: u64, reserve: u64, instances: u64) -> Result<u64, PlanError> {
+    if instances == 0 {
+        return Err(PlanError::Pool("instances must be at least 1".into()));
+    }
+    if reserve >= server_limit {
+        return Err(PlanError::Pool(format!(
+            "the reserve ({reserve}) leaves nothing of the server limit ({server_limit})"
+        )));
+    }
+    Ok((server_limit - reserve) / instances)
 }
 
 /// Fleet pool sizing.

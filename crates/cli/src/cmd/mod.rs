@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod chaos;
 pub mod chaos_scenario;
+pub mod db_check;
 pub mod demo;
 pub mod load;
 pub mod plan;

@@ -9,6 +9,7 @@ mod chaos_load;
 mod chaos_scenario;
 mod config_checks;
 mod config_flags;
+mod db_check;
 mod defaults;
 mod demo;
 mod examples;
