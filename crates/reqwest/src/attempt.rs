@@ -1,5 +1,5 @@
 //! One attempt under the cap: the send, under the breaker's probe and the per-try timeout
-//! (tower's [`call`](stormguard_tower::call) helpers), its slots held by the response's body.
+//! (tower's [`cap`](stormguard_tower::cap) helpers), its slots held by the response's body.
 
 use http::Extensions;
 use reqwest::{Request, Response};
@@ -7,7 +7,8 @@ use reqwest_middleware::Next;
 use stormguard_core::breaker::AttemptResult;
 use stormguard_core::clock::Timestamp;
 use stormguard_http::classify::{TransportError, classify_response, classify_transport};
-use stormguard_tower::call::{Outstanding, Sent, per_try_limit, probe, timed_out};
+use stormguard_tower::call::Sent;
+use stormguard_tower::cap::{Outstanding, per_try_limit, probe, timed_out};
 use stormguard_tower::error::classify_error;
 use stormguard_tower::rate::RateReservation;
 use stormguard_tower::{Dependency, StormguardError};

@@ -12,6 +12,7 @@
 //! | `model-provider-tokens` | the same with its tokens per minute binding (large `max_tokens`, half of it written): rate admission books each call's most and settles at its usage |
 //! | `long-tail` | 4 % of answers at 20× the median: hedging cuts p99, paid from the retry budget under the one cap; a naive hedger overloads at 40 % errors |
 //! | `demo` | `stormguard demo`'s script: 160/s to an upstream that slows past 22 in flight; errors, then a latency spike past the per-try timeout; retry once against a cap of 20 and a 25 % budget |
+//! | `database` | 20 pods' pools against `max_connections = 400 − 20` reserved: pools of 20 with three retries pass what the server allows under 40 % serialization failures; pools of 19 (`pool_size(400, 20, 20)`) with a 20 % budget do not |
 //! | `capacity-drop` | the dependency loses half its servers for 30 s: fixed caps of 10, 20 and 40 against an adaptive cap that follows the capacity down and back up |
 
 use crate::scenario::{Scenario, ScenarioError};
@@ -32,7 +33,7 @@ pub enum BuiltinError {
 }
 
 /// Every built-in scenario: name and TOML text.
-pub const ALL: [(&str, &str); 10] = [
+pub const ALL: [(&str, &str); 11] = [
     ("worked-example", include_str!("../scenarios/worked-example.toml")),
     ("slow-dependency", include_str!("../scenarios/slow-dependency.toml")),
     ("metastable", include_str!("../scenarios/metastable.toml")),
@@ -42,6 +43,7 @@ pub const ALL: [(&str, &str); 10] = [
     ("model-provider-tokens", include_str!("../scenarios/model-provider-tokens.toml")),
     ("long-tail", include_str!("../scenarios/long-tail.toml")),
     ("capacity-drop", include_str!("../scenarios/capacity-drop.toml")),
+    ("database", include_str!("../scenarios/database.toml")),
     ("demo", include_str!("../scenarios/demo.toml")),
 ];
 

@@ -28,6 +28,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -272,7 +273,7 @@ where
     S::Error: Into<BoxError> + 'static,
     RB: Body + Send + 'static,
 {
-    let probe = match crate::call::probe(dep, target, now) {
+    let probe = match probe(dep, target, now) {
         Ok(p) => p,
         Err(reason) => {
             // Open, or half-open with every probe place taken, since this attempt was admitted.
@@ -283,7 +284,7 @@ where
             return CapFuture::boxed(refused(reason));
         }
     };
-    let per_try = crate::call::per_try_limit(dep, now, deadline);
+    let per_try = per_try_limit(dep, now, deadline);
     if let Some(d) = deadline {
         req.extensions_mut().insert(TimeLeft(d.saturating_since(now)));
     }
@@ -583,7 +584,7 @@ fn take(attempt: &mut Option<Attempt>) -> Attempt {
 /// unjudged: its caller leaving says nothing of the dependency.
 fn hold_slots(
     a: Attempt,
-    hold: std::time::Duration,
+    hold: Duration,
     why: Orphaned,
 ) -> (Option<stormguard_core::limiter::HeldSlot>, Option<stormguard_core::limiter::HeldSlot>) {
     let (probe, _, _) = Attempt::rare(a.rare);
@@ -907,4 +908,98 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// An attempt's breaker probe, taken as it is sent: `Err(Denied::Breaker)` (counted) when the
+/// breaker opened, or has every probe place taken, since the attempt was admitted.
+pub fn probe(
+    dep: &Dependency,
+    target: usize,
+    now: Timestamp,
+) -> Result<Option<BreakerPermit>, Denied> {
+    match dep.upstream_at(target).breaker.as_ref().map(|b| b.try_acquire(now)) {
+        None => Ok(None),
+        Some(Ok(p)) => {
+            admitted_probe(dep, target, &p, now);
+            Ok(Some(p))
+        }
+        Some(Err(_)) => {
+            dep.policy().counters().denied(Denied::Breaker);
+            Err(Denied::Breaker)
+        }
+    }
+}
+
+/// How long an attempt sent at `now` may run: the per-try timeout, cut short by the deadline.
+pub fn per_try_limit(
+    dep: &Dependency,
+    now: Timestamp,
+    deadline: Option<Timestamp>,
+) -> Option<Duration> {
+    match (dep.config().per_try_timeout, deadline) {
+        (Some(t), Some(d)) => Some(t.min(d.saturating_since(now))),
+        (Some(t), None) => Some(t),
+        (None, Some(d)) => Some(d.saturating_since(now)),
+        (None, None) => None,
+    }
+}
+
+/// What an attempt holds: its slot under the upstream's cap, and one under the dependency's
+/// total cap when there is one (`None`s for a shadow-mode retry sent without a slot).
+pub type Slots = (Option<Permit>, Option<Permit>);
+
+/// An attempt's slots while its call is out. Dropped with them (the caller left, or a hedge
+/// won), they are held for `abandon_hold`: a call that cannot run on without its caller (a
+/// closure's future, reqwest's) leaves the hold to stand in for the answer nobody will see.
+pub struct Outstanding<'a> {
+    slots: Option<Slots>,
+    dep: &'a Dependency,
+}
+
+impl std::fmt::Debug for Outstanding<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outstanding").field("slots", &self.slots).finish_non_exhaustive()
+    }
+}
+
+impl<'a> Outstanding<'a> {
+    /// The slots of an attempt whose call is about to go out.
+    pub fn new(dep: &'a Dependency, slots: Slots) -> Outstanding<'a> {
+        Outstanding { slots: Some(slots), dep }
+    }
+
+    /// The call ended: the slots go where its end says.
+    pub fn take(&mut self) -> Slots {
+        self.slots.take().unwrap_or((None, None))
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        if let Some((permit, total)) = self.slots.take() {
+            let hold = self.dep.config().abandon_hold;
+            // Dropping a held slot keeps the hold; the limiter gives it back when it passes.
+            drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
+        }
+    }
+}
+
+/// A timed-out attempt whose call is dropped: the breaker counts it, and its slots are held
+/// for `timeout_slot_hold`, since the dependency keeps working on what its client gave up on.
+pub fn timed_out(
+    dep: &Dependency,
+    target: usize,
+    (mut permit, total): Slots,
+    probe: Option<BreakerPermit>,
+) {
+    if let Some(p) = probe {
+        record_probe(dep, target, p, AttemptResult::UpstreamFailure);
+    }
+    // A drop for an adaptive cap (the upstream's: a total cap never adapts).
+    if let Some(p) = &mut permit {
+        p.mark_dropped();
+    }
+    let hold = dep.config().timeout_slot_hold;
+    // Dropping a held slot keeps the hold; the limiter gives the slot back when it passes.
+    drop((permit.map(|p| p.hold(hold)), total.map(|p| p.hold(hold))));
 }

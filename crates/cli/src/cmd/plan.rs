@@ -251,7 +251,8 @@ fn table(plan: &Plan) -> String {
     if let Some(p) = &plan.pool {
         let _ = writeln!(
             s,
-            "\n  fleet: ({} - {}) / {} instances = a cap of {} per instance; a cap of {cap} on each \
+            "\n  fleet: ({} - {}) / {} instances = a cap of {} per instance (for a database: each \
+             instance's pool size, stormguard_postgres::pool_size); a cap of {cap} on each \
              would demand {}{}",
             p.server_limit,
             p.reserve,

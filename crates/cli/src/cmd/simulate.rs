@@ -31,6 +31,8 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
                    the cap; a naive hedger overloads at 40 % errors
   capacity-drop    the servers halve for 30 s: fixed caps of 10, 20 and 40 against an adaptive
                    cap that follows the capacity down and back up
+  database         20 pods' pools against max_connections 400 less 20 reserved: pools of 20 with
+                   three retries reach the server's limit; pools of 19 under a 20 % budget do not
   demo             stormguard demo's script: an upstream that slows past 22 in flight; retry
                    once against a cap of 20 and a 25 % budget (the demo serves this scenario)
 
