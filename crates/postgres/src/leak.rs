@@ -65,6 +65,8 @@ pub struct Application {
     pub by_state: BTreeMap<String, u64>,
     /// The `idle in transaction` count at each sample.
     pub idle_in_transaction: Vec<u64>,
+    /// How long its longest `idle in transaction` had been idle at the last sample.
+    pub longest_idle_in_transaction: Duration,
 }
 
 impl Application {
@@ -136,6 +138,7 @@ async fn sample(
     for app in report.applications.values_mut() {
         app.by_state.clear();
         app.idle_in_transaction.push(0);
+        app.longest_idle_in_transaction = Duration::ZERO;
     }
     report.stuck.clear();
     let seen = report.samples as usize;
@@ -148,6 +151,7 @@ async fn sample(
         *app.by_state.entry(state.clone()).or_default() += 1;
         if state.starts_with("idle in transaction") {
             *app.idle_in_transaction.last_mut().expect("one per sample") += 1;
+            app.longest_idle_in_transaction = app.longest_idle_in_transaction.max(idle_for);
             if idle_for > check.idle_in_transaction {
                 report.stuck.push(Stuck { pid, application, idle_for, query: row.get(4) });
             }
@@ -155,6 +159,135 @@ async fn sample(
     }
     report.stuck.sort_by_key(|s| std::cmp::Reverse(s.idle_for));
     Ok(())
+}
+
+/// The leak check beside a pool: a task samples `pg_stat_activity` every `check.every`, for as
+/// long as the watch lives, and keeps the report of the last `check.window` (the climbing
+/// trend over its samples); [`Watch::register`] exports it as metrics:
+///
+/// | metric | labels | value |
+/// | --- | --- | --- |
+/// | `stormguard_db_connections` | `application`, `state` | connections at the last sample |
+/// | `stormguard_db_idle_in_transaction_longest_seconds` | `application` | how long its longest open, idle transaction has waited |
+/// | `stormguard_db_stuck_transactions` | `application` | open transactions idle past the threshold |
+/// | `stormguard_db_leak` | `application` | 1 when it has a stuck transaction or its open transactions climbed over the window |
+///
+/// A sample that fails is a log line (`warn`), and the last report stands.
+#[derive(Debug)]
+pub struct Watch {
+    latest: std::sync::Arc<std::sync::Mutex<Report>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watch {
+    /// Starts sampling on `client` (a connection of its own: the checker's name is set on it).
+    pub fn spawn(client: Client, check: LeakCheck) -> Watch {
+        let latest = std::sync::Arc::new(std::sync::Mutex::new(Report {
+            threshold: check.idle_in_transaction,
+            ..Report::default()
+        }));
+        let keep = latest.clone();
+        let task = tokio::spawn(async move {
+            let named = client.batch_execute(&format!("SET application_name = '{CHECKER}'")).await;
+            if let Err(e) = named {
+                tracing::warn!(error = %e, "the leak check could not name its connection");
+            }
+            // The samples the window holds: the trend is read over the last ones.
+            let every = check.every.max(Duration::from_millis(10));
+            let kept = (check.window.as_nanos() / every.as_nanos()).max(3) as usize;
+            let mut report = keep.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            loop {
+                match sample(&client, &check, &mut report).await {
+                    Ok(()) => {
+                        report.applications.retain(|_, app| {
+                            let n = app.idle_in_transaction.len();
+                            app.idle_in_transaction.drain(..n.saturating_sub(kept));
+                            !app.by_state.is_empty()
+                                || app.idle_in_transaction.iter().any(|c| *c > 0)
+                        });
+                        report.samples = report.samples.min(kept as u32);
+                        *keep.lock().unwrap_or_else(|e| e.into_inner()) = report.clone();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the leak check could not read pg_stat_activity")
+                    }
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        Watch { latest, task }
+    }
+
+    /// The report as of the last sample.
+    pub fn report(&self) -> Report {
+        self.latest.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Exports the report on `registry` at each scrape (see the [type docs](Watch)).
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(Collector { latest: self.latest.clone() }));
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Debug)]
+struct Collector {
+    latest: std::sync::Arc<std::sync::Mutex<Report>>,
+}
+
+impl prometheus_client::collector::Collector for Collector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use stormguard_tower::metrics::{LabelValue, gauge};
+        let report = self.latest.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let app = |name: &str| if name.is_empty() { "(none)".to_owned() } else { name.to_owned() };
+        let names: Vec<(String, &Application)> =
+            report.applications.iter().map(|(n, a)| (app(n), a)).collect();
+        let mut connections = Vec::new();
+        for (name, a) in &names {
+            for (state, n) in &a.by_state {
+                let labels = vec![("application", LabelValue(name)), ("state", LabelValue(state))];
+                connections.push((labels, *n as f64));
+            }
+        }
+        gauge(
+            &mut enc,
+            "stormguard_db_connections",
+            "Connections by application and state (pg_stat_activity).",
+            &connections,
+        )?;
+        let per_app = |f: &dyn Fn(&str, &Application) -> f64| -> Vec<_> {
+            report
+                .applications
+                .iter()
+                .zip(&names)
+                .map(|((raw, a), (name, _))| (vec![("application", LabelValue(name))], f(raw, a)))
+                .collect()
+        };
+        let stuck = |raw: &str| report.stuck.iter().filter(|s| s.application == raw).count();
+        gauge(
+            &mut enc,
+            "stormguard_db_idle_in_transaction_longest_seconds",
+            "How long the application's longest open, idle transaction has waited.",
+            &per_app(&|_, a| a.longest_idle_in_transaction.as_secs_f64()),
+        )?;
+        gauge(
+            &mut enc,
+            "stormguard_db_stuck_transactions",
+            "Open transactions idle past the leak check's threshold.",
+            &per_app(&|raw, _| stuck(raw) as f64),
+        )?;
+        gauge(
+            &mut enc,
+            "stormguard_db_leak",
+            "1 when the application has a stuck transaction, or its open transactions climbed over the window.",
+            &per_app(&|raw, a| f64::from(u8::from(stuck(raw) > 0 || a.climbing()))),
+        )
+    }
 }
 
 impl fmt::Display for Report {

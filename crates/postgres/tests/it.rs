@@ -420,3 +420,44 @@ async fn the_leak_check_finds_a_transaction_left_open_and_a_clean_run_is_clean()
     assert!(report.leaks());
     drop(held);
 }
+
+/// The leak check beside a pool, as metrics: a transaction left open shows as stuck and a leak
+/// for its application on the next scrape after the threshold, and as neither once it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_exports_a_stuck_transaction_as_metrics() {
+    use stormguard_postgres::leak::Watch;
+    let cluster = cluster();
+    let watch = Watch::spawn(
+        connect(&cluster, "watch").await,
+        LeakCheck {
+            idle_in_transaction: Duration::from_millis(200),
+            window: Duration::from_millis(500),
+            every: Duration::from_millis(50),
+            application: None,
+        },
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    watch.register(&mut registry);
+    let scrape = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    };
+    let leaky = connect(&cluster, "worker").await;
+    leaky.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = scrape(&registry);
+    assert!(text.contains("stormguard_db_stuck_transactions{application=\"worker\"} 1"), "{text}");
+    assert!(text.contains("stormguard_db_leak{application=\"worker\"} 1"), "{text}");
+    assert!(
+        text.contains(
+            "stormguard_db_connections{application=\"worker\",state=\"idle in transaction\"} 1"
+        ),
+        "{text}"
+    );
+    leaky.batch_execute("COMMIT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = scrape(&registry);
+    assert!(text.contains("stormguard_db_leak{application=\"worker\"} 0"), "{text}");
+    assert!(watch.report().stuck.is_empty());
+}

@@ -66,7 +66,8 @@ impl EncodeLabelValue for LabelValue<'_> {
     }
 }
 
-type Labels<'a> = Vec<(&'static str, LabelValue<'a>)>;
+/// A series' labels: names and escaped values.
+pub type Labels<'a> = Vec<(&'static str, LabelValue<'a>)>;
 
 fn counter(
     enc: &mut DescriptorEncoder,
@@ -81,7 +82,9 @@ fn counter(
     Ok(())
 }
 
-fn gauge(
+/// Writes one gauge family: its descriptor and each series. For collectors of other stormguard
+/// crates (stormguard-postgres's leak check), so every family is written one way.
+pub fn gauge(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
