@@ -265,11 +265,11 @@ pub(crate) async fn reload(
     result
 }
 
-/// Counts a reload and writes its one log line.
+/// Writes a reload's one log line, then counts it: whoever sees the count (a test, a script
+/// polling `/metrics`) finds the line already written, before any later reload's.
 fn account(state: &State, result: &Result<ReloadReport, ReloadError>) {
     match result {
         Ok(r) => {
-            state.reloads.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 changed = %Names(&r.changed),
                 added = %Names(&r.added),
@@ -277,10 +277,11 @@ fn account(state: &State, result: &Result<ReloadReport, ReloadError>) {
                 unchanged = %Names(&r.unchanged),
                 "config reloaded"
             );
+            state.reloads.fetch_add(1, Ordering::Relaxed);
         }
         Err(e) => {
-            state.reloads_refused.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(reason = %e, "reload refused; the running config stays");
+            state.reloads_refused.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
