@@ -1,5 +1,5 @@
 //! The `stormguard` command line: `plan`, `replay`, `proxy`, `check-config`, `chaos`, `load`,
-//! `demo`, `simulate`, `audit` and `db-check`, one module each under [`cmd`].
+//! `demo`, `simulate`, `audit`, `review` and `db-check`, one module each under [`cmd`].
 //!
 //! `main.rs` only calls [`main_with_args`], which installs the log ([`log`]) and runs; tests
 //! call [`run`] with their own output buffers.
@@ -56,6 +56,9 @@ pub enum Command {
     /// Find retry amplification and unsafe retry settings in Istio, Envoy, gRPC, Linkerd and
     /// stormguard configs.
     Audit(cmd::audit::AuditArgs),
+    /// Choose a budget from the retry history in Prometheus (stormguard's, Envoy's metrics) or
+    /// a recorded trace: the normal ratio, the incidents, and what each candidate would have done.
+    Review(cmd::review::ReviewArgs),
     /// A PostgreSQL database's connections by state and application, transactions left idle,
     /// and whether open transactions climb: exit 1 on a leak.
     DbCheck(cmd::db_check::DbCheckArgs),
@@ -102,6 +105,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
         Command::CheckConfig(args) => cmd::proxy::check(&args, out),
         Command::Audit(args) => cmd::audit::run(&args, out),
         Command::DbCheck(args) => cmd::db_check::run(&args, out),
+        Command::Review(args) => cmd::review::run(&args, out),
     }
 }
 

@@ -36,6 +36,7 @@ pub mod limiter;
 pub mod plan;
 pub mod random;
 pub mod rate;
+pub mod review;
 pub mod scope;
 pub mod signals;
 mod sync;

@@ -10,5 +10,6 @@ pub mod plan;
 pub mod plan_systems;
 pub mod proxy;
 pub mod replay;
+pub mod review;
 pub mod simulate;
 pub mod verify;

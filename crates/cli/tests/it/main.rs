@@ -20,5 +20,6 @@ mod plan_formats;
 mod proxy;
 mod record;
 mod replay;
+mod review;
 mod simulate;
 mod verify;
