@@ -11,8 +11,10 @@
 //! (steps without originals are neither). A step is part of an incident when its ratio is above
 //! both three times the run's median ratio and the median plus five points
 //! ([`INCIDENT_FACTOR`], [`INCIDENT_POINTS`]); incident steps no more than one quiet step apart
-//! are one incident. The rest are quiet: the **normal ratio** is theirs (retries over originals,
-//! summed), with the p50, p95 and max of their per-step ratios.
+//! are one incident. The step on each side of an incident straddles its edge (an incident starts
+//! where it will, not on a step's boundary) and is neither. The rest are quiet: the **normal
+//! ratio** is theirs (retries over originals, summed), with the p50, p95 and max of their
+//! per-step ratios.
 //!
 //! **The sweep.** Each candidate ratio budget (a percent of originals and a floor of retries per
 //! second, over the default 10 s window) is replayed over the steps as the ratio budget keeps its
@@ -258,12 +260,21 @@ pub fn review(history: &History, config: &ReviewConfig) -> Review {
             (None, false) => {}
         }
     }
+    // The steps next to an incident straddle its edges (an incident starts and ends where it
+    // will, not on a step's boundary): neither quiet nor the incident's. For the candidates'
+    // shed they count with the incident.
+    let edge: Vec<bool> = (0..steps.len())
+        .map(|i| {
+            !marked[i] && ((i > 0 && marked[i - 1]) || marked.get(i + 1).copied().unwrap_or(false))
+        })
+        .collect();
     let quiet: Vec<&Step> = steps
         .iter()
-        .zip(&marked)
-        .filter(|(s, m)| !**m && s.originals > 0.0)
-        .map(|(s, _)| s)
+        .enumerate()
+        .filter(|(i, s)| !marked[*i] && !edge[*i] && s.originals > 0.0)
+        .map(|(_, s)| s)
         .collect();
+    let loud: Vec<bool> = marked.iter().zip(&edge).map(|(m, e)| *m || *e).collect();
     let quiet_ratios: Vec<f64> = quiet.iter().filter_map(|s| s.ratio()).collect();
     let (qo, qr) = quiet.iter().fold((0.0, 0.0), |(o, r), s| (o + s.originals, r + s.retries));
     let normal = Normal {
@@ -283,12 +294,12 @@ pub fn review(history: &History, config: &ReviewConfig) -> Review {
     let exhausted = steps.iter().position(|s| s.shed > 0.0).map(|first| Exhausted {
         first_at: steps[first].at,
         shed: steps.iter().map(|s| s.shed).sum(),
-        shed_quiet: steps.iter().zip(&marked).filter(|(_, m)| !**m).map(|(s, _)| s.shed).sum(),
+        shed_quiet: steps.iter().zip(&loud).filter(|(_, m)| !**m).map(|(s, _)| s.shed).sum(),
     });
     let mut candidates = Vec::new();
     for &percent in &config.percents {
         for &floor in &config.floors {
-            candidates.push(candidate(history, &marked, percent, floor, &normal, config.margin));
+            candidates.push(candidate(history, &loud, percent, floor, &normal, config.margin));
         }
     }
     let pick = |c: &Candidate, cap: bool| c.above_jitter && (!cap || c.under_cap);
@@ -301,7 +312,8 @@ pub fn review(history: &History, config: &ReviewConfig) -> Review {
     Review { normal, incidents, in_flight, cap: history.cap, exhausted, candidates, recommended }
 }
 
-/// One candidate over the steps (`marked`: the incident steps), as the ratio budget keeps its
+/// One candidate over the steps (`marked`: the incident steps and their edges), as the ratio
+/// budget keeps its
 /// balance: `floor × ttl + percent × originals − retries`, each counted for [`TTL`] (the last
 /// `ttl / step` steps, this one included).
 fn candidate(
@@ -390,7 +402,8 @@ mod tests {
         assert_eq!((i.start, i.end), (60.0, 70.0));
         assert!((i.peak_ratio - 0.4).abs() < 1e-9);
         assert!((r.normal.ratio - 0.02).abs() < 1e-9, "{:?}", r.normal);
-        assert_eq!(r.normal.steps, 90);
+        // 100 steps less the incident's 10 and the one on each side of it.
+        assert_eq!(r.normal.steps, 88);
         assert_eq!(r.in_flight.unwrap().max, 14.0);
     }
 

@@ -407,9 +407,9 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     let t = &from_trace["payments"];
     let traced = t["normal"]["ratio"].as_f64().unwrap();
     assert!((traced - normal).abs() <= 0.01, "trace {traced:.4} vs metrics {normal:.4}");
-    // Each source cuts the steps its own way (Prometheus extrapolates `increase` to the step's
-    // edges; the trace counts events from its first one), so the quiet steps' jitter — and the
-    // percent that clears twice its p95 — may differ by one candidate.
+    // Each source cuts the steps its own way (Prometheus at the query's step boundaries, the
+    // trace from its first event), so the quiet steps' jitter — and the percent that clears
+    // twice its p95 — may differ by one candidate.
     let percent = |v: &Value| {
         v["candidates"]
             .as_array()

@@ -14,7 +14,7 @@
 //! the time series.
 
 pub(crate) mod naive;
-mod report;
+pub(crate) mod report;
 mod sample;
 mod scenario;
 mod summary;

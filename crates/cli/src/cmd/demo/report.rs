@@ -177,7 +177,9 @@ pub fn render(s: &Summary) -> String {
     h
 }
 
-fn chart(
+/// One chart into the page `h`, or a line saying why it could not be drawn (shared with
+/// `review`'s report).
+pub(crate) fn chart(
     h: &mut String,
     title: &str,
     y_desc: &str,

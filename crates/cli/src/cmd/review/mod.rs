@@ -3,6 +3,7 @@
 //! the proxy recorded. The arithmetic is core's [`review`](stormguard_core::review); this module
 //! reads the history and prints what it says.
 
+mod html;
 mod source;
 
 use std::collections::BTreeMap;
@@ -71,6 +72,10 @@ pub struct ReviewArgs {
     /// system's own config (through `plan`'s writers).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Also write the report as one self-contained HTML page: the ratio over time with the
+    /// incidents shaded and the candidate budgets drawn over it, in flight against the cap.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// Whose metrics.
@@ -144,6 +149,14 @@ pub fn run(args: &ReviewArgs, out: &mut dyn Write) -> Result<(), Failure> {
         }
         let r = review(&h, &config);
         reviews.insert(name, (h, r));
+    }
+    if let Some(path) = &args.html {
+        let pages: Vec<(&str, &History, &Review, String)> = reviews
+            .iter()
+            .map(|(n, (h, r))| (n.as_str(), h, r, text(n, h, r, &from, args.margin)))
+            .collect();
+        std::fs::write(path, html::page(&pages))
+            .map_err(|e| Failure::runtime(format!("{}: {e}", path.display())))?;
     }
     match args.format {
         Format::Text => {
@@ -379,6 +392,10 @@ fn json_of(h: &History, r: &Review) -> Value {
     json!({
         "step_s": h.step.as_secs_f64(),
         "steps": h.steps.len(),
+        "history": h.steps.iter().map(|s| json!({
+            "at": s.at, "originals": s.originals, "retries": s.retries, "shed": s.shed,
+            "in_flight": s.in_flight,
+        })).collect::<Vec<_>>(),
         "normal": {
             "ratio": n.ratio, "p50": n.p50, "p95": n.p95, "max": n.max,
             "quiet_steps": n.steps, "incident_threshold": n.threshold,

@@ -15,8 +15,12 @@ use stormguard_core::review::{History, Step};
 
 use crate::Failure;
 
-/// The queries that read one system's metrics: PromQL with `$step` for the step's length, each
-/// grouped by `label` (the dependency, cluster or route).
+/// The queries that read one system's metrics, each grouped by `label` (the dependency, cluster
+/// or route). `originals`, `retries` and `shed` are **counters** (totals since the process
+/// started): the review reads each at every step's end and takes the differences (a counter that
+/// went down restarted), so every increment counts once and in its step — `increase()` over
+/// short windows would see only the samples inside each window and extrapolate the rest.
+/// `in_flight` and `cap` are gauges, read per step, with `$step` for the step's length.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Mapping {
@@ -43,12 +47,9 @@ impl Mapping {
     pub fn stormguard() -> Mapping {
         Mapping {
             label: "dependency".into(),
-            originals: "sum by (dependency) (increase(stormguard_requests_total[$step]))".into(),
-            retries: "sum by (dependency) (increase(stormguard_retries_total[$step]))".into(),
-            shed: Some(
-                "sum by (dependency) (increase(stormguard_denied_total{reason=\"budget\"}[$step]))"
-                    .into(),
-            ),
+            originals: "sum by (dependency) (stormguard_requests_total)".into(),
+            retries: "sum by (dependency) (stormguard_retries_total)".into(),
+            shed: Some("sum by (dependency) (stormguard_denied_total{reason=\"budget\"})".into()),
             in_flight: Some(
                 "max by (dependency) (max_over_time(stormguard_in_flight_max[$step]))".into(),
             ),
@@ -65,10 +66,10 @@ impl Mapping {
         Mapping {
             label: "envoy_cluster_name".into(),
             originals: format!(
-                "{by} (increase(envoy_cluster_upstream_rq_total[$step])) - {by} (increase(envoy_cluster_upstream_rq_retry[$step]))"
+                "{by} (envoy_cluster_upstream_rq_total) - {by} (envoy_cluster_upstream_rq_retry)"
             ),
-            retries: format!("{by} (increase(envoy_cluster_upstream_rq_retry[$step]))"),
-            shed: Some(format!("{by} (increase(envoy_cluster_upstream_rq_retry_overflow[$step]))")),
+            retries: format!("{by} (envoy_cluster_upstream_rq_retry)"),
+            shed: Some(format!("{by} (envoy_cluster_upstream_rq_retry_overflow)")),
             in_flight: Some(
                 "max by (envoy_cluster_name) (max_over_time(envoy_cluster_upstream_rq_active[$step]))"
                     .into(),
@@ -112,16 +113,20 @@ pub fn prometheus(
     runtime.block_on(async {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
         let step_text = format!("{}s", range.step.as_secs_f64());
-        let query = |q: &str| {
+        let secs = range.step.as_secs_f64();
+        let query = |q: &str, range: Range| {
             let q = q.replace("$step", &step_text);
             query_range(&client, base, q, range)
         };
-        let originals = query(&mapping.originals).await?;
-        let retries = query(&mapping.retries).await?;
+        // Counters from one step earlier: the first step's difference needs its start.
+        let counters = Range { start: range.start - secs, ..range };
+        let originals = differences(query(&mapping.originals, counters).await?);
+        let retries = differences(query(&mapping.retries, counters).await?);
         let shed = match &mapping.shed {
-            Some(q) => query(q).await?,
+            Some(q) => differences(query(q, counters).await?),
             None => Vec::new(),
         };
+        let query = |q: &str| query(q, range);
         let in_flight = match &mapping.in_flight {
             Some(q) => query(q).await?,
             None => Vec::new(),
@@ -130,7 +135,6 @@ pub fn prometheus(
             Some(q) => query(q).await?,
             None => Vec::new(),
         };
-        let secs = range.step.as_secs_f64();
         let mut out: BTreeMap<String, History> = BTreeMap::new();
         let label = |m: &Value| m[&mapping.label].as_str().unwrap_or("").to_string();
         for (metric, values) in &originals {
@@ -165,6 +169,25 @@ pub fn prometheus(
         }
         Ok(out)
     })
+}
+
+/// A counter's points as what it counted in each step: `(step's end, increment)`, the step
+/// being the span since the point before (a point lower than the one before is a restart: the
+/// increment is its whole value).
+fn differences(series: Vec<(Value, Vec<(f64, f64)>)>) -> Vec<(Value, Vec<(f64, f64)>)> {
+    series
+        .into_iter()
+        .map(|(metric, points)| {
+            let diffs = points
+                .windows(2)
+                .map(|w| {
+                    let (prev, (t, v)) = (w[0].1, w[1]);
+                    (t, if v >= prev { v - prev } else { v })
+                })
+                .collect();
+            (metric, diffs)
+        })
+        .collect()
 }
 
 /// One range query's series: each one's labels and its `(time, value)` points.
