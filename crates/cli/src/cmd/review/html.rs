@@ -12,10 +12,10 @@ use crate::cmd::demo::report::chart;
 /// The page for every reviewed dependency; `text` is each one's report.
 pub fn page(reviews: &[(&str, &History, &Review, String)]) -> String {
     let mut h = String::new();
-    let _ = write!(
+    let _ = writeln!(
         h,
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>stormguard review</title>\
-         <style>{PAGE_STYLE}</style></head><body><h1>stormguard review</h1>\n"
+         <style>{PAGE_STYLE}</style></head><body><h1>stormguard review</h1>"
     );
     for (name, history, review, text) in reviews {
         let origin = history.steps.first().map_or(0.0, |s| s.at);
