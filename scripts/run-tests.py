@@ -5,7 +5,7 @@ the doc tests, then one summary.
 Each crate's integration tests are one binary (tests/it). They run one binary at a time, as
 `cargo test` runs them, except the proxy's, the longest by far (most of its time is spent
 waiting: open loops paced on the wall clock, timeouts), which runs beside the others, three of
-its tests at a time; its adaptive-cap runs, which judge latency under a load of their own, run
+its tests at a time, and the CLI's review test (a minute of a scripted incident), beside them too; its adaptive-cap runs, which judge latency under a load of their own, run
 last and alone, as they were calibrated; the doc tests (a compile) after the proxy's binary is done. A binary
 is run as cargo runs it (from its package's directory), with libtest's `--report-time` (an
 unstable option of the test harness, enabled for the test binaries alone by RUSTC_BOOTSTRAP=1
@@ -33,6 +33,10 @@ LOGS = os.path.join(TARGET, "test-logs")
 # at a time take 76 s where libtest's two a core took 118 s, and its CPU stays under the
 # machine's), and the tests of theirs (a libtest filter) that run alone, last.
 BESIDE = {("crates/proxy", "it"): (3, "adaptive::")}
+# Tests (a libtest filter) of a binary that otherwise runs in turn, run beside the others
+# instead: they wait on the wall clock for a minute (review's real Prometheus, proxy and Envoy
+# through a scripted incident, twice) and would hold the binary's turn for it.
+ALONGSIDE = {("crates/cli", "it"): "review::"}
 SLOWEST = 10
 
 RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
@@ -130,9 +134,15 @@ def main():
     beside, after, last = [], [], []
     for package, name, kind, exe, cwd in found:
         label = f"{package} (unit)" if kind == "lib" else f"{package} {kind} {name}"
-        spec = BESIDE.get((os.path.relpath(cwd, ROOT), name)) if kind == "test" else None
+        key = (os.path.relpath(cwd, ROOT), name)
+        spec = BESIDE.get(key) if kind == "test" else None
         if spec is None:
-            after.append((label, [exe] + report, cwd, test_env))
+            apart = ALONGSIDE.get(key) if kind == "test" else None
+            if apart:
+                beside.append((f"{label} {apart}", [exe, apart] + report, cwd, test_env))
+                after.append((label, [exe, "--skip", apart] + report, cwd, test_env))
+            else:
+                after.append((label, [exe] + report, cwd, test_env))
             continue
         threads, alone = spec
         skip = ["--skip", alone] if alone else []

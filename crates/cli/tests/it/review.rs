@@ -25,32 +25,65 @@ use stormguard_proxy::config::{ProxyConfig, ProxyDependency};
 use support::stormguard;
 use tokio::time::Instant;
 
-/// Each phase's length: quiet, incident, recovery.
-const PHASE: Duration = Duration::from_secs(8);
+/// The phases' lengths: quiet, incident, recovery. The quiet phase is the longest: the normal
+/// ratio is read from it, less the step on the incident's edge.
+const QUIET: Duration = Duration::from_secs(12);
+const INCIDENT: Duration = Duration::from_secs(6);
+const RECOVERY: Duration = Duration::from_secs(6);
 /// Requests per second, open loop.
 const RATE: u64 = 150;
 const CAP: u64 = 20;
 const STEP: &str = "2s";
 
 fn phases() -> Script {
-    let phase = |name: &str, error_rate: f64| Phase {
+    let phase = |name: &str, error_rate: f64, length: Duration| Phase {
         name: name.into(),
-        duration: Some(PHASE),
+        duration: Some(length),
         error_rate,
         latency: Latency::Fixed(Duration::from_millis(20)),
         ..Phase::default()
     };
-    let mut script = Script::single(phase("quiet", 0.03));
-    script.phases.push(phase("incident", 0.45));
-    script.phases.push(phase("recovery", 0.03));
+    let mut script = Script::single(phase("quiet", 0.03, QUIET));
+    script.phases.push(phase("incident", 0.45, INCIDENT));
+    script.phases.push(phase("recovery", 0.03, RECOVERY));
     script
+}
+
+/// A child process killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Server {
+    /// Starts `command` (its stderr into `log`) and waits until `ready` answers 2xx.
+    async fn start(mut command: Command, log: &Path, ready: String, what: &str) -> Server {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
+        let server = Server(child);
+        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        for _ in 0..200 {
+            let answer = client.get(ready.parse().unwrap()).await;
+            if answer.is_ok_and(|r| r.status().is_success()) {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what} did not become ready: {}", std::fs::read_to_string(log).unwrap_or_default());
+    }
 }
 
 /// A Prometheus server scraping `targets` every second, until dropped.
 struct Prometheus {
-    child: Child,
+    _server: Server,
     url: String,
-    _dir: PathBuf,
 }
 
 impl Prometheus {
@@ -72,35 +105,15 @@ impl Prometheus {
         }
         let config = dir.join("prometheus.yml");
         std::fs::write(&config, config_text).unwrap();
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
-            .spawn()
-            .unwrap();
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
         let url = format!("http://127.0.0.1:{port}");
-        let p = Prometheus { child, url, _dir: dir.to_path_buf() };
-        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        for _ in 0..200 {
-            let ready = client.get(format!("{}/-/ready", p.url).parse().unwrap()).await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
-                return p;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!(
-            "Prometheus did not become ready: {}",
-            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
-        );
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let ready = format!("{url}/-/ready");
+        let server = Server::start(command, &dir.join("prometheus.log"), ready, "Prometheus").await;
+        Prometheus { _server: server, url }
     }
 }
 
@@ -109,7 +122,7 @@ impl Drop for Prometheus {
 /// upstream (so chaos can tell its retries) and the circuit breaker's remaining requests tracked
 /// (so its cap is in the metrics). Killed when dropped.
 struct Envoy {
-    child: Child,
+    _server: Server,
     listen: SocketAddr,
     admin: SocketAddr,
 }
@@ -140,33 +153,13 @@ impl Envoy {
         );
         let config = dir.join("envoy.yaml");
         std::fs::write(&config, text).unwrap();
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["-c", config.to_str().unwrap(), "--base-id", &std::process::id().to_string()])
-            .args(["--log-level", "warn"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("envoy.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let envoy = Envoy { child, listen, admin };
-        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        for _ in 0..200 {
-            let ready = client.get(format!("http://{admin}/ready").parse().unwrap()).await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
-                return envoy;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!(
-            "Envoy did not become ready: {}",
-            std::fs::read_to_string(dir.join("envoy.log")).unwrap_or_default()
-        );
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            .args(["--log-level", "warn"]);
+        let ready = format!("http://{admin}/ready");
+        let server = Server::start(command, &dir.join("envoy.log"), ready, "Envoy").await;
+        Envoy { _server: server, listen, admin }
     }
 }
 
@@ -227,10 +220,11 @@ async fn run_script(
     let t0 = Instant::now();
     let every = Duration::from_micros(1_000_000 / RATE);
     let mut denied = [0; 3];
-    let mut probes = [PHASE, PHASE * 2, PHASE * 3].into_iter().enumerate().peekable();
+    let ends = [QUIET, QUIET + INCIDENT, QUIET + INCIDENT + RECOVERY];
+    let mut probes = ends.into_iter().enumerate().peekable();
     let mut sent = Vec::new();
     let mut next = t0;
-    while t0.elapsed() < PHASE * 3 {
+    while t0.elapsed() < ends[2] {
         if let Some(&(i, at)) = probes.peek()
             && t0.elapsed() >= at
         {
@@ -347,7 +341,7 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     let (start, end) =
         (incidents[0]["start"].as_f64().unwrap(), incidents[0]["end"].as_f64().unwrap());
     let (phase_start, phase_end) =
-        (run.start + PHASE.as_secs_f64(), run.start + 2.0 * PHASE.as_secs_f64());
+        (run.start + QUIET.as_secs_f64(), run.start + (QUIET + INCIDENT).as_secs_f64());
     assert!(
         (start - phase_start).abs() <= 4.0 && (end - phase_end).abs() <= 4.0,
         "the incident {start:.0}..{end:.0} is not the incident phase {phase_start:.0}..{phase_end:.0}"
