@@ -336,7 +336,10 @@ fn candidate(
         let from = (i + 1).saturating_sub(window);
         let deposits: f64 = history.steps[from..=i].iter().map(|s| s.originals).sum();
         let withdrawn: f64 = allowed_steps[from..i].iter().sum();
-        let balance = (floor * TTL.as_secs_f64() + percent * deposits - withdrawn).max(0.0);
+        // The reserve over the window the steps stand for (`floor × ttl` when the step divides
+        // the ttl).
+        let reserve = floor * window as f64 * secs;
+        let balance = (reserve + percent * deposits - withdrawn).max(0.0);
         let asked = s.retries + s.shed;
         let allowed = asked.min(balance.floor());
         allowed_steps.push(allowed);

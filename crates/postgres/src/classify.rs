@@ -31,6 +31,32 @@ impl Error {
     pub fn code(&self) -> Option<&SqlState> {
         self.source_error().code()
     }
+
+    /// Whether the session is gone: the connection closed or failed below SQL (an I/O error in
+    /// the error's chain), or PostgreSQL ended it (`08…`, `57P01`, `57P02`, `57P03`, `53300`).
+    /// An error without a SQLSTATE that is neither — a row count that was not one, a value that
+    /// did not convert — is the caller's, and the session is intact.
+    pub fn session_lost(&self) -> bool {
+        let e = self.source_error();
+        match e.code().map(SqlState::code) {
+            Some(code) => {
+                code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+            }
+            None => e.is_closed() || io_below(e),
+        }
+    }
+}
+
+/// Whether an I/O error is in `e`'s chain of sources.
+fn io_below(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = e.source();
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The pool's classifier: what each SQLSTATE means for a retry.
@@ -43,7 +69,7 @@ impl Error {
 /// | before `COMMIT`: `57P01` admin shutdown, `57P02` crash shutdown, `08…`, a lost connection | transient, took no effect (nothing was committed) |
 /// | before `COMMIT`: `57014` statement timeout or cancel | a timeout that took no effect |
 /// | at `COMMIT`: a lost connection or shutdown | transient: it may have committed — retried only when idempotent |
-/// | anything else (a constraint, a syntax error, bad data) | final: the caller's answer |
+/// | anything else (a constraint, a syntax error, bad data; without a SQLSTATE, a row count or a conversion the caller asked for) | final: the caller's answer |
 pub fn classify<T>(result: &Result<T, Error>) -> Outcome {
     let error = match result {
         Ok(_) => return Outcome::Success,
@@ -55,13 +81,10 @@ pub fn classify<T>(result: &Result<T, Error>) -> Outcome {
         return Outcome::Failure(Failure::contention());
     }
     let class = code.map(|c| &c[..2]);
-    // The session ended (or never began): without a SQLSTATE, an I/O error or a closed
-    // connection.
-    let lost = code.is_none()
-        || matches!(class, Some("08"))
-        || matches!(code, Some("57P01" | "57P02" | "57P03" | "53300"));
+    let lost = error.session_lost();
     match error {
         Error::Connect(_) if matches!(class, Some("28")) || code == Some("3D000") => Outcome::Final,
+        // No connection: nothing ran, whatever the reason.
         Error::Connect(_) => Outcome::Failure(Failure::connect()),
         Error::Query(_) if code == Some("57014") => {
             Outcome::Failure(Failure::timeout().took_no_effect())

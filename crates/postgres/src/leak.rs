@@ -10,8 +10,11 @@
 //! - **stuck** transactions: `idle in transaction` (or aborted) for longer than the threshold,
 //!   with their pid, how long, and their last statement;
 //! - **climbing**: the application's `idle in transaction` count never dropped from one sample
-//!   to the next and ended higher than it began (three samples at least) — a pool's idle
-//!   connections warming up are no leak, so only open transactions count.
+//!   to the next and ended at least [`CLIMB`] higher than it began (three samples at least) — a
+//!   pool's idle connections warming up are no leak, so only open transactions count;
+//! - **hidden** connections: a role without `pg_read_all_stats` (or `pg_monitor`) sees other
+//!   roles' sessions without their state, so it cannot tell a leak; their count is reported, and
+//!   `db-check` refuses to call such a database clean (grant `pg_monitor` to the checker).
 //!
 //! A report with either finding is a leak ([`Report::leaks`]); `stormguard db-check` exits 1.
 
@@ -58,6 +61,10 @@ pub struct Stuck {
     pub query: String,
 }
 
+/// How much an application's open transactions must have risen, never dropping, to be
+/// climbing: one more could be a transaction caught between two statements at the last sample.
+pub const CLIMB: u64 = 2;
+
 /// One application's connections over the window.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Application {
@@ -73,7 +80,7 @@ impl Application {
     /// Whether its open transactions climbed and never dropped (see the [module docs](self)).
     pub fn climbing(&self) -> bool {
         let c = &self.idle_in_transaction;
-        c.len() >= 3 && c.windows(2).all(|w| w[1] >= w[0]) && c[c.len() - 1] > c[0]
+        c.len() >= 3 && c.windows(2).all(|w| w[1] >= w[0]) && c[c.len() - 1] >= c[0] + CLIMB
     }
 }
 
@@ -88,6 +95,8 @@ pub struct Report {
     pub samples: u32,
     /// The threshold the stuck ones passed.
     pub threshold: Duration,
+    /// Connections at the last sample whose state this role may not see.
+    pub hidden: u64,
 }
 
 impl Report {
@@ -124,7 +133,7 @@ async fn sample(
     // Client backends of this database only (not the server's own workers), never the checker.
     let rows = client
         .query(
-            "SELECT pid, coalesce(application_name, ''), coalesce(state, ''), \
+            "SELECT pid, coalesce(application_name, ''), state, \
                     coalesce(extract(epoch FROM now() - state_change), 0)::float8, \
                     left(coalesce(query, ''), 200) \
              FROM pg_stat_activity \
@@ -141,9 +150,15 @@ async fn sample(
         app.longest_idle_in_transaction = Duration::ZERO;
     }
     report.stuck.clear();
+    report.hidden = 0;
     let seen = report.samples as usize;
     for row in rows {
-        let (pid, application, state): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
+        let (pid, application): (i32, String) = (row.get(0), row.get(1));
+        let Some(state) = row.get::<_, Option<String>>(2) else {
+            // Another role's session, its state withheld from this one.
+            report.hidden += 1;
+            continue;
+        };
         let idle_for = Duration::from_secs_f64(row.get::<_, f64>(3).max(0.0));
         let app = report.applications.entry(application.clone()).or_default();
         // An application first seen now had none open at the samples before.
@@ -312,6 +327,13 @@ impl fmt::Display for Report {
                 )?;
             }
         }
+        if self.hidden > 0 {
+            writeln!(
+                f,
+                "WARNING: {} connections of other roles hidden (no pg_read_all_stats): grant pg_monitor to this role, or nothing can be said of them",
+                self.hidden
+            )?;
+        }
         if self.stuck.is_empty() {
             writeln!(f, "no transaction idle for more than {:?}", self.threshold)?;
         } else {
@@ -344,6 +366,7 @@ mod tests {
     fn a_count_that_climbs_and_never_drops_is_a_leak_and_one_that_drops_is_not() {
         let app = |c: &[u64]| Application { idle_in_transaction: c.to_vec(), ..Default::default() };
         assert!(app(&[0, 1, 1, 2]).climbing());
+        assert!(!app(&[0, 0, 0, 1]).climbing(), "one more: a transaction between statements");
         assert!(!app(&[0, 2, 1, 2]).climbing(), "it dropped");
         assert!(!app(&[2, 2, 2]).climbing(), "flat");
         assert!(!app(&[0, 1]).climbing(), "too few samples");

@@ -144,10 +144,11 @@ impl Pool {
         }
         .await;
         // A connection whose session is intact goes back (a failed transaction was rolled back
-        // as it was dropped: the ROLLBACK is queued before anything the next user sends).
+        // as it was dropped: the ROLLBACK is queued before anything the next user sends); one
+        // PostgreSQL ended, or that failed below SQL, does not.
         let intact = match &result {
             Ok(_) => true,
-            Err(e) => e.code().is_some() && !e.source_error().is_closed(),
+            Err(e) => !e.session_lost(),
         };
         if intact && !client.is_closed() {
             self.give_back(client);

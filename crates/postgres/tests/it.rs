@@ -339,6 +339,18 @@ async fn a_constraint_is_final_and_a_serialization_failure_is_retried_once_commi
     }
     assert_eq!(tries.load(Ordering::SeqCst), 1, "a constraint is not retried");
 
+    // A row the caller expected and did not get: no SQLSTATE, and the caller's, not a lost
+    // session — answered once, the connection kept.
+    let tries = AtomicI64::new(0);
+    let r = pool
+        .transaction(async |tx| {
+            tries.fetch_add(1, Ordering::SeqCst);
+            tx.query_one("SELECT 1 WHERE false", &[]).await.map(|_| ())
+        })
+        .await;
+    assert!(matches!(r, Err(CallError::Failed { refused: None, .. })), "{r:?}");
+    assert_eq!(tries.load(Ordering::SeqCst), 1, "a missing row is not retried");
+
     // Fails with 40001 the first time, then inserts: committed once.
     let tries = AtomicI64::new(0);
     let r = pool

@@ -124,13 +124,15 @@ async fn run(
         (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), || dep.now()),
         _ => None,
     };
-    // The attempts after the first send with extensions of their own, copied from the
-    // caller's (the chain below takes them by `&mut`, and a hedge runs beside the first).
-    let template = spare.as_ref().map(|_| extensions.clone());
-    let mut first = Some((req, extensions));
+    // Every attempt but a hedge sends with the caller's own extensions, one after the other (the
+    // chain below takes them by `&mut`: what it writes on the first attempt, a retry sees, and
+    // the caller sees the last one's); a hedge runs beside another, with a copy of its own.
+    let template = hedge_after.map(|_| extensions.clone());
+    let caller = std::sync::Mutex::new(Some(extensions));
+    let mut first = Some(req);
     let send = |sent: Sent| {
-        let (req, ext) = match first.take() {
-            Some((req, ext)) => (Some(req), Own::Caller(ext)),
+        let req = match first.take() {
+            Some(req) => Some(req),
             None => {
                 let mut req = spare.as_ref().and_then(Request::try_clone);
                 if let Some(r) = &mut req {
@@ -139,8 +141,16 @@ async fn run(
                         false => mark_attempt(r.headers_mut(), sent.number),
                     }
                 }
-                (req, Own::Copy(template.clone().unwrap_or_default()))
+                req
             }
+        };
+        let own = match sent.hedge {
+            true => None,
+            false => caller.lock().unwrap_or_else(|e| e.into_inner()).take(),
+        };
+        let ext = match own {
+            Some(e) => Own::Caller(e, &caller),
+            None => Own::Copy(template.clone().unwrap_or_default()),
         };
         traced_send(dep, next.clone(), ext, req, sent, deadline)
     };
@@ -150,7 +160,12 @@ async fn run(
             None if result.is_ok() => Judged::Answer,
             // A local refusal of this attempt (final, and nothing the budget counts); a retry
             // refused at its breaker probe never reached the dependency.
-            None => Judged::Unsent,
+            None => Judged::Unsent(match result {
+                Err(Failed::Final(reqwest_middleware::Error::Middleware(e))) => {
+                    e.downcast_ref::<StormguardError>().and_then(StormguardError::denied)
+                }
+                _ => None,
+            }),
         }
     };
     let body_limit = config.body_limit;
@@ -171,9 +186,10 @@ async fn run(
     finish_at(&span, result, reason)
 }
 
-/// The extensions an attempt sends with: the caller's own (the first try), or a copy.
-enum Own<'a> {
-    Caller(&'a mut Extensions),
+/// The extensions an attempt sends with: the caller's own, given back to their slot when the
+/// attempt is done (for the next attempt, and the caller), or a hedge's copy.
+enum Own<'a, 'e> {
+    Caller(&'e mut Extensions, &'a std::sync::Mutex<Option<&'e mut Extensions>>),
     Copy(Extensions),
 }
 
@@ -236,7 +252,7 @@ fn failed_attempt(
 async fn traced_send(
     dep: &Dependency,
     next: Next<'_>,
-    mut ext: Own<'_>,
+    mut ext: Own<'_, '_>,
     req: Option<Request>,
     sent: Sent,
     deadline: Option<Timestamp>,
@@ -252,11 +268,14 @@ async fn traced_send(
         stormguard_tower::span::record_server(&span, url.host_str(), url.port_or_known_default());
     }
     let extensions = match &mut ext {
-        Own::Caller(e) => &mut **e,
+        Own::Caller(e, _) => &mut **e,
         Own::Copy(e) => e,
     };
     let result =
         attempt::send(dep, next, extensions, req, sent, deadline).instrument(span.clone()).await;
+    if let Own::Caller(e, slot) = ext {
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
     match &result {
         Ok(resp) => stormguard_tower::span::record_response(
             &span,

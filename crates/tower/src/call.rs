@@ -490,7 +490,7 @@ impl<T, E> Tried<T, E> {
             Tried::Done(_, Outcome::Success | Outcome::Final) => Judged::Answer,
             Tried::Done(_, Outcome::Failure(f)) => Judged::Failed(f.failed),
             Tried::TimedOut => Judged::Failed(AttemptFailure::Timeout.into()),
-            Tried::Refused(_) => Judged::Unsent,
+            Tried::Refused(reason) => Judged::Unsent(Some(*reason)),
         }
     }
 }
@@ -534,6 +534,12 @@ where
     let outcome = classify(&result);
     if let Outcome::Failure(f) = &outcome {
         record_failure(&Span::current(), f.failed.failure);
+        // The operation's own timeout: the dependency may still be working on it, as after
+        // stormguard's.
+        if f.failed.failure == AttemptFailure::Timeout {
+            timed_out(dep, target, out.take(), probe);
+            return Tried::Done(result, outcome);
+        }
     }
     let (mut permit, total) = out.take();
     let (counted, overload) = match &outcome {
@@ -553,7 +559,9 @@ where
     // The provider counted it, unless it provably took no effect.
     if let Some(b) = sent.booking {
         match &outcome {
-            Outcome::Failure(f) if f.failed.unsent => b.refund(dep.now()),
+            Outcome::Failure(f) if f.failed.unsent || f.failed.failure.provably_unsent() => {
+                b.refund(dep.now())
+            }
             _ => drop(b),
         }
     }
@@ -623,8 +631,9 @@ pub enum Judged {
     /// A failure: the rules decide whether it is retried.
     Failed(FailedAttempt),
     /// Refused locally before it reached the dependency (its breaker probe, a stormguard layer
-    /// below): final, and its charges go back.
-    Unsent,
+    /// below), for this reason when stormguard's: final, and its charges go back. A retry
+    /// refused so leaves the caller the failure it was retrying, with the reason.
+    Unsent(Option<Denied>),
 }
 
 /// What [`drive`] ends with: the outcome the caller gets, and why no retry followed it.
@@ -710,7 +719,7 @@ where
                 life.succeeded(policy, || now, id);
                 return Driven { out, refused: None };
             }
-            Judged::Unsent => {
+            Judged::Unsent(_) => {
                 life.unsent(policy, now, id);
                 return Driven { out, refused: None };
             }
@@ -748,6 +757,13 @@ where
             Ok(admitted) => {
                 (id, number) = (admitted.id, admitted.number);
                 out = send(Sent::admitted(admitted, now)).await;
+                // Refused as it was sent (its breaker opened meanwhile): the caller gets the
+                // failure it was retrying, with the reason — not a refusal that says nothing ran.
+                if let Judged::Unsent(reason) = judge(&out) {
+                    life.unsent(policy, dep.now(), id);
+                    let refused = reason.or(Some(Denied::Breaker));
+                    return Driven { out: kept, refused };
+                }
             }
             Err(reason) => {
                 tracing::trace!(dependency = dep.name(), attempt = number, %reason, "retry refused");
@@ -799,7 +815,15 @@ where
         match event {
             Event::Answered(i, out) => {
                 let (id, number, _) = inflight.swap_remove(i);
-                if judge(&out) == Judged::Answer || inflight.is_empty() {
+                let judged = judge(&out);
+                // A hedge refused as it was sent leaves the others to answer.
+                if let (Judged::Unsent(_), false) =
+                    (judged, id == AttemptId::FIRST || inflight.is_empty())
+                {
+                    life.unsent(dep.policy(), dep.now(), id);
+                    continue;
+                }
+                if judged == Judged::Answer || inflight.is_empty() {
                     return (id, number, out);
                 }
                 life.ended(id);

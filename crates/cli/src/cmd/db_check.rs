@@ -16,7 +16,8 @@ use crate::Failure;
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Exit status: 0 clean, 1 a leak (a transaction idle past the threshold, or open transactions
-that climbed and never dropped over the window), 2 bad flags or the database could not be read.
+that climbed and never dropped over the window), 2 bad flags, a database that could not be read,
+or one whose other roles' sessions this role may not see (grant it pg_monitor).
 
 Example (sample for a minute, every 5 s; a transaction open and idle for 30 s is a leak):
   stormguard db-check 'host=db.internal user=monitor dbname=orders' --window 60s --idle-in-transaction 30s")]
@@ -71,6 +72,12 @@ pub fn run(args: &DbCheckArgs, out: &mut dyn Write) -> Result<(), Failure> {
     write!(out, "{report}")?;
     if report.leaks() {
         return Err(Failure::runtime("a leak: see the report above"));
+    }
+    if report.hidden > 0 {
+        return Err(Failure::usage(format!(
+            "{} connections of other roles are hidden from this role: grant it pg_monitor to check them",
+            report.hidden
+        )));
     }
     Ok(())
 }

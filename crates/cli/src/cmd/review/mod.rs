@@ -174,6 +174,12 @@ pub fn run(args: &ReviewArgs, out: &mut dyn Write) -> Result<(), Failure> {
             let c = r.recommended.map(|(i, _)| r.candidates[i]).ok_or_else(|| {
                 Failure::usage(format!("no candidate budget for `{name}`: no steps with requests"))
             })?;
+            if !c.above_jitter {
+                eprintln!(
+                    "stormguard review: no candidate clears the quiet jitter of `{name}`; {} is the most generous swept",
+                    c.spec()
+                );
+            }
             if system == Format::Spec {
                 writeln!(out, "{}", c.spec())?;
                 return Ok(());
@@ -365,6 +371,15 @@ fn text(name: &str, h: &History, r: &Review, from: &str, margin: f64) -> String 
         let _ = writeln!(s, "    {line}");
     }
     match r.recommended {
+        Some((i, _)) if !r.candidates[i].above_jitter => {
+            let _ = writeln!(
+                s,
+                "  no candidate clears the quiet jitter ({} x the quiet p95 {} is past the largest percent, or every one sheds quiet retries): {} is the most generous swept; widen the sweep or look at why the quiet ratio is so high",
+                number(margin, 2),
+                pct(n.p95),
+                r.candidates[i].spec()
+            );
+        }
         Some((i, under)) => {
             let c = r.candidates[i];
             let why = if under {
@@ -419,6 +434,7 @@ fn json_of(h: &History, r: &Review) -> Value {
         })).collect::<Vec<_>>(),
         "recommended": r.recommended.map(|(i, under)| json!({
             "spec": r.candidates[i].spec(), "under_cap": under,
+            "clears_jitter": r.candidates[i].above_jitter,
         })),
     })
 }

@@ -15,22 +15,29 @@ use stormguard_core::review::{History, Step};
 
 use crate::Failure;
 
-/// The queries that read one system's metrics, each grouped by `label` (the dependency, cluster
-/// or route). `originals`, `retries` and `shed` are **counters** (totals since the process
-/// started): the review reads each at every step's end and takes the differences (a counter that
-/// went down restarted), so every increment counts once and in its step — `increase()` over
-/// short windows would see only the samples inside each window and extrapolate the rest.
-/// `in_flight` and `cap` are gauges, read per step, with `$step` for the step's length.
+/// The queries that read one system's metrics, by `label` (the dependency, cluster or route).
+/// `originals` (or `attempts`), `retries` and `shed` select **counters** (totals since each
+/// process started), one series per process, unsummed: the review reads each series at every
+/// step's end, takes the differences (a series that went down restarted), and only then sums
+/// them by the label — so every increment counts once and in its step, and a pod that goes away
+/// takes nothing with it (`increase()` over windows as short as a step would see only the
+/// samples inside each and extrapolate the rest). `in_flight` and `cap` are gauges, read per
+/// step, grouped by the label, with `$step` for the step's length.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Mapping {
     /// The label that names a dependency.
     pub label: String,
-    /// Original requests per step.
-    pub originals: String,
-    /// Retries sent per step.
+    /// Original requests (a counter).
+    #[serde(default)]
+    pub originals: Option<String>,
+    /// Every attempt, retries included (a counter): originals are attempts less retries. One of
+    /// `originals` and `attempts` is needed.
+    #[serde(default)]
+    pub attempts: Option<String>,
+    /// Retries sent (a counter).
     pub retries: String,
-    /// Retries a budget refused per step (optional).
+    /// Retries a budget refused (a counter; optional).
     #[serde(default)]
     pub shed: Option<String>,
     /// The most in flight at the dependency in a step (optional).
@@ -47,9 +54,10 @@ impl Mapping {
     pub fn stormguard() -> Mapping {
         Mapping {
             label: "dependency".into(),
-            originals: "sum by (dependency) (stormguard_requests_total)".into(),
-            retries: "sum by (dependency) (stormguard_retries_total)".into(),
-            shed: Some("sum by (dependency) (stormguard_denied_total{reason=\"budget\"})".into()),
+            originals: Some("stormguard_requests_total".into()),
+            attempts: None,
+            retries: "stormguard_retries_total".into(),
+            shed: Some("stormguard_denied_total{reason=\"budget\"}".into()),
             in_flight: Some(
                 "max by (dependency) (max_over_time(stormguard_in_flight_max[$step]))".into(),
             ),
@@ -62,14 +70,12 @@ impl Mapping {
     /// breaker refused in `upstream_rq_retry_overflow`; the cap is the circuit breaker's
     /// `max_requests`, read as `remaining_rq + rq_active` (with `track_remaining: true`).
     pub fn envoy() -> Mapping {
-        let by = "sum by (envoy_cluster_name)";
         Mapping {
             label: "envoy_cluster_name".into(),
-            originals: format!(
-                "{by} (envoy_cluster_upstream_rq_total) - {by} (envoy_cluster_upstream_rq_retry)"
-            ),
-            retries: format!("{by} (envoy_cluster_upstream_rq_retry)"),
-            shed: Some(format!("{by} (envoy_cluster_upstream_rq_retry_overflow)")),
+            originals: None,
+            attempts: Some("envoy_cluster_upstream_rq_total".into()),
+            retries: "envoy_cluster_upstream_rq_retry".into(),
+            shed: Some("envoy_cluster_upstream_rq_retry_overflow".into()),
             in_flight: Some(
                 "max by (envoy_cluster_name) (max_over_time(envoy_cluster_upstream_rq_active[$step]))"
                     .into(),
@@ -84,8 +90,15 @@ impl Mapping {
     /// A mapping file (TOML: `label`, `originals`, `retries`, and optionally `shed`,
     /// `in_flight`, `cap`).
     pub fn load(path: &Path) -> Result<Mapping, Failure> {
-        stormguard_config::load(path, |doc| doc.deserialize())
-            .map_err(|e| Failure::usage(e.to_string()))
+        let m: Mapping = stormguard_config::load(path, |doc| doc.deserialize())
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        if m.originals.is_none() && m.attempts.is_none() {
+            return Err(Failure::usage(format!(
+                "{}: originals: give the original requests' counter (or attempts: every attempt's)",
+                path.display()
+            )));
+        }
+        Ok(m)
     }
 }
 
@@ -120,11 +133,27 @@ pub fn prometheus(
         };
         // Counters from one step earlier: the first step's difference needs its start.
         let counters = Range { start: range.start - secs, ..range };
-        let originals = differences(query(&mapping.originals, counters).await?);
-        let retries = differences(query(&mapping.retries, counters).await?);
+        let label = |m: &Value| m[&mapping.label].as_str().unwrap_or("").to_string();
+        let counted = |series| summed(differences(series), &label);
+        let retries = counted(query(&mapping.retries, counters).await?);
+        let originals = match (&mapping.originals, &mapping.attempts) {
+            (Some(q), _) => counted(query(q, counters).await?),
+            (None, Some(q)) => {
+                let mut attempts = counted(query(q, counters).await?);
+                for (name, points) in &mut attempts {
+                    for (t, v) in points.iter_mut() {
+                        *v -= retries.get(name).and_then(|r| r.get(t)).copied().unwrap_or(0.0);
+                    }
+                }
+                attempts
+            }
+            (None, None) => {
+                return Err(Failure::usage("the mapping names no originals or attempts"));
+            }
+        };
         let shed = match &mapping.shed {
-            Some(q) => differences(query(q, counters).await?),
-            None => Vec::new(),
+            Some(q) => counted(query(q, counters).await?),
+            None => BTreeMap::new(),
         };
         let query = |q: &str| query(q, range);
         let in_flight = match &mapping.in_flight {
@@ -136,35 +165,41 @@ pub fn prometheus(
             None => Vec::new(),
         };
         let mut out: BTreeMap<String, History> = BTreeMap::new();
-        let label = |m: &Value| m[&mapping.label].as_str().unwrap_or("").to_string();
-        for (metric, values) in &originals {
-            let name = label(metric);
-            let steps = values
+        for (name, points) in &originals {
+            let steps = points
                 .iter()
-                .map(|(t, v)| Step { at: t - secs, originals: v.max(0.0), ..Step::default() })
-                .collect();
-            out.insert(name, History { step: range.step, steps, cap: None });
-        }
-        let mut fill = |series: &[(Value, Vec<(f64, f64)>)], f: &dyn Fn(&mut Step, f64)| {
-            for (metric, values) in series {
-                let Some(h) = out.get_mut(&label(metric)) else { continue };
-                for (t, v) in values {
-                    let at = t - secs;
-                    if let Some(s) = h.steps.iter_mut().find(|s| (s.at - at).abs() < secs / 2.0) {
-                        f(s, *v);
+                .map(|(t, v)| {
+                    let at = *t as f64 / 1000.0 - secs;
+                    let get = |m: &BTreeMap<String, BTreeMap<i64, f64>>| {
+                        m.get(name).and_then(|p| p.get(t)).copied().unwrap_or(0.0).max(0.0)
+                    };
+                    Step {
+                        at,
+                        originals: v.max(0.0),
+                        retries: get(&retries),
+                        shed: get(&shed),
+                        in_flight: None,
                     }
+                })
+                .collect();
+            out.insert(name.clone(), History { step: range.step, steps, cap: None });
+        }
+        for (metric, values) in &in_flight {
+            let Some(h) = out.get_mut(&label(metric)) else { continue };
+            for (t, v) in values {
+                let at = t - secs;
+                if let Some(s) = h.steps.iter_mut().find(|s| (s.at - at).abs() < secs / 2.0) {
+                    s.in_flight = Some(v.max(0.0));
                 }
             }
-        };
-        fill(&retries, &|s, v| s.retries = v.max(0.0));
-        fill(&shed, &|s, v| s.shed = v.max(0.0));
-        fill(&in_flight, &|s, v| s.in_flight = Some(v.max(0.0)));
+        }
+        // The median of the cap's points: Envoy's two gauges behind it are not read at one
+        // instant, and their sum strays by one now and then.
         for (metric, values) in &cap {
             if let Some(h) = out.get_mut(&label(metric)) {
-                h.cap = values
-                    .iter()
-                    .map(|(_, v)| *v)
-                    .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+                let mut v: Vec<f64> = values.iter().map(|(_, v)| *v).collect();
+                v.sort_by(f64::total_cmp);
+                h.cap = v.get(v.len() / 2).copied();
             }
         }
         Ok(out)
@@ -188,6 +223,21 @@ fn differences(series: Vec<(Value, Vec<(f64, f64)>)>) -> Vec<(Value, Vec<(f64, f
             (metric, diffs)
         })
         .collect()
+}
+
+/// Series summed by their `label`: per name, per step's end (milliseconds), the total.
+fn summed(
+    series: Vec<(Value, Vec<(f64, f64)>)>,
+    label: &dyn Fn(&Value) -> String,
+) -> BTreeMap<String, BTreeMap<i64, f64>> {
+    let mut out: BTreeMap<String, BTreeMap<i64, f64>> = BTreeMap::new();
+    for (metric, points) in series {
+        let by_time = out.entry(label(&metric)).or_default();
+        for (t, v) in points {
+            *by_time.entry((t * 1000.0).round() as i64).or_default() += v;
+        }
+    }
+    out
 }
 
 /// One range query's series: each one's labels and its `(time, value)` points.
@@ -310,4 +360,25 @@ pub fn trace(path: &Path, step: Duration) -> Result<BTreeMap<String, History>, F
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two pods' counters; the second goes away after its third point, and the first restarts.
+    /// Differenced per series before the sum, neither shows as a step of thousands.
+    #[test]
+    fn a_pod_that_goes_away_or_restarts_adds_nothing_it_did_not_count() {
+        let pod = |name: &str| serde_json::json!({"dependency": "payments", "pod": name});
+        let series = vec![
+            (pod("a"), vec![(10.0, 1000.0), (12.0, 1010.0), (14.0, 3.0), (16.0, 13.0)]),
+            (pod("b"), vec![(10.0, 5000.0), (12.0, 5010.0), (14.0, 5020.0)]),
+        ];
+        let label = |m: &Value| m["dependency"].as_str().unwrap().to_string();
+        let steps = &summed(differences(series), &label)["payments"];
+        let got: Vec<(i64, f64)> = steps.iter().map(|(t, v)| (*t, *v)).collect();
+        // 12 s: 10 + 10; 14 s: a restarted (3) + b's 10; 16 s: a's 10, b gone.
+        assert_eq!(got, vec![(12_000, 20.0), (14_000, 13.0), (16_000, 10.0)]);
+    }
 }
