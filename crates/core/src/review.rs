@@ -152,7 +152,7 @@ pub struct Exhausted {
 }
 
 /// One candidate budget, replayed.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Candidate {
     /// Its percent of originals, as a fraction.
     pub percent: f64,
@@ -204,6 +204,9 @@ pub struct Review {
     pub candidates: Vec<Candidate>,
     /// The recommended candidate's index, and whether it also keeps in flight under the cap.
     pub recommended: Option<(usize, bool)>,
+    /// The candidates were run through their policies over the recorded events
+    /// ([`review_with`]), not by the arithmetic.
+    pub replayed: bool,
 }
 
 /// The `q` quantile of `values` (nearest rank; 0 for none).
@@ -217,8 +220,24 @@ fn quantile(values: &[f64], q: f64) -> f64 {
     v[rank - 1]
 }
 
-/// Reads `history` (see the [module docs](self)).
+/// Reads `history` (see the [module docs](self)), each candidate by the budget's arithmetic over
+/// the steps.
 pub fn review(history: &History, config: &ReviewConfig) -> Review {
+    review_with(history, config, None)
+}
+
+/// The retries a candidate `(percent, floor)` allows in each step, found by running its policy
+/// itself over the events the history was made of (`stormguard replay`'s machinery over a
+/// trace), one figure per step of the history.
+pub type Replayed<'a> = &'a dyn Fn(f64, f64) -> Vec<f64>;
+
+/// [`review`], each candidate's allowed retries per step from `replayed` when given: the
+/// candidates are then the policy's own decisions, not the arithmetic's.
+pub fn review_with(
+    history: &History,
+    config: &ReviewConfig,
+    replayed: Option<Replayed<'_>>,
+) -> Review {
     let steps = &history.steps;
     let ratios: Vec<f64> = steps.iter().filter_map(Step::ratio).collect();
     let median = quantile(&ratios, 0.5);
@@ -299,7 +318,9 @@ pub fn review(history: &History, config: &ReviewConfig) -> Review {
     let mut candidates = Vec::new();
     for &percent in &config.percents {
         for &floor in &config.floors {
-            candidates.push(candidate(history, &loud, percent, floor, &normal, config.margin));
+            let allowed = replayed.map(|r| r(percent, floor));
+            let rule = (&normal, config.margin);
+            candidates.push(candidate(history, &loud, (percent, floor), rule, allowed.as_deref()));
         }
     }
     let pick = |c: &Candidate, cap: bool| c.above_jitter && (!cap || c.under_cap);
@@ -309,7 +330,16 @@ pub fn review(history: &History, config: &ReviewConfig) -> Review {
         .map(|i| (i, true))
         .or_else(|| candidates.iter().position(|c| pick(c, false)).map(|i| (i, false)))
         .or_else(|| candidates.len().checked_sub(1).map(|i| (i, candidates[i].under_cap)));
-    Review { normal, incidents, in_flight, cap: history.cap, exhausted, candidates, recommended }
+    Review {
+        normal,
+        incidents,
+        in_flight,
+        cap: history.cap,
+        exhausted,
+        candidates,
+        recommended,
+        replayed: replayed.is_some(),
+    }
 }
 
 /// One candidate over the steps (`marked`: the incident steps and their edges), as the ratio
@@ -319,10 +349,9 @@ pub fn review(history: &History, config: &ReviewConfig) -> Review {
 fn candidate(
     history: &History,
     marked: &[bool],
-    percent: f64,
-    floor: f64,
-    normal: &Normal,
-    margin: f64,
+    (percent, floor): (f64, f64),
+    (normal, margin): (&Normal, f64),
+    replayed: Option<&[f64]>,
 ) -> Candidate {
     let secs = history.step.as_secs_f64();
     let window = if secs > 0.0 { ((TTL.as_secs_f64() / secs).round() as usize).max(1) } else { 1 };
@@ -341,7 +370,10 @@ fn candidate(
         let reserve = floor * window as f64 * secs;
         let balance = (reserve + percent * deposits - withdrawn).max(0.0);
         let asked = s.retries + s.shed;
-        let allowed = asked.min(balance.floor());
+        let allowed = match replayed {
+            Some(r) => r.get(i).copied().unwrap_or(0.0).min(asked),
+            None => asked.min(balance.floor()),
+        };
         allowed_steps.push(allowed);
         let shed = asked - allowed;
         since_incident = if *incident { Some(0) } else { since_incident.map(|n| n + 1) };

@@ -437,6 +437,11 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     )
     .await;
     let t = &from_trace["payments"];
+    assert_eq!(
+        t["sweep"], "each policy run over the recorded events",
+        "a trace's candidates run through the policies"
+    );
+    assert!(r["sweep"].as_str().unwrap().starts_with("an approximation"));
     let traced = t["normal"]["ratio"].as_f64().unwrap();
     assert!((traced - normal).abs() <= 0.01, "trace {traced:.4} vs metrics {normal:.4}");
     // Each source cuts the steps its own way (Prometheus at the query's step boundaries, the

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use stormguard_core::format::{number, percent};
-use stormguard_core::review::{History, Review, ReviewConfig, review};
+use stormguard_core::review::{Candidate, History, Review, ReviewConfig, review, review_with};
 
 use crate::Failure;
 pub use source::Mapping;
@@ -147,7 +147,27 @@ pub fn run(args: &ReviewArgs, out: &mut dyn Write) -> Result<(), Failure> {
         if let Some(cap) = args.cap {
             h.cap = Some(cap as f64);
         }
-        let r = review(&h, &config);
+        let r = match &args.trace {
+            // A trace's candidates run through their policies themselves, event by event.
+            Some(path) if args.prometheus.is_none() => {
+                let failed = std::cell::RefCell::new(None);
+                let replayed = |percent: f64, floor: f64| {
+                    let spec = Candidate { percent, floor, ..Candidate::default() }.spec();
+                    source::replay(path, &name, args.step, &spec, h.steps.len()).unwrap_or_else(
+                        |e| {
+                            failed.borrow_mut().get_or_insert(e);
+                            Vec::new()
+                        },
+                    )
+                };
+                let r = review_with(&h, &config, Some(&replayed));
+                if let Some(e) = failed.into_inner() {
+                    return Err(e);
+                }
+                r
+            }
+            _ => review(&h, &config),
+        };
         reviews.insert(name, (h, r));
     }
     if let Some(path) = &args.html {
@@ -332,8 +352,12 @@ fn text(name: &str, h: &History, r: &Review, from: &str, margin: f64) -> String 
     }
     let _ = writeln!(
         s,
-        "  candidates, each a ratio budget's balance over the measured steps (an approximation; \
-         \"shed after\": in the window after an incident, still spent):"
+        "  candidates, {} (\"shed after\": in the window after an incident, still spent):",
+        if r.replayed {
+            "each ratio budget run over the recorded events themselves"
+        } else {
+            "each a ratio budget's balance over the measured steps (an approximation)"
+        }
     );
     let mut rows = vec![vec![
         "SPEC".to_string(),
@@ -424,7 +448,11 @@ fn json_of(h: &History, r: &Review) -> Value {
         "exhausted": r.exhausted.map(|e| json!({
             "first_at": e.first_at, "shed": e.shed, "shed_quiet": e.shed_quiet,
         })),
-        "approximation": "a ratio budget's balance kept over the measured steps",
+        "sweep": if r.replayed {
+            "each policy run over the recorded events"
+        } else {
+            "an approximation: a ratio budget's balance kept over the measured steps"
+        },
         "candidates": r.candidates.iter().map(|c| json!({
             "spec": c.spec(), "percent": c.percent, "floor": c.floor,
             "allowed_at_peak_per_s": c.allowed_at_peak, "in_flight": c.in_flight,

@@ -308,6 +308,51 @@ fn encode(s: &str) -> String {
     out
 }
 
+/// The retries `spec` allows in each step of a trace's `dependency` (`steps` of them), its
+/// policy run over the recorded events by `stormguard replay`'s machinery.
+pub fn replay(
+    path: &Path,
+    dependency: &str,
+    step: Duration,
+    spec: &str,
+    steps: usize,
+) -> Result<Vec<f64>, Failure> {
+    let budget: stormguard_core::budget::BudgetSpec =
+        spec.parse().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
+    let budget = budget.build().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
+    let mut replay = crate::cmd::replay::Replay::new(budget).only(Some(dependency.to_string()));
+    let read_error = |e: std::io::Error| Failure::usage(format!("{}: {e}", path.display()));
+    let file = stormguard_input::open_stream(path).map_err(read_error)?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut buf = Vec::new();
+    let mut allowed = vec![0.0; steps];
+    let secs = step.as_secs_f64();
+    for n in 1.. {
+        let read = stormguard_input::read_line(&mut reader, &mut buf, stormguard_input::MAX_LINE)
+            .map_err(read_error)?;
+        if read == 0 {
+            break;
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let out = replay
+            .apply(line, n)
+            .map_err(|e| Failure::usage(format!("{}:{n}: {e}", path.display())))?;
+        let Some(out) = out else { continue };
+        let v: Value = serde_json::from_str(&out).expect("replay writes JSON");
+        if v["op"] == "retry" && v["allowed"] == true {
+            let k = ((v["t_ms"].as_u64().unwrap_or(0) as f64 / 1000.0) / secs) as usize;
+            if let Some(a) = allowed.get_mut(k) {
+                *a += 1.0;
+            }
+        }
+    }
+    Ok(allowed)
+}
+
 /// Every dependency's history from a recorded trace (`stormguard proxy --record`): per step,
 /// the `request` events (originals), the `retry` events sent (`allowed_here`) and refused by
 /// the budget (`denied: budget`), and the most `active.n` (in flight, as snapshot before each
