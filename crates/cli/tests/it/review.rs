@@ -482,3 +482,31 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     drop(run.proxy);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Bad input is refused with what is wrong and exit 2: a mapping without originals, a
+/// Prometheus nobody serves, a trace line that is not JSON.
+#[test]
+fn bad_input_exits_2_with_the_reason() {
+    use predicates::prelude::*;
+    let dir = support::dir();
+    let mapping = dir.join("review-mapping.toml");
+    std::fs::write(&mapping, "label = \"route_name\"\nretries = 'x_total'\n").unwrap();
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    stormguard()
+        .args(["review", "--prometheus", &closed, "--mapping", mapping.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("originals"));
+    stormguard()
+        .args(["review", "--prometheus", &closed, "--system", "linkerd", "--last", "10m"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("could not reach Prometheus"));
+    let trace = dir.join("review-bad.jsonl");
+    std::fs::write(&trace, "{\"t_ms\":0,\"op\":\"request\"}\nnot json\n").unwrap();
+    stormguard()
+        .args(["review", "--trace", trace.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(":2: not a JSON line"));
+}

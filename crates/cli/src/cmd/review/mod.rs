@@ -85,6 +85,8 @@ pub enum System {
     Stormguard,
     /// Envoy's cluster statistics (`envoy_cluster_upstream_rq_total`, `…_rq_retry`, …).
     Envoy,
+    /// Linkerd 2.16's route metrics (`outbound_http_route_retry_requests_total`, …).
+    Linkerd,
 }
 
 /// How to print the review.
@@ -121,6 +123,7 @@ pub fn run(args: &ReviewArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 (Some(path), _) => Mapping::load(path)?,
                 (None, System::Stormguard) => Mapping::stormguard(),
                 (None, System::Envoy) => Mapping::envoy(),
+                (None, System::Linkerd) => Mapping::linkerd(),
             };
             let range = range(args)?;
             (source::prometheus(url, &mapping, range)?, format!("Prometheus at {url}"))

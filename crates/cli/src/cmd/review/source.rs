@@ -87,6 +87,23 @@ impl Mapping {
         }
     }
 
+    /// Linkerd 2.16's route metrics, by the names its own `linkerd viz` CLI queries:
+    /// `outbound_http_route_request_statuses_total` (the route's requests, each counted once
+    /// whatever its retries), `outbound_http_route_retry_requests_total`, and
+    /// `outbound_http_route_retry_overflow_total` (retries its budget refused), by `route_name`.
+    /// Linkerd exports no in-flight or cap for a route: give `--cap`.
+    pub fn linkerd() -> Mapping {
+        Mapping {
+            label: "route_name".into(),
+            originals: Some("outbound_http_route_request_statuses_total".into()),
+            attempts: None,
+            retries: "outbound_http_route_retry_requests_total".into(),
+            shed: Some("outbound_http_route_retry_overflow_total".into()),
+            in_flight: None,
+            cap: None,
+        }
+    }
+
     /// A mapping file (TOML: `label`, `originals`, `retries`, and optionally `shed`,
     /// `in_flight`, `cap`).
     pub fn load(path: &Path) -> Result<Mapping, Failure> {
