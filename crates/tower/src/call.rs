@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use stormguard_core::Denied;
 use stormguard_core::backoff::Pushback;
-use stormguard_core::breaker::AttemptResult;
+use stormguard_core::breaker::{AttemptResult, BreakerPermit};
 use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::{FailedAttempt, RequestFacts};
@@ -431,8 +431,12 @@ where
                 time_left: deadline.map(|d| d.saturating_since(dep.now())),
             };
             let span = span_for(dep, name, sent.target, sent.number - 1);
-            let call = op(attempt);
-            let tried = guard(dep, sent, deadline, call, |r: &Result<T, E>| classify.classify(r));
+            // The breaker's probe first: the operation is called only for an attempt that goes
+            // (a closure may start its work when called, before its future is polled).
+            let probe = probe(dep, sent.target, sent.at);
+            let call = probe.is_ok().then(|| op(attempt));
+            let classify = |r: &Result<T, E>| classify.classify(r);
+            let tried = guard(dep, sent, deadline, (probe, call), classify);
             async move { (tried.instrument(span.clone()).await, span) }
         };
         let judge = |(tried, _): &(Tried<T, E>, Span)| tried.judged();
@@ -502,7 +506,7 @@ async fn guard<T, E, Fut>(
     dep: &Dependency,
     sent: Sent,
     deadline: Option<Timestamp>,
-    call: Fut,
+    (probe, call): (Result<Option<BreakerPermit>, Denied>, Option<Fut>),
     classify: impl Fn(&Result<T, E>) -> Outcome,
 ) -> Tried<T, E>
 where
@@ -510,13 +514,14 @@ where
 {
     let now = sent.at;
     let target = sent.target;
-    let probe = match probe(dep, target, now) {
-        Ok(p) => p,
-        Err(reason) => {
+    let (probe, call) = match (probe, call) {
+        (Ok(p), Some(call)) => (p, call),
+        // Refused by the breaker as it was sent: never called, its booking back.
+        (refused, _) => {
             if let Some(b) = sent.booking {
                 b.refund(now);
             }
-            return Tried::Refused(reason);
+            return Tried::Refused(refused.err().unwrap_or(Denied::Breaker));
         }
     };
     let mut out = Outstanding::new(dep, (sent.permit, sent.total));

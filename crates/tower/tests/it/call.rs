@@ -336,3 +336,47 @@ async fn a_slow_attempt_is_hedged_and_the_first_answer_wins() {
     let a = s.arrivals();
     assert_eq!(a.iter().map(|(_, n, h)| (*n, *h)).collect::<Vec<_>>(), [(1, false), (2, true)]);
 }
+
+/// A retry admitted while the breaker was half-open, but refused as it is sent (another call
+/// holds the one probe place): the caller gets the failure it was retrying, with the reason —
+/// not a refusal that would say the operation never ran.
+#[tokio::test(start_paused = true)]
+async fn a_retry_the_breaker_refuses_returns_the_failure_it_retried() {
+    let mut c = config(4, "ratio:percent=0.5,min_per_sec=10");
+    c.breaker = Some(stormguard_core::breaker::BreakerConfig {
+        consecutive_failures: Some(2),
+        break_duration: Duration::from_millis(50),
+        ..Default::default()
+    });
+    c.retry.backoff = stormguard_core::backoff::BackoffConfig::parse_range("100ms..150ms").unwrap();
+    let dep = Dependency::try_new(c).unwrap();
+    let s = Server::new(Duration::from_millis(5), 0.0);
+    let ms = Duration::from_millis;
+    // Y fails at once (one failure in a row); its retry waits 100–150 ms.
+    let (d, s1) = (dep.clone(), s.clone());
+    let y = tokio::spawn(async move {
+        d.call(|a| {
+            let answer = if a.is_retry() { Ok(2) } else { Err(DbError::Unavailable) };
+            s1.run(a.into(), ms(1), answer)
+        })
+        .await
+    });
+    tokio::time::sleep(ms(10)).await;
+    // Z fails too: two in a row, the breaker opens for 50 ms.
+    let z = dep.call(|a| s.run(a.into(), ms(1), Err(DbError::Unavailable))).await;
+    assert!(z.is_err());
+    // Half-open at 60 ms: X takes the one probe place, and holds it for a second.
+    tokio::time::sleep(ms(60)).await;
+    let (d, s2) = (dep.clone(), s.clone());
+    let x = tokio::spawn(async move { d.call(|a| s2.run(a.into(), ms(1000), Ok(1))).await });
+    let y = y.await.unwrap();
+    match y {
+        Err(CallError::Failed { source: DbError::Unavailable, refused: Some(Denied::Breaker) }) => {
+        }
+        other => panic!("the retried failure with the breaker's refusal, not {other:?}"),
+    }
+    assert_eq!(x.await.unwrap().unwrap(), 1);
+    // Y's retry was never called: the server (which starts its work when called) saw first
+    // tries only.
+    assert!(s.arrivals().iter().all(|(_, n, _)| *n == 1), "{:?}", s.arrivals());
+}
