@@ -31,7 +31,7 @@ const QUIET: Duration = Duration::from_secs(12);
 const INCIDENT: Duration = Duration::from_secs(6);
 const RECOVERY: Duration = Duration::from_secs(6);
 /// Requests per second, open loop.
-const RATE: u64 = 150;
+const RATE: u64 = 120;
 const CAP: u64 = 20;
 const STEP: &str = "2s";
 
