@@ -311,6 +311,17 @@ fn chaos_quiet_ratio(chaos: &ChaosServer) -> f64 {
     retries as f64 / (requests - retries) as f64
 }
 
+/// `review`'s flags for `system`'s metrics of `dependency` over the run (and two seconds after,
+/// for the last scrape), as JSON.
+fn metrics_review(prometheus: &str, run: &Run, system: &str, dependency: &str) -> Vec<String> {
+    let (start, end) = (format!("{}", run.start.floor()), format!("{}", run.end.ceil() + 2.0));
+    ["review", "--prometheus", prometheus, "--system", system, "--start", &start, "--end", &end]
+        .into_iter()
+        .chain(["--step", STEP, "--dependency", dependency, "--format", "json"])
+        .map(String::from)
+        .collect()
+}
+
 async fn review(args: Vec<String>) -> Value {
     let out = tokio::task::spawn_blocking(move || {
         stormguard().args(&args).timeout(Duration::from_secs(60)).output().unwrap()
@@ -352,21 +363,7 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let counted = chaos_quiet_ratio(&run.chaos);
 
-    let reviewed = review(
-        ["review", "--prometheus", &prometheus.url, "--start"]
-            .into_iter()
-            .map(String::from)
-            .chain([
-                format!("{}", run.start.floor()),
-                "--end".into(),
-                format!("{}", run.end.ceil() + 2.0),
-            ])
-            .chain(
-                ["--step", STEP, "--dependency", "payments", "--format", "json"].map(String::from),
-            )
-            .collect(),
-    )
-    .await;
+    let reviewed = review(metrics_review(&prometheus.url, &run, "stormguard", "payments")).await;
     let r = &reviewed["payments"];
     eprintln!("{}", serde_json::to_string_pretty(r).unwrap());
     let normal = r["normal"]["ratio"].as_f64().unwrap();
@@ -390,22 +387,7 @@ async fn review_finds_the_incident_and_its_budget_holds_when_put_back() {
     let spec = r["recommended"]["spec"].as_str().unwrap().to_string();
 
     // Envoy's metrics of the same run, read by their own names.
-    let reviewed = review(
-        ["review", "--prometheus", &prometheus.url, "--system", "envoy", "--start"]
-            .into_iter()
-            .map(String::from)
-            .chain([
-                format!("{}", run.start.floor()),
-                "--end".into(),
-                format!("{}", run.end.ceil() + 2.0),
-            ])
-            .chain(
-                ["--step", STEP, "--dependency", "dependency_80", "--format", "json"]
-                    .map(String::from),
-            )
-            .collect(),
-    )
-    .await;
+    let reviewed = review(metrics_review(&prometheus.url, &run, "envoy", "dependency_80")).await;
     // Envoy writes the cluster `dependency:80` into its stat names as `dependency_80`.
     let e = &reviewed["dependency_80"];
     let counted = chaos_quiet_ratio(&behind_envoy);

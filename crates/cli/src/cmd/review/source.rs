@@ -325,6 +325,31 @@ fn encode(s: &str) -> String {
     out
 }
 
+/// Calls `each` with every non-blank line of the trace at `path` and its number (from 1), the
+/// line without its end; stops at the first error either gives.
+fn each_line(
+    path: &Path,
+    mut each: impl FnMut(&str, u64) -> Result<(), Failure>,
+) -> Result<(), Failure> {
+    let read_error = |e: std::io::Error| Failure::usage(format!("{}: {e}", path.display()));
+    let file = stormguard_input::open_stream(path).map_err(read_error)?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut buf = Vec::new();
+    for n in 1.. {
+        let read = stormguard_input::read_line(&mut reader, &mut buf, stormguard_input::MAX_LINE)
+            .map_err(read_error)?;
+        if read == 0 {
+            return Ok(());
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end_matches(['\n', '\r']);
+        if !line.trim().is_empty() {
+            each(line, n)?;
+        }
+    }
+    Ok(())
+}
+
 /// The retries `spec` allows in each step of a trace's `dependency` (`steps` of them), its
 /// policy run over the recorded events by `stormguard replay`'s machinery.
 pub fn replay(
@@ -338,27 +363,13 @@ pub fn replay(
         spec.parse().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
     let budget = budget.build().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
     let mut replay = crate::cmd::replay::Replay::new(budget).only(Some(dependency.to_string()));
-    let read_error = |e: std::io::Error| Failure::usage(format!("{}: {e}", path.display()));
-    let file = stormguard_input::open_stream(path).map_err(read_error)?;
-    let mut reader = std::io::BufReader::new(file);
-    let mut buf = Vec::new();
     let mut allowed = vec![0.0; steps];
     let secs = step.as_secs_f64();
-    for n in 1.. {
-        let read = stormguard_input::read_line(&mut reader, &mut buf, stormguard_input::MAX_LINE)
-            .map_err(read_error)?;
-        if read == 0 {
-            break;
-        }
-        let line = String::from_utf8_lossy(&buf);
-        let line = line.trim_end_matches(['\n', '\r']);
-        if line.trim().is_empty() {
-            continue;
-        }
+    each_line(path, |line, n| {
         let out = replay
             .apply(line, n)
             .map_err(|e| Failure::usage(format!("{}:{n}: {e}", path.display())))?;
-        let Some(out) = out else { continue };
+        let Some(out) = out else { return Ok(()) };
         let v: Value = serde_json::from_str(&out).expect("replay writes JSON");
         if v["op"] == "retry" && v["allowed"] == true {
             let k = ((v["t_ms"].as_u64().unwrap_or(0) as f64 / 1000.0) / secs) as usize;
@@ -366,7 +377,8 @@ pub fn replay(
                 *a += 1.0;
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(allowed)
 }
 
@@ -375,30 +387,15 @@ pub fn replay(
 /// the budget (`denied: budget`), and the most `active.n` (in flight, as snapshot before each
 /// retry's ask). Times count from each dependency's first event.
 pub fn trace(path: &Path, step: Duration) -> Result<BTreeMap<String, History>, Failure> {
-    let read_error = |e: std::io::Error| Failure::usage(format!("{}: {e}", path.display()));
-    let file = stormguard_input::open_stream(path).map_err(read_error)?;
-    let mut reader = std::io::BufReader::new(file);
     let secs = step.as_secs_f64();
     let mut out: BTreeMap<String, History> = BTreeMap::new();
-    let mut buf = Vec::new();
-    for n in 0.. {
-        let read = stormguard_input::read_line(&mut reader, &mut buf, stormguard_input::MAX_LINE)
-            .map_err(read_error)?;
-        if read == 0 {
-            break;
-        }
-        let line = String::from_utf8_lossy(&buf);
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(&line).map_err(|e| {
-            Failure::usage(format!("{}:{}: not a JSON line: {e}", path.display(), n + 1))
-        })?;
+    each_line(path, |line, n| {
+        let v: Value = serde_json::from_str(line)
+            .map_err(|e| Failure::usage(format!("{}:{n}: not a JSON line: {e}", path.display())))?;
         let (Some(t_ms), Some(op)) = (v["t_ms"].as_u64(), v["op"].as_str()) else {
             return Err(Failure::usage(format!(
-                "{}:{}: a trace line needs `t_ms` and `op`",
-                path.display(),
-                n + 1
+                "{}:{n}: a trace line needs `t_ms` and `op`",
+                path.display()
             )));
         };
         let dependency = v["dependency"].as_str().unwrap_or("").to_string();
@@ -420,7 +417,8 @@ pub fn trace(path: &Path, step: Duration) -> Result<BTreeMap<String, History>, F
             }
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
