@@ -201,6 +201,19 @@ pub enum AttemptResult {
     NotCounted,
 }
 
+impl AttemptResult {
+    /// What the breaker counts of an attempt that ended as `failure` (`None`: a success): the
+    /// dependency's own failures ([`AttemptFailure::counts_for_breaker`]), never a caller's 4xx,
+    /// a 429 or a refused stream. The one reading every placement's probe is recorded with.
+    pub fn of(failure: Option<crate::conditions::AttemptFailure>) -> AttemptResult {
+        match failure {
+            None => AttemptResult::Success,
+            Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
+            Some(_) => AttemptResult::NotCounted,
+        }
+    }
+}
+
 /// What the breaker does now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BreakerState {

@@ -77,11 +77,7 @@ pub(crate) async fn send(
     match result {
         Ok(resp) => {
             if let Some(p) = probe {
-                let counted = match classify_response(resp.status(), resp.headers()) {
-                    None => AttemptResult::Success,
-                    Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
-                    Some(_) => AttemptResult::NotCounted,
-                };
+                let counted = AttemptResult::of(classify_response(resp.status(), resp.headers()));
                 stormguard_tower::cap::record_probe(dep, 0, p, counted);
             }
             dep.apply_limits_at(0, resp.headers());
@@ -110,12 +106,7 @@ pub(crate) async fn send(
             }
             Some(kind) => {
                 if let Some(p) = probe {
-                    let (failure, _) = classify_transport(kind);
-                    let counted = if failure.counts_for_breaker() {
-                        AttemptResult::UpstreamFailure
-                    } else {
-                        AttemptResult::NotCounted
-                    };
+                    let counted = AttemptResult::of(Some(classify_transport(kind).0));
                     stormguard_tower::cap::record_probe(dep, 0, p, counted);
                 }
                 drop(out.take());

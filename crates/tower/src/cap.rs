@@ -639,11 +639,7 @@ fn finish<RB, E: Into<BoxError>>(
     match result {
         Ok(resp) => {
             if let Some(p) = probe {
-                let counted = match classify_response(resp.status(), resp.headers()) {
-                    None => AttemptResult::Success,
-                    Some(f) if f.counts_for_breaker() => AttemptResult::UpstreamFailure,
-                    Some(_) => AttemptResult::NotCounted,
-                };
+                let counted = AttemptResult::of(classify_response(resp.status(), resp.headers()));
                 judge(&dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, resp.headers());
@@ -672,12 +668,7 @@ fn finish<RB, E: Into<BoxError>>(
             let kind = classify_error(&*e);
             if let Some(p) = probe {
                 let (failure, _) = stormguard_http::classify::classify_transport(kind);
-                let counted = if failure.counts_for_breaker() {
-                    AttemptResult::UpstreamFailure
-                } else {
-                    AttemptResult::NotCounted
-                };
-                judge(&dep, target, p, now, counted);
+                judge(&dep, target, p, now, AttemptResult::of(Some(failure)));
             }
             drop((permit, total));
             if let Some(r) = rate {
