@@ -10,8 +10,8 @@
 //! 4. [`Denied::Pushback`] (the server said not to retry, asked for longer than `max_pushback`,
 //!    or a hold set by an earlier response to the upstream is active);
 //! 5. [`Denied::Deadline`] (the wait plus the minimum attempt time passes the deadline);
-//! 6. [`Denied::Scope`] (a fan-out or route scope is spent), then [`Denied::Budget`], both
-//!    charged now;
+//! 6. [`Denied::Scope`] (a fan-out or route scope is spent) or [`Denied::Tree`] (the call
+//!    tree's allowance is, [`crate::tree`]), then [`Denied::Budget`], all charged now;
 //! 7. after the wait, [`RetryPolicy::admit`] asks the limiter with `try_acquire`, never waiting:
 //!    [`Denied::Cap`] refunds the scope and budget charges, since the retry was never sent.
 //!
@@ -538,7 +538,7 @@ impl RetryPolicy {
                 Some(c) => charges.scopes.push(c),
                 None => {
                     charges.refund(now, &*self.budget);
-                    return Err(Denied::Scope);
+                    return Err(scope.denied());
                 }
             }
         }

@@ -35,6 +35,9 @@ pub enum Denied {
     Deadline,
     /// The fan-out or route scope is spent.
     Scope,
+    /// The call tree's amplification allowance is spent: the hops above, and this one, have
+    /// sent the extra attempts the user action's context allows (see [`crate::tree`]).
+    Tree,
     /// The dependency's retry budget is spent.
     Budget,
     /// No slot was free (or a primary was waiting) when the retry's backoff ended.
@@ -48,7 +51,7 @@ pub enum Denied {
 
 impl Denied {
     /// Every reason, in decision order.
-    pub const ALL: [Denied; 12] = [
+    pub const ALL: [Denied; 13] = [
         Denied::NonIdempotent,
         Denied::Body,
         Denied::Attempts,
@@ -57,6 +60,7 @@ impl Denied {
         Denied::Pushback,
         Denied::Deadline,
         Denied::Scope,
+        Denied::Tree,
         Denied::Budget,
         Denied::Cap,
         Denied::Rate,
@@ -74,6 +78,7 @@ impl Denied {
             Denied::Pushback => "pushback",
             Denied::Deadline => "deadline",
             Denied::Scope => "scope",
+            Denied::Tree => "tree",
             Denied::Budget => "budget",
             Denied::Cap => "cap",
             Denied::Rate => "rate",

@@ -41,6 +41,7 @@ pub mod scope;
 pub mod signals;
 mod sync;
 pub mod text;
+pub mod tree;
 
 pub use budget::{AnyBudget, BudgetSpec, FailureKind, Outcome, RetryBudget, RetryPermit};
 pub use clock::{Clock, ManualClock, MonotonicClock, Timestamp};

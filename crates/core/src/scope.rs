@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use crate::budget::{FailureKind, RetryBudget, RetryPermit};
 use crate::clock::Timestamp;
+use crate::denied::Denied;
 use crate::sync::{AtomicU64, Ordering};
+use crate::tree::{TreeCharge, TreeLedger};
 
 /// Whole retries shared by every call of one user action. Clones share the count; put one in
 /// each call's request extensions (not a task-local, which spawned child tasks lose).
@@ -75,6 +77,8 @@ pub enum Scope {
     FanOut(FanOutScope),
     /// A route's own retry budget.
     Route(Arc<dyn RetryBudget>),
+    /// The call tree's allowance, as the dependency's ledger keeps it ([`crate::tree`]).
+    Tree(TreeLedger),
 }
 
 impl fmt::Debug for Scope {
@@ -82,6 +86,7 @@ impl fmt::Debug for Scope {
         match self {
             Scope::FanOut(s) => f.debug_tuple("FanOut").field(&s.remaining()).finish(),
             Scope::Route(b) => f.debug_tuple("Route").field(b).finish(),
+            Scope::Tree(_) => f.write_str("Tree"),
         }
     }
 }
@@ -94,6 +99,16 @@ impl Scope {
             Scope::Route(b) => {
                 b.try_retry(now, kind).ok().map(|p| ScopeCharge::Route(b.clone(), p))
             }
+            Scope::Tree(t) => t.try_charge(now).map(ScopeCharge::Tree),
+        }
+    }
+
+    /// The reason a retry this scope refused is given: [`Denied::Tree`] for the call tree's
+    /// allowance, [`Denied::Scope`] for a fan-out or a route.
+    pub fn denied(&self) -> Denied {
+        match self {
+            Scope::Tree(_) => Denied::Tree,
+            Scope::FanOut(_) | Scope::Route(_) => Denied::Scope,
         }
     }
 }
@@ -105,6 +120,8 @@ pub enum ScopeCharge {
     FanOut(FanOutCharge),
     /// A route budget's permit.
     Route(Arc<dyn RetryBudget>, RetryPermit),
+    /// One extra attempt of the call tree's allowance.
+    Tree(TreeCharge),
 }
 
 impl fmt::Debug for ScopeCharge {
@@ -112,6 +129,7 @@ impl fmt::Debug for ScopeCharge {
         match self {
             ScopeCharge::FanOut(c) => c.fmt(f),
             ScopeCharge::Route(_, p) => f.debug_tuple("Route").field(p).finish(),
+            ScopeCharge::Tree(c) => c.fmt(f),
         }
     }
 }
@@ -122,6 +140,7 @@ impl ScopeCharge {
         match self {
             ScopeCharge::FanOut(c) => c.refund(),
             ScopeCharge::Route(b, p) => b.refund(now, p),
+            ScopeCharge::Tree(c) => c.refund(),
         }
     }
 
