@@ -14,3 +14,4 @@ pub mod headers;
 pub mod provider;
 pub mod rate;
 pub mod stacked;
+pub mod tree;

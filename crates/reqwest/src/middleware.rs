@@ -15,14 +15,13 @@ use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::{FailedAttempt, RequestFacts};
 use stormguard_core::life::Life;
-use stormguard_core::scope::Scope;
 use stormguard_http::classify::{classify_response, classify_transport, is_idempotent};
 use stormguard_http::stacked::mark_attempt;
 use stormguard_tower::call::{Judged, Sent, drive};
 use stormguard_tower::cap::{FirstTry, admit_first_try};
 use stormguard_tower::extensions::RateCost;
 use stormguard_tower::{
-    Deadline, Dependency, FanOutScope, Idempotent, RouteBudget, StormguardError,
+    Deadline, Dependency, Idempotent, RouteBudget, StormguardError,
 };
 use tracing::Span;
 
@@ -84,6 +83,7 @@ async fn run(
         route.as_ref(),
         extensions.get::<Deadline>().copied(),
     );
+    stormguard_tower::retry::enter_tree(dep, req.headers(), false, dep.now());
     // The copy a retry sends: reqwest's own `try_clone`, which has none for a streaming body.
     // Such a request is sent once, and its retry refused as `body`.
     let spare = req.try_clone();
@@ -111,13 +111,7 @@ async fn run(
             return Err(refused(StormguardError::Denied(reason)));
         }
     };
-    let mut scopes = Vec::new();
-    if let Some(s) = extensions.get::<FanOutScope>() {
-        scopes.push(Scope::FanOut(s.clone()));
-    }
-    if let Some(r) = route {
-        scopes.push(Scope::Route(r.0));
-    }
+    let scopes = stormguard_tower::retry::scopes(dep, req.headers(), extensions, route.as_ref());
     let mut life = Life::new(facts, scopes, 0);
     let gates = dep.gates(cost);
     let hedge_after = match (&spare, config.retry.hedge) {
@@ -140,6 +134,7 @@ async fn run(
                         true => stormguard_http::stacked::mark_hedge(r.headers_mut(), sent.number),
                         false => mark_attempt(r.headers_mut(), sent.number),
                     }
+                    stormguard_http::tree::mark_extra(r.headers_mut());
                 }
                 req
             }

@@ -61,6 +61,7 @@ use stormguard_core::decision::{FailedAttempt, RequestFacts};
 use stormguard_core::life::{Admitted, AttemptId, Extra, Life, Next};
 use stormguard_core::limiter::Permit;
 use stormguard_core::scope::{FanOutScope, Scope};
+use stormguard_core::tree::TreeContext;
 use tracing::{Instrument, Span};
 
 use crate::cap::{
@@ -78,6 +79,7 @@ pub struct Attempt {
     hedge: bool,
     upstream: usize,
     time_left: Option<Duration>,
+    tree: Option<TreeContext>,
 }
 
 impl Attempt {
@@ -106,6 +108,13 @@ impl Attempt {
     /// a statement timeout).
     pub fn time_left(&self) -> Option<Duration> {
         self.time_left
+    }
+
+    /// The call tree's context this attempt carries on to the hops below, when the call has
+    /// one ([`Call::tree`]): a retry or a hedge says one more was spent. Put it in the
+    /// attempt's request (`stormguard_http::tree::write`, or the RPC's metadata).
+    pub fn tree(&self) -> Option<TreeContext> {
+        self.tree
     }
 }
 
@@ -306,6 +315,7 @@ pub struct Call<'d, F, C = AnyError> {
     cost: RateCost,
     fan_out: Option<FanOutScope>,
     route: Option<RouteBudget>,
+    tree: Option<TreeContext>,
     name: &'static str,
 }
 
@@ -336,6 +346,7 @@ impl Dependency {
             deadline: None,
             cost: RateCost::default(),
             fan_out: None,
+            tree: None,
             route: None,
             name: "call",
         }
@@ -346,8 +357,8 @@ impl<'d, F, C> Call<'d, F, C> {
     /// How each attempt's result reads: a closure `Fn(&Result<T, E>) -> Outcome` or a
     /// [`Classify`] type. Default [`AnyError`].
     pub fn classify<D>(self, classify: D) -> Call<'d, F, D> {
-        let Call { dep, op, idempotent, deadline, cost, fan_out, route, name, .. } = self;
-        Call { dep, op, classify, idempotent, deadline, cost, fan_out, route, name }
+        let Call { dep, op, idempotent, deadline, cost, fan_out, route, tree, name, .. } = self;
+        Call { dep, op, classify, idempotent, deadline, cost, fan_out, route, tree, name }
     }
 
     /// Whether running the operation twice is harmless (default `true`, as in `backon` and
@@ -384,6 +395,15 @@ impl<'d, F, C> Call<'d, F, C> {
         self
     }
 
+    /// The call tree this call is part of (the context the request being served arrived with,
+    /// `stormguard_http::tree::read`): it enters the dependency's tree ledger, its retries and
+    /// hedges are charged to the tree's allowance too, and each attempt's [`Attempt::tree`]
+    /// is the context to pass on.
+    pub fn tree(mut self, ctx: TreeContext) -> Self {
+        self.tree = Some(ctx);
+        self
+    }
+
     /// The name of each attempt's span (`otel.name`; default `call`), e.g. `SELECT`.
     pub fn name(mut self, name: &'static str) -> Self {
         self.name = name;
@@ -399,10 +419,14 @@ where
 {
     /// Runs the call: its first try under the cap, then what its life admits.
     pub async fn run(self) -> Result<T, CallError<E>> {
-        let Call { dep, mut op, classify, idempotent, deadline, cost, fan_out, route, name } = self;
+        let Call { dep, mut op, classify, idempotent, deadline, cost, fan_out, route, tree, name } =
+            self;
         let (_, deadline) =
             crate::request::request_start(dep, route.as_ref(), deadline.map(Deadline::after));
         let now = dep.now();
+        if let Some(ctx) = &tree {
+            dep.tree().arrived(now, ctx);
+        }
         let target = match dep.upstream_count() {
             1 => 0,
             _ => dep.primary_target(now, cost),
@@ -419,6 +443,9 @@ where
         if let Some(r) = route {
             scopes.push(Scope::Route(r.0));
         }
+        if tree.is_some() {
+            scopes.push(Scope::Tree(dep.tree().clone()));
+        }
         let facts = RequestFacts { idempotent, replayable: true, stacked: false, deadline };
         let mut life = Life::new(facts, scopes, target);
         let gates = dep.gates(cost);
@@ -429,6 +456,7 @@ where
                 hedge: sent.hedge,
                 upstream: sent.target,
                 time_left: deadline.map(|d| d.saturating_since(dep.now())),
+                tree: tree.map(|t| t.below(sent.number > 1)),
             };
             let span = span_for(dep, name, sent.target, sent.number - 1);
             // The breaker's probe first: the operation is called only for an attempt that goes

@@ -5,6 +5,8 @@ use crate::extensions::RateCost;
 pub use crate::extensions::UpstreamTarget;
 use std::fmt;
 use std::sync::Arc;
+
+use stormguard_core::tree::{TreeContext, TreeCounts, TreeLedger};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -211,6 +213,8 @@ struct Inner {
     trace_ids: AtomicU64,
     /// Rate admission, per upstream, when on (else empty).
     rates: Vec<Rates>,
+    /// The call trees' allowance as this dependency sees it ([`stormguard_core::tree`]).
+    tree: TreeLedger,
 }
 
 impl fmt::Debug for Dependency {
@@ -250,6 +254,8 @@ pub struct DependencySnapshot {
     pub others: Vec<UpstreamSnapshot>,
     /// Rate admission's limits, per upstream in order (empty when it is off).
     pub rates: Vec<crate::rate::RatesSnapshot>,
+    /// What the call trees' ledger counted: originals, extras from above, extras charged here.
+    pub tree: TreeCounts,
     /// The time of the snapshot on the dependency's clock.
     pub at: Timestamp,
 }
@@ -440,6 +446,7 @@ impl Dependency {
                 policy,
                 header_stats: HeaderStats::new(),
                 malformed_logged: std::sync::atomic::AtomicBool::new(false),
+                tree: TreeLedger::default(),
                 requests: AtomicU64::new(0),
                 trace_ids: AtomicU64::new(trace_ids),
                 rates,
@@ -653,6 +660,26 @@ impl Dependency {
         &self.inner.header_stats
     }
 
+    /// The call trees' ledger: every request with a tree context is entered on it, and every
+    /// retry and hedge of one charged to it ([`stormguard_core::tree`]).
+    pub fn tree(&self) -> &TreeLedger {
+        &self.inner.tree
+    }
+
+    /// The call tree's context a request carries (its `stormguard-tree` baggage member), if
+    /// any: one that does not read is ignored and counted
+    /// (`stormguard_malformed_headers_total{header="stormguard-tree"}`).
+    pub fn tree_context(&self, headers: &http::HeaderMap) -> Option<TreeContext> {
+        match stormguard_http::tree::read(headers)? {
+            Ok(ctx) => Some(ctx),
+            Err(e) => {
+                self.inner.header_stats.record(stormguard_http::headers::HeaderKind::Tree);
+                tracing::debug!(dependency = self.name(), error = %e, "a call tree's context was ignored");
+                None
+            }
+        }
+    }
+
     /// A random source for one request's jitter: seeded from the dependency's seed and a
     /// per-request counter, so a run with the same seed and order draws the same waits.
     pub fn request_rng(&self) -> SplitMix64 {
@@ -784,6 +811,7 @@ impl Dependency {
                 })
                 .collect(),
             rates: self.inner.rates.iter().map(|r| r.snapshot(now)).collect(),
+            tree: self.inner.tree.counts(),
             at: now,
         }
     }

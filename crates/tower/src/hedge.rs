@@ -73,6 +73,7 @@ where
     let req = &rest.req;
     let mut this = copy_request(req, body);
     stormguard_http::stacked::mark_hedge(this.headers_mut(), number);
+    stormguard_http::tree::mark_extra(this.headers_mut());
     let span = attempt_span(&dep, req, target, number - 1);
     let fut = send_admitted(dep, rest.svc.clone(), this, rest.deadline, admitted, span.clone());
     Some(SentHedge { fut: Box::pin(fut), span, id, number })

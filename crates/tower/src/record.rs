@@ -138,7 +138,7 @@ impl fmt::Debug for Recorder {
 
 /// Whether a refused retry had reached the budget (and so is an ask a replay must see).
 pub(crate) fn reached_budget(reason: Denied) -> bool {
-    matches!(reason, Denied::Scope | Denied::Budget | Denied::Cap | Denied::Queue)
+    matches!(reason, Denied::Scope | Denied::Tree | Denied::Budget | Denied::Cap | Denied::Queue)
 }
 
 #[cfg(test)]

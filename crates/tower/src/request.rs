@@ -128,16 +128,46 @@ pub(crate) fn request_facts<B>(
     }
 }
 
-/// The scopes a request's retries (and hedges) are charged to: its fan-out, then its route.
-pub(crate) fn scopes_of<B>(req: &Request<B>, route: Option<&RouteBudget>) -> Vec<Scope> {
+/// The scopes a request's retries (and hedges) are charged to: its fan-out, then its route,
+/// then its call tree's allowance (when it carries a tree's context, [`Dependency::tree_context`]).
+pub fn scopes(
+    dep: &Dependency,
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
+    route: Option<&RouteBudget>,
+) -> Vec<Scope> {
     let mut scopes = Vec::new();
-    if let Some(s) = req.extensions().get::<FanOutScope>() {
+    if let Some(s) = extensions.get::<FanOutScope>() {
         scopes.push(Scope::FanOut(s.clone()));
     }
     if let Some(r) = route {
         scopes.push(Scope::Route(r.0.clone()));
     }
+    if dep.tree_context(headers).is_some() {
+        scopes.push(Scope::Tree(dep.tree().clone()));
+    }
     scopes
+}
+
+/// [`scopes`] of a request.
+pub(crate) fn scopes_of<B>(
+    dep: &Dependency,
+    req: &Request<B>,
+    route: Option<&RouteBudget>,
+) -> Vec<Scope> {
+    scopes(dep, req.headers(), req.extensions(), route)
+}
+
+/// A request of a call tree enters the dependency's ledger as it starts: a tree original
+/// deposits its allowance less one, an extra attempt of a hop above withdraws one
+/// ([`stormguard_core::tree`]). A caller's own retry enters only when a hop above sent it as an
+/// extra; otherwise it is an extra of this hop, charged as its retry is admitted.
+pub fn enter_tree(dep: &Dependency, headers: &HeaderMap, caller_retry: bool, now: Timestamp) {
+    if let Some(ctx) = dep.tree_context(headers)
+        && !(caller_retry && ctx.is_original())
+    {
+        dep.tree().arrived(now, &ctx);
+    }
 }
 
 /// What a request keeps while its first attempt is in flight, for the retries (and the hedge)
@@ -166,7 +196,7 @@ impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
             let replayable = policy.is_replayable(req.body());
             Box::new(Life::new(
                 request_facts(dep, req, *deadline, replayable),
-                scopes_of(req, route.as_ref()),
+                scopes_of(dep, req, route.as_ref()),
                 *target,
             ))
         })

@@ -31,7 +31,9 @@ use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::FailedAttempt;
 use stormguard_core::life::{Admitted, AttemptId, Life, Next as LifeNext, Refused};
+use stormguard_core::scope::Scope;
 use stormguard_core::signals::CallerRetryOutcome;
+use stormguard_core::tree::TreeContext;
 use stormguard_http::classify::{classify_response, classify_transport};
 use stormguard_http::stacked::mark_attempt;
 use tower::Service;
@@ -45,7 +47,7 @@ use crate::extensions::{CallerRetry, QuotaExhausted, RateCost, UpstreamTarget};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
 use crate::request::{Answer, Rest, copy_request, request_facts, scopes_of, send_admitted};
-pub use crate::request::{AttemptPolicy, CloneBody, Replay, request_start};
+pub use crate::request::{AttemptPolicy, CloneBody, Replay, enter_tree, request_start, scopes};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
 /// What the caller gets.
@@ -114,6 +116,7 @@ where
     );
     // One clock read for the request's start and its first try's admission.
     let now = start.unwrap_or_else(|| dep.now());
+    crate::request::enter_tree(&dep, req.headers(), caller.is_some(), now);
     let id = dep.trace_id();
     if id.is_some() && caller.is_none() {
         dep.record(id, now, TraceOp::Request);
@@ -241,11 +244,18 @@ where
     let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
     let gates = dep.gates(cost);
     let facts = request_facts(dep, &rest.req, rest.deadline, true);
+    // A hop above charged a retry it sent to its own tree allowance (it entered the ledger as
+    // an extra from above); one of this hop's callers' own is charged here.
+    let tree = dep.tree_context(rest.req.headers());
+    let mut scopes = scopes_of(dep, &rest.req, rest.route.as_ref());
+    if tree.is_some_and(|t| !t.is_original()) {
+        scopes.retain(|s| !matches!(s, Scope::Tree(_)));
+    }
     let (life, admitted) = Life::caller_retry(
         &gates,
         now,
         facts,
-        scopes_of(&rest.req, rest.route.as_ref()),
+        scopes,
         rest.target,
         caller.attempt,
         caller.after,
@@ -276,19 +286,28 @@ where
         // holding its charges, ends with it.
         None => {
             let Rest { dep, svc, mut req, deadline, id, .. } = *rest;
-            mark_attempt(req.headers_mut(), caller.attempt);
+            mark_caller_retry(req.headers_mut(), caller.attempt, tree);
             let how = (deadline, now, admitted.target);
             let result = single(dep, svc, req, how, id, span, Some(admitted)).await;
             drop(life);
             return result;
         }
     };
-    mark_attempt(this.headers_mut(), caller.attempt);
+    mark_caller_retry(this.headers_mut(), caller.attempt, tree);
     let svc = rest.svc.clone();
     let result = send_admitted(dep.clone(), svc, this, rest.deadline, admitted, span.clone()).await;
     let mut rest = rest;
     rest.life = Some(Box::new(life));
     after_failure(rest, result, span, attempt).await
+}
+
+/// Marks a caller's own retry as it is sent: its number as the caller gave it, and, when it is
+/// an extra of this hop (no hop above sent it as one), the tree's context says so below.
+fn mark_caller_retry(headers: &mut http::HeaderMap, attempt: u32, tree: Option<TreeContext>) {
+    mark_attempt(headers, attempt);
+    if tree.is_some_and(|t| t.is_original()) {
+        stormguard_http::tree::mark_extra(headers);
+    }
 }
 
 pin_project! {
@@ -643,6 +662,7 @@ where
                 (id, number) = (admitted.id, admitted.number);
                 let mut this = copy_request(&req, next_body);
                 mark_attempt(this.headers_mut(), number);
+                stormguard_http::tree::mark_extra(this.headers_mut());
                 let sent =
                     send_admitted(dep.clone(), svc.clone(), this, deadline, admitted, span.clone());
                 result = sent.await;

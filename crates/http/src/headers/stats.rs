@@ -22,11 +22,14 @@ pub enum HeaderKind {
     /// A token count in an answer body's `usage` that is negative or not an integer (ignored),
     /// or implausibly far above the request's estimate (clamped).
     Usage,
+    /// A request's `stormguard-tree` baggage member that does not read (the request goes
+    /// without a call tree's context).
+    Tree,
 }
 
 impl HeaderKind {
     /// Every kind, in declaration order.
-    pub const ALL: [HeaderKind; 8] = [
+    pub const ALL: [HeaderKind; 9] = [
         HeaderKind::RetryAfter,
         HeaderKind::RetryAfterMs,
         HeaderKind::Reset,
@@ -35,6 +38,7 @@ impl HeaderKind {
         HeaderKind::Remaining,
         HeaderKind::ShouldRetry,
         HeaderKind::Usage,
+        HeaderKind::Tree,
     ];
 
     /// A label for metrics.
@@ -48,6 +52,7 @@ impl HeaderKind {
             HeaderKind::Remaining => "remaining",
             HeaderKind::ShouldRetry => "x-should-retry",
             HeaderKind::Usage => "usage",
+            HeaderKind::Tree => "stormguard-tree",
         }
     }
 

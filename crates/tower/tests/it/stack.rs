@@ -47,6 +47,7 @@ struct Scripted {
     calls: Arc<AtomicU32>,
     times: Arc<std::sync::Mutex<Vec<Instant>>>,
     attempts_seen: Arc<std::sync::Mutex<Vec<String>>>,
+    baggage_seen: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Scripted {
@@ -56,6 +57,7 @@ impl Scripted {
             calls: Arc::default(),
             times: Arc::default(),
             attempts_seen: Arc::default(),
+            baggage_seen: Arc::default(),
         }
     }
 
@@ -82,6 +84,8 @@ impl Service<Req> for Scripted {
         let attempt =
             req.headers().get("x-stormguard-attempt").map(|v| v.to_str().unwrap().to_string());
         self.attempts_seen.lock().unwrap().push(attempt.unwrap_or_default());
+        let baggage = req.headers().get("baggage").map(|v| v.to_str().unwrap().to_string());
+        self.baggage_seen.lock().unwrap().push(baggage.unwrap_or_default());
         let (status, headers) = self.statuses.get(n).cloned().unwrap_or((200, vec![]));
         let mut resp = Response::builder().status(status);
         for (k, v) in headers {
@@ -202,6 +206,42 @@ async fn a_fan_out_scope_is_shared_by_its_calls() {
     let resp = stack.oneshot(b).await.unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.extensions().get::<Denied>(), Some(&Denied::Scope), "the second may not");
+}
+
+/// The call tree's allowance bounds retries the dependency's own budget would allow, each
+/// retry tells the hops below it is an extra, and a refusal names the tree.
+#[tokio::test(start_paused = true)]
+async fn a_call_trees_allowance_bounds_retries_and_marks_them_below() {
+    let run = |tree: Option<&'static str>| async move {
+        // The dependency's own budget allows every retry: only the tree can refuse.
+        let dep = dependency(|c| c.budget = "ratio:percent=100,min_per_sec=100".parse().unwrap());
+        let svc = Scripted::new(vec![(503, vec![]); 100]);
+        let stack = StormguardLayer::new(dep.clone()).layer(svc.clone());
+        let mut refused = 0;
+        for _ in 0..20 {
+            let mut req = request(Method::GET);
+            if let Some(t) = tree {
+                req.headers_mut().insert("baggage", format!("app=1,{t}").parse().unwrap());
+            }
+            let resp = stack.clone().oneshot(req).await.unwrap();
+            refused += usize::from(resp.extensions().get::<Denied>() == Some(&Denied::Tree));
+        }
+        let seen = svc.baggage_seen.lock().unwrap().clone();
+        (svc.calls(), refused, seen, dep.snapshot().tree)
+    };
+    // 20 actions that may make 1.1 attempts each: 2 retries in all.
+    let (calls, refused, seen, counts) = run(Some("stormguard-tree=1.1")).await;
+    assert_eq!(calls, 22);
+    // 18 refused their first retry, the 2 that retried their second (max_retries 2).
+    assert_eq!(refused, 20);
+    assert_eq!((counts.originals, counts.extras_above, counts.charged), (20, 0, 2));
+    let extras: Vec<_> = seen.iter().filter(|b| b.contains("spent=1")).collect();
+    assert_eq!(extras.len(), 2, "each retry carries one more spent: {seen:?}");
+    assert!(extras.iter().all(|b| b.starts_with("app=1,")), "other members kept: {extras:?}");
+    // Without a context (and with a malformed one) the budget alone decides: every retry goes.
+    assert_eq!(run(None).await.0, 60, "two retries each");
+    let (calls, _, _, counts) = run(Some("stormguard-tree=lots")).await;
+    assert_eq!((calls, counts.originals), (60, 0), "a context that does not read is ignored");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,137 @@
+//! The call tree's context on the wire: a member of W3C `baggage`.
+//!
+//! ```text
+//! baggage: stormguard-tree=1.2;spent=1;id=8f3a09c1d2e4b5a6, userId=alice
+//! ```
+//!
+//! **Why `baggage`.** A service between two hops must pass the context from the request it
+//! received to the requests it makes. OpenTelemetry's propagators already carry `baggage` from
+//! a service's inbound request to its outbound ones (and the meshes ask services to pass
+//! `traceparent` and `baggage` on), so a service that propagates its trace propagates the
+//! tree too; a header of stormguard's own would need every service to learn one more name. The
+//! member's value is [`TreeContext`]'s text form: the allowance, then its properties.
+//!
+//! **Malformed input.** A member that does not read is ignored (the request has no tree
+//! context) and counted by the caller of [`read`]. Other members pass untouched.
+//!
+//! ```
+//! use http::HeaderMap;
+//! use stormguard_http::tree;
+//!
+//! let mut h = HeaderMap::new();
+//! h.insert("baggage", "userId=alice,stormguard-tree=1.2".parse().unwrap());
+//! let ctx = tree::read(&h).unwrap().unwrap();
+//! tree::write(&mut h, &ctx.below(true));
+//! assert_eq!(h["baggage"], "userId=alice,stormguard-tree=1.2;spent=1");
+//! ```
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use stormguard_core::tree::{BadTreeContext, TreeContext};
+
+/// W3C `baggage`.
+pub static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
+/// The member's key.
+pub const MEMBER: &str = "stormguard-tree";
+
+/// The members of every `baggage` header, in order (a list may come in several headers).
+fn members(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(&BAGGAGE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+}
+
+/// The value (with its properties) of a `stormguard-tree` member, if `m` is one.
+fn ours(m: &str) -> Option<&str> {
+    let (key, value) = m.split_once('=')?;
+    (key.trim() == MEMBER).then(|| value.trim())
+}
+
+/// The request's tree context: `None` without one, `Some(Err)` when its member does not read
+/// (the first member of that key is read, as W3C allows; the rest are ignored).
+pub fn read(headers: &HeaderMap) -> Option<Result<TreeContext, BadTreeContext>> {
+    if !headers.contains_key(&BAGGAGE) {
+        return None;
+    }
+    members(headers).find_map(ours).map(str::parse)
+}
+
+/// Sets the request's `stormguard-tree` member to `ctx`, keeping the other members (in one
+/// `baggage` header).
+pub fn write(headers: &mut HeaderMap, ctx: &TreeContext) {
+    let ours = format!("{MEMBER}={ctx}");
+    set(headers, Some(&ours));
+}
+
+/// Marks an extra attempt (a retry or a hedge this hop sends) on its copy of the request: the
+/// context it carries, if it reads, says one more was spent above the hops below.
+pub fn mark_extra(headers: &mut HeaderMap) {
+    if let Some(Ok(ctx)) = read(headers) {
+        write(headers, &ctx.below(true));
+    }
+}
+
+/// Takes the `stormguard-tree` member off the request (a context from outside the trust
+/// boundary), keeping the other members.
+pub fn remove(headers: &mut HeaderMap) {
+    if headers.contains_key(&BAGGAGE) && members(headers).any(|m| ours(m).is_some()) {
+        set(headers, None);
+    }
+}
+
+fn set(headers: &mut HeaderMap, ours: Option<&str>) {
+    let mut list: Vec<&str> = members(headers).filter(|m| self::ours(m).is_none()).collect();
+    list.extend(ours);
+    let joined = list.join(",");
+    // Every part came from a valid header value or from a context's text (ASCII).
+    match HeaderValue::from_str(&joined) {
+        Ok(v) if !joined.is_empty() => {
+            headers.insert(BAGGAGE.clone(), v);
+        }
+        _ => {
+            headers.remove(&BAGGAGE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(values: &[&'static str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(&BAGGAGE, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn read_finds_the_member_among_others_and_across_headers() {
+        assert!(read(&HeaderMap::new()).is_none());
+        assert!(read(&with(&["a=1"])).is_none());
+        let c = read(&with(&["a=1", " stormguard-tree = 1.5;spent=2 ,b=2"])).unwrap().unwrap();
+        assert_eq!((c.allowance_milli, c.spent), (1500, 2));
+        assert!(read(&with(&["stormguard-tree=lots"])).unwrap().is_err());
+    }
+
+    #[test]
+    fn write_replaces_ours_and_keeps_the_rest() {
+        let mut h = with(&["a=1", "stormguard-tree=3,b=2;p"]);
+        let ctx: TreeContext = "1.2;spent=1".parse().unwrap();
+        write(&mut h, &ctx);
+        assert_eq!(h.get_all(&BAGGAGE).iter().count(), 1);
+        assert_eq!(h[&BAGGAGE], "a=1,b=2;p,stormguard-tree=1.2;spent=1");
+        remove(&mut h);
+        assert_eq!(h[&BAGGAGE], "a=1,b=2;p");
+        let mut only = with(&["stormguard-tree=2"]);
+        remove(&mut only);
+        assert!(only.get(&BAGGAGE).is_none());
+        let mut none = HeaderMap::new();
+        write(&mut none, &ctx);
+        assert_eq!(none[&BAGGAGE], "stormguard-tree=1.2;spent=1");
+    }
+}
