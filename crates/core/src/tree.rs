@@ -103,6 +103,40 @@ fn clamp(milli: u32) -> u32 {
     milli.clamp(MILLI as u32, MAX_ALLOWANCE_MILLI)
 }
 
+/// An allowance as configured (`tree_allowance = 1.2`): attempts per user action any one
+/// dependency may see, 1 to 10 with at most three decimals, kept in thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Allowance(pub u32);
+
+impl Default for Allowance {
+    /// 1.2: one extra attempt per five user actions, across every hop.
+    fn default() -> Self {
+        Allowance(1200)
+    }
+}
+
+/// An allowance that does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an allowance (attempts per user action: 1 to 10, at most three decimals)")]
+pub struct BadAllowance(pub String);
+
+impl FromStr for Allowance {
+    type Err = BadAllowance;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let milli = parse_scaled(s, 3, Excess::Refuse)
+            .ok()
+            .filter(|m| (MILLI..=u64::from(MAX_ALLOWANCE_MILLI)).contains(m))
+            .ok_or_else(|| BadAllowance(s.chars().take(40).collect()))?;
+        Ok(Allowance(milli as u32))
+    }
+}
+
+impl fmt::Display for Allowance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_scaled(u64::from(self.0), 3))
+    }
+}
+
 /// A `stormguard-tree` value that does not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{0}` is not a stormguard-tree context (`ALLOWANCE[;spent=N][;id=HEX]`, allowance 1–10)")]
@@ -117,12 +151,8 @@ impl FromStr for TreeContext {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadTreeContext(s.chars().take(80).collect());
         let mut parts = s.split(';').map(str::trim);
-        let allowance = parts.next().ok_or_else(bad)?;
-        let milli = parse_scaled(allowance, 3, Excess::Refuse).map_err(|_| bad())?;
-        if !(MILLI..=u64::from(MAX_ALLOWANCE_MILLI)).contains(&milli) {
-            return Err(bad());
-        }
-        let mut ctx = TreeContext { allowance_milli: milli as u32, spent: 0, id: None };
+        let allowance: Allowance = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let mut ctx = TreeContext { allowance_milli: allowance.0, spent: 0, id: None };
         for p in parts {
             let (k, v) = p.split_once('=').map_or((p, ""), |(k, v)| (k.trim(), v.trim()));
             match k {
@@ -140,7 +170,7 @@ impl FromStr for TreeContext {
 
 impl fmt::Display for TreeContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&format_scaled(u64::from(self.allowance_milli), 3))?;
+        Allowance(self.allowance_milli).fmt(f)?;
         if self.spent > 0 {
             write!(f, ";spent={}", self.spent)?;
         }

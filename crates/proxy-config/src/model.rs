@@ -13,6 +13,7 @@ use serde::Deserialize;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
+use stormguard_core::tree::Allowance;
 use stormguard_core::conditions::RetryOn;
 use stormguard_core::defaults;
 
@@ -119,6 +120,42 @@ pub struct ListenerConfig {
     /// caller's own retry loop stands down (docs/proxy.md, "Downstream pushback"). Default true.
     #[serde(default = "yes")]
     pub downstream_pushback: bool,
+    /// `tree`: what the listener does with a call tree's context (the `stormguard-tree` member
+    /// of W3C `baggage`, docs/rules.md "One budget for the call tree"): `off` (default) takes
+    /// the member off every request and starts none — a caller outside the trust boundary
+    /// cannot grant itself an allowance; `root` starts a new user action on every request,
+    /// whatever it carried; `trust` keeps the caller's (its allowance clamped to
+    /// `tree_allowance`), and starts one when none came.
+    #[serde(default)]
+    pub tree: TreeMode,
+    /// `tree_allowance`: attempts per user action any one dependency below may see, for the
+    /// trees this listener starts, and the most a trusted caller's may say. Default 1.2.
+    #[serde(default, deserialize_with = "stormguard_config::de::from_number_or_str")]
+    pub tree_allowance: Allowance,
+}
+
+/// What a listener does with a call tree's context ([`ListenerConfig::tree`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TreeMode {
+    /// The context is taken off; no tree is started.
+    #[default]
+    Off,
+    /// Every request starts a new tree.
+    Root,
+    /// The caller's context is kept (clamped); a request without one starts a tree.
+    Trust,
+}
+
+impl TreeMode {
+    /// The name in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TreeMode::Off => "off",
+            TreeMode::Root => "root",
+            TreeMode::Trust => "trust",
+        }
+    }
 }
 
 /// How the listeners treat connections (see docs/proxy.md, "Limits and timeouts"). Every
@@ -615,7 +652,13 @@ fn yes() -> bool {
 impl ListenerConfig {
     /// A listener on `listen` whose unrouted requests go to `dependency`, with every default.
     pub fn new(listen: SocketAddr, dependency: Option<String>) -> ListenerConfig {
-        ListenerConfig { listen, dependency, downstream_pushback: true }
+        ListenerConfig {
+            listen,
+            dependency,
+            downstream_pushback: true,
+            tree: TreeMode::Off,
+            tree_allowance: Allowance::default(),
+        }
     }
 }
 

@@ -18,6 +18,7 @@ impl ProxyConfig {
             "listeners": self.listeners.iter().map(|l| json!({
                 "listen": l.listen.to_string(), "dependency": l.dependency,
                 "downstream_pushback": l.downstream_pushback,
+                "tree": l.tree.as_str(), "tree_allowance": l.tree_allowance.to_string(),
             })).collect::<Vec<_>>(),
             "dependencies": self.dependencies.iter().map(|d| json!({
                 "name": d.name,

@@ -62,6 +62,7 @@ mod server;
 mod stack;
 mod state;
 mod traffic;
+mod tree;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -514,6 +515,13 @@ impl Collector for ProxyCollector {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("result", result)])?)?;
         }
+        let m = enc.encode_descriptor(
+            "stormguard_tree_overloaded_stamped",
+            "failures a service answered for a user action a hop below had refused for load, sent up with x-should-retry: false and x-stormguard-tree: overloaded (listener tree = root or trust)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(state.overloaded.stamped.load(Ordering::Relaxed)).encode(m)?;
         let m = enc.encode_descriptor(
             "stormguard_draining",
             "1 once the proxy is draining (SIGTERM): /readyz fails",

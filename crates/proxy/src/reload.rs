@@ -210,7 +210,13 @@ pub(crate) fn build(
     let listeners = addrs
         .iter()
         .zip(&config.listeners)
-        .map(|(a, l)| (*a, l.dependency.as_deref().and_then(index), l.downstream_pushback))
+        .map(|(a, l)| crate::state::ListenerRule {
+            addr: *a,
+            dependency: l.dependency.as_deref().and_then(index),
+            pushback: l.downstream_pushback,
+            tree: l.tree,
+            allowance: l.tree_allowance,
+        })
         .collect();
     let shared = Shared {
         deps,
@@ -312,7 +318,7 @@ fn apply(state: &Arc<State>, config: ProxyConfig) -> Result<ReloadReport, Reload
     if fleet_deps(&old.config) != fleet_deps(&config) {
         return Err(ReloadError::Fixed("a dependency with placement = \"fleet\""));
     }
-    let addrs: Vec<SocketAddr> = old.listeners.iter().map(|(a, ..)| *a).collect();
+    let addrs: Vec<SocketAddr> = old.listeners.iter().map(|l| l.addr).collect();
     let built = build(&config, Some(&old), &addrs, state.trace.as_ref())
         .map_err(|e| ReloadError::Build(Box::new(e)))?;
     for (o, n) in built.bridges {

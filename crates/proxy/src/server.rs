@@ -130,7 +130,8 @@ pub(crate) async fn handle(
     let started = Instant::now();
     let shared = state.current();
     let shared = &*shared;
-    let (addr, default_dep, downstream_pushback) = shared.listeners[listener];
+    let rule = shared.listeners[listener];
+    let (addr, default_dep, downstream_pushback) = (rule.addr, rule.dependency, rule.pushback);
     let method = req.method().clone();
     // The caller's target, for the route and the access log: a clone of the parsed URI shares
     // its bytes.
@@ -232,6 +233,10 @@ pub(crate) async fn handle(
     };
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    // The call tree's context, as this listener trusts it (`crate::tree`).
+    let tree = crate::tree::at_listener(rule.tree, rule.allowance, &mut parts.headers, || {
+        dep.dependency.header_stats().record(stormguard_http::headers::HeaderKind::Tree);
+    });
     if dep.upstreams.len() > 1 {
         // Each provider is its own host: the client names the one each attempt goes to.
         parts.headers.remove(HOST);
@@ -365,8 +370,14 @@ pub(crate) async fn handle(
         upstream_ms = log.upstream_time().as_secs_f64() * 1e3,
         total_ms = started.elapsed().as_secs_f64() * 1e3,
     );
-    if !downstream_pushback {
-        return resp;
+    let mut resp = match downstream_pushback {
+        true => crate::pushback::advise(resp, grpc, |reason| {
+            dep.dependency.retry_after(log.target(), reason)
+        }),
+        false => resp,
+    };
+    if let Some(id) = tree {
+        state.overloaded.answered(id, &mut resp, Instant::now());
     }
-    crate::pushback::advise(resp, grpc, |reason| dep.dependency.retry_after(log.target(), reason))
+    resp
 }

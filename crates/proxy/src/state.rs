@@ -55,13 +55,26 @@ pub(crate) struct RouteRuntime {
 pub(crate) struct Shared {
     pub(crate) deps: Vec<Arc<DepRuntime>>,
     pub(crate) routes: Vec<Arc<RouteRuntime>>,
-    /// Per listener: its address, its default dependency, and whether its refusals tell the
-    /// caller's retry loop to stand down (`downstream_pushback`).
-    pub(crate) listeners: Vec<(SocketAddr, Option<usize>, bool)>,
+    /// Per listener: what its requests are served by.
+    pub(crate) listeners: Vec<ListenerRule>,
     /// The header naming the caller (else its IP address).
     pub(crate) client_header: Option<http::HeaderName>,
     /// The effective config.
     pub(crate) config: ProxyConfig,
+}
+
+/// What a listener's requests are served by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListenerRule {
+    /// Its address.
+    pub(crate) addr: SocketAddr,
+    /// Its default dependency.
+    pub(crate) dependency: Option<usize>,
+    /// Whether its refusals tell the caller's retry loop to stand down (`downstream_pushback`).
+    pub(crate) pushback: bool,
+    /// What it does with a call tree's context (`tree`), and the allowance it gives or allows.
+    pub(crate) tree: stormguard_proxy_config::TreeMode,
+    pub(crate) allowance: stormguard_core::tree::Allowance,
 }
 
 /// What lives as long as the proxy, across reloads.
@@ -96,6 +109,8 @@ pub(crate) struct State {
     pub(crate) fleets: Vec<stormguard_redis::Fleet>,
     /// The listeners' connections and the admin listener's refusals, for the metrics.
     pub(crate) listening: Listening,
+    /// User actions a hop below refused for load (`crate::tree`).
+    pub(crate) overloaded: crate::tree::Overloaded,
 }
 
 impl State {
@@ -118,6 +133,7 @@ impl State {
             draining: AtomicBool::new(false),
             reloads: AtomicU64::new(0),
             reloads_refused: AtomicU64::new(0),
+            overloaded: crate::tree::Overloaded::default(),
             registry: RwLock::new(prometheus_client::registry::Registry::default()),
             source,
             reload_lock: tokio::sync::Mutex::new(()),
