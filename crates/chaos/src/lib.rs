@@ -40,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+pub mod forward;
 pub mod load;
 pub mod provider;
 pub mod sampler;

@@ -81,6 +81,9 @@ pub struct ChaosConfig {
     /// When the timeline begins; until then the first phase plays. Default: when the server
     /// starts. A later start lets a caller line its traffic up with the phases exactly.
     pub start: Option<Instant>,
+    /// Serve as a service in the middle of a call tree: a plain answer calls this URL's host
+    /// with the request's path first ([`crate::forward`]). Default none.
+    pub forward: Option<http::Uri>,
 }
 
 impl ChaosConfig {
@@ -93,6 +96,7 @@ impl ChaosConfig {
             provider: script.provider,
             provider_options: script.provider_options,
             start: None,
+            forward: None,
             script,
         }
     }
@@ -250,6 +254,7 @@ struct Shared {
     in_flight_buckets: u64,
     stacked: StackedHeaders,
     provider: Option<Provider>,
+    forward: Option<crate::forward::Forwarder>,
 }
 
 impl Shared {
@@ -277,6 +282,7 @@ impl Shared {
             in_flight_buckets: config.in_flight_buckets,
             stacked: StackedHeaders::default(),
             provider: config.provider.map(|p| Provider::new(p, config.provider_options)),
+            forward: config.forward.map(crate::forward::Forwarder::new),
             names,
             phases,
         }
@@ -830,6 +836,7 @@ async fn handle(
     }
     let retry = shared.stacked.arrived_as_retry(req.headers());
     let h2 = req.version() == Version::HTTP_2;
+    let outbound = shared.forward.as_ref().map(|_| crate::forward::Outbound::of(&req));
     let phase_index = shared.clock.current();
     let epoch = shared.epoch();
     let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
@@ -919,14 +926,14 @@ async fn handle(
             // The work is its own task, so the connection going away cannot cancel it.
             let (tx, rx) = oneshot::channel();
             tokio::spawn(async move {
-                let answer = work(guard, draw, h2, conn_reset, n, taken).await;
+                let answer = work(guard, draw, h2, conn_reset, n, taken, outbound).await;
                 if let Err(Ok(resp)) = tx.send(answer) {
                     resp.into_body().client_gone();
                 }
             });
             rx.await.unwrap_or(Err(InjectedReset))
         }
-        _ => work(guard, draw, h2, conn_reset, n, taken).await,
+        _ => work(guard, draw, h2, conn_reset, n, taken, outbound).await,
     }
 }
 
@@ -1111,6 +1118,7 @@ async fn work(
     conn_reset: Arc<AtomicBool>,
     n: u64,
     taken: Option<Taken>,
+    outbound: Option<crate::forward::Outbound>,
 ) -> Answer {
     let shared = guard.shared.clone();
     // With a number of servers, the request waits for one (first come, first served), and
@@ -1151,6 +1159,17 @@ async fn work(
         && !taken.as_ref().is_some_and(|t| t.asked.stream);
     guard.drawn = plain.then_some(waited + draw.latency);
     let phase = &shared.phases[guard.phase];
+    // A service in the middle of a call tree: its answer is what came of its call below.
+    if let (Action::Respond, Some(f), Some(out)) = (draw.action, &shared.forward, outbound) {
+        let status = f.call(out).await;
+        let body = match status {
+            StatusCode::OK => shared.bodies[guard.phase].clone(),
+            _ => Bytes::from_static(b"the call below failed\n"),
+        };
+        let mut resp = respond(guard, status, body);
+        concurrency_headers(&mut resp, phase, n);
+        return Ok(resp);
+    }
     let mut resp = match draw.action {
         Action::Reset => {
             guard.record(|c| c.event(Event::Reset));

@@ -13,9 +13,9 @@ use serde::Deserialize;
 use stormguard_core::backoff::BackoffConfig;
 use stormguard_core::breaker::BreakerConfig;
 use stormguard_core::budget::BudgetSpec;
-use stormguard_core::tree::Allowance;
 use stormguard_core::conditions::RetryOn;
 use stormguard_core::defaults;
+use stormguard_core::tree::Allowance;
 
 use super::Overrides;
 

@@ -54,8 +54,9 @@ pub(crate) fn at_listener(
         }
         TreeMode::Root => TreeContext::root(allowance.0, new_id()),
         TreeMode::Trust => match stormguard_http::tree::read(headers) {
-            Some(Ok(ctx)) => TreeContext { id: ctx.id.or_else(|| Some(new_id())), ..ctx }
-                .clamped(allowance.0),
+            Some(Ok(ctx)) => {
+                TreeContext { id: ctx.id.or_else(|| Some(new_id())), ..ctx }.clamped(allowance.0)
+            }
             Some(Err(_)) => {
                 malformed();
                 TreeContext::root(allowance.0, new_id())
@@ -77,7 +78,8 @@ fn new_id() -> u64 {
             .map_or(0, |d| d.as_nanos() as u64);
         t ^ (u64::from(std::process::id()) << 32)
     });
-    let mut z = seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut z =
+        seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

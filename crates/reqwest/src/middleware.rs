@@ -20,9 +20,7 @@ use stormguard_http::stacked::mark_attempt;
 use stormguard_tower::call::{Judged, Sent, drive};
 use stormguard_tower::cap::{FirstTry, admit_first_try};
 use stormguard_tower::extensions::RateCost;
-use stormguard_tower::{
-    Deadline, Dependency, Idempotent, RouteBudget, StormguardError,
-};
+use stormguard_tower::{Deadline, Dependency, Idempotent, RouteBudget, StormguardError};
 use tracing::Span;
 
 use crate::attempt::{self, Failed};

@@ -6,9 +6,9 @@ pub use crate::extensions::UpstreamTarget;
 use std::fmt;
 use std::sync::Arc;
 
-use stormguard_core::tree::{TreeContext, TreeCounts, TreeLedger};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
+use stormguard_core::tree::{TreeContext, TreeCounts, TreeLedger};
 
 use http::HeaderName;
 use stormguard_core::ConfigError;

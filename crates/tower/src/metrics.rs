@@ -183,14 +183,11 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         &caller,
     )?;
     let t = &s.tree;
-    let tree: Vec<_> = [
-        ("original", t.originals),
-        ("extra_above", t.extras_above),
-        ("extra_here", t.charged),
-    ]
-    .into_iter()
-    .map(|(kind, n)| (vec![("dependency", dep), ("kind", LabelValue(kind))], n))
-    .collect();
+    let tree: Vec<_> =
+        [("original", t.originals), ("extra_above", t.extras_above), ("extra_here", t.charged)]
+            .into_iter()
+            .map(|(kind, n)| (vec![("dependency", dep), ("kind", LabelValue(kind))], n))
+            .collect();
     counter(
         &mut enc,
         "stormguard_tree_attempts",

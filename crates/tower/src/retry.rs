@@ -251,15 +251,8 @@ where
     if tree.is_some_and(|t| !t.is_original()) {
         scopes.retain(|s| !matches!(s, Scope::Tree(_)));
     }
-    let (life, admitted) = Life::caller_retry(
-        &gates,
-        now,
-        facts,
-        scopes,
-        rest.target,
-        caller.attempt,
-        caller.after,
-    );
+    let (life, admitted) =
+        Life::caller_retry(&gates, now, facts, scopes, rest.target, caller.attempt, caller.after);
     // Whether it reached the budget (the trace's rule, as for stormguard's own retries: a
     // refusal by the breaker or a hold is no ask; one by the slots or the window after the
     // budget is).

@@ -144,6 +144,12 @@ pub struct ChaosArgs {
     /// (finish, what real servers do; the default) or stop (cancel).
     #[arg(long, value_enum, value_name = "MODE")]
     pub on_disconnect: Option<Disconnect>,
+    /// Serve as a service in the middle of a call tree: a request that draws a plain answer
+    /// first calls this URL's host with its own method and path (carrying `traceparent` and
+    /// `baggage` on, with an `x-request-id` of its own), then answers 200 for a success below
+    /// and 502 for a failure below, relaying none of the answer's headers.
+    #[arg(long, value_name = "URL", value_parser = forward_url)]
+    pub forward: Option<http::Uri>,
     /// Serve as a model provider: `openai` or `anthropic` shaped answers (JSON with `usage`,
     /// or server-sent events when the body asks "stream": true), the provider's rate-limit
     /// headers on every answer, and 429s past --rpm / --tpm with its error body and
@@ -310,8 +316,18 @@ pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
         Some(Disconnect::Cancel) => config.on_disconnect = OnDisconnect::Cancel,
         None => {}
     }
+    config.forward = args.forward.clone();
     provider_from_args(args, &mut config)?;
     Ok(config)
+}
+
+/// `--forward`: an `http://host:port` URL (its path is the request's own).
+fn forward_url(s: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(_)) => Ok(uri),
+        _ => Err(format!("`{s}`: expected http://HOST:PORT")),
+    }
 }
 
 /// The provider flags over the script's `[provider]`, key by key.

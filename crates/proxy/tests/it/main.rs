@@ -26,3 +26,4 @@ mod signals;
 mod strict;
 mod timeouts;
 mod tls;
+mod tree;
