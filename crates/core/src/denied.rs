@@ -86,6 +86,14 @@ impl Denied {
         }
     }
 
+    /// Whether a refusal for this reason says "do not try this again now" — the dependency's
+    /// load — rather than something of the request itself (`non-idempotent`, `body`,
+    /// `stacked`, where the caller may know better): what downstream pushback advises on, and
+    /// what a call tree passes up.
+    pub const fn stands_down(self) -> bool {
+        !matches!(self, Denied::NonIdempotent | Denied::Body | Denied::Stacked)
+    }
+
     /// A dense index, `0..Denied::ALL.len()`, for per-reason counters.
     pub const fn index(self) -> usize {
         self as usize

@@ -41,12 +41,6 @@ static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// The `Retry-After` of a refusal for a full cap or queue, when nothing longer is known.
 const CAP_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Whether a refusal for `reason` means "do not try this again now": the dependency's load,
-/// not the request.
-pub(crate) fn stands_down(reason: Denied) -> bool {
-    !matches!(reason, Denied::NonIdempotent | Denied::Body | Denied::Stacked)
-}
-
 /// The answer with the advice its refusal calls for (see the module doc). `retry_after` is
 /// asked only when the advice is given.
 pub(crate) fn advise(
@@ -54,7 +48,7 @@ pub(crate) fn advise(
     grpc: bool,
     retry_after: impl FnOnce(Denied) -> Option<Duration>,
 ) -> Response<ProxyBody> {
-    let Some(reason) = resp.extensions().get::<Denied>().copied().filter(|r| stands_down(*r))
+    let Some(reason) = resp.extensions().get::<Denied>().copied().filter(|r| r.stands_down())
     else {
         return resp;
     };

@@ -13,6 +13,7 @@
 //! | `long-tail` | 4 % of answers at 20× the median: hedging cuts p99, paid from the retry budget under the one cap; a naive hedger overloads at 40 % errors |
 //! | `demo` | `stormguard demo`'s script: 160/s to an upstream that slows past 22 in flight; errors, then a latency spike past the per-try timeout; retry once against a cap of 20 and a 25 % budget |
 //! | `database` | 20 pods' pools against `max_connections = 400 − 20` reserved: pools of 20 with three retries pass what the server allows under 40 % serialization failures; pools of 19 (`pool_size(400, 20, 20)`) with a 20 % budget do not |
+//! | `call-tree` | three hops, each with a 20 % budget, over a dependency failing 40 %: per-hop budgets multiply (1.73 attempts per action at the dependency); one tree allowance of 1.2 holds it to 1.2 ([`crate::tree`]; not a [`Scenario`]: read by [`crate::tree::CallTree::parse`]) |
 //! | `capacity-drop` | the dependency loses half its servers for 30 s: fixed caps of 10, 20 and 40 against an adaptive cap that follows the capacity down and back up |
 
 use crate::scenario::{Scenario, ScenarioError};
@@ -47,14 +48,17 @@ pub const ALL: [(&str, &str); 11] = [
     ("demo", include_str!("../scenarios/demo.toml")),
 ];
 
+/// The call-tree model's built-in ([`crate::tree`]): its own kind of scenario.
+pub const CALL_TREE: (&str, &str) = ("call-tree", include_str!("../scenarios/call-tree.toml"));
+
 /// The names, for `--help` and error messages.
 pub fn names() -> Vec<&'static str> {
-    ALL.iter().map(|(n, _)| *n).collect()
+    ALL.iter().chain([&CALL_TREE]).map(|(n, _)| *n).collect()
 }
 
 /// The TOML text of the built-in scenario `name`.
 pub fn text(name: &str) -> Option<&'static str> {
-    ALL.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+    ALL.iter().chain([&CALL_TREE]).find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
 
 /// The built-in scenario `name`, parsed.

@@ -43,6 +43,7 @@ pub mod scenario;
 pub mod script;
 mod stats;
 mod trace;
+pub mod tree;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;

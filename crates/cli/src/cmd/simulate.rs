@@ -33,6 +33,8 @@ Built-in scenarios (--builtin NAME; --print-scenario shows one as a file to star
                    cap that follows the capacity down and back up
   database         20 pods' pools against max_connections 400 less 20 reserved: pools of 20 with
                    three retries reach the server's limit; pools of 19 under a 20 % budget do not
+  call-tree        three hops, each with a 20 % budget: 1.73 attempts per action at the
+                   dependency; one tree allowance of 1.2 holds it to 1.2
   demo             stormguard demo's script: an upstream that slows past 22 in flight; retry
                    once against a cap of 20 and a 25 % budget (the demo serves this scenario)
 
@@ -85,7 +87,16 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 Scenario::parse(name, text).map(|s| s.description).unwrap_or_default();
             writeln!(out, "{name:16} {}", first_sentence(&description))?;
         }
+        let (name, text) = builtin::CALL_TREE;
+        let description = stormguard_sim::tree::CallTree::parse(name, text)
+            .map(|s| s.description)
+            .unwrap_or_default();
+        writeln!(out, "{name:16} {}", first_sentence(&description))?;
         return Ok(());
+    }
+    let (origin, text) = source(args.builtin.as_deref(), args.file.as_ref())?;
+    if stormguard_sim::tree::is_call_tree(&text, &origin) {
+        return run_call_tree(args, &origin, &text, out);
     }
     let (mut scenario, text) = load(args.builtin.as_deref(), args.file.as_ref())?;
     if args.print_scenario {
@@ -138,24 +149,75 @@ pub(crate) fn load(
     builtin: Option<&str>,
     file: Option<&PathBuf>,
 ) -> Result<(Scenario, String), Failure> {
+    let (origin, text) = source(builtin, file)?;
+    if stormguard_sim::tree::is_call_tree(&text, &origin) {
+        return Err(Failure::usage(format!(
+            "{origin}: a call tree ([call_tree]) is run by `stormguard simulate` alone"
+        )));
+    }
+    let scenario = match builtin {
+        Some(name) => builtin::scenario(name).map_err(|e| Failure::usage(e.to_string()))?,
+        None => Scenario::parse(&origin, &text).map_err(|e| Failure::usage(e.to_string()))?,
+    };
+    Ok((scenario, text))
+}
+
+/// Where the scenario comes from (for its errors), and its text.
+fn source(builtin: Option<&str>, file: Option<&PathBuf>) -> Result<(String, String), Failure> {
     match (builtin, file) {
-        (Some(name), _) => {
-            let scenario = builtin::scenario(name).map_err(|e| Failure::usage(e.to_string()))?;
-            Ok((scenario, builtin::text(name).unwrap_or_default().to_string()))
-        }
+        (Some(name), _) => match builtin::text(name) {
+            Some(text) => Ok((format!("--builtin {name}"), text.to_string())),
+            None => Err(Failure::usage(format!(
+                "no built-in scenario `{name}` (expected one of: {})",
+                builtin::names().join(", ")
+            ))),
+        },
         (None, Some(path)) => {
             let text = stormguard_input::read_to_string(path, stormguard_input::MAX_FILE).map_err(
                 |e| Failure::usage(format!("{}: cannot read the scenario: {e}", path.display())),
             )?;
-            let scenario = Scenario::parse(&path.display().to_string(), &text)
-                .map_err(|e| Failure::usage(e.to_string()))?;
-            Ok((scenario, text))
+            Ok((path.display().to_string(), text))
         }
         (None, None) => Err(Failure::usage(format!(
             "give a scenario FILE or --builtin NAME (one of: {})",
             builtin::names().join(", ")
         ))),
     }
+}
+
+/// A call tree (`[call_tree]`, docs/simulator.md): its own model and table.
+fn run_call_tree(
+    args: &SimulateArgs,
+    origin: &str,
+    text: &str,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    if args.print_scenario {
+        out.write_all(text.as_bytes())?;
+        return Ok(());
+    }
+    if args.html.is_some() || args.series {
+        return Err(Failure::usage("a call tree has no --html report or --series"));
+    }
+    let mut sc = stormguard_sim::tree::CallTree::parse(origin, text)
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(seed) = args.seed {
+        sc.seed = seed;
+    }
+    if !args.policies.is_empty() {
+        if let Some(missing) =
+            args.policies.iter().find(|n| !sc.policies.iter().any(|p| &p.name == *n))
+        {
+            return Err(Failure::usage(format!("no policy `{missing}` in scenario {}", sc.name)));
+        }
+        sc.policies.retain(|p| args.policies.contains(&p.name));
+    }
+    let report = stormguard_sim::tree::run(&sc);
+    match args.json {
+        true => out.write_all(report.to_json().as_bytes())?,
+        false => report.write_table(out)?,
+    }
+    Ok(())
 }
 
 /// Keeps only the `--policy` names given (all when none), refusing a name the scenario lacks.

@@ -2,6 +2,7 @@
 //! is the slow part of a test build, so each crate links its tests once.
 
 mod bounds;
+mod call_tree;
 mod callers;
 mod capacity_drop;
 mod differential;
