@@ -150,6 +150,10 @@ pub struct PathReport {
     /// The longest a caller can wait when the last service hangs: per-try timeouts × attempts,
     /// cut off by each layer's route timeout, nested outward. `None` = unbounded.
     pub worst_time: Option<Duration>,
+    /// When stormguard layers on the path carry a call tree's context and its allowance is
+    /// below their product: the path's amplification with it — the other layers' product
+    /// times the smallest allowance — and the allowance.
+    pub with_tree: Option<(Factor, Factor)>,
 }
 
 /// A rule of the graph that the file breaks (its key and position are the [`AuditError`]'s).
@@ -338,6 +342,9 @@ fn report(
     let mut services = vec![calls[path[0]].from.clone()];
     let mut hops = Vec::new();
     let mut amplification = Factor::ONE;
+    // The layers that carry a call tree's context, apart: their product is bounded by the
+    // smallest allowance among them (`stormguard_core::tree`).
+    let (mut others, mut in_tree, mut allowance) = (Factor::ONE, Factor::ONE, None::<u32>);
     let mut retrying = Vec::new();
     for &i in path {
         let call = &calls[i];
@@ -347,6 +354,13 @@ fn report(
             let layer = &c.layers[l];
             let f = exact_factor(layer);
             amplification = amplification.times(f);
+            match layer.tree {
+                Some(a) => {
+                    in_tree = in_tree.times(f);
+                    allowance = Some(allowance.map_or(a, |b| b.min(a)));
+                }
+                None => others = others.times(f),
+            }
             layers.push((layer.resource.clone(), f));
             if layer.retries() {
                 retrying.push(l);
@@ -376,7 +390,9 @@ fn report(
     }
     let name = services.join(" → ");
     let last_line = calls[*path.last().unwrap_or(&0)].line;
-    if retrying.len() > 1 {
+    // Layers that all carry a call tree's context share one allowance and pass an overload
+    // up: their stacking is what the tree is for.
+    if retrying.len() > 1 && !retrying.iter().all(|&l| c.layers[l].tree.is_some()) {
         let second = &c.layers[retrying[1]];
         let names: Vec<&str> = retrying.iter().map(|&l| c.layers[l].resource.as_str()).collect();
         c.findings.push(Finding {
@@ -389,7 +405,12 @@ fn report(
                 .into(),
         });
     }
-    let amp = amplification.as_f64();
+    let with_tree = allowance.map(|a| Factor::new(u128::from(a), 1000)).and_then(|a| {
+        let bounded = others.times(in_tree.min(a));
+        (bounded.as_f64() < amplification.as_f64()).then_some((bounded, a))
+    });
+    // The sustained bound judges the path: a ratio budget's factor is one too.
+    let amp = with_tree.map_or(amplification, |(b, _)| b).as_f64();
     if amp > options.max_amplification {
         let factors: Vec<String> = hops
             .iter()
@@ -410,7 +431,14 @@ fn report(
             fix: "retry at one layer, or budget the inner hops (a 20 % ratio budget caps a hop at 1.2)".into(),
         });
     }
-    PathReport { services, hops, amplification, retrying_layers: retrying.len(), worst_time: inner }
+    PathReport {
+        services,
+        hops,
+        amplification,
+        retrying_layers: retrying.len(),
+        worst_time: inner,
+        with_tree,
+    }
 }
 
 #[cfg(test)]
@@ -429,6 +457,37 @@ mod tests {
     }
 
     const CALL: &str = "[[call]]\nfrom = \"web\"\nto = \"api\"\n";
+
+    /// Three stormguard sidecars on a path, each with a 20 % budget: the per-hop product is
+    /// 1.728; with their listeners carrying the call tree (allowance 1.2), the path says 1.2.
+    #[test]
+    fn a_call_trees_allowance_bounds_the_stormguard_layers_on_a_path() {
+        let sidecar = |name: &str, tree: &str| {
+            format!(
+                "[[listener]]\nlisten = \"127.0.0.1:0\"\ndependency = \"{name}\"\n{tree}\n\
+                 [[dependency]]\nname = \"{name}\"\nupstreams = [\"http://127.0.0.1:1\"]\n\
+                 budget = \"ratio:percent=0.2,min_per_sec=0\"\n"
+            )
+        };
+        let graph = "[[call]]\nfrom = \"web\"\nto = \"a\"\nvia = [\"stormguard/a\"]\n\
+                     [[call]]\nfrom = \"a\"\nto = \"b\"\nvia = [\"stormguard/b\"]\n\
+                     [[call]]\nfrom = \"b\"\nto = \"c\"\nvia = [\"stormguard/c\", { name = \"sdk\", retries = 1 }]\n";
+        let run = |tree: &str| {
+            let files: Vec<(String, String)> =
+                ["a", "b", "c"].iter().map(|n| (format!("{n}.toml"), sidecar(n, tree))).collect();
+            crate::audit_sources(&files, Some(("g.toml", graph)), &AuditOptions::default())
+                .unwrap()
+                .paths
+                .remove(0)
+        };
+        let plain = run("");
+        assert_eq!(plain.amplification, Factor::new(1728 * 2, 1000));
+        assert_eq!(plain.with_tree, None);
+        let tree = run("tree = \"trust\"\ntree_allowance = 1.2");
+        // The SDK's own retry is outside the tree: it multiplies the allowance.
+        assert_eq!(tree.with_tree, Some((Factor::new(24, 10), Factor::new(12, 10))));
+        assert_eq!(tree.amplification, plain.amplification, "the per-hop product is still said");
+    }
 
     /// One shape for all three kinds of mistake: a wrong value, an unknown key, a type error.
     #[test]

@@ -187,6 +187,10 @@ pub struct Layer {
     pub hedging: bool,
     /// The retries come from a default because the field is absent.
     pub defaulted: bool,
+    /// A stormguard layer whose listeners carry a call tree's context (`tree = "root"` or
+    /// `"trust"`): the allowance, in thousandths of an attempt per user action. Its retries
+    /// and those of every other such layer on a path come out of that one allowance.
+    pub tree: Option<u32>,
 }
 
 impl Layer {
@@ -205,6 +209,7 @@ impl Layer {
             methods: Methods::Any,
             hedging: false,
             defaulted: false,
+            tree: None,
         }
     }
 

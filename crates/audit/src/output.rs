@@ -25,6 +25,10 @@ fn path_json(p: &PathReport) -> Value {
             Factor::Finite { num, den } => json!([num as u64, den as u64]),
             Factor::Unbounded => Value::Null,
         },
+        "with_tree": p.with_tree.map(|(b, a)| json!({
+            "amplification": factor_json(b),
+            "allowance": factor_json(a),
+        })),
         "retrying_layers": p.retrying_layers,
         "worst_time_ms": p.worst_time.map(|d| d.as_millis() as u64),
         "hops": p.hops.iter().map(|h| json!({
@@ -160,6 +164,13 @@ pub fn to_table(report: &Report) -> String {
                 factor_text(p.amplification),
                 time
             ));
+            if let Some((bounded, allowance)) = p.with_tree {
+                out.push_str(&format!(
+                    "    with the call tree's context (allowance {}): {} attempts, not the per-hop product\n",
+                    factor_text(allowance),
+                    factor_text(bounded),
+                ));
+            }
         }
     }
     let count = |s: Severity| report.findings.iter().filter(|f| f.severity == s).count();

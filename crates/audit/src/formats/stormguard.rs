@@ -56,6 +56,14 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
             return Ok(());
         }
     };
+    // A listener that starts or trusts a call tree's context: its allowance bounds the
+    // retries of every stormguard layer the tree passes (the smallest one given counts).
+    let tree = config
+        .listeners
+        .iter()
+        .filter(|l| l.tree != stormguard_proxy_config::TreeMode::Off)
+        .map(|l| l.tree_allowance.0)
+        .min();
     for (i, d) in config.dependencies.iter().enumerate() {
         let here = KeyPath::root().key("dependency").index(i);
         let resource = format!("dependency {}", d.name);
@@ -65,6 +73,7 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
         layer.refs.push(format!("stormguard/{}", d.name));
         layer.refs.push(format!("dependency/{}", d.name));
         layer.attempts = Some(d.max_retries.saturating_add(1));
+        layer.tree = tree;
         layer.retry_on = conditions(&d.retry_on.to_string());
         layer.per_try_timeout = d.per_try_timeout;
         layer.timeout = d.deadline;
