@@ -145,3 +145,28 @@ fn list_and_print_scenario() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("[[policy]]") && text.contains("cap = 20"));
 }
+
+/// The call tree runs its own model from the same command: a table, JSON, a policy picked,
+/// and a bad file named with its line, column and key (exit 2).
+#[test]
+fn a_call_tree_runs_from_simulate() {
+    let out = simulate(&["--builtin", "call-tree"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("attempts per action at the dependency (hop 3)"), "{text}");
+    assert!(text.contains("the budgets' per-hop product: 1.728"), "{text}");
+    let out = simulate(&["--builtin", "call-tree", "--json", "--policy", "tree allowance 1.2"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policies = v["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 1);
+    assert!(policies[0]["attempts_per_action"][2].as_f64().unwrap() <= 1.2 + 1e-9);
+    let path = support::write(
+        "tree.toml",
+        "[call_tree]\nhops = 3\nerror_rate = 2\n[[policy]]\nname = \"a\"\n",
+    );
+    let out = stormguard().args(["simulate"]).arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("tree.toml:3:") && err.contains("call_tree.error_rate"), "{err}");
+    let out = stormguard().args(["verify", "--builtin", "call-tree"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "verify runs the request model only");
+}
