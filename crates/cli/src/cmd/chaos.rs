@@ -149,7 +149,7 @@ pub struct ChaosArgs {
     /// `baggage` on, with an `x-request-id` of its own), then answers 200 for a success below
     /// and 502 for a failure below, relaying none of the answer's headers.
     #[arg(long, value_name = "URL", value_parser = forward_url)]
-    pub forward: Option<http::Uri>,
+    pub forward: Option<Box<http::Uri>>,
     /// Serve as a model provider: `openai` or `anthropic` shaped answers (JSON with `usage`,
     /// or server-sent events when the body asks "stream": true), the provider's rate-limit
     /// headers on every answer, and 429s past --rpm / --tpm with its error body and
@@ -316,16 +316,16 @@ pub fn config_from_args(args: &ChaosArgs) -> Result<ChaosConfig, Failure> {
         Some(Disconnect::Cancel) => config.on_disconnect = OnDisconnect::Cancel,
         None => {}
     }
-    config.forward = args.forward.clone();
+    config.forward = args.forward.as_deref().cloned();
     provider_from_args(args, &mut config)?;
     Ok(config)
 }
 
 /// `--forward`: an `http://host:port` URL (its path is the request's own).
-fn forward_url(s: &str) -> Result<http::Uri, String> {
+fn forward_url(s: &str) -> Result<Box<http::Uri>, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
     match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(_)) => Ok(uri),
+        (Some("http"), Some(_)) => Ok(Box::new(uri)),
         _ => Err(format!("`{s}`: expected http://HOST:PORT")),
     }
 }

@@ -669,3 +669,15 @@ async fn a_run_nobody_answered_fails() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("5 x 502"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the upstream saw no request"));
 }
+
+/// `--forward` takes an `http://HOST:PORT`; anything else is a usage error naming the flag.
+#[test]
+fn chaos_forward_wants_an_http_url() {
+    let out = crate::support::stormguard()
+        .args(["chaos", "--listen", "127.0.0.1:0", "--forward", "ftp://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("--forward") && err.contains("expected http://HOST:PORT"), "{err}");
+}
