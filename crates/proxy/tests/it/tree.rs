@@ -219,3 +219,47 @@ async fn only_the_hop_above_an_overloaded_dependency_retries() {
         assert!(next.counters.denied[stormguard_core::Denied::Pushback.index()] > 0);
     }
 }
+
+/// The trust rule, at the upstream: a listener with `tree = "off"` takes a caller's context
+/// off (the caller cannot grant itself an allowance), `trust` clamps it to `tree_allowance`,
+/// `root` starts a new one whatever came; the other baggage members pass untouched.
+#[tokio::test]
+async fn a_listener_trusts_a_callers_context_only_as_configured() {
+    use crate::support::{Serve, full, upstream};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let up = upstream(Serve::default(), move |req: Request<hyper::body::Incoming>| {
+        let s = s.clone();
+        async move {
+            let b = req.headers().get("baggage").map(|v| v.to_str().unwrap().to_string());
+            s.lock().unwrap().push(b.unwrap_or_default());
+            http::Response::new(full("ok"))
+        }
+    })
+    .await;
+    let mut c = ProxyConfig::single(
+        "127.0.0.1:0".parse().unwrap(),
+        ProxyDependency::new("dep", format!("http://{}", up.addr).parse().unwrap()),
+    );
+    c.admin = None;
+    for mode in [TreeMode::Trust, TreeMode::Root] {
+        let mut l = ListenerConfig::new("127.0.0.1:0".parse().unwrap(), Some("dep".into()));
+        (l.tree, l.tree_allowance) = (mode, "1.5".parse().unwrap());
+        c.listeners.push(l);
+    }
+    let proxy = start(c).await.unwrap();
+    let client = client();
+    for addr in proxy.listen_addrs() {
+        let req = Request::get(format!("http://{addr}/x"))
+            .header("baggage", "user=alice,stormguard-tree=9;id=ff")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0], "user=alice", "off: the caller's context is taken off");
+    assert_eq!(seen[1], "user=alice,stormguard-tree=1.5;id=00000000000000ff", "trust: clamped");
+    assert!(seen[2].starts_with("user=alice,stormguard-tree=1.5;id="), "root: {}", seen[2]);
+    assert!(!seen[2].ends_with("00000000000000ff"), "root: a new user action");
+}
