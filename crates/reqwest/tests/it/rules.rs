@@ -182,6 +182,34 @@ async fn a_first_try_waits_in_the_queue_or_is_refused_when_it_is_full() {
     assert_eq!(dep.snapshot().counters.primaries_refused, 1);
 }
 
+/// A request of a call tree (its `stormguard-tree` baggage member): its retries come out of
+/// the tree's allowance, here 1.1 attempts per request, though the budget would allow all.
+#[tokio::test]
+async fn retries_are_charged_to_the_call_tree() {
+    let server = scripted(|_, _| unavailable()).await;
+    let dep = rich();
+    let client = guarded(&dep);
+    let mut tree = 0;
+    for _ in 0..20 {
+        let resp = client
+            .get(server.url("/"))
+            .header("baggage", "stormguard-tree=1.1")
+            .send()
+            .await
+            .unwrap();
+        tree += usize::from(resp.denied() == Some(Denied::Tree));
+    }
+    assert_eq!(server.count(), 22, "two extra attempts for twenty requests");
+    assert_eq!(tree, 20, "every request ends refused by the tree");
+    assert_eq!(dep.snapshot().tree.charged, 2);
+    // Without the context, the budget alone: two retries each.
+    let plain = scripted(|_, _| unavailable()).await;
+    for _ in 0..20 {
+        guarded(&rich()).get(plain.url("/")).send().await.unwrap();
+    }
+    assert_eq!(plain.count(), 60);
+}
+
 #[tokio::test]
 async fn shadow_mode_counts_what_it_would_refuse_and_sends_it() {
     let spent = "ratio:percent=0,min_per_sec=0";

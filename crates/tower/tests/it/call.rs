@@ -380,3 +380,30 @@ async fn a_retry_the_breaker_refuses_returns_the_failure_it_retried() {
     // tries only.
     assert!(s.arrivals().iter().all(|(_, n, _)| *n == 1), "{:?}", s.arrivals());
 }
+
+/// A call of a call tree (`.tree(ctx)`): its retries come out of the tree's allowance as well
+/// as the budget, and each attempt is handed the context to pass on — one more spent on a
+/// retry.
+#[tokio::test(start_paused = true)]
+async fn a_calls_retries_are_charged_to_its_call_tree() {
+    let dep = Dependency::try_new(config(4, "ratio:percent=10,min_per_sec=100")).unwrap();
+    let ctx: stormguard_core::tree::TreeContext = "1.1".parse().unwrap();
+    let passed = Mutex::new(Vec::new());
+    let mut refused = 0;
+    for _ in 0..20 {
+        let r = dep
+            .call(|a: Attempt| {
+                passed.lock().unwrap().push(a.tree().map(|t| t.spent));
+                async { Err::<(), _>(std::io::Error::other("unavailable")) }
+            })
+            .tree(ctx)
+            .await;
+        refused +=
+            usize::from(matches!(r, Err(CallError::Failed { refused: Some(Denied::Tree), .. })));
+    }
+    let passed = passed.into_inner().unwrap();
+    assert_eq!(passed.len(), 22, "twenty calls and the two extras an allowance of 1.1 gives");
+    assert_eq!(passed.iter().filter(|s| **s == Some(1)).count(), 2, "{passed:?}");
+    assert_eq!(refused, 20);
+    assert_eq!(dep.snapshot().tree.charged, 2);
+}

@@ -226,3 +226,26 @@ async fn retries_and_hedges_share_one_budget() {
         }
     }
 }
+
+/// Hedges are extra attempts of the call tree too: with the tree's allowance at 1.1 they stay
+/// within a tenth of the requests though the budget would allow every one, the rest refused
+/// as `tree`.
+#[tokio::test(start_paused = true)]
+async fn hedges_are_charged_to_the_call_tree() {
+    let up = LongTail::new(2, 0); // every other attempt is slow: a hedge is due for half
+    let dep = dependency(true, "ratio:percent=1,min_per_sec=100");
+    let svc = StormguardLayer::new(dep.clone()).layer(up.clone());
+    let requests = 200u64;
+    for _ in 0..requests {
+        let mut req = request(Method::GET);
+        req.headers_mut().insert("baggage", "stormguard-tree=1.1".parse().unwrap());
+        let resp = svc.clone().oneshot(req).await.unwrap();
+        let _ = resp.into_body().collect().await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let hedges = up.hedges.load(Ordering::SeqCst);
+    let c = dep.snapshot().counters;
+    assert!(hedges > 0 && hedges <= requests / 10 + 1, "{hedges} hedges");
+    assert!(c.hedge_denied(stormguard_core::Denied::Tree) > 0);
+    assert_eq!(dep.snapshot().tree.charged, hedges);
+}

@@ -227,20 +227,28 @@ async fn a_call_trees_allowance_bounds_retries_and_marks_them_below() {
             refused += usize::from(resp.extensions().get::<Denied>() == Some(&Denied::Tree));
         }
         let seen = svc.baggage_seen.lock().unwrap().clone();
-        (svc.calls(), refused, seen, dep.snapshot().tree)
+        (svc.calls(), refused, seen, dep.snapshot().tree, dep)
     };
     // 20 actions that may make 1.1 attempts each: 2 retries in all.
-    let (calls, refused, seen, counts) = run(Some("stormguard-tree=1.1")).await;
+    let (calls, refused, seen, counts, tree_dep) = run(Some("stormguard-tree=1.1")).await;
     assert_eq!(calls, 22);
     // 18 refused their first retry, the 2 that retried their second (max_retries 2).
     assert_eq!(refused, 20);
     assert_eq!((counts.originals, counts.extras_above, counts.charged), (20, 0, 2));
+    let text = metrics_text(&tree_dep);
+    for line in [
+        r#"stormguard_tree_attempts_total{dependency="dep",kind="original"} 20"#,
+        r#"stormguard_tree_attempts_total{dependency="dep",kind="extra_here"} 2"#,
+        r#"stormguard_denied_total{dependency="dep",reason="tree"} 20"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
     let extras: Vec<_> = seen.iter().filter(|b| b.contains("spent=1")).collect();
     assert_eq!(extras.len(), 2, "each retry carries one more spent: {seen:?}");
     assert!(extras.iter().all(|b| b.starts_with("app=1,")), "other members kept: {extras:?}");
     // Without a context (and with a malformed one) the budget alone decides: every retry goes.
     assert_eq!(run(None).await.0, 60, "two retries each");
-    let (calls, _, _, counts) = run(Some("stormguard-tree=lots")).await;
+    let (calls, _, _, counts, _) = run(Some("stormguard-tree=lots")).await;
     assert_eq!((calls, counts.originals), (60, 0), "a context that does not read is ignored");
 }
 
@@ -584,4 +592,13 @@ async fn a_callers_own_retry_never_queues() {
     drop(held);
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
     assert_eq!(*svc.attempts_seen.lock().unwrap(), [""]);
+}
+
+/// The dependency's series as Prometheus text.
+fn metrics_text(dep: &Dependency) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    stormguard_tower::metrics::register(&mut registry, dep);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
 }
