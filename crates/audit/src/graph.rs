@@ -412,10 +412,17 @@ fn report(
     // The sustained bound judges the path: a ratio budget's factor is one too.
     let amp = with_tree.map_or(amplification, |(b, _)| b).as_f64();
     if amp > options.max_amplification {
-        let factors: Vec<String> = hops
+        let mut factors = hops
             .iter()
             .flat_map(|h| h.layers.iter().map(|(_, f)| trim_float(f.as_f64())))
-            .collect();
+            .collect::<Vec<String>>()
+            .join(" × ");
+        if let Some((_, allowance)) = with_tree {
+            factors.push_str(&format!(
+                ", the stormguard layers' held to the call tree's allowance {}",
+                trim_float(allowance.as_f64())
+            ));
+        }
         c.findings.push(Finding {
             severity: Severity::Error,
             rule: Rule::Amplification,
@@ -425,7 +432,7 @@ fn report(
                 "up to {} attempts reach {} per request ({}), above the allowed {}",
                 trim_float(amp),
                 services.last().map_or("", String::as_str),
-                factors.join(" × "),
+                factors,
                 trim_float(options.max_amplification)
             ),
             fix: "retry at one layer, or budget the inner hops (a 20 % ratio budget caps a hop at 1.2)".into(),
