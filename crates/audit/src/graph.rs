@@ -125,6 +125,52 @@ pub fn exact_factor(layer: &Layer) -> Factor {
     attempts.min(cap)
 }
 
+/// A path's amplification with its call trees: the layers outside a tree multiply as ever;
+/// each tree's layers multiply up to its allowance.
+#[derive(Debug, Default)]
+struct TreeBound {
+    /// The product of the layers outside a tree and of the trees closed so far.
+    closed: Option<Factor>,
+    /// The open tree: its layers' product and its smallest allowance.
+    open: Option<(Factor, u32)>,
+    /// The smallest allowance met (what the report names).
+    smallest: Option<u32>,
+}
+
+impl TreeBound {
+    fn times(acc: Option<Factor>, f: Factor) -> Option<Factor> {
+        Some(acc.unwrap_or(Factor::ONE).times(f))
+    }
+
+    fn close(&mut self) {
+        if let Some((product, a)) = self.open.take() {
+            let bounded = product.min(Factor::new(u128::from(a), 1000));
+            self.closed = Self::times(self.closed, bounded);
+        }
+    }
+
+    fn layer(&mut self, tree: Option<crate::model::TreeLayer>, f: Factor) {
+        match tree {
+            None => self.closed = Self::times(self.closed, f),
+            Some(t) => {
+                if t.root {
+                    self.close();
+                }
+                let (product, a) = self.open.unwrap_or((Factor::ONE, t.allowance));
+                self.open = Some((product.times(f), a.min(t.allowance)));
+                self.smallest = Some(self.smallest.map_or(t.allowance, |s| s.min(t.allowance)));
+            }
+        }
+    }
+
+    /// The path's bound and the smallest allowance, when a tree is on it.
+    fn bound(mut self) -> Option<(Factor, Factor)> {
+        let smallest = self.smallest?;
+        self.close();
+        Some((self.closed.unwrap_or(Factor::ONE), Factor::new(u128::from(smallest), 1000)))
+    }
+}
+
 /// One hop of a path and the layers on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HopReport {
@@ -150,9 +196,9 @@ pub struct PathReport {
     /// The longest a caller can wait when the last service hangs: per-try timeouts × attempts,
     /// cut off by each layer's route timeout, nested outward. `None` = unbounded.
     pub worst_time: Option<Duration>,
-    /// When stormguard layers on the path carry a call tree's context and its allowance is
+    /// When stormguard layers on the path carry a call tree's context and their allowance is
     /// below their product: the path's amplification with it — the other layers' product
-    /// times the smallest allowance — and the allowance.
+    /// times each tree's bound (a `root` layer starts a new tree) — and the smallest allowance.
     pub with_tree: Option<(Factor, Factor)>,
 }
 
@@ -342,9 +388,10 @@ fn report(
     let mut services = vec![calls[path[0]].from.clone()];
     let mut hops = Vec::new();
     let mut amplification = Factor::ONE;
-    // The layers that carry a call tree's context, apart: their product is bounded by the
-    // smallest allowance among them (`stormguard_core::tree`).
-    let (mut others, mut in_tree, mut allowance) = (Factor::ONE, Factor::ONE, None::<u32>);
+    // The layers that carry a call tree's context, apart: a tree's layers' product is bounded
+    // by the smallest allowance among them (`stormguard_core::tree`); a `root` layer starts a
+    // new tree, whose bound multiplies the ones before it.
+    let mut tree = TreeBound::default();
     let mut retrying = Vec::new();
     for &i in path {
         let call = &calls[i];
@@ -354,13 +401,7 @@ fn report(
             let layer = &c.layers[l];
             let f = exact_factor(layer);
             amplification = amplification.times(f);
-            match layer.tree {
-                Some(a) => {
-                    in_tree = in_tree.times(f);
-                    allowance = Some(allowance.map_or(a, |b| b.min(a)));
-                }
-                None => others = others.times(f),
-            }
+            tree.layer(layer.tree, f);
             layers.push((layer.resource.clone(), f));
             if layer.retries() {
                 retrying.push(l);
@@ -390,9 +431,13 @@ fn report(
     }
     let name = services.join(" → ");
     let last_line = calls[*path.last().unwrap_or(&0)].line;
-    // Layers that all carry a call tree's context share one allowance and pass an overload
-    // up: their stacking is what the tree is for.
-    if retrying.len() > 1 && !retrying.iter().all(|&l| c.layers[l].tree.is_some()) {
+    // Layers that all carry one call tree's context (none below the first starts a new one)
+    // share one allowance and pass an overload up: their stacking is what the tree is for.
+    let one_tree = retrying
+        .iter()
+        .enumerate()
+        .all(|(i, &l)| c.layers[l].tree.is_some_and(|t| i == 0 || !t.root));
+    if retrying.len() > 1 && !one_tree {
         let second = &c.layers[retrying[1]];
         let names: Vec<&str> = retrying.iter().map(|&l| c.layers[l].resource.as_str()).collect();
         c.findings.push(Finding {
@@ -405,10 +450,7 @@ fn report(
                 .into(),
         });
     }
-    let with_tree = allowance.map(|a| Factor::new(u128::from(a), 1000)).and_then(|a| {
-        let bounded = others.times(in_tree.min(a));
-        (bounded.as_f64() < amplification.as_f64()).then_some((bounded, a))
-    });
+    let with_tree = tree.bound().filter(|(b, _)| b.as_f64() < amplification.as_f64());
     // The sustained bound judges the path: a ratio budget's factor is one too.
     let amp = with_tree.map_or(amplification, |(b, _)| b).as_f64();
     if amp > options.max_amplification {
@@ -494,6 +536,9 @@ mod tests {
         // The SDK's own retry is outside the tree: it multiplies the allowance.
         assert_eq!(tree.with_tree, Some((Factor::new(24, 10), Factor::new(12, 10))));
         assert_eq!(tree.amplification, plain.amplification, "the per-hop product is still said");
+        // Each sidecar starting its own tree: the allowances multiply (1.2 × 1.2 × 1.2 × 2:
+        // no bound below the product, so none is said).
+        assert_eq!(run("tree = \"root\"\ntree_allowance = 1.2").with_tree, None);
     }
 
     /// One shape for all three kinds of mistake: a wrong value, an unknown key, a type error.

@@ -187,10 +187,19 @@ pub struct Layer {
     pub hedging: bool,
     /// The retries come from a default because the field is absent.
     pub defaulted: bool,
-    /// A stormguard layer whose listeners carry a call tree's context (`tree = "root"` or
-    /// `"trust"`): the allowance, in thousandths of an attempt per user action. Its retries
-    /// and those of every other such layer on a path come out of that one allowance.
-    pub tree: Option<u32>,
+    /// A stormguard layer every listener reaching it carries a call tree's context on
+    /// (`tree = "root"` or `"trust"`): its retries and those of the tree layers below it on a
+    /// path come out of one allowance.
+    pub tree: Option<TreeLayer>,
+}
+
+/// How a stormguard layer carries a call tree ([`Layer::tree`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeLayer {
+    /// The smallest `tree_allowance` of the listeners reaching it, in thousandths.
+    pub allowance: u32,
+    /// A listener reaching it starts a new tree (`root`): the allowance starts over here.
+    pub root: bool,
 }
 
 impl Layer {

@@ -236,6 +236,13 @@ impl Life {
         (life, admitted)
     }
 
+    /// One more scope the request's later retries and hedges are charged to (a caller's retry
+    /// a hop above already charged to its call tree is admitted without the tree, and its own
+    /// retries here are charged to it).
+    pub fn add_scope(&mut self, scope: Scope) {
+        self.scopes.push(scope);
+    }
+
     /// The request's facts as the rules read them.
     pub fn facts(&self) -> &RequestFacts {
         &self.facts

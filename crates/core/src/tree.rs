@@ -46,16 +46,16 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::budget::window::{SLICES, Window};
 use crate::clock::Timestamp;
 use crate::decimal::{Excess, format_scaled, parse_scaled};
 
 /// How long a deposit or a withdrawal counts in a [`TreeLedger`] (as a ratio budget's `ttl`).
 pub const WINDOW: Duration = Duration::from_secs(10);
-/// The window's slices (an entry counts between 0.9 and 1.0 × [`WINDOW`]).
-const SLICES: usize = 10;
 /// Allowances are kept in thousandths.
 const MILLI: u64 = 1000;
 /// The largest allowance a context may carry: 10 attempts per user action.
@@ -181,15 +181,7 @@ impl fmt::Display for TreeContext {
     }
 }
 
-/// One slice of the window: its number, deposits (thousandths) and withdrawals (whole).
-#[derive(Debug, Clone, Copy, Default)]
-struct Slice {
-    tag: u64,
-    deposits: u64,
-    withdrawals: u64,
-}
-
-/// What the ledger has counted since it was made (for metrics).
+/// What the ledger has counted since it was made (for metrics; every count only grows).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TreeCounts {
     /// Tree originals that arrived (each deposited its allowance less one).
@@ -198,79 +190,102 @@ pub struct TreeCounts {
     pub extras_above: u64,
     /// Retries and hedges this hop charged to the tree.
     pub charged: u64,
+    /// Of those, given back: refused after the charge (the cap, the window), never sent.
+    pub refunded: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    slices: [Slice; SLICES],
-    counts: TreeCounts,
+    /// Deposits, in thousandths of an attempt.
+    deposits: Window,
+    /// Withdrawals, whole.
+    withdrawals: Window,
+    originals: AtomicU64,
+    extras_above: AtomicU64,
+    charged: AtomicU64,
+    refunded: AtomicU64,
 }
 
 /// A dependency's share of the call trees that pass through it: see the [module docs](self).
-/// Clones share the balance.
-#[derive(Debug, Clone, Default)]
+/// Clones share the balance. Its window is the ratio budget's ([`crate::budget`]): 10 slices
+/// of [`WINDOW`]` / 10`, in atomics.
+#[derive(Debug, Clone)]
 pub struct TreeLedger {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Inner>,
+}
+
+impl Default for TreeLedger {
+    fn default() -> Self {
+        TreeLedger {
+            inner: Arc::new(Inner {
+                deposits: Window::new(),
+                withdrawals: Window::new(),
+                originals: AtomicU64::new(0),
+                extras_above: AtomicU64::new(0),
+                charged: AtomicU64::new(0),
+                refunded: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// The slot and the slice of `now`.
+fn slice(now: Timestamp) -> (usize, u32) {
+    let s = now.as_nanos() / (WINDOW.as_nanos() as u64 / SLICES as u64);
+    ((s % SLICES as u64) as usize, s as u32)
 }
 
 impl TreeLedger {
-    fn with<T>(&self, now: Timestamp, f: impl FnOnce(&mut Inner, usize, u64) -> T) -> T {
-        let slice_len = (WINDOW.as_nanos() as u64) / SLICES as u64;
-        let tag = now.as_nanos() / slice_len;
-        let k = (tag % SLICES as u64) as usize;
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if inner.slices[k].tag != tag {
-            inner.slices[k] = Slice { tag, ..Slice::default() };
-        }
-        f(&mut inner, k, tag)
-    }
-
     /// The balance in thousandths (below zero when the hops above spent more than their share).
-    fn balance_milli(inner: &Inner, tag: u64) -> i128 {
-        inner
-            .slices
-            .iter()
-            .filter(|s| s.tag + (SLICES as u64) > tag && s.tag <= tag)
-            .map(|s| i128::from(s.deposits) - i128::from(s.withdrawals) * i128::from(MILLI))
-            .sum()
+    fn balance_milli(&self, current: u32) -> i128 {
+        i128::from(self.inner.deposits.sum(current))
+            - i128::from(self.inner.withdrawals.sum(current)) * i128::from(MILLI)
     }
 
-    /// A request of `ctx` arrived at the dependency: a tree original deposits its allowance
-    /// less one, an extra attempt from above withdraws one.
+    /// A request of `ctx` arrived at the dependency (admitted, as the budget's deposit is): a
+    /// tree original deposits its allowance less one, an extra from above withdraws one.
     pub fn arrived(&self, now: Timestamp, ctx: &TreeContext) {
-        self.with(now, |inner, k, _| {
-            if ctx.is_original() {
-                inner.slices[k].deposits += u64::from(ctx.allowance_milli) - MILLI;
-                inner.counts.originals += 1;
-            } else {
-                inner.slices[k].withdrawals += 1;
-                inner.counts.extras_above += 1;
-            }
-        })
+        let (idx, tag) = slice(now);
+        if ctx.is_original() {
+            // A context made in code may say anything: clamped as one read from the wire is.
+            let extra = clamp(ctx.allowance_milli) - MILLI as u32;
+            self.inner.deposits.add(idx, tag, extra);
+            self.inner.originals.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.inner.withdrawals.add(idx, tag, 1);
+            self.inner.extras_above.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// One retry or hedge of this hop, if the tree's allowance has room for it.
+    /// One retry or hedge of this hop, if the tree's allowance has room for it. Withdraws
+    /// first and checks the balance with the withdrawal in it (as the ratio budget does): two
+    /// racing extras cannot both spend one attempt.
     pub fn try_charge(&self, now: Timestamp) -> Option<TreeCharge> {
-        self.with(now, |inner, k, tag| {
-            if Self::balance_milli(inner, tag) < i128::from(MILLI) {
-                return None;
-            }
-            inner.slices[k].withdrawals += 1;
-            inner.counts.charged += 1;
-            Some(TreeCharge { ledger: self.clone(), tag })
-        })
+        let (idx, tag) = slice(now);
+        let written = self.inner.withdrawals.add(idx, tag, 1);
+        if self.balance_milli(tag) < 0 {
+            self.inner.withdrawals.undo(idx, written);
+            return None;
+        }
+        self.inner.charged.fetch_add(1, Ordering::Relaxed);
+        Some(TreeCharge { ledger: self.clone(), idx, tag: written })
     }
 
     /// The balance now, in attempts (rounded down; negative when overdrawn from above).
     pub fn balance(&self, now: Timestamp) -> i64 {
-        self.with(now, |inner, _, tag| {
-            (Self::balance_milli(inner, tag).div_euclid(i128::from(MILLI))) as i64
-        })
+        let (_, current) = slice(now);
+        self.balance_milli(current).div_euclid(i128::from(MILLI)) as i64
     }
 
     /// What the ledger has counted.
     pub fn counts(&self) -> TreeCounts {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner).counts
+        let i = &self.inner;
+        TreeCounts {
+            originals: i.originals.load(Ordering::Relaxed),
+            extras_above: i.extras_above.load(Ordering::Relaxed),
+            charged: i.charged.load(Ordering::Relaxed),
+            refunded: i.refunded.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -280,19 +295,15 @@ impl TreeLedger {
 #[must_use = "dropping the charge keeps it spent"]
 pub struct TreeCharge {
     ledger: TreeLedger,
-    tag: u64,
+    idx: usize,
+    tag: u32,
 }
 
 impl TreeCharge {
     /// The attempt was never sent: the withdrawal goes back (if its slice is still kept).
     pub fn refund(self) {
-        let tag = self.tag;
-        let mut inner = self.ledger.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let k = (tag % SLICES as u64) as usize;
-        if inner.slices[k].tag == tag {
-            inner.slices[k].withdrawals = inner.slices[k].withdrawals.saturating_sub(1);
-            inner.counts.charged = inner.counts.charged.saturating_sub(1);
-        }
+        self.ledger.inner.withdrawals.undo(self.idx, self.tag);
+        self.ledger.inner.refunded.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -362,6 +373,9 @@ mod tests {
         // The window forgets.
         let later = now.saturating_add(WINDOW);
         assert_eq!(l.balance(later), 0);
-        assert_eq!(l.counts(), TreeCounts { originals: 1, extras_above: 2, charged: 0 });
+        assert_eq!(
+            l.counts(),
+            TreeCounts { originals: 1, extras_above: 2, charged: 1, refunded: 1 }
+        );
     }
 }

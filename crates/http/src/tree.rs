@@ -33,21 +33,22 @@ pub static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 /// The member's key.
 pub const MEMBER: &str = "stormguard-tree";
 
-/// The members of every `baggage` header, in order (a list may come in several headers).
-fn members(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+/// The members of every `baggage` header, in order (a list may come in several headers), as
+/// bytes: a value with bytes past ASCII (which HTTP allows) is still split, so a member in it
+/// can be read, and taken off, like any other.
+fn members(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
     headers
         .get_all(&BAGGAGE)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
         .filter(|m| !m.is_empty())
 }
 
 /// The value (with its properties) of a `stormguard-tree` member, if `m` is one.
-fn ours(m: &str) -> Option<&str> {
-    let (key, value) = m.split_once('=')?;
-    (key.trim() == MEMBER).then(|| value.trim())
+fn ours(m: &[u8]) -> Option<&[u8]> {
+    let eq = m.iter().position(|&b| b == b'=')?;
+    (m[..eq].trim_ascii() == MEMBER.as_bytes()).then(|| m[eq + 1..].trim_ascii())
 }
 
 /// The request's tree context: `None` without one, `Some(Err)` when its member does not read
@@ -56,14 +57,17 @@ pub fn read(headers: &HeaderMap) -> Option<Result<TreeContext, BadTreeContext>> 
     if !headers.contains_key(&BAGGAGE) {
         return None;
     }
-    members(headers).find_map(ours).map(str::parse)
+    members(headers).find_map(ours).map(|v| match std::str::from_utf8(v) {
+        Ok(text) => text.parse(),
+        Err(_) => Err(BadTreeContext(String::from_utf8_lossy(v).chars().take(80).collect())),
+    })
 }
 
 /// Sets the request's `stormguard-tree` member to `ctx`, keeping the other members (in one
 /// `baggage` header).
 pub fn write(headers: &mut HeaderMap, ctx: &TreeContext) {
     let ours = format!("{MEMBER}={ctx}");
-    set(headers, Some(&ours));
+    set(headers, Some(ours.as_bytes()));
 }
 
 /// Marks an extra attempt (a retry or a hedge this hop sends) on its copy of the request: the
@@ -74,7 +78,7 @@ pub fn mark_extra(headers: &mut HeaderMap) {
     }
 }
 
-/// Takes the `stormguard-tree` member off the request (a context from outside the trust
+/// Takes every `stormguard-tree` member off the request (a context from outside the trust
 /// boundary), keeping the other members.
 pub fn remove(headers: &mut HeaderMap) {
     if headers.contains_key(&BAGGAGE) && members(headers).any(|m| ours(m).is_some()) {
@@ -82,12 +86,12 @@ pub fn remove(headers: &mut HeaderMap) {
     }
 }
 
-fn set(headers: &mut HeaderMap, ours: Option<&str>) {
-    let mut list: Vec<&str> = members(headers).filter(|m| self::ours(m).is_none()).collect();
+fn set(headers: &mut HeaderMap, ours: Option<&[u8]>) {
+    let mut list: Vec<&[u8]> = members(headers).filter(|m| self::ours(m).is_none()).collect();
     list.extend(ours);
-    let joined = list.join(",");
-    // Every part came from a valid header value or from a context's text (ASCII).
-    match HeaderValue::from_str(&joined) {
+    let joined = list.join(&b","[..]);
+    // Every part came from a valid header value or from a context's text: it is one too.
+    match HeaderValue::from_bytes(&joined) {
         Ok(v) if !joined.is_empty() => {
             headers.insert(BAGGAGE.clone(), v);
         }
@@ -133,5 +137,21 @@ mod tests {
         let mut none = HeaderMap::new();
         write(&mut none, &ctx);
         assert_eq!(none[&BAGGAGE], "stormguard-tree=1.2;spent=1");
+    }
+
+    /// A value with bytes past ASCII (HTTP allows them) hides no member: it is read and taken
+    /// off like any other, and the other members, those bytes included, are kept.
+    #[test]
+    fn bytes_past_ascii_hide_nothing() {
+        let mut h = HeaderMap::new();
+        let v = HeaderValue::from_bytes(b"name=caf\xe9, stormguard-tree=10;spent=1").unwrap();
+        h.append(&BAGGAGE, v);
+        h.append(&BAGGAGE, HeaderValue::from_static("stormguard-tree=2"));
+        assert_eq!(read(&h).unwrap().unwrap().allowance_milli, 10_000, "the first one");
+        remove(&mut h);
+        assert_eq!(h[&BAGGAGE].as_bytes(), b"name=caf\xe9");
+        let mut bad = HeaderMap::new();
+        bad.insert(&BAGGAGE, HeaderValue::from_bytes(b"stormguard-tree=1\xe9").unwrap());
+        assert!(read(&bad).unwrap().is_err(), "a member that is not text does not read");
     }
 }

@@ -377,7 +377,7 @@ pub(crate) async fn handle(
         false => resp,
     };
     if let Some(id) = tree {
-        state.overloaded.answered(id, &mut resp, Instant::now());
+        state.overloaded.answered(id, listener, &mut resp, Instant::now());
     }
     resp
 }

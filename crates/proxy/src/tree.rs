@@ -14,9 +14,11 @@
 //! between answers its own caller with its own failure, without that header: the hop above it
 //! would retry. A proxy that is both the service's way out and its way in (a sidecar, with a
 //! listener for each) closes the gap: an answer it gives with `x-should-retry: false` for a
-//! user action (the context's `id`) is remembered for [`WINDOW`], and a failure the service
-//! answers for the same action, through the proxy's other listener, goes up with
-//! `x-should-retry: false` and `x-stormguard-tree: overloaded`. So only the hop directly above
+//! user action (the context's `id`) is remembered, with the listener that gave it, for
+//! [`WINDOW`] (or, when more than half of [`CAPACITY`] stand down within it, for the newest
+//! half to whole of it: two generations, no scan), and a failure the service answers for the
+//! same action, through another listener of the proxy, goes up with `x-should-retry: false`
+//! and `x-stormguard-tree: overloaded`. So only the hop directly above
 //! the overloaded one retries, as the SRE book asks, without the service's help.
 
 use std::collections::HashMap;
@@ -25,6 +27,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use stormguard_core::random::{RandomSource, SplitMix64};
 use stormguard_core::tree::{Allowance, TreeContext};
 use stormguard_proxy_config::TreeMode;
 
@@ -35,7 +38,7 @@ pub(crate) static TREE_HEADER: HeaderName = HeaderName::from_static("x-stormguar
 
 /// How long an action's overload is remembered.
 pub(crate) const WINDOW: Duration = stormguard_core::tree::WINDOW;
-/// Actions remembered at most (about 2 MiB when full); past it the expired go, then all.
+/// Actions remembered at most, over two generations (about 3 MiB when full).
 const CAPACITY: usize = 65_536;
 
 /// Applies a listener's trust rule to a request's headers: the user action's id when the
@@ -68,7 +71,7 @@ pub(crate) fn at_listener(
     ctx.id
 }
 
-/// A fresh user action's id: a counter from a random start, mixed (SplitMix64's finaliser).
+/// A fresh user action's id: a counter from a random start, each mixed by SplitMix64.
 fn new_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -78,25 +81,42 @@ fn new_id() -> u64 {
             .map_or(0, |d| d.as_nanos() as u64);
         t ^ (u64::from(std::process::id()) << 32)
     });
-    let mut z =
-        seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    SplitMix64::new(seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15))).next_u64()
+}
+
+/// When a stand-down for an action ends, and which listener answered it.
+type Seen = HashMap<u64, (Instant, usize)>;
+
+/// Two generations of actions: the current one fills, and turns into the previous one when it
+/// holds half of [`CAPACITY`] or is [`WINDOW`] old; a lookup reads both. So an insert never
+/// scans, and an action is kept for the window, or for the last half-capacity stand-downs when
+/// more come in a window.
+#[derive(Debug, Default)]
+struct Generations {
+    current: Seen,
+    previous: Seen,
+    turned: Option<Instant>,
 }
 
 /// The user actions a hop below refused for load, recently (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Overloaded {
-    seen: Mutex<HashMap<u64, Instant>>,
+    seen: Mutex<Generations>,
     /// Answers stamped as a hop below's overload.
     pub(crate) stamped: AtomicU64,
 }
 
 impl Overloaded {
-    /// What an answer to action `id` says, as it leaves this listener: a stand-down is
-    /// remembered; a failure of an action remembered is stamped as one.
-    pub(crate) fn answered<B>(&self, id: u64, resp: &mut Response<B>, now: Instant) {
+    /// What an answer to action `id` says, as it leaves `listener`: a stand-down is
+    /// remembered; a failure of an action another listener stood down for is stamped as one.
+    pub(crate) fn answered<B>(
+        &self,
+        id: u64,
+        listener: usize,
+        resp: &mut Response<B>,
+        now: Instant,
+    ) {
         let failing = resp.status().is_server_error() || resp.status().as_u16() == 429;
         if !failing {
             return;
@@ -105,19 +125,20 @@ impl Overloaded {
             .headers()
             .get(&SHOULD_RETRY)
             .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"false"));
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut g = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if stood_down {
-            if seen.len() >= CAPACITY {
-                seen.retain(|_, until| *until > now);
-                if seen.len() >= CAPACITY {
-                    seen.clear();
-                }
+            let old = g.turned.is_none_or(|t| now.saturating_duration_since(t) >= WINDOW);
+            if g.current.len() >= CAPACITY / 2 || old {
+                g.previous = std::mem::take(&mut g.current);
+                g.turned = Some(now);
             }
-            seen.insert(id, now + WINDOW);
+            g.current.insert(id, (now + WINDOW, listener));
             return;
         }
-        if seen.get(&id).is_some_and(|until| *until > now) {
-            drop(seen);
+        let other =
+            |seen: &Seen| seen.get(&id).is_some_and(|&(until, by)| until > now && by != listener);
+        if other(&g.current) || other(&g.previous) {
+            drop(g);
             let h = resp.headers_mut();
             h.insert(SHOULD_RETRY.clone(), HeaderValue::from_static("false"));
             h.insert(TREE_HEADER.clone(), HeaderValue::from_static("overloaded"));
@@ -142,21 +163,38 @@ mod tests {
     fn a_stand_down_marks_the_actions_later_failures_only() {
         let o = Overloaded::default();
         let now = Instant::now();
-        o.answered(7, &mut answer(503, true), now);
+        // Listener 0 (the way out) stood down for action 7.
+        o.answered(7, 0, &mut answer(503, true), now);
         let mut same = answer(500, false);
-        o.answered(7, &mut same, now);
+        o.answered(7, 1, &mut same, now);
         assert_eq!(same.headers()["x-should-retry"], "false");
         assert_eq!(same.headers()["x-stormguard-tree"], "overloaded");
+        let mut own = answer(500, false);
+        o.answered(7, 0, &mut own, now);
+        assert!(own.headers().get("x-should-retry").is_none(), "the same listener's own failure");
         let mut other = answer(500, false);
-        o.answered(8, &mut other, now);
+        o.answered(8, 1, &mut other, now);
         assert!(other.headers().get("x-should-retry").is_none(), "another action");
         let mut ok = answer(200, false);
-        o.answered(7, &mut ok, now);
+        o.answered(7, 1, &mut ok, now);
         assert!(ok.headers().get("x-should-retry").is_none(), "a success passes untouched");
         let mut late = answer(500, false);
-        o.answered(7, &mut late, now + WINDOW);
+        o.answered(7, 1, &mut late, now + WINDOW);
         assert!(late.headers().get("x-should-retry").is_none(), "forgotten after the window");
         assert_eq!(o.stamped.load(Ordering::Relaxed), 1);
+    }
+
+    /// A flood of stand-downs: the table stays bounded and never scans; the newest are kept.
+    #[test]
+    fn a_flood_of_stand_downs_is_bounded() {
+        let o = Overloaded::default();
+        let now = Instant::now();
+        for id in 0..(3 * CAPACITY as u64) {
+            o.answered(id, 0, &mut answer(503, true), now);
+        }
+        let g = o.seen.lock().unwrap();
+        assert!(g.current.len() + g.previous.len() <= CAPACITY);
+        assert!(g.current.contains_key(&(3 * CAPACITY as u64 - 1)));
     }
 
     #[test]

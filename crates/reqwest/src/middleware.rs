@@ -81,7 +81,8 @@ async fn run(
         route.as_ref(),
         extensions.get::<Deadline>().copied(),
     );
-    stormguard_tower::retry::enter_tree(dep, req.headers(), false, dep.now());
+    // The call tree's context, read once: it enters the ledger as the first try is admitted.
+    let tree = dep.tree_context(req.headers());
     // The copy a retry sends: reqwest's own `try_clone`, which has none for a streaming body.
     // Such a request is sent once, and its retry refused as `body`.
     let spare = req.try_clone();
@@ -97,7 +98,7 @@ async fn run(
         deadline,
     };
     let cost = rate_cost(dep, &req, extensions);
-    let admitted = match admit_first_try(dep, 0, cost, deadline, dep.now()) {
+    let admitted = match admit_first_try(dep, 0, cost, deadline, dep.now(), tree) {
         FirstTry::Now(a) => Ok(a),
         FirstTry::Wait(w) => w.await,
         FirstTry::Refused(reason) => Err(reason),
@@ -109,7 +110,7 @@ async fn run(
             return Err(refused(StormguardError::Denied(reason)));
         }
     };
-    let scopes = stormguard_tower::retry::scopes(dep, req.headers(), extensions, route.as_ref());
+    let scopes = stormguard_tower::retry::scopes(dep, extensions, route.as_ref(), tree.as_ref());
     let mut life = Life::new(facts, scopes, 0);
     let gates = dep.gates(cost);
     let hedge_after = match (&spare, config.retry.hedge) {

@@ -60,7 +60,7 @@ use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::{FailedAttempt, RequestFacts};
 use stormguard_core::life::{Admitted, AttemptId, Extra, Life, Next};
 use stormguard_core::limiter::Permit;
-use stormguard_core::scope::{FanOutScope, Scope};
+use stormguard_core::scope::FanOutScope;
 use stormguard_core::tree::TreeContext;
 use tracing::{Instrument, Span};
 
@@ -424,28 +424,17 @@ where
         let (_, deadline) =
             crate::request::request_start(dep, route.as_ref(), deadline.map(Deadline::after));
         let now = dep.now();
-        if let Some(ctx) = &tree {
-            dep.tree().arrived(now, ctx);
-        }
         let target = match dep.upstream_count() {
             1 => 0,
             _ => dep.primary_target(now, cost),
         };
-        let admission = match admit_first_try(dep, target, cost, deadline, now) {
+        let admission = match admit_first_try(dep, target, cost, deadline, now, tree) {
             FirstTry::Now(a) => a,
             FirstTry::Wait(w) => w.await.map_err(CallError::Refused)?,
             FirstTry::Refused(reason) => return Err(CallError::Refused(reason)),
         };
-        let mut scopes = Vec::new();
-        if let Some(s) = fan_out {
-            scopes.push(Scope::FanOut(s));
-        }
-        if let Some(r) = route {
-            scopes.push(Scope::Route(r.0));
-        }
-        if tree.is_some() {
-            scopes.push(Scope::Tree(dep.tree().clone()));
-        }
+        let scopes =
+            crate::request::scope_list(dep, fan_out.as_ref(), route.as_ref(), tree.as_ref());
         let facts = RequestFacts { idempotent, replayable: true, stacked: false, deadline };
         let mut life = Life::new(facts, scopes, target);
         let gates = dep.gates(cost);

@@ -38,6 +38,7 @@ use stormguard_core::breaker::{AttemptResult, BreakerPermit, BreakerState, Break
 use stormguard_core::clock::Timestamp;
 use stormguard_core::limiter::{AttemptKind, Permit};
 use stormguard_core::signals::Abandoned;
+use stormguard_core::tree::TreeContext;
 use stormguard_http::classify::classify_response;
 use tower::Service;
 
@@ -89,6 +90,7 @@ pub fn admit_first_try(
     cost: RateCost,
     deadline: Option<Timestamp>,
     now: Timestamp,
+    tree: Option<TreeContext>,
 ) -> FirstTry {
     let upstream = dep.upstream_at(target);
     let policy = dep.policy();
@@ -119,7 +121,7 @@ pub fn admit_first_try(
         if let Some(total) = total
             && let Ok(permit) = upstream.limiter.try_acquire_at(AttemptKind::Primary, now)
         {
-            policy.on_admitted(now);
+            admitted(dep, now, tree.as_ref());
             return FirstTry::Now(Admission { permit, total, rate: rate.map(Box::new), at: now });
         }
     }
@@ -131,7 +133,7 @@ pub fn admit_first_try(
             }
             None => rate,
         };
-        queued(&dep, target, deadline, rate).await
+        queued(&dep, target, deadline, rate, tree).await
     }))
 }
 
@@ -152,6 +154,7 @@ async fn queued(
     target: usize,
     deadline: Option<Timestamp>,
     rate: Option<RateReservation>,
+    tree: Option<TreeContext>,
 ) -> Result<Admission, Denied> {
     let rate = crate::rate::Unsent::new(dep, rate);
     let policy = dep.policy();
@@ -194,14 +197,24 @@ async fn queued(
             return Err(Denied::Rate);
         }
     };
-    policy.on_admitted(at);
+    admitted(dep, at, tree.as_ref());
     Ok(Admission { permit, total, rate: rate.sent().map(Box::new), at })
+}
+
+/// A first try was admitted: the budget's deposit, and its call tree's entry in the ledger
+/// (both for a request that reached the dependency, not one refused before it).
+fn admitted(dep: &Dependency, now: Timestamp, tree: Option<&TreeContext>) {
+    dep.policy().on_admitted(now);
+    if let Some(t) = tree {
+        dep.tree().arrived(now, t);
+    }
 }
 
 /// Puts a first try under the cap of upstream `target` ([`admit_first_try`]), on `inner`, which
 /// `poll_ready` readied: sent at once when admitted at once; the returned future waits
 /// otherwise, taking the readied service with it (a clone takes its place), and tells the
 /// service below how long it waited ([`SlotWait`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn first_try<S, B, RB>(
     dep: &Dependency,
     inner: &mut S,
@@ -209,6 +222,7 @@ pub(crate) fn first_try<S, B, RB>(
     deadline: Option<Timestamp>,
     target: usize,
     now: Timestamp,
+    tree: Option<TreeContext>,
 ) -> CapFuture<S::Future, RB, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
@@ -221,7 +235,7 @@ where
         Some(_) => req.extensions().get::<RateCost>().copied().unwrap_or_default(),
         None => RateCost::default(),
     };
-    match admit_first_try(dep, target, cost, deadline, now) {
+    match admit_first_try(dep, target, cost, deadline, now, tree) {
         FirstTry::Now(a) => send(
             dep,
             inner,

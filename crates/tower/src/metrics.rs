@@ -191,7 +191,7 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
     counter(
         &mut enc,
         "stormguard_tree_attempts",
-        "Requests of call trees (a stormguard-tree context) at this dependency, by kind: original (no retry or hedge above; deposits the allowance less one), extra_above (a retry or hedge a hop above sent), extra_here (this hop's retries and hedges charged to the tree). Tree refusals are stormguard_denied_total{reason=\"tree\"}.",
+        "Requests of call trees (a stormguard-tree context) at this dependency, by kind: original (no retry or hedge above; deposits the allowance less one), extra_above (a retry or hedge a hop above sent), extra_here (this hop's retries and hedges charged to the tree), extra_refunded (of those, given back: refused after the charge, never sent). Tree refusals are stormguard_denied_total{reason=\"tree\"}.",
         &tree,
     )?;
     let b = &s.budget;

@@ -9,6 +9,7 @@ use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::RequestFacts;
 use stormguard_core::life::{Admitted, Life};
 use stormguard_core::scope::{FanOutScope, Scope};
+use stormguard_core::tree::TreeContext;
 use stormguard_http::body::ReplayBody;
 use stormguard_http::classify::{classify_response, is_idempotent};
 use tower::{Service, ServiceExt};
@@ -129,45 +130,35 @@ pub(crate) fn request_facts<B>(
 }
 
 /// The scopes a request's retries (and hedges) are charged to: its fan-out, then its route,
-/// then its call tree's allowance (when it carries a tree's context, [`Dependency::tree_context`]).
-pub fn scopes(
+/// then its call tree's allowance (when it carries a tree's context) — the one list every
+/// placement builds.
+pub fn scope_list(
     dep: &Dependency,
-    headers: &HeaderMap,
-    extensions: &http::Extensions,
+    fan_out: Option<&FanOutScope>,
     route: Option<&RouteBudget>,
+    tree: Option<&TreeContext>,
 ) -> Vec<Scope> {
     let mut scopes = Vec::new();
-    if let Some(s) = extensions.get::<FanOutScope>() {
+    if let Some(s) = fan_out {
         scopes.push(Scope::FanOut(s.clone()));
     }
     if let Some(r) = route {
         scopes.push(Scope::Route(r.0.clone()));
     }
-    if dep.tree_context(headers).is_some() {
+    if tree.is_some() {
         scopes.push(Scope::Tree(dep.tree().clone()));
     }
     scopes
 }
 
-/// [`scopes`] of a request.
-pub(crate) fn scopes_of<B>(
+/// [`scope_list`] of a request's extensions (its [`FanOutScope`]) and its route and tree.
+pub fn scopes(
     dep: &Dependency,
-    req: &Request<B>,
+    extensions: &http::Extensions,
     route: Option<&RouteBudget>,
+    tree: Option<&TreeContext>,
 ) -> Vec<Scope> {
-    scopes(dep, req.headers(), req.extensions(), route)
-}
-
-/// A request of a call tree enters the dependency's ledger as it starts: a tree original
-/// deposits its allowance less one, an extra attempt of a hop above withdraws one
-/// ([`stormguard_core::tree`]). A caller's own retry enters only when a hop above sent it as an
-/// extra; otherwise it is an extra of this hop, charged as its retry is admitted.
-pub fn enter_tree(dep: &Dependency, headers: &HeaderMap, caller_retry: bool, now: Timestamp) {
-    if let Some(ctx) = dep.tree_context(headers)
-        && !(caller_retry && ctx.is_original())
-    {
-        dep.tree().arrived(now, &ctx);
-    }
+    scope_list(dep, extensions.get::<FanOutScope>(), route, tree)
 }
 
 /// What a request keeps while its first attempt is in flight, for the retries (and the hedge)
@@ -183,6 +174,8 @@ pub(crate) struct Rest<S, P, B> {
     pub(crate) id: Option<u64>,
     /// The upstream the first attempt went to.
     pub(crate) target: usize,
+    /// The call tree's context it arrived with (read once, [`Dependency::tree_context`]).
+    pub(crate) tree: Option<TreeContext>,
     /// The request's life, once it needs one (a hedge, a failure, a caller's retry).
     /// (Boxed: a request that succeeds at once moves `Rest` into its box without it.)
     pub(crate) life: Option<Box<Life>>,
@@ -191,12 +184,12 @@ pub(crate) struct Rest<S, P, B> {
 impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
     /// The request's life, made at its first need.
     pub(crate) fn life(&mut self) -> &mut Life {
-        let Rest { dep, policy, req, deadline, route, target, life, .. } = self;
+        let Rest { dep, policy, req, deadline, route, target, tree, life, .. } = self;
         life.get_or_insert_with(|| {
             let replayable = policy.is_replayable(req.body());
             Box::new(Life::new(
                 request_facts(dep, req, *deadline, replayable),
-                scopes_of(dep, req, route.as_ref()),
+                scopes(dep, req.extensions(), route.as_ref(), tree.as_ref()),
                 *target,
             ))
         })

@@ -46,8 +46,8 @@ use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::{CallerRetry, QuotaExhausted, RateCost, UpstreamTarget};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
-use crate::request::{Answer, Rest, copy_request, request_facts, scopes_of, send_admitted};
-pub use crate::request::{AttemptPolicy, CloneBody, Replay, enter_tree, request_start, scopes};
+use crate::request::{Answer, Rest, copy_request, request_facts, send_admitted};
+pub use crate::request::{AttemptPolicy, CloneBody, Replay, request_start, scope_list, scopes};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
 /// What the caller gets.
@@ -116,7 +116,8 @@ where
     );
     // One clock read for the request's start and its first try's admission.
     let now = start.unwrap_or_else(|| dep.now());
-    crate::request::enter_tree(&dep, req.headers(), caller.is_some(), now);
+    // The call tree's context, read once: it enters the ledger as the first try is admitted.
+    let tree = dep.tree_context(req.headers());
     let id = dep.trace_id();
     if id.is_some() && caller.is_none() {
         dep.record(id, now, TraceOp::Request);
@@ -132,7 +133,7 @@ where
         // The readied service goes with the request, as below.
         let svc = crate::cap::take_ready(first);
         let rest =
-            Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, life: None });
+            Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, tree, life: None });
         return RetryFuture::Boxed { fut: Box::pin(caller_retry(rest, caller)) };
     }
     let span = attempt_span(&dep, &req, target, 0);
@@ -144,7 +145,7 @@ where
         }
         // The readied service goes with the request (it may hold what `poll_ready` reserved).
         let svc = crate::cap::take_ready(first);
-        let fut = single(dep, svc, req, (deadline, now, target), id, span, None);
+        let fut = single(dep, svc, req, (deadline, now, target), id, span, Err(tree));
         return RetryFuture::Boxed { fut: Box::pin(fut) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
@@ -155,7 +156,7 @@ where
     }
     let spare = first.clone();
     let attempt = span
-        .in_scope(|| crate::cap::first_try(&dep, first, this, deadline, target, now))
+        .in_scope(|| crate::cap::first_try(&dep, first, this, deadline, target, now, tree))
         .instrument(span);
     // With hedging on, a second attempt may follow this one; its timer is made only if the
     // first does not answer at once.
@@ -177,6 +178,7 @@ where
             route,
             id,
             target,
+            tree,
             life: None,
         })),
         hedge,
@@ -244,15 +246,23 @@ where
     let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
     let gates = dep.gates(cost);
     let facts = request_facts(dep, &rest.req, rest.deadline, true);
-    // A hop above charged a retry it sent to its own tree allowance (it entered the ledger as
-    // an extra from above); one of this hop's callers' own is charged here.
-    let tree = dep.tree_context(rest.req.headers());
-    let mut scopes = scopes_of(dep, &rest.req, rest.route.as_ref());
-    if tree.is_some_and(|t| !t.is_original()) {
-        scopes.retain(|s| !matches!(s, Scope::Tree(_)));
-    }
-    let (life, admitted) =
+    // A retry a hop above sent (its context says so) was charged to the tree there: it enters
+    // the ledger as an extra from above once admitted, and only its own retries here are
+    // charged to the tree. A retry of this hop's callers' own is charged here.
+    let tree = rest.tree;
+    let above = tree.filter(|t| !t.is_original());
+    let scopes = scopes(
+        dep,
+        rest.req.extensions(),
+        rest.route.as_ref(),
+        tree.filter(|_| above.is_none()).as_ref(),
+    );
+    let (mut life, admitted) =
         Life::caller_retry(&gates, now, facts, scopes, rest.target, caller.attempt, caller.after);
+    if let (Some(t), Ok(_)) = (&above, &admitted) {
+        dep.tree().arrived(now, t);
+        life.add_scope(Scope::Tree(dep.tree().clone()));
+    }
     // Whether it reached the budget (the trace's rule, as for stormguard's own retries: a
     // refusal by the breaker or a hold is no ask; one by the slots or the window after the
     // budget is).
@@ -281,7 +291,7 @@ where
             let Rest { dep, svc, mut req, deadline, id, .. } = *rest;
             mark_caller_retry(req.headers_mut(), caller.attempt, tree);
             let how = (deadline, now, admitted.target);
-            let result = single(dep, svc, req, how, id, span, Some(admitted)).await;
+            let result = single(dep, svc, req, how, id, span, Ok(admitted)).await;
             drop(life);
             return result;
         }
@@ -697,7 +707,8 @@ fn not_retried(source: BoxError, reason: Denied) -> BoxError {
     StormguardError::NotRetried { reason, source }.into()
 }
 
-/// Sends a request whose body can't be copied, once, with no retry, in `span`.
+/// Sends a request whose body can't be copied, once, with no retry, in `span`: a first try
+/// (`Err`, with its call tree's context) or an attempt already admitted.
 async fn single<S, B, RB>(
     dep: Dependency,
     mut svc: S,
@@ -705,7 +716,7 @@ async fn single<S, B, RB>(
     (deadline, now, target): (Option<Timestamp>, Timestamp, usize),
     id: Option<u64>,
     span: tracing::Span,
-    admitted: Option<Admitted<crate::rate::RateReservation>>,
+    admitted: Result<Admitted<crate::rate::RateReservation>, Option<TreeContext>>,
 ) -> Out<RB>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
@@ -715,13 +726,14 @@ where
     RB: Body + Send + 'static,
 {
     let answer = match admitted {
-        // A first try: `svc` is the service `poll_ready` readied.
-        None => {
-            let first =
-                span.in_scope(|| crate::cap::first_try(&dep, &mut svc, req, deadline, target, now));
+        // A first try (with its call tree's context): `svc` is the service `poll_ready` readied.
+        Err(tree) => {
+            let first = span.in_scope(|| {
+                crate::cap::first_try(&dep, &mut svc, req, deadline, target, now, tree)
+            });
             first.instrument(span.clone()).await
         }
-        Some(admitted) => {
+        Ok(admitted) => {
             send_admitted(dep.clone(), svc, req, deadline, admitted, span.clone()).await
         }
     };

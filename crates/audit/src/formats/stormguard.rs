@@ -56,14 +56,6 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
             return Ok(());
         }
     };
-    // A listener that starts or trusts a call tree's context: its allowance bounds the
-    // retries of every stormguard layer the tree passes (the smallest one given counts).
-    let tree = config
-        .listeners
-        .iter()
-        .filter(|l| l.tree != stormguard_proxy_config::TreeMode::Off)
-        .map(|l| l.tree_allowance.0)
-        .min();
     for (i, d) in config.dependencies.iter().enumerate() {
         let here = KeyPath::root().key("dependency").index(i);
         let resource = format!("dependency {}", d.name);
@@ -73,7 +65,7 @@ pub(crate) fn read(c: &mut Collector, file: &str, text: &str) -> Result<(), Audi
         layer.refs.push(format!("stormguard/{}", d.name));
         layer.refs.push(format!("dependency/{}", d.name));
         layer.attempts = Some(d.max_retries.saturating_add(1));
-        layer.tree = tree;
+        layer.tree = tree_layer(&config, &d.name);
         layer.retry_on = conditions(&d.retry_on.to_string());
         layer.per_try_timeout = d.per_try_timeout;
         layer.timeout = d.deadline;
@@ -164,4 +156,24 @@ pub(crate) fn model_budget(spec: &BudgetSpec) -> (Budget, Option<f64>, Option<u6
             None,
         ),
     }
+}
+
+/// How dependency `name` carries a call tree: only when every listener that reaches it (its
+/// default dependency, or every listener when a route names it) starts or trusts one; with the
+/// smallest allowance among them, and `root` when one of them starts a new tree.
+fn tree_layer(config: &ProxyConfig, name: &str) -> Option<crate::model::TreeLayer> {
+    use stormguard_proxy_config::TreeMode;
+    let routed = config.routes.iter().any(|r| r.dependency == name);
+    let reaching: Vec<_> = config
+        .listeners
+        .iter()
+        .filter(|l| routed || l.dependency.as_deref() == Some(name))
+        .collect();
+    if reaching.is_empty() || reaching.iter().any(|l| l.tree == TreeMode::Off) {
+        return None;
+    }
+    Some(crate::model::TreeLayer {
+        allowance: reaching.iter().map(|l| l.tree_allowance.0).min()?,
+        root: reaching.iter().any(|l| l.tree == TreeMode::Root),
+    })
 }

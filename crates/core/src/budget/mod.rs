@@ -36,6 +36,7 @@ mod quota;
 mod ratio;
 mod spec;
 mod token_bucket;
+pub(crate) mod window;
 
 use crate::sync::{AtomicU64, Ordering};
 use std::fmt;

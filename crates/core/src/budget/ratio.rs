@@ -22,14 +22,13 @@
 use crate::error::ConfigError;
 use std::time::Duration;
 
+use super::window::{SLICES, Window};
 use super::{
     BudgetExhausted, BudgetSnapshot, FailureKind, Outcome, PermitInner, RetryBudget, RetryPermit,
 };
 use crate::clock::{Timestamp, duration_nanos};
 use crate::decimal::Fraction;
-use crate::sync::{AtomicU64, Ordering};
 
-const SLICES: usize = 10;
 const MICRO: u128 = 1_000_000;
 
 /// When an original request deposits into the ratio budget.
@@ -107,23 +106,8 @@ pub struct RatioBudget {
     slice_nanos: u64,
     /// `min_per_sec × ttl` in millionths of a retry, rounded down.
     reserve_micro: u128,
-    deposits: [AtomicU64; SLICES],
-    withdrawals: [AtomicU64; SLICES],
-}
-
-fn pack(tag: u32, count: u32) -> u64 {
-    (u64::from(tag) << 32) | u64::from(count)
-}
-
-fn unpack(v: u64) -> (u32, u32) {
-    ((v >> 32) as u32, v as u32)
-}
-
-/// Whether slice `tag` is inside the window that ends at slice `current`. Slices a racing caller
-/// with a slightly later clock already opened count too.
-fn in_window(current: u32, tag: u32) -> bool {
-    let age = current.wrapping_sub(tag) as i32;
-    age > -(SLICES as i32) && age < SLICES as i32
+    deposits: Window,
+    withdrawals: Window,
 }
 
 impl RatioBudget {
@@ -137,8 +121,8 @@ impl RatioBudget {
             config,
             slice_nanos: (ttl_nanos / SLICES as u64).max(1),
             reserve_micro,
-            deposits: std::array::from_fn(|_| AtomicU64::new(0)),
-            withdrawals: std::array::from_fn(|_| AtomicU64::new(0)),
+            deposits: Window::new(),
+            withdrawals: Window::new(),
         })
     }
 
@@ -152,84 +136,18 @@ impl RatioBudget {
         ((s % SLICES as u64) as usize, s as u32)
     }
 
-    /// Adds one to the slot for slice `tag`, rotating it if it holds an older slice. Returns the
-    /// slice the count went into.
-    fn add(slot: &AtomicU64, tag: u32) -> u32 {
-        // SeqCst: a withdrawal must be visible to every later balance check, including checks
-        // that read other slots first (see `try_retry`).
-        let mut cur = slot.load(Ordering::SeqCst);
-        loop {
-            let (t, count) = unpack(cur);
-            // How far the slot's slice is ahead of ours: a caller with a slightly later clock
-            // may already have opened the next one. Anything else is an old slice (or the
-            // initial tag 0, however far the clock is from zero) and is replaced.
-            let ahead = t.wrapping_sub(tag) as i32;
-            let next = if t == tag || (ahead > 0 && ahead < SLICES as i32) {
-                pack(t, count.saturating_add(1))
-            } else {
-                pack(tag, 1)
-            };
-            match slot.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => return unpack(next).0,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Takes back one count from slice `tag`, unless the slot has moved on (then it aged out).
-    fn undo(slot: &AtomicU64, tag: u32) {
-        let mut cur = slot.load(Ordering::SeqCst);
-        loop {
-            let (t, count) = unpack(cur);
-            if t != tag || count == 0 {
-                return;
-            }
-            match slot.compare_exchange_weak(
-                cur,
-                pack(t, count - 1),
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    fn sum(slots: &[AtomicU64; SLICES], current: u32) -> u64 {
-        slots
-            .iter()
-            .map(|s| unpack(s.load(Ordering::SeqCst)))
-            .filter(|&(tag, _)| in_window(current, tag))
-            .map(|(_, count)| u64::from(count))
-            .sum()
-    }
-
     /// `(credit, withdrawals)` in millionths of a retry.
     fn totals(&self, now: Timestamp) -> (u128, u128) {
         let (_, current) = self.slice(now);
-        let deposits = u128::from(Self::sum(&self.deposits, current));
-        let withdrawals = u128::from(Self::sum(&self.withdrawals, current));
+        let deposits = u128::from(self.deposits.sum(current));
+        let withdrawals = u128::from(self.withdrawals.sum(current));
         let credit = self.reserve_micro + u128::from(self.config.percent.millionths()) * deposits;
         (credit, withdrawals * MICRO)
     }
 
     fn deposit(&self, now: Timestamp) {
         let (idx, tag) = self.slice(now);
-        Self::add(&self.deposits[idx], tag);
-    }
-
-    /// Counts in the window by age in slices (0: the current one; a slice a racing caller
-    /// already opened counts as current).
-    fn by_age(slots: &[AtomicU64; SLICES], current: u32) -> [u64; SLICES] {
-        let mut ages = [0; SLICES];
-        for (tag, count) in slots.iter().map(|s| unpack(s.load(Ordering::SeqCst))) {
-            if in_window(current, tag) {
-                let age = (current.wrapping_sub(tag) as i32).max(0) as usize;
-                ages[age] += u64::from(count);
-            }
-        }
-        ages
+        self.deposits.add(idx, tag, 1);
     }
 
     /// Whole retries available now: `floor(credit − withdrawals)`, negative when deposits aged
@@ -266,13 +184,13 @@ impl RetryBudget for RatioBudget {
         let (idx, tag) = self.slice(now);
         // Withdraw first, then check the balance with the withdrawal in it: of two racing
         // retries the later compare-exchange sees both, so they cannot both spend one credit.
-        let written = Self::add(&self.withdrawals[idx], tag);
+        let written = self.withdrawals.add(idx, tag, 1);
         let (credit, spent) = self.totals(now);
         // `balance ≥ 1` before the withdrawal is `credit − spent ≥ 0` after it.
         if credit >= spent {
             Ok(RetryPermit { inner: PermitInner::Withdrawal { idx, tag: written } })
         } else {
-            Self::undo(&self.withdrawals[idx], written);
+            self.withdrawals.undo(idx, written);
             Err(BudgetExhausted)
         }
     }
@@ -287,8 +205,8 @@ impl RetryBudget for RatioBudget {
     /// reserve).
     fn retry_after(&self, now: Timestamp) -> Option<Duration> {
         let (_, current) = self.slice(now);
-        let deposits = Self::by_age(&self.deposits, current);
-        let withdrawals = Self::by_age(&self.withdrawals, current);
+        let deposits = self.deposits.by_age(current);
+        let withdrawals = self.withdrawals.by_age(current);
         let percent = u128::from(self.config.percent.millionths());
         // After k more slice boundaries, the slices aged SLICES − k and older have left.
         (0..=SLICES).find_map(|k| {
@@ -307,7 +225,7 @@ impl RetryBudget for RatioBudget {
         if let PermitInner::Withdrawal { idx, tag } = permit.inner
             && idx < SLICES
         {
-            Self::undo(&self.withdrawals[idx], tag);
+            self.withdrawals.undo(idx, tag);
         }
     }
 
