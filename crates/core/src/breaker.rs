@@ -80,11 +80,11 @@ use crate::error::ConfigError;
 use std::fmt;
 use std::time::Duration;
 
+use crate::budget::window::{SLICES, Window};
 use crate::clock::{Timestamp, duration_nanos};
 use crate::decimal::Fraction;
 use crate::sync::{Arc, AtomicU64, Ordering};
 
-const SLICES: usize = 10;
 const NANOS_PER_MS: u64 = 1_000_000;
 const MAX_PROBES: u64 = 1_000;
 
@@ -322,8 +322,8 @@ struct Shared {
     /// The end of the last break (ms) whose half-open period has admitted a probe: the first
     /// probe of each period reports [`BreakerTransition::HalfOpened`].
     half_opened: AtomicU64,
-    successes: [AtomicU64; SLICES],
-    failures: [AtomicU64; SLICES],
+    successes: Window,
+    failures: Window,
 }
 
 /// The admission of one attempt. Record how it ended with [`record`](BreakerPermit::record).
@@ -361,21 +361,6 @@ fn until_ms(word: u64) -> u64 {
     word & UNTIL_MASK
 }
 
-fn pack_slice(tag: u32, count: u32) -> u64 {
-    (u64::from(tag) << 32) | u64::from(count)
-}
-
-fn unpack_slice(v: u64) -> (u32, u32) {
-    ((v >> 32) as u32, v as u32)
-}
-
-/// Whether slice `tag` is inside the window that ends at slice `current`. Slices a racing caller
-/// with a slightly later clock already opened count too.
-fn in_window(current: u32, tag: u32) -> bool {
-    let age = current.wrapping_sub(tag) as i32;
-    age > -(SLICES as i32) && age < SLICES as i32
-}
-
 impl Breaker {
     /// Builds a closed breaker, refusing invalid parameters.
     pub fn try_new(config: BreakerConfig) -> Result<Breaker, ConfigError> {
@@ -388,8 +373,8 @@ impl Breaker {
                 state: AtomicU64::new(0),
                 run: AtomicU64::new(0),
                 half_opened: AtomicU64::new(0),
-                successes: std::array::from_fn(|_| AtomicU64::new(0)),
-                failures: std::array::from_fn(|_| AtomicU64::new(0)),
+                successes: Window::new(),
+                failures: Window::new(),
             }),
         })
     }
@@ -507,13 +492,13 @@ impl Shared {
         let (idx, tag) = self.slice(now);
         match result {
             AttemptResult::Success => {
-                add(&self.successes[idx], tag);
+                self.successes.add(idx, tag, 1);
                 // Relaxed: the run is a heuristic over completion order, which concurrency
                 // blurs anyway; nothing else is published through it.
                 self.run.store(0, Ordering::Relaxed);
             }
             AttemptResult::UpstreamFailure => {
-                add(&self.failures[idx], tag);
+                self.failures.add(idx, tag, 1);
                 let run = self.run.fetch_add(1, Ordering::Relaxed).saturating_add(1);
                 if self.should_trip(run, tag) {
                     return self.trip(now, word);
@@ -528,8 +513,8 @@ impl Shared {
         if self.config.consecutive_failures.is_some_and(|n| run >= n) {
             return true;
         }
-        let failures = sum(&self.failures, current);
-        let total = failures.saturating_add(sum(&self.successes, current));
+        let failures = self.failures.sum(current);
+        let total = failures.saturating_add(self.successes.sum(current));
         total >= self.config.min_requests
             && u128::from(failures) * u128::from(Fraction::ONE_MILLIONTHS)
                 > u128::from(total) * u128::from(self.config.failure_ratio.millionths())
@@ -593,41 +578,10 @@ impl Shared {
     /// Forgets every count: the window and the run.
     fn clear(&self) {
         // Relaxed: published by the Release of the compare-exchange that closes the breaker.
-        for slot in self.successes.iter().chain(self.failures.iter()) {
-            slot.store(0, Ordering::Relaxed);
-        }
+        self.successes.reset();
+        self.failures.reset();
         self.run.store(0, Ordering::Relaxed);
     }
-}
-
-/// Adds one to the slot for slice `tag`, rotating it if it holds an older slice.
-fn add(slot: &AtomicU64, tag: u32) {
-    // Relaxed: the counts are statistics read by the next failure's ratio check; a count a racing
-    // caller has not seen yet only moves the trip to a later failure.
-    let mut cur = slot.load(Ordering::Relaxed);
-    loop {
-        let (t, count) = unpack_slice(cur);
-        let next = if t == tag || (tag.wrapping_sub(t) as i32) < 0 {
-            // Same slice, or a caller with a later clock already opened a newer one: count into
-            // it rather than lose the attempt.
-            pack_slice(t, count.saturating_add(1))
-        } else {
-            pack_slice(tag, 1)
-        };
-        match slot.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(actual) => cur = actual,
-        }
-    }
-}
-
-fn sum(slots: &[AtomicU64; SLICES], current: u32) -> u64 {
-    slots
-        .iter()
-        .map(|s| unpack_slice(s.load(Ordering::Relaxed)))
-        .filter(|&(tag, _)| in_window(current, tag))
-        .map(|(_, count)| u64::from(count))
-        .sum()
 }
 
 impl BreakerPermit {

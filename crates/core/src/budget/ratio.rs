@@ -7,6 +7,7 @@
 //! `min_per_sec × ttl` refills: it is a burst allowed per window, not a lifetime allowance.
 //!
 //! ## The window in atomics
+//! (`budget::window`, the one window the breaker and the call tree's ledger count in too.)
 //! Each slice is one `AtomicU64` for deposits and one for withdrawals, packing the slice number
 //! (low 32 bits of `now / slice_len`) in the high half and the count in the low half, so a slot
 //! is rotated to a new slice and counted in one compare-exchange. A retry withdraws first and

@@ -1,5 +1,5 @@
-//! A sliding window of counts in atomics, shared by the ratio budget and the call tree's
-//! ledger: 10 slices, each one `AtomicU64` packing the slice number (low 32 bits of
+//! A sliding window of counts in atomics, shared by the ratio budget, the breaker and the call
+//! tree's ledger: 10 slices, each one `AtomicU64` packing the slice number (low 32 bits of
 //! `now / slice_len`) in the high half and the count in the low half, so a slot is rotated to
 //! a new slice and counted in one compare-exchange. The window holds the current slice and the
 //! 9 before it; a slice a caller with a slightly later clock already opened counts too.
@@ -79,6 +79,14 @@ impl Window {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
+        }
+    }
+
+    /// Forgets every count (a breaker that closes starts a new window). Relaxed: whoever
+    /// resets publishes it by a later release of its own.
+    pub(crate) fn reset(&self) {
+        for slot in &self.slots {
+            slot.store(0, Ordering::Relaxed);
         }
     }
 
