@@ -390,7 +390,12 @@ where
                             // abandoned-attempt rules).
                             _ => {
                                 let first = (AttemptId::FIRST, 1);
+                                let alone = matches!(hedge, Hedge::Off);
                                 match first_answered(r, result, attempt.span(), first) {
+                                    // Nothing else of the request in place (no hedge): the
+                                    // answer goes straight out, not through this future's
+                                    // state (the finished attempt goes with the future).
+                                    Ok(answer) if alone => return Poll::Ready(answer),
                                     Ok(answer) => break Next::Answer(answer),
                                     Err(decision_loop) => break Next::Loop(decision_loop),
                                 }
