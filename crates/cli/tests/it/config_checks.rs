@@ -188,3 +188,26 @@ fn the_raw_arithmetic_is_flagged() {
     assert_eq!(held("20", "19").0, "concurrency:percent=0.05,min=1");
     assert_eq!(held("40", "10").1, "ratio:percent=0.5,min_per_sec=3,ttl=10s");
 }
+
+/// A listener's call tree keys: read as written, and a wrong value named at its place (exit 2).
+#[test]
+fn a_listeners_tree_keys_are_checked() {
+    let config = |tree: &str, allowance: &str| {
+        format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ndependency = \"a\"\ntree = \"{tree}\"\n\
+             tree_allowance = {allowance}\n\n[[dependency]]\nname = \"a\"\nupstreams = [\"http://127.0.0.1:1\"]\n"
+        )
+    };
+    let ok = write("tree-ok.toml", &config("trust", "1.25"));
+    stormguard().arg("check-config").arg(&ok).assert().success();
+    let bad = write("tree-allowance.toml", &config("trust", "20"));
+    stormguard().arg("check-config").arg(&bad).assert().code(2).stderr(
+        predicate::str::contains("tree-allowance.toml:5:18: listener[0].tree_allowance")
+            .and(predicate::str::contains("1 to 10")),
+    );
+    let bad = write("tree-mode.toml", &config("always", "1.2"));
+    stormguard().arg("check-config").arg(&bad).assert().code(2).stderr(
+        predicate::str::contains("tree-mode.toml:4:8: listener[0].tree")
+            .and(predicate::str::contains("`off`, `root`, `trust`")),
+    );
+}
