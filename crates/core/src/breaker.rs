@@ -477,8 +477,7 @@ impl Shared {
     }
 
     fn slice(&self, now: Timestamp) -> (usize, u32) {
-        let s = now.as_nanos() / self.slice_nanos;
-        ((s % SLICES as u64) as usize, s as u32)
+        crate::budget::window::slice(now, self.slice_nanos)
     }
 
     fn record_closed(&self, now: Timestamp, result: AttemptResult) -> Option<BreakerTransition> {

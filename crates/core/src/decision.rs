@@ -76,6 +76,7 @@ use crate::random::RandomSource;
 use crate::scope::{Scope, ScopeCharge};
 use crate::signals::Counters;
 use crate::sync::{AtomicBool, Ordering};
+use crate::tree::{TreeContext, TreeLedger};
 
 /// The most retries a policy may allow per request.
 pub const MAX_RETRIES_LIMIT: u32 = 10;
@@ -397,6 +398,16 @@ impl RetryPolicy {
     pub fn on_admitted(&self, now: Timestamp) {
         self.counters.primary();
         self.budget.record_request(now);
+    }
+
+    /// [`on_admitted`](Self::on_admitted) for a request of a call tree: the budget's deposit,
+    /// then the tree's entry in the dependency's ledger ([`TreeLedger::arrived`]) — both for a
+    /// request that reached the dependency, none for one refused before it.
+    pub fn on_admitted_in(&self, now: Timestamp, tree: Option<(&TreeLedger, &TreeContext)>) {
+        self.on_admitted(now);
+        if let Some((ledger, ctx)) = tree {
+            ledger.arrived(now, ctx);
+        }
     }
 
     /// A primary was refused before it reached a slot (`queue`, `breaker`, `deadline`).

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::budget::window::{SLICES, Window};
+use crate::budget::window::{self, SLICES, Window};
 use crate::clock::Timestamp;
 use crate::decimal::{Excess, format_scaled, parse_scaled};
 
@@ -66,8 +66,8 @@ pub const MAX_ALLOWANCE_MILLI: u32 = 10_000;
 /// not 0) and `id=HEX` (the user action, 1–16 hex digits): `1.2;spent=1;id=8f3a09c1d2e4b5a6`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeContext {
-    /// Attempts per user action any one dependency may see, in thousandths (1000–10 000).
-    pub allowance_milli: u32,
+    /// Attempts per user action any one dependency may see.
+    pub allowance: Allowance,
     /// Retries and hedges on the request's path above this hop.
     pub spent: u32,
     /// The user action, so a hop's answers can be told apart as the action's (the sidecar
@@ -76,15 +76,15 @@ pub struct TreeContext {
 }
 
 impl TreeContext {
-    /// A new user action's context, with allowance `allowance_milli` (clamped to 1000–10 000).
-    pub fn root(allowance_milli: u32, id: u64) -> TreeContext {
-        TreeContext { allowance_milli: clamp(allowance_milli), spent: 0, id: Some(id) }
+    /// A new user action's context, with `allowance` (clamped to 1–10).
+    pub fn root(allowance: Allowance, id: u64) -> TreeContext {
+        TreeContext { allowance: allowance.clamped(), spent: 0, id: Some(id) }
     }
 
-    /// The context a trusted caller sent, with its allowance no more than `most_milli` (a
-    /// caller cannot grant itself more than the listener would).
-    pub fn clamped(self, most_milli: u32) -> TreeContext {
-        TreeContext { allowance_milli: self.allowance_milli.min(clamp(most_milli)), ..self }
+    /// The context a trusted caller sent, with its allowance no more than `most` (a caller
+    /// cannot grant itself more than the listener would).
+    pub fn clamped(self, most: Allowance) -> TreeContext {
+        TreeContext { allowance: self.allowance.min(most.clamped()), ..self }
     }
 
     /// The context an attempt this hop sends carries: `extra` (a retry or a hedge) adds one
@@ -99,14 +99,17 @@ impl TreeContext {
     }
 }
 
-fn clamp(milli: u32) -> u32 {
-    milli.clamp(MILLI as u32, MAX_ALLOWANCE_MILLI)
-}
-
 /// An allowance as configured (`tree_allowance = 1.2`): attempts per user action any one
 /// dependency may see, 1 to 10 with at most three decimals, kept in thousandths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Allowance(pub u32);
+
+impl Allowance {
+    /// Within 1–10 (the field is public: a value made in code may say anything).
+    pub fn clamped(self) -> Allowance {
+        Allowance(self.0.clamp(MILLI as u32, MAX_ALLOWANCE_MILLI))
+    }
+}
 
 impl Default for Allowance {
     /// 1.2: one extra attempt per five user actions, across every hop.
@@ -151,8 +154,8 @@ impl FromStr for TreeContext {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadTreeContext(s.chars().take(80).collect());
         let mut parts = s.split(';').map(str::trim);
-        let allowance: Allowance = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
-        let mut ctx = TreeContext { allowance_milli: allowance.0, spent: 0, id: None };
+        let allowance = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
+        let mut ctx = TreeContext { allowance, spent: 0, id: None };
         for p in parts {
             let (k, v) = p.split_once('=').map_or((p, ""), |(k, v)| (k.trim(), v.trim()));
             match k {
@@ -170,7 +173,7 @@ impl FromStr for TreeContext {
 
 impl fmt::Display for TreeContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        Allowance(self.allowance_milli).fmt(f)?;
+        self.allowance.fmt(f)?;
         if self.spent > 0 {
             write!(f, ";spent={}", self.spent)?;
         }
@@ -229,10 +232,9 @@ impl Default for TreeLedger {
     }
 }
 
-/// The slot and the slice of `now`.
+/// The slot and the slice of `now`: [`WINDOW`] in the window's slices.
 fn slice(now: Timestamp) -> (usize, u32) {
-    let s = now.as_nanos() / (WINDOW.as_nanos() as u64 / SLICES as u64);
-    ((s % SLICES as u64) as usize, s as u32)
+    window::slice(now, WINDOW.as_nanos() as u64 / SLICES as u64)
 }
 
 impl TreeLedger {
@@ -248,7 +250,7 @@ impl TreeLedger {
         let (idx, tag) = slice(now);
         if ctx.is_original() {
             // A context made in code may say anything: clamped as one read from the wire is.
-            let extra = clamp(ctx.allowance_milli) - MILLI as u32;
+            let extra = ctx.allowance.clamped().0 - MILLI as u32;
             self.inner.deposits.add(idx, tag, extra);
             self.inner.originals.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -318,15 +320,16 @@ mod tests {
     #[test]
     fn the_text_form_round_trips_and_bad_values_are_refused() {
         let c = ctx("1.2;spent=2;id=00000000000000ff");
-        assert_eq!(c, TreeContext { allowance_milli: 1200, spent: 2, id: Some(255) });
+        assert_eq!(c, TreeContext { allowance: Allowance(1200), spent: 2, id: Some(255) });
         assert_eq!(c.to_string(), "1.2;spent=2;id=00000000000000ff");
         assert_eq!(ctx("2").to_string(), "2");
-        assert_eq!(ctx(" 1.25 ; future=x ; spent = 0").allowance_milli, 1250);
+        assert_eq!(ctx(" 1.25 ; future=x ; spent = 0").allowance, Allowance(1250));
         for bad in ["", "0.9", "11", "1.2345", "x", "1.2;spent=-1", "1.2;id=xyz", "1.2;id="] {
             assert!(bad.parse::<TreeContext>().is_err(), "{bad}");
         }
-        assert_eq!(ctx("5").clamped(1500).allowance_milli, 1500, "a caller cannot grant more");
-        assert_eq!(ctx("1.1").clamped(1500).allowance_milli, 1100);
+        let most = Allowance(1500);
+        assert_eq!(ctx("5").clamped(most).allowance, most, "a caller cannot grant more");
+        assert_eq!(ctx("1.1").clamped(most).allowance, Allowance(1100));
     }
 
     /// Three hops, each sending what it may: attempts at the last stay within the allowance.

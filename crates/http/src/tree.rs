@@ -118,7 +118,7 @@ mod tests {
         assert!(read(&HeaderMap::new()).is_none());
         assert!(read(&with(&["a=1"])).is_none());
         let c = read(&with(&["a=1", " stormguard-tree = 1.5;spent=2 ,b=2"])).unwrap().unwrap();
-        assert_eq!((c.allowance_milli, c.spent), (1500, 2));
+        assert_eq!((c.allowance.0, c.spent), (1500, 2));
         assert!(read(&with(&["stormguard-tree=lots"])).unwrap().is_err());
     }
 
@@ -147,7 +147,7 @@ mod tests {
         let v = HeaderValue::from_bytes(b"name=caf\xe9, stormguard-tree=10;spent=1").unwrap();
         h.append(&BAGGAGE, v);
         h.append(&BAGGAGE, HeaderValue::from_static("stormguard-tree=2"));
-        assert_eq!(read(&h).unwrap().unwrap().allowance_milli, 10_000, "the first one");
+        assert_eq!(read(&h).unwrap().unwrap().allowance.0, 10_000, "the first one");
         remove(&mut h);
         assert_eq!(h[&BAGGAGE].as_bytes(), b"name=caf\xe9");
         let mut bad = HeaderMap::new();

@@ -55,16 +55,16 @@ pub(crate) fn at_listener(
             stormguard_http::tree::remove(headers);
             return None;
         }
-        TreeMode::Root => TreeContext::root(allowance.0, new_id()),
+        TreeMode::Root => TreeContext::root(allowance, new_id()),
         TreeMode::Trust => match stormguard_http::tree::read(headers) {
             Some(Ok(ctx)) => {
-                TreeContext { id: ctx.id.or_else(|| Some(new_id())), ..ctx }.clamped(allowance.0)
+                TreeContext { id: ctx.id.or_else(|| Some(new_id())), ..ctx }.clamped(allowance)
             }
             Some(Err(_)) => {
                 malformed();
-                TreeContext::root(allowance.0, new_id())
+                TreeContext::root(allowance, new_id())
             }
-            None => TreeContext::root(allowance.0, new_id()),
+            None => TreeContext::root(allowance, new_id()),
         },
     };
     stormguard_http::tree::write(headers, &ctx);
@@ -212,7 +212,7 @@ mod tests {
         let id = at_listener(TreeMode::Root, allowance, &mut root, || panic!()).unwrap();
         assert_ne!(id, 255);
         let ctx = stormguard_http::tree::read(&root).unwrap().unwrap();
-        assert_eq!((ctx.allowance_milli, ctx.spent, ctx.id), (1500, 0, Some(id)));
+        assert_eq!((ctx.allowance.0, ctx.spent, ctx.id), (1500, 0, Some(id)));
         let mut bad = HeaderMap::new();
         bad.insert("baggage", "stormguard-tree=lots".parse().unwrap());
         let mut counted = false;

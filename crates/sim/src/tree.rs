@@ -27,9 +27,10 @@ use stormguard_core::budget::BudgetSpec;
 use stormguard_core::clock::{ManualClock, Timestamp};
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::{FailedAttempt, RequestFacts, RetryConfig, RetryPolicy, Upstream};
+use stormguard_core::dist::unit;
 use stormguard_core::life::{AttemptId, Gates, Life, Next};
 use stormguard_core::limiter::LimiterConfig;
-use stormguard_core::random::{RandomSource, SplitMix64};
+use stormguard_core::random::SplitMix64;
 use stormguard_core::scope::Scope;
 use stormguard_core::tree::{Allowance, TreeContext, TreeLedger};
 use stormguard_core::{Denied, backoff::Pushback};
@@ -258,12 +259,8 @@ impl Chain<'_> {
             };
         }
         let hop = &self.hops[h];
-        hop.policy.on_admitted(now);
-        let mut scopes = Vec::new();
-        if let Some(c) = &ctx {
-            hop.ledger.arrived(now, c);
-            scopes.push(Scope::Tree(hop.ledger.clone()));
-        }
+        hop.policy.on_admitted_in(now, ctx.as_ref().map(|c| (&hop.ledger, c)));
+        let scopes: Vec<Scope> = ctx.iter().map(|_| Scope::Tree(hop.ledger.clone())).collect();
         let mut life = Life::new(RequestFacts::idempotent(), scopes, 0);
         let (mut id, mut extra) = (AttemptId::FIRST, false);
         loop {
@@ -312,11 +309,6 @@ impl Chain<'_> {
     }
 }
 
-/// A draw uniform in `[0, 1)`.
-fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// Runs every policy of `sc` on the same draws.
 pub fn run(sc: &CallTree) -> TreeReport {
     let actions = (sc.duration.as_secs_f64() * sc.rate).round() as u64;
@@ -351,7 +343,7 @@ pub fn run(sc: &CallTree) -> TreeReport {
             for i in 0..actions {
                 let now = Timestamp::from_nanos((i as f64 * 1e9 / sc.rate) as u64);
                 clock.set(now);
-                let ctx = p.allowance.map(|a| TreeContext::root(a.0, i));
+                let ctx = p.allowance.map(|a| TreeContext::root(a, i));
                 ok += u64::from(matches!(chain.call(0, ctx, now), Answer::Ok));
             }
             let per = |n: u64| n as f64 / actions.max(1) as f64;

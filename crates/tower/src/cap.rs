@@ -121,7 +121,7 @@ pub fn admit_first_try(
         if let Some(total) = total
             && let Ok(permit) = upstream.limiter.try_acquire_at(AttemptKind::Primary, now)
         {
-            admitted(dep, now, tree.as_ref());
+            policy.on_admitted_in(now, tree.as_ref().map(|t| (dep.tree(), t)));
             return FirstTry::Now(Admission { permit, total, rate: rate.map(Box::new), at: now });
         }
     }
@@ -197,17 +197,8 @@ async fn queued(
             return Err(Denied::Rate);
         }
     };
-    admitted(dep, at, tree.as_ref());
+    policy.on_admitted_in(at, tree.as_ref().map(|t| (dep.tree(), t)));
     Ok(Admission { permit, total, rate: rate.sent().map(Box::new), at })
-}
-
-/// A first try was admitted: the budget's deposit, and its call tree's entry in the ledger
-/// (both for a request that reached the dependency, not one refused before it).
-fn admitted(dep: &Dependency, now: Timestamp, tree: Option<&TreeContext>) {
-    dep.policy().on_admitted(now);
-    if let Some(t) = tree {
-        dep.tree().arrived(now, t);
-    }
 }
 
 /// Puts a first try under the cap of upstream `target` ([`admit_first_try`]), on `inner`, which

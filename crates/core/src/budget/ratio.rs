@@ -133,8 +133,7 @@ impl RatioBudget {
     }
 
     fn slice(&self, now: Timestamp) -> (usize, u32) {
-        let s = now.as_nanos() / self.slice_nanos;
-        ((s % SLICES as u64) as usize, s as u32)
+        crate::budget::window::slice(now, self.slice_nanos)
     }
 
     /// `(credit, withdrawals)` in millionths of a retry.

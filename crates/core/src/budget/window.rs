@@ -4,6 +4,7 @@
 //! a new slice and counted in one compare-exchange. The window holds the current slice and the
 //! 9 before it; a slice a caller with a slightly later clock already opened counts too.
 
+use crate::clock::Timestamp;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Slices in a window.
@@ -22,6 +23,12 @@ fn unpack(v: u64) -> (u32, u32) {
 fn in_window(current: u32, tag: u32) -> bool {
     let age = current.wrapping_sub(tag) as i32;
     age > -(SLICES as i32) && age < SLICES as i32
+}
+
+/// The slot of `now` and its slice's number, for slices `slice_nanos` long.
+pub(crate) fn slice(now: Timestamp, slice_nanos: u64) -> (usize, u32) {
+    let s = now.as_nanos() / slice_nanos;
+    ((s % SLICES as u64) as usize, s as u32)
 }
 
 /// Counts over the last [`SLICES`] slices.
