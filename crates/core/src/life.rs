@@ -55,6 +55,7 @@ use crate::denied::Denied;
 use crate::limiter::{AttemptKind, Limiter, Permit};
 use crate::random::RandomSource;
 use crate::scope::Scope;
+use crate::tree::TreeContext;
 
 /// What a placement lends a request's life: one dependency's rules and shared state. Nothing
 /// here waits: a slot or a turn is had now, or not.
@@ -211,11 +212,18 @@ impl Life {
     /// meets ([`RetryPolicy::decide_caller_retry`]: breaker, pushback hold, scopes, budget),
     /// then admission as any extra attempt's, never waiting. Its slots, if admitted, are
     /// the request's first; the request is stacked (not retried again while `deny_stacked`).
+    ///
+    /// `tree` is the call tree's context it arrived with (its [`Scope::Tree`] among `scopes`).
+    /// A retry a hop above sent as an extra (`spent > 0`) was charged to the tree there: it is
+    /// admitted without the tree's charge and, once admitted, enters the ledger as an extra
+    /// from above; the retries of its own here are charged to the tree as any are.
+    #[allow(clippy::too_many_arguments)]
     pub fn caller_retry<G: Gates>(
         gates: &G,
         now: Timestamp,
         facts: RequestFacts,
         scopes: Vec<Scope>,
+        tree: Option<TreeContext>,
         target: usize,
         number: u32,
         kind: FailureKind,
@@ -223,24 +231,32 @@ impl Life {
         let mut life = Life::new(RequestFacts { stacked: true, ..facts }, scopes, target);
         life.caller_retry = true;
         let policy = gates.policy();
-        let ticket =
-            match policy.decide_caller_retry(now, gates.upstream(target), kind, &life.scopes) {
-                Ok(ticket) => ticket,
-                Err(reason) => return (life, Err(Refused { reason, admitting: false })),
-            };
+        let above = tree.filter(|t| !t.is_original());
+        let untreed: Vec<Scope>;
+        let charged = match above {
+            Some(_) => {
+                untreed = life.scopes.iter().filter(|s| !s.is_tree()).cloned().collect();
+                &untreed[..]
+            }
+            None => &life.scopes[..],
+        };
+        let ticket = match policy.decide_caller_retry(now, gates.upstream(target), kind, charged) {
+            Ok(ticket) => ticket,
+            Err(reason) => return (life, Err(Refused { reason, admitting: false })),
+        };
         let admitted = life
             .admit(gates, now, ticket, target, Extra::Retry)
             // Numbered as its caller numbered it.
             .map(|a| Admitted { number, ..a })
             .map_err(|reason| Refused { reason, admitting: true });
+        if let (Some(ctx), Ok(_)) = (above, &admitted) {
+            for scope in &life.scopes {
+                if let Scope::Tree(ledger) = scope {
+                    ledger.arrived(now, &ctx);
+                }
+            }
+        }
         (life, admitted)
-    }
-
-    /// One more scope the request's later retries and hedges are charged to (a caller's retry
-    /// a hop above already charged to its call tree is admitted without the tree, and its own
-    /// retries here are charged to it).
-    pub fn add_scope(&mut self, scope: Scope) {
-        self.scopes.push(scope);
     }
 
     /// The request's facts as the rules read them.
@@ -653,14 +669,67 @@ mod tests {
     fn a_callers_retry_is_admitted_or_refused_at_once() {
         let w = world(RetryConfig::default(), None, Some(1));
         let kind = AttemptFailure::Status(503).kind();
-        let (life, a) =
-            Life::caller_retry(&w, w.now(), RequestFacts::idempotent(), Vec::new(), 0, 3, kind);
+        let (life, a) = Life::caller_retry(
+            &w,
+            w.now(),
+            RequestFacts::idempotent(),
+            Vec::new(),
+            None,
+            0,
+            3,
+            kind,
+        );
         let a = a.unwrap();
         assert_eq!(a.number, 3);
         assert!(life.facts().stacked);
-        let (_, refused) =
-            Life::caller_retry(&w, w.now(), RequestFacts::idempotent(), Vec::new(), 0, 2, kind);
+        let (_, refused) = Life::caller_retry(
+            &w,
+            w.now(),
+            RequestFacts::idempotent(),
+            Vec::new(),
+            None,
+            0,
+            2,
+            kind,
+        );
         assert_eq!(refused.unwrap_err(), Refused { reason: Denied::Budget, admitting: false });
         drop(a);
+    }
+
+    /// A caller's retry a hop above sent as an extra is not charged to the tree again: it is
+    /// admitted on an empty ledger and enters it as an extra from above; this hop's callers'
+    /// own retry (`spent = 0`) is charged, and refused `tree` when the ledger has no room.
+    #[test]
+    fn a_callers_retry_charged_above_is_not_charged_to_the_tree_again() {
+        use crate::tree::{TreeContext, TreeLedger};
+        let w = world(RetryConfig::default(), None, None);
+        let kind = AttemptFailure::Status(503).kind();
+        let ledger = TreeLedger::default();
+        let scopes = vec![Scope::Tree(ledger.clone())];
+        let above: TreeContext = "1.2;spent=1".parse().unwrap();
+        let (_, a) = Life::caller_retry(
+            &w,
+            w.now(),
+            RequestFacts::idempotent(),
+            scopes.clone(),
+            Some(above),
+            0,
+            2,
+            kind,
+        );
+        assert!(a.is_ok(), "{a:?}");
+        assert_eq!((ledger.counts().extras_above, ledger.counts().charged), (1, 0));
+        let own: TreeContext = "1.2".parse().unwrap();
+        let (_, refused) = Life::caller_retry(
+            &w,
+            w.now(),
+            RequestFacts::idempotent(),
+            scopes,
+            Some(own),
+            0,
+            2,
+            kind,
+        );
+        assert_eq!(refused.unwrap_err(), Refused { reason: Denied::Tree, admitting: false });
     }
 }

@@ -103,6 +103,11 @@ impl Scope {
         }
     }
 
+    /// Whether this is the call tree's allowance.
+    pub fn is_tree(&self) -> bool {
+        matches!(self, Scope::Tree(_))
+    }
+
     /// The reason a retry this scope refused is given: [`Denied::Tree`] for the call tree's
     /// allowance, [`Denied::Scope`] for a fan-out or a route.
     pub fn denied(&self) -> Denied {

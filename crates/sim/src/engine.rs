@@ -922,7 +922,7 @@ impl<'s> Run<'s> {
         let scopes = scopes_of(&self.actions, c.action).to_vec();
         let number = u32::from(c.own) + 1;
         let (life, admitted) =
-            Life::caller_retry(&g, ts, c.facts(), scopes, 0, number, FailureKind::Error);
+            Life::caller_retry(&g, ts, c.facts(), scopes, None, 0, number, FailureKind::Error);
         let pooled = u.retry_upstream.is_some();
         c.rare().life = Some(life);
         match admitted {

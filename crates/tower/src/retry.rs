@@ -31,7 +31,6 @@ use stormguard_core::clock::Timestamp;
 use stormguard_core::conditions::AttemptFailure;
 use stormguard_core::decision::FailedAttempt;
 use stormguard_core::life::{Admitted, AttemptId, Life, Next as LifeNext, Refused};
-use stormguard_core::scope::Scope;
 use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_core::tree::TreeContext;
 use stormguard_http::classify::{classify_response, classify_transport};
@@ -246,23 +245,18 @@ where
     let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
     let gates = dep.gates(cost);
     let facts = request_facts(dep, &rest.req, rest.deadline, true);
-    // A retry a hop above sent (its context says so) was charged to the tree there: it enters
-    // the ledger as an extra from above once admitted, and only its own retries here are
-    // charged to the tree. A retry of this hop's callers' own is charged here.
     let tree = rest.tree;
-    let above = tree.filter(|t| !t.is_original());
-    let scopes = scopes(
-        dep,
-        rest.req.extensions(),
-        rest.route.as_ref(),
-        tree.filter(|_| above.is_none()).as_ref(),
+    let scopes = scopes(dep, rest.req.extensions(), rest.route.as_ref(), tree.as_ref());
+    let (life, admitted) = Life::caller_retry(
+        &gates,
+        now,
+        facts,
+        scopes,
+        tree,
+        rest.target,
+        caller.attempt,
+        caller.after,
     );
-    let (mut life, admitted) =
-        Life::caller_retry(&gates, now, facts, scopes, rest.target, caller.attempt, caller.after);
-    if let (Some(t), Ok(_)) = (&above, &admitted) {
-        dep.tree().arrived(now, t);
-        life.add_scope(Scope::Tree(dep.tree().clone()));
-    }
     // Whether it reached the budget (the trace's rule, as for stormguard's own retries: a
     // refusal by the breaker or a hold is no ask; one by the slots or the window after the
     // budget is).
