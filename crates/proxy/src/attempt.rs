@@ -1,12 +1,13 @@
-//! What happens to each attempt below the cap, one service and one future ([`Attempt`]), each
-//! concern a function it calls in order: counted and timed for the access log
-//! ([`AttemptLog`]), numbered, sent to its upstream, told its gRPC deadline, its cap held under
-//! the HTTP/2 peer's streams; its answer's unsolicited upgrade refused, an OpenAI 429 read for a
-//! spent quota.
+//! What happens to each attempt below the cap. As the layer sends it ([`ProxyPolicy`]'s
+//! `sending`, with what the layer knows of the attempt — its upstream, the deadline left, its
+//! slot wait): counted for the access log ([`AttemptLog`]), numbered, sent to its upstream, told
+//! its gRPC deadline. Then one service and one future ([`Attempt`]): its cap held under the
+//! HTTP/2 peer's streams, timed, its answer's unsolicited upgrade refused, an OpenAI 429 read for
+//! a spent quota.
 //!
-//! The extensions they read are set above: [`UpstreamTarget`] (which upstream the request's
-//! life chose), [`TimeLeft`] (the deadline left) and [`SlotWait`] (how long a first try waited
-//! for its slot) by stormguard-tower's layer, [`AttemptLog`] by the server.
+//! An attempt's request carries no extension map of the proxy's: the request's [`AttemptLog`]
+//! travels in its body ([`OutgoingBody`]), copied with it for each attempt, and the layer's
+//! facts come typed (`stormguard_tower::Sending`), not as extensions.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,11 +19,16 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Request, Response, StatusCode};
 use stormguard_http::classify::ProtocolError;
 use stormguard_http::stacked::ATTEMPT_HEADER;
-use stormguard_tower::{BoxError, SlotWait, TimeLeft, UpstreamTarget};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use stormguard_http::body::{ReplayBody, ReplayError};
+use stormguard_tower::{AttemptPolicy, BoxError, Sending};
 use tower::Service;
 
-/// Per request, shared by its attempts (request extensions are copied to each attempt): how
-/// many were sent and how long the upstream took, for the access log.
+use crate::body::CallerBody;
+
+/// Per request, shared by its attempts (each attempt's body carries it): how many were sent
+/// and how long the upstream took, for the access log.
 #[derive(Clone, Debug, Default)]
 pub struct AttemptLog(Arc<AttemptCounts>);
 
@@ -59,20 +65,13 @@ impl AttemptLog {
 }
 
 /// `x-stormguard-attempt: 1` on a first try that carries none (the layer numbers the retries).
-fn number_first<B>(mut req: Request<B>) -> Request<B> {
+fn number_first<B>(req: &mut Request<B>) {
     // One lookup: the name is hashed once whether or not it is there.
     req.headers_mut().entry(&ATTEMPT_HEADER).or_insert(HeaderValue::from_static("1"));
-    req
-}
-
-/// The upstream an attempt goes to: [`UpstreamTarget`], 0 when the layer set none.
-pub(crate) fn target<B>(req: &Request<B>) -> usize {
-    req.extensions().get::<UpstreamTarget>().map_or(0, |t| t.0)
 }
 
 /// An attempt for upstream `i > 0` is sent there, path and query kept.
-fn failover<B>(upstreams: &[http::Uri], mut req: Request<B>) -> Request<B> {
-    let i = target(&req);
+fn failover<B>(upstreams: &[http::Uri], i: usize, req: &mut Request<B>) {
     if i != 0
         && let Some(u) = upstreams.get(i)
     {
@@ -82,19 +81,83 @@ fn failover<B>(upstreams: &[http::Uri], mut req: Request<B>) -> Request<B> {
             *req.uri_mut() = uri;
         }
     }
-    req
 }
 
 /// On a gRPC request: the time left as `grpc-timeout` (never above the caller's), and `te:
 /// trailers` restored (removed with the hop-by-hop headers; gRPC servers require it).
-fn grpc_deadline<B>(mut req: Request<B>) -> Request<B> {
+fn grpc_deadline<B>(time_left: Option<Duration>, req: &mut Request<B>) {
     if crate::grpc::is_grpc_request(req.headers()) {
         req.headers_mut().insert(http::header::TE, HeaderValue::from_static("trailers"));
-        if let Some(TimeLeft(left)) = req.extensions().get::<TimeLeft>().copied() {
+        if let Some(left) = time_left {
             crate::grpc::propagate(req.headers_mut(), left);
         }
     }
-    req
+}
+
+/// An attempt's body: the caller's, copied while sent for the attempts after it
+/// ([`ReplayBody`]), with the request's [`AttemptLog`], which each copy carries to its attempt.
+pub struct OutgoingBody {
+    body: ReplayBody<CallerBody>,
+    log: AttemptLog,
+}
+
+impl OutgoingBody {
+    /// The caller's body, sent with `log`; copied for retries up to `limit` bytes.
+    pub(crate) fn new(body: CallerBody, limit: usize, log: AttemptLog) -> OutgoingBody {
+        OutgoingBody { body: ReplayBody::new(body, limit), log }
+    }
+}
+
+impl Body for OutgoingBody {
+    type Data = Bytes;
+    type Error = ReplayError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The layer's policy for the proxy's requests: a body is copied as [`ReplayBody`] copies it,
+/// and an attempt is readied as the layer sends it — counted in its request's [`AttemptLog`]
+/// (with its slot wait), numbered, pointed at the upstream the request's life chose, told its
+/// gRPC deadline.
+#[derive(Clone)]
+pub(crate) struct ProxyPolicy {
+    pub(crate) upstreams: Arc<[http::Uri]>,
+}
+
+impl AttemptPolicy<OutgoingBody> for ProxyPolicy {
+    fn clone_body(&self, body: &OutgoingBody) -> Option<OutgoingBody> {
+        Some(OutgoingBody { body: body.body.clone(), log: body.log.clone() })
+    }
+
+    fn is_replayable(&self, body: &OutgoingBody) -> bool {
+        body.body.is_replayable()
+    }
+
+    fn sending(&self, req: &mut Request<OutgoingBody>, attempt: Sending) {
+        let log = &req.body().log.0;
+        log.attempts.fetch_add(1, Ordering::Relaxed);
+        log.target.store(attempt.target, Ordering::Relaxed);
+        if let Some(waited) = attempt.slot_wait {
+            let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+            log.slot_wait_us.fetch_add(us, Ordering::Relaxed);
+        }
+        number_first(req);
+        failover(&self.upstreams, attempt.target, req);
+        grpc_deadline(attempt.time_left, req);
+    }
 }
 
 /// The proxy forwards no upgrade (`Upgrade` is hop-by-hop): a 101 answers a request nobody
@@ -108,20 +171,17 @@ fn no_upgrade<RB, E: Into<BoxError>>(r: Result<Response<RB>, E>) -> Result<Respo
     }
 }
 
-/// An attempt's request (the stack's `UpstreamRequest`): the caller's body, copied for retries
-/// while sent.
-type Outgoing = Request<stormguard_http::body::ReplayBody<crate::body::CallerBody>>;
+/// An attempt's request (the stack's `UpstreamRequest`).
+type Outgoing = Request<OutgoingBody>;
 
-/// Every step of an attempt below the cap, as one service and one future (each step used to be
-/// a layer of its own, each moving the request in and the response out): the attempt counted
-/// and timed for the request's [`AttemptLog`] (its slot wait, [`SlotWait`], when it waited;
-/// the upstream's time to response headers), numbered, sent to the upstream the request's
-/// life chose, told its gRPC deadline, its cap held under the HTTP/2 peer's streams; then the
-/// answer: an unsolicited upgrade refused, an OpenAI 429's body read for a spent quota.
+/// What happens to an attempt under the cap once [`ProxyPolicy`] readied it, as one service and
+/// one future (each step used to be a layer of its own, each moving the request in and the
+/// response out): its cap held under the HTTP/2 peer's streams, the upstream's time to response
+/// headers in the request's [`AttemptLog`]; then the answer: an unsolicited upgrade refused, an
+/// OpenAI 429's body read for a spent quota.
 #[derive(Clone)]
 pub(crate) struct Attempt {
     pub(crate) client: crate::upstream::UpstreamClient,
-    pub(crate) upstreams: Arc<[http::Uri]>,
     pub(crate) peer: crate::upstream::PeerStreams,
     pub(crate) dependency: stormguard_tower::Dependency,
     pub(crate) provider: Option<stormguard_tower::Provider>,
@@ -137,20 +197,10 @@ impl Service<Outgoing> for Attempt {
     }
 
     fn call(&mut self, req: Outgoing) -> AttemptFuture {
-        let log = req.extensions().get::<AttemptLog>().cloned();
+        let log = Some(req.body().log.clone());
         let started = Instant::now();
-        let i = target(&req);
-        if let Some(l) = &log {
-            l.0.attempts.fetch_add(1, Ordering::Relaxed);
-            l.0.target.store(i, Ordering::Relaxed);
-            if let Some(SlotWait(waited)) = req.extensions().get::<SlotWait>() {
-                let us = waited.as_micros();
-                l.0.slot_wait_us
-                    .fetch_add(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
-            }
-        }
-        let req = grpc_deadline(failover(&self.upstreams, number_first(req)));
-        self.peer.apply(&self.dependency, i);
+        // The upstream [`ProxyPolicy::sending`] just logged for this attempt.
+        self.peer.apply(&self.dependency, req.body().log.target());
         AttemptFuture {
             state: Sent::Call(self.client.call(req)),
             log,

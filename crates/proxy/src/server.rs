@@ -11,9 +11,10 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use stormguard_core::budget::FailureKind;
 use stormguard_core::signals::CallerRetryOutcome;
-use stormguard_tower::{Idempotent, ReplayBody, RouteBudget};
+use stormguard_tower::{Idempotent, RouteBudget};
 use tower::ServiceExt;
 
+use crate::attempt::OutgoingBody;
 use crate::callers::{Answered, CallerRetries};
 use crate::hop::strip_hop_by_hop;
 use crate::stack::{AttemptLog, LocalError, ProxyBody, local};
@@ -246,7 +247,6 @@ pub(crate) async fn handle(
     let grpc = crate::grpc::is_grpc_request(&parts.headers);
     let log = AttemptLog::default();
     parts.extensions = http::Extensions::new();
-    parts.extensions.insert(log.clone());
     if let Some(scope) = dep.scopes.scope_for(&parts.headers, started) {
         parts.extensions.insert(scope);
     }
@@ -313,8 +313,9 @@ pub(crate) async fn handle(
             .headers
             .insert(http::header::TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
     }
-    let req = Request::from_parts(parts, ReplayBody::new(body, limit));
-    let resp = match dep.service.clone().oneshot(req).await {
+    let req = Request::from_parts(parts, OutgoingBody::new(body, limit, log.clone()));
+    let provider = dep.dependency.config().rate.provider;
+    let resp = match crate::stack::answer(dep.service.clone().oneshot(req).await, provider) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "the upstream client failed");

@@ -2,17 +2,15 @@
 
 use std::sync::Arc;
 
-use crate::body::CallerBody;
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use stormguard_core::Denied;
-use stormguard_tower::{BoxError, Dependency, ReplayBody, StormguardError, StormguardLayer};
-use tower::ServiceBuilder;
-use tower::util::BoxCloneSyncService;
+use stormguard_tower::{BoxError, Dependency, Stormguard, StormguardError, StormguardLayer};
+use tower::Layer;
 
-use crate::attempt;
+use crate::attempt::{self, ProxyPolicy};
 pub use crate::attempt::AttemptLog;
 use crate::config::ProxyDependency;
 use crate::hop::strip_hop_by_hop;
@@ -25,11 +23,9 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// from an upstream.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LocalAnswer;
-/// A request on its way to the upstream: the caller's body, copied for retries while sent.
-pub type UpstreamRequest = Request<ReplayBody<CallerBody>>;
-/// One dependency's stack. Refusals and upstream failures are responses; the error is only
-/// the client's readiness failing (hyper's client is always ready).
-pub type ProxyService = BoxCloneSyncService<UpstreamRequest, Response<ProxyBody>, BoxError>;
+/// One dependency's stack: stormguard's layer over the attempt (cloned per request: its parts
+/// are shared, nothing is allocated). Its answer becomes the caller's with [`answer`].
+pub(crate) type ProxyService = Stormguard<attempt::Attempt, ProxyPolicy>;
 
 /// The header that carries the reason stormguard refused (a primary) or did not retry.
 pub static DENIED_HEADER: http::HeaderName = http::HeaderName::from_static("x-stormguard-denied");
@@ -43,7 +39,13 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, crate::upstream::
     crate::upstream::client(dep)
 }
 
-/// The stack of one dependency, outermost first.
+/// The stack of one dependency: the request's life, every attempt under the cap with its
+/// per-try timeout (connect time counts; a retry takes its slot now or never, so it can never
+/// queue), each readied as it is sent ([`ProxyPolicy`]: counted for the access log, numbered,
+/// sent to the upstream the request's life chose, told its gRPC deadline); below the cap, one
+/// service and one future per attempt, seeing exactly what the upstream sees: its cap held under
+/// the HTTP/2 peer's streams, timed, an OpenAI 429's body read for a spent quota, an upgrade
+/// nobody asked for refused. The caller's answer is [`answer`]'s.
 pub fn stack(
     dependency: &Dependency,
     client: UpstreamClient,
@@ -54,25 +56,16 @@ pub fn stack(
     peer.attach(dependency);
     let dep = dependency.clone();
     let provider = dependency.config().rate.provider;
-    let svc = ServiceBuilder::new()
-        // Outermost: stormguard's own refusals and transport failures become responses (503,
-        // 504, 502 with the reason), so every caller gets exactly one answer.
-        .map_result(move |r| answer(r, provider))
-        // The request's life, every attempt under the cap with its per-try timeout (connect
-        // time counts); a retry takes its slot now or never, so it can never queue.
-        .layer(StormguardLayer::new(dependency.clone()))
-        // Below the cap, one service and one future per attempt, seeing exactly what the
-        // upstream sees: counted and timed for the access log, numbered, sent to the upstream
-        // the request's life chose, told its gRPC deadline, its cap held under the HTTP/2
-        // peer's streams; an OpenAI 429's body read for a spent quota, an upgrade nobody asked
-        // for refused.
-        .service(attempt::Attempt { client, upstreams, peer, dependency: dep, provider });
-    BoxCloneSyncService::new(svc)
+    StormguardLayer::new(dependency.clone())
+        .with_policy(ProxyPolicy { upstreams })
+        .layer(attempt::Attempt { client, peer, dependency: dep, provider })
 }
 
 /// What the caller gets: the upstream's response (hop-by-hop headers removed, a refused
-/// retry's reason in `x-stormguard-denied`), or the proxy's own answer.
-fn answer<B>(
+/// retry's reason in `x-stormguard-denied`), or the proxy's own answer — stormguard's own
+/// refusals and transport failures as responses (503, 504, 502 with the reason), so every
+/// caller gets exactly one answer.
+pub(crate) fn answer<B>(
     result: Result<Response<B>, BoxError>,
     provider: Option<stormguard_tower::Provider>,
 ) -> Result<Response<ProxyBody>, BoxError>

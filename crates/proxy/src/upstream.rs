@@ -34,7 +34,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use stormguard_core::limiter::Limiter;
-use stormguard_tower::{Dependency, ReplayBody};
+use stormguard_tower::Dependency;
 use tower::Service;
 
 use crate::config::{ProxyDependency, TlsConfig};
@@ -54,7 +54,7 @@ pub struct UpstreamClient {
 }
 
 /// The body sent upstream.
-type Outgoing = ReplayBody<crate::body::CallerBody>;
+type Outgoing = crate::attempt::OutgoingBody;
 
 /// How a dependency's requests go out.
 #[derive(Clone, Debug)]

@@ -47,6 +47,7 @@ use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::RateCost;
 pub use crate::extensions::{BodyReceived, SlotWait, TimeLeft};
 use crate::rate::{RateReservation, UsageTap};
+use crate::request::{AttemptPolicy, Sending};
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -206,10 +207,11 @@ async fn queued(
 /// otherwise, taking the readied service with it (a clone takes its place), and tells the
 /// service below how long it waited ([`SlotWait`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn first_try<S, B, RB>(
+pub(crate) fn first_try<S, P, B, RB>(
     dep: &Dependency,
     inner: &mut S,
-    mut req: Request<B>,
+    policy: &P,
+    req: Request<B>,
     deadline: Option<Timestamp>,
     target: usize,
     now: Timestamp,
@@ -219,6 +221,7 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + 'static,
+    P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
@@ -230,21 +233,22 @@ where
         FirstTry::Now(a) => send(
             dep,
             inner,
+            policy,
             req,
             (Some(a.permit), a.total, a.rate.map(|r| *r)),
             deadline,
-            now,
+            (now, None),
             target,
         ),
         FirstTry::Refused(reason) => CapFuture::boxed(refused(reason)),
         FirstTry::Wait(admission) => {
             let mut inner = take_ready(inner);
-            let dep = dep.clone();
+            let (dep, policy) = (dep.clone(), policy.clone());
             CapFuture::boxed(Box::pin(async move {
                 let a = admission.await.map_err(|r| BoxError::from(StormguardError::Denied(r)))?;
-                req.extensions_mut().insert(SlotWait(a.at.saturating_since(now)));
                 let slots = (Some(a.permit), a.total, a.rate.map(|r| *r));
-                send(&dep, &mut inner, req, slots, deadline, a.at, target).await
+                let at = (a.at, Some(a.at.saturating_since(now)));
+                send(&dep, &mut inner, &policy, req, slots, deadline, at, target).await
             }))
         }
     }
@@ -263,19 +267,22 @@ fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> 
 /// An admitted attempt: takes its breaker probe, calls the inner service (`poll_ready` readied
 /// it) at once, and returns the future that finishes the attempt. A first try's admission is
 /// [`first_try`]'s; a retry's or a hedge's, the request's life's.
-pub(crate) fn send<S, B, RB>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send<S, P, B, RB>(
     dep: &Dependency,
     inner: &mut S,
+    policy: &P,
     mut req: Request<B>,
     (permit, total, rate): (Option<Permit>, Option<Permit>, Option<RateReservation>),
     deadline: Option<Timestamp>,
-    now: Timestamp,
+    (now, slot_wait): (Timestamp, Option<Duration>),
     target: usize,
 ) -> CapFuture<S::Future, RB, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + 'static,
+    P: AttemptPolicy<B>,
     RB: Body + Send + 'static,
 {
     let probe = match probe(dep, target, now) {
@@ -290,9 +297,8 @@ where
         }
     };
     let per_try = per_try_limit(dep, now, deadline);
-    if let Some(d) = deadline {
-        req.extensions_mut().insert(TimeLeft(d.saturating_since(now)));
-    }
+    let time_left = deadline.map(|d| d.saturating_since(now));
+    policy.sending(&mut req, Sending { target, time_left, slot_wait });
     // The per-try timer, apart: most attempts never need one polled.
     let timer = per_try.map(|limit| Box::pin(tokio::time::sleep(limit)));
     // `inner` was made ready by `poll_ready` before this request was accepted.

@@ -14,9 +14,14 @@
 //! | [`BodyReceived`] | whoever reads the caller's body | the layer | a per-try timeout before it is the caller's slowness |
 //! | [`UpstreamTarget`] | the layer, on an attempt to any upstream but the first | the service under it | which upstream the attempt goes to |
 //! | [`TimeLeft`] | the layer, while a deadline applies | the service under it (gRPC's `grpc-timeout`) | the request's time left when the attempt was sent |
-//! | [`SlotWait`](crate::SlotWait) | the layer, on an attempt that waited for its slot | the service under it (the proxy's access log) | how long it waited in the queue or for its turn in the provider's window |
+//! | [`SlotWait`](crate::SlotWait) | the layer, on an attempt that waited for its slot | the service under it | how long it waited in the queue or for its turn in the provider's window |
 //! | [`QuotaExhausted`] (response) | the service under it (the proxy, for OpenAI) | the layer | the account's quota is spent: never retried |
 //! | [`Denied`](crate::Denied) (response) | the layer | the caller | why the last failure was not retried |
+//!
+//! The three the layer sets on an attempt are what [`AttemptPolicy::sending`](crate::AttemptPolicy::sending)
+//! writes by default, from one typed [`Sending`](crate::Sending); a policy whose service takes
+//! them otherwise overrides it (the proxy writes them into the attempt's request itself, so its
+//! attempts carry no extension map).
 
 use std::sync::Arc;
 

@@ -75,6 +75,9 @@ where
     stormguard_http::stacked::mark_hedge(this.headers_mut(), number);
     stormguard_http::tree::mark_extra(this.headers_mut());
     let span = attempt_span(&dep, req, target, number - 1);
-    let fut = send_admitted(dep, rest.svc.clone(), this, rest.deadline, admitted, span.clone());
+    let (svc, policy, deadline, in_span) =
+        (rest.svc.clone(), rest.policy.clone(), rest.deadline, span.clone());
+    let fut =
+        async move { send_admitted(dep, svc, &policy, this, deadline, admitted, in_span).await };
     Some(SentHedge { fut: Box::pin(fut), span, id, number })
 }

@@ -54,7 +54,8 @@ pub use extensions::{CallerRetry, UpstreamTarget};
 pub use rate::Provider;
 pub use record::{Recorder, TraceEvent, TraceOp};
 pub use retry::{
-    AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, RetryBody, RouteBudget, Stormguard,
+    AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, RetryBody, RouteBudget, Sending,
+    Stormguard,
 };
 pub use stormguard_core::Denied;
 pub use stormguard_core::limiter::Reader;

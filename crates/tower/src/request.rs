@@ -18,7 +18,9 @@ use tracing::Instrument;
 use crate::cap::PermitBody;
 use crate::dependency::Dependency;
 use crate::error::BoxError;
-use crate::extensions::{CallerRetry, Deadline, Idempotent, RouteBudget, UpstreamTarget};
+use crate::extensions::{
+    CallerRetry, Deadline, Idempotent, RouteBudget, SlotWait, TimeLeft, UpstreamTarget,
+};
 
 /// A request's start: its start time (read only when something needs it) and its deadline —
 /// the dependency's, or the caller's [`Deadline`] when sooner — with the request counted on its
@@ -61,6 +63,46 @@ pub trait AttemptPolicy<B>: Clone + Send + Sync + 'static {
     /// trailers-only gRPC response with a non-zero `grpc-status`.
     fn classify(&self, status: http::StatusCode, headers: &HeaderMap) -> Option<AttemptFailure> {
         classify_response(status, headers)
+    }
+
+    /// Readies an attempt's request as the layer sends it, with what the layer knows of the
+    /// attempt ([`Sending`]). Default: in the request's extensions — [`UpstreamTarget`] (on an
+    /// attempt to any upstream but the first), [`TimeLeft`], [`SlotWait`] — where the service
+    /// under the layer reads them. A policy whose service takes them otherwise overrides it
+    /// (the proxy writes them into the request itself, with no extension map per attempt).
+    fn sending(&self, req: &mut Request<B>, attempt: Sending) {
+        attempt.insert_into(req.extensions_mut());
+    }
+}
+
+/// What the layer knows of an attempt as it sends it, for the service under it
+/// ([`AttemptPolicy::sending`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Sending {
+    /// The upstream it goes to: an index into the dependency's upstreams, 0 with one.
+    pub target: usize,
+    /// The request's time left when it was sent, while a deadline applies (the dependency's,
+    /// or the caller's [`Deadline`]): its deadline, not the per-try timeout.
+    pub time_left: Option<std::time::Duration>,
+    /// How long it waited for its slot, when it waited (a first try in the queue, or for its
+    /// turn in the provider's window).
+    pub slot_wait: Option<std::time::Duration>,
+}
+
+impl Sending {
+    /// The extensions [`AttemptPolicy::sending`] writes by default: [`UpstreamTarget`] when
+    /// the target is not 0, [`TimeLeft`] and [`SlotWait`] when known.
+    pub fn insert_into(self, extensions: &mut http::Extensions) {
+        if self.target != 0 {
+            extensions.insert(UpstreamTarget(self.target));
+        }
+        if let Some(left) = self.time_left {
+            extensions.insert(TimeLeft(left));
+        }
+        if let Some(waited) = self.slot_wait {
+            extensions.insert(SlotWait(waited));
+        }
     }
 }
 
@@ -200,10 +242,11 @@ impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
 /// the slots and the booking it was admitted with, on `svc` (a clone of the layer's service)
 /// once it is ready, in `span`. Dropped before it is sent, its booking comes back (its slots
 /// with it).
-pub(crate) async fn send_admitted<S, B, RB>(
+pub(crate) async fn send_admitted<S, P, B, RB>(
     dep: Dependency,
     mut svc: S,
-    mut this: Request<B>,
+    policy: &P,
+    this: Request<B>,
     deadline: Option<Timestamp>,
     admitted: Admitted<crate::rate::RateReservation>,
     span: tracing::Span,
@@ -212,12 +255,10 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + 'static,
+    P: AttemptPolicy<B>,
     RB: Body + Send + 'static,
 {
     let target = admitted.target;
-    if target != 0 {
-        this.extensions_mut().insert(UpstreamTarget(target));
-    }
     let booked = crate::rate::Unsent::new(&dep, admitted.booking);
     let slots = (admitted.permit, admitted.total);
     if let Err(e) = svc.ready().await {
@@ -226,6 +267,8 @@ where
     let now = dep.now();
     let sent = (slots.0, slots.1, booked.sent());
     let call =
-        span.in_scope(|| crate::cap::send(&dep, &mut svc, this, sent, deadline, now, target));
+        span.in_scope(|| {
+        crate::cap::send(&dep, &mut svc, policy, this, sent, deadline, (now, None), target)
+    });
     call.instrument(span).await
 }

@@ -42,11 +42,13 @@ use tracing::instrument::Instrumented;
 use crate::cap::{BoxFuture, CapFuture, PermitBody};
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{CallerRetry, QuotaExhausted, RateCost, UpstreamTarget};
+use crate::extensions::{CallerRetry, QuotaExhausted, RateCost};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 use crate::record::{TraceOp, reached_budget};
 use crate::request::{Answer, Rest, copy_request, request_facts, send_admitted};
-pub use crate::request::{AttemptPolicy, CloneBody, Replay, request_start, scope_list, scopes};
+pub use crate::request::{
+    AttemptPolicy, CloneBody, Replay, Sending, request_start, scope_list, scopes,
+};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
 /// What the caller gets.
@@ -138,24 +140,17 @@ where
     let span = attempt_span(&dep, &req, target, 0);
     // The first attempt sends a copy too: the original keeps the body for the next one.
     let Some(body) = policy.clone_body(req.body()) else {
-        let mut req = req;
-        if target != 0 {
-            req.extensions_mut().insert(UpstreamTarget(target));
-        }
         // The readied service goes with the request (it may hold what `poll_ready` reserved).
         let svc = crate::cap::take_ready(first);
-        let fut = single(dep, svc, req, (deadline, now, target), id, span, Err(tree));
+        let fut = single(dep, svc, policy, req, (deadline, now, target), id, span, Err(tree));
         return RetryFuture::Boxed { fut: Box::pin(fut) };
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.
-    let mut this = copy_request(&req, body);
-    if target != 0 {
-        this.extensions_mut().insert(UpstreamTarget(target));
-    }
+    let this = copy_request(&req, body);
     let spare = first.clone();
     let attempt = span
-        .in_scope(|| crate::cap::first_try(&dep, first, this, deadline, target, now, tree))
+        .in_scope(|| crate::cap::first_try(&dep, first, &policy, this, deadline, target, now, tree))
         .instrument(span);
     // With hedging on, a second attempt may follow this one; its timer is made only if the
     // first does not answer at once.
@@ -282,17 +277,19 @@ where
         // A body that cannot be copied is sent itself, and its answer is final; the life,
         // holding its charges, ends with it.
         None => {
-            let Rest { dep, svc, mut req, deadline, id, .. } = *rest;
+            let Rest { dep, svc, policy, mut req, deadline, id, .. } = *rest;
             mark_caller_retry(req.headers_mut(), caller.attempt, tree);
             let how = (deadline, now, admitted.target);
-            let result = single(dep, svc, req, how, id, span, Ok(admitted)).await;
+            let result = single(dep, svc, policy, req, how, id, span, Ok(admitted)).await;
             drop(life);
             return result;
         }
     };
     mark_caller_retry(this.headers_mut(), caller.attempt, tree);
     let svc = rest.svc.clone();
-    let result = send_admitted(dep.clone(), svc, this, rest.deadline, admitted, span.clone()).await;
+    let result =
+        send_admitted(dep.clone(), svc, &rest.policy, this, rest.deadline, admitted, span.clone())
+            .await;
     let mut rest = rest;
     rest.life = Some(Box::new(life));
     after_failure(rest, result, span, attempt).await
@@ -665,8 +662,15 @@ where
                 let mut this = copy_request(&req, next_body);
                 mark_attempt(this.headers_mut(), number);
                 stormguard_http::tree::mark_extra(this.headers_mut());
-                let sent =
-                    send_admitted(dep.clone(), svc.clone(), this, deadline, admitted, span.clone());
+                let sent = send_admitted(
+                    dep.clone(),
+                    svc.clone(),
+                    &policy,
+                    this,
+                    deadline,
+                    admitted,
+                    span.clone(),
+                );
                 result = sent.await;
             }
             Err(reason) => {
@@ -708,9 +712,11 @@ fn not_retried(source: BoxError, reason: Denied) -> BoxError {
 
 /// Sends a request whose body can't be copied, once, with no retry, in `span`: a first try
 /// (`Err`, with its call tree's context) or an attempt already admitted.
-async fn single<S, B, RB>(
+#[allow(clippy::too_many_arguments)]
+async fn single<S, P, B, RB>(
     dep: Dependency,
     mut svc: S,
+    policy: P,
     req: Request<B>,
     (deadline, now, target): (Option<Timestamp>, Timestamp, usize),
     id: Option<u64>,
@@ -721,6 +727,7 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + 'static,
+    P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
@@ -728,12 +735,12 @@ where
         // A first try (with its call tree's context): `svc` is the service `poll_ready` readied.
         Err(tree) => {
             let first = span.in_scope(|| {
-                crate::cap::first_try(&dep, &mut svc, req, deadline, target, now, tree)
+                crate::cap::first_try(&dep, &mut svc, &policy, req, deadline, target, now, tree)
             });
             first.instrument(span.clone()).await
         }
         Ok(admitted) => {
-            send_admitted(dep.clone(), svc, req, deadline, admitted, span.clone()).await
+            send_admitted(dep.clone(), svc, &policy, req, deadline, admitted, span.clone()).await
         }
     };
     let resp = match answer {
