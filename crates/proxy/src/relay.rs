@@ -36,7 +36,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use stormguard_tower::BoxError;
 
-use crate::stack::{LocalAnswer, ProxyBody};
+use crate::stack::ProxyBody;
 use crate::state::State;
 
 /// How answers are read ahead (`response_buffer`, `response_idle_timeout`).
@@ -191,14 +191,15 @@ enum First {
 /// The answer with its body read ahead of the caller (see the module docs). An upstream body
 /// that breaks before its head went out makes the answer a `502` (what failed in
 /// `x-stormguard-error`). The proxy's own answers pass as they are.
-pub(crate) async fn read_ahead(
-    resp: Response<ProxyBody>,
+pub(crate) async fn read_ahead<B>(
+    resp: Response<B>,
     config: RelayConfig,
     state: &Arc<State>,
-) -> Response<ProxyBody> {
-    if resp.extensions().get::<LocalAnswer>().is_some() {
-        return resp;
-    }
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
     let (parts, mut body) = resp.into_parts();
     let hint = body.size_hint();
     let mut frames = Frames::default();
@@ -220,7 +221,7 @@ pub(crate) async fn read_ahead(
                             return Poll::Ready(First::More);
                         }
                     }
-                    Poll::Ready(Some(Err(e))) => return Poll::Ready(First::Failed(e)),
+                    Poll::Ready(Some(Err(e))) => return Poll::Ready(First::Failed(e.into())),
                     Poll::Ready(None) => return Poll::Ready(First::End),
                     Poll::Pending => return Poll::Ready(First::More),
                 }
@@ -238,7 +239,7 @@ pub(crate) async fn read_ahead(
         }
         First::More if config.buffer == 0 => {
             let yield_first = frames.is_empty();
-            Relay::Direct { frames, body, yield_first }
+            Relay::Direct { frames, body: boxed(body), yield_first }
         }
         First::More => {
             let pipe = Arc::new(Pipe {
@@ -255,7 +256,7 @@ pub(crate) async fn read_ahead(
                 }),
             });
             tokio::spawn(Pump {
-                body: Some(body),
+                body: Some(boxed(body)),
                 pipe: pipe.clone(),
                 idle: config.idle,
                 timer: None,
@@ -269,6 +270,15 @@ pub(crate) async fn read_ahead(
         }
     };
     Response::from_parts(parts, relay.boxed_unsync())
+}
+
+/// An upstream body as the caller's (an answer not read whole before its head went out).
+fn boxed<B>(body: B) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
 }
 
 /// What the relay tells of the caller's connection: an answer on it was cut. The listener's

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use stormguard_core::budget::FailureKind;
 use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_tower::{Idempotent, RouteBudget};
-use tower::ServiceExt;
+use tower::Service;
 
 use crate::attempt::OutgoingBody;
 use crate::callers::{Answered, CallerRetries};
@@ -314,19 +314,20 @@ pub(crate) async fn handle(
             .insert(http::header::TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
     }
     let req = Request::from_parts(parts, OutgoingBody::new(body, limit, log.clone()));
-    let provider = dep.dependency.config().rate.provider;
-    let resp = match crate::stack::answer(dep.service.clone().oneshot(req).await, provider) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "the upstream client failed");
-            local(StatusCode::BAD_GATEWAY, None, "stormguard: the upstream client failed\n")
-        }
-    };
     // The answer read ahead of the caller (`crate::relay`), before it is counted: a body that
     // broke before anything went out is a 502 here, and counted as one.
     let c = &shared.config;
     let relay = crate::relay::RelayConfig::new(c.response_buffer, c.response_idle_timeout);
-    let resp = crate::relay::read_ahead(resp, relay, &state).await;
+    // The stack readied, then called: the request moves once, into the call.
+    let mut svc = dep.service.clone();
+    let answer = match std::future::poll_fn(|cx| svc.poll_ready(cx)).await {
+        Ok(()) => svc.call(req).await,
+        Err(e) => Err(e),
+    };
+    let resp = match answer {
+        Ok(resp) => crate::relay::read_ahead(crate::stack::relayed(resp), relay, &state).await,
+        Err(e) => crate::stack::refusal(&*e, dep.dependency.config().rate.provider),
+    };
     match resp.extensions().get::<LocalError>() {
         Some(LocalError::BodyTimeout) => state.count_caller_body(true),
         Some(LocalError::BodyMalformed) => state.count_caller_body(false),

@@ -45,7 +45,8 @@ pub fn client(dep: &ProxyDependency) -> Result<UpstreamClient, crate::upstream::
 /// sent to the upstream the request's life chose, told its gRPC deadline); below the cap, one
 /// service and one future per attempt, seeing exactly what the upstream sees: its cap held under
 /// the HTTP/2 peer's streams, timed, an OpenAI 429's body read for a spent quota, an upgrade
-/// nobody asked for refused. The caller's answer is [`answer`]'s.
+/// nobody asked for refused. The caller's answer is the upstream's ([`relayed`]) or the
+/// proxy's own ([`refusal`]).
 pub fn stack(
     dependency: &Dependency,
     client: UpstreamClient,
@@ -61,72 +62,61 @@ pub fn stack(
         .layer(attempt::Attempt { client, peer, dependency: dep, provider })
 }
 
-/// What the caller gets: the upstream's response (hop-by-hop headers removed, a refused
-/// retry's reason in `x-stormguard-denied`), or the proxy's own answer — stormguard's own
-/// refusals and transport failures as responses (503, 504, 502 with the reason), so every
-/// caller gets exactly one answer.
-pub(crate) fn answer<B>(
-    result: Result<Response<B>, BoxError>,
+/// The upstream's answer as the caller gets it: hop-by-hop headers removed, a refused retry's
+/// reason in `x-stormguard-denied` (and typed in the extensions, for the edge). Its body is read
+/// ahead at the edge (the relay), which also answers `502` for a body that breaks before
+/// anything of it arrived.
+pub(crate) fn relayed<B>(mut resp: Response<B>) -> Response<B> {
+    strip_hop_by_hop(resp.headers_mut());
+    if let Some(reason) = resp.extensions().get::<Denied>().copied() {
+        resp.headers_mut()
+            .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+    }
+    resp
+}
+
+/// The proxy's own answer when the stack gives none: stormguard's refusals and the failures below
+/// HTTP as responses (503, 504, 502 with the reason), so every caller gets exactly one answer.
+pub(crate) fn refusal(
+    e: &(dyn std::error::Error + Send + Sync + 'static),
     provider: Option<stormguard_tower::Provider>,
-) -> Result<Response<ProxyBody>, BoxError>
-where
-    B: http_body::Body<Data = Bytes, Error = BoxError> + Send + Unpin + 'static,
-{
-    Ok(match result {
-        Ok(resp) => {
-            // The body is read ahead of the caller at the edge (the relay), which also
-            // answers `502` for a body that breaks before anything of it arrived.
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            // The layer's reason stays in the extensions, typed, for the edge to read.
-            if let Some(reason) = parts.extensions.get::<Denied>().copied() {
-                parts
-                    .headers
-                    .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
-            }
-            Response::from_parts(parts, body.boxed_unsync())
+) -> Response<ProxyBody> {
+    match e.downcast_ref::<StormguardError>() {
+        // A first try refused for the provider's window is a rate limit, said as one: 429, in
+        // the provider's own error shape, so an SDK raises its rate-limit error (the advice
+        // headers, `Retry-After` included, are added at the edge).
+        Some(StormguardError::Denied(Denied::Rate)) => rate_refusal(provider),
+        Some(StormguardError::Denied(reason)) => {
+            let status = if *reason == Denied::Deadline {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            local(status, Some(Why::Denied(*reason)), &format!("stormguard: refused ({reason})\n"))
         }
-        Err(e) => match e.downcast_ref::<StormguardError>() {
-            // A first try refused for the provider's window is a rate limit, said as one: 429, in
-            // the provider's own error shape, so an SDK raises its rate-limit error (the advice
-            // headers, `Retry-After` included, are added at the edge).
-            Some(StormguardError::Denied(Denied::Rate)) => rate_refusal(provider),
-            Some(StormguardError::Denied(reason)) => {
-                let status = if *reason == Denied::Deadline {
-                    StatusCode::GATEWAY_TIMEOUT
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                local(
-                    status,
-                    Some(Why::Denied(*reason)),
-                    &format!("stormguard: refused ({reason})\n"),
-                )
+        // The caller's own body failed during the attempt: the caller's failure.
+        Some(StormguardError::CallerBody { source }) => {
+            match crate::body::caller_body_error(&**source) {
+                Some(e) => caller_body_answer(e),
+                // The per-try timeout passed while the caller was still sending.
+                None => local(
+                    StatusCode::REQUEST_TIMEOUT,
+                    Some(Why::Error(LocalError::BodyTimeout)),
+                    "stormguard: the request body was still arriving when the per-try timeout passed\n",
+                ),
             }
-            // The caller's own body failed during the attempt: the caller's failure.
-            Some(StormguardError::CallerBody { source }) => {
-                match crate::body::caller_body_error(&**source) {
-                    Some(e) => caller_body_answer(e),
-                    // The per-try timeout passed while the caller was still sending.
-                    None => local(
-                        StatusCode::REQUEST_TIMEOUT,
-                        Some(Why::Error(LocalError::BodyTimeout)),
-                        "stormguard: the request body was still arriving when the per-try timeout passed\n",
-                    ),
-                }
-            }
-            // The last attempt failed below HTTP and its retry was refused: the failure's own
-            // answer (502/504), with the reason it was not retried, like any refused retry.
-            Some(StormguardError::NotRetried { reason, source }) => {
-                let mut resp = failed(&**source);
-                resp.headers_mut()
-                    .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
-                resp.extensions_mut().insert(*reason);
-                resp
-            }
-            _ => failed(&*e),
-        },
-    })
+        }
+        // The last attempt failed below HTTP and its retry was refused: the failure's own
+        // answer (502/504), with the reason it was not retried, like any refused retry.
+        Some(StormguardError::NotRetried { reason, source }) => {
+            let mut resp = failed(&**source);
+            resp.headers_mut()
+                .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+            resp.extensions_mut().insert(*reason);
+            resp
+        }
+        _ => failed(e),
+    }
 }
 
 /// The answer to a caller whose request body failed: `408` (`x-stormguard-error:
