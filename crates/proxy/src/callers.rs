@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use http::request::Parts;
 use stormguard_core::budget::FailureKind;
 use stormguard_tower::CallerRetry;
@@ -156,17 +156,21 @@ impl Fingerprint {
 /// The request's own identity, hashed into `h`: the headers a retry loop resends unchanged and
 /// two users' requests do not share. Whether it has one.
 fn identity(headers: &HeaderMap, h: &mut impl Hasher) -> bool {
+    // Names, not text: a lookup by text parses the name first.
+    static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+    static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+    static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
     let mut found = false;
-    for name in ["idempotency-key", "x-request-id"] {
+    for name in [&IDEMPOTENCY_KEY, &REQUEST_ID] {
         if let Some(v) = headers.get(name) {
-            name.hash(h);
+            name.as_str().hash(h);
             v.as_bytes().hash(h);
             found = true;
         }
     }
     // W3C trace context: `00-<trace id>-<parent id>-<flags>`; the parent id changes per
     // attempt in an instrumented client, the trace id does not.
-    if let Some(trace) = headers.get("traceparent").and_then(|v| v.as_bytes().get(3..35)) {
+    if let Some(trace) = headers.get(&TRACEPARENT).and_then(|v| v.as_bytes().get(3..35)) {
         "traceparent".hash(h);
         trace.hash(h);
         found = true;

@@ -3,23 +3,31 @@
 //! request or a response.
 
 use http::HeaderMap;
-use http::header::{CONNECTION, HeaderName};
+use http::header::{
+    CONNECTION, HeaderName, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
 
-/// `name` as a `'static` text if it is hop-by-hop whatever `Connection` says: `Connection`,
-/// `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, and four that only ever name one
-/// connection. A match on the lowercase text (names are stored lowercase): a length test first,
+/// The two fixed hop-by-hop names `http` has no constant for.
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// `name` if it is hop-by-hop whatever `Connection` says: `Connection`, `TE`, `Trailer`,
+/// `Transfer-Encoding`, `Upgrade`, and four that only ever name one connection — as a name the
+/// map finds without parsing text (the standard ones by their index, the other two by a hash of
+/// their bytes). A match on the lowercase text (names are stored lowercase): a length test first,
 /// so most names are told apart without comparing a byte.
-fn always(name: &HeaderName) -> Option<&'static str> {
+fn always(name: &HeaderName) -> Option<&'static HeaderName> {
     Some(match name.as_str() {
-        "connection" => "connection",
-        "te" => "te",
-        "trailer" => "trailer",
-        "transfer-encoding" => "transfer-encoding",
-        "upgrade" => "upgrade",
-        "keep-alive" => "keep-alive",
-        "proxy-connection" => "proxy-connection",
-        "proxy-authenticate" => "proxy-authenticate",
-        "proxy-authorization" => "proxy-authorization",
+        "connection" => &CONNECTION,
+        "te" => &TE,
+        "trailer" => &TRAILER,
+        "transfer-encoding" => &TRANSFER_ENCODING,
+        "upgrade" => &UPGRADE,
+        "keep-alive" => &KEEP_ALIVE,
+        "proxy-connection" => &PROXY_CONNECTION,
+        "proxy-authenticate" => &PROXY_AUTHENTICATE,
+        "proxy-authorization" => &PROXY_AUTHORIZATION,
         _ => return None,
     })
 }
@@ -27,7 +35,8 @@ fn always(name: &HeaderName) -> Option<&'static str> {
 /// Removes the hop-by-hop headers from `headers`, including those `Connection` names. One pass
 /// over the names finds them (most messages carry none, or only `Connection`); only those are
 /// removed, where asking for each of the nine by name would hash every one on every message.
-/// Nothing is allocated: every name is looked up as text.
+/// Nothing is allocated, and the usual `Connection: keep-alive` or `close` parses no name: a
+/// token that is a fixed hop-by-hop name goes with the fixed list, and `close` names no header.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|n| always(n).is_some()) {
         return;
@@ -35,11 +44,27 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // What each `Connection` value names goes first, while `Connection` is still there to be
     // read (a value is a shared view of the message's bytes: cloning it copies nothing).
     let mut i = 0;
-    while let Some(v) = headers.get_all(CONNECTION).iter().nth(i).cloned() {
+    while let Some(v) = headers.get_all(&CONNECTION).iter().nth(i).cloned() {
         for name in v.to_str().unwrap_or("").split(',').map(str::trim) {
-            // `Connection` itself goes below, once every value of it has been read. A name that
-            // is not a valid header name is in no map: nothing to remove.
-            if !name.eq_ignore_ascii_case("connection") {
+            // A fixed name (`Connection` itself among them) goes below, once every value of
+            // `Connection` has been read. A name that is not a valid header name is in no map:
+            // nothing to remove.
+            let fixed = name.len() <= 19
+                && (name.eq_ignore_ascii_case("close")
+                    || [
+                        "connection",
+                        "keep-alive",
+                        "te",
+                        "trailer",
+                        "transfer-encoding",
+                        "upgrade",
+                        "proxy-connection",
+                        "proxy-authenticate",
+                        "proxy-authorization",
+                    ]
+                    .iter()
+                    .any(|f| name.eq_ignore_ascii_case(f)));
+            if !fixed {
                 headers.remove(name);
             }
         }
