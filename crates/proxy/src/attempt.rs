@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, Request, Response, StatusCode};
-use stormguard_http::classify::ProtocolError;
-use stormguard_http::stacked::ATTEMPT_HEADER;
 use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use stormguard_http::body::{ReplayBody, ReplayError};
+use stormguard_http::classify::ProtocolError;
+use stormguard_http::stacked::ATTEMPT_HEADER;
 use stormguard_tower::{AttemptPolicy, BoxError, Sending};
 use tower::Service;
 

@@ -41,8 +41,8 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderName};
 use http::request::Parts;
+use http::{HeaderMap, HeaderName};
 use stormguard_core::budget::FailureKind;
 use stormguard_tower::CallerRetry;
 

@@ -10,8 +10,8 @@ use stormguard_core::Denied;
 use stormguard_tower::{BoxError, Dependency, Stormguard, StormguardError, StormguardLayer};
 use tower::Layer;
 
-use crate::attempt::{self, ProxyPolicy};
 pub use crate::attempt::AttemptLog;
+use crate::attempt::{self, ProxyPolicy};
 use crate::config::ProxyDependency;
 use crate::hop::strip_hop_by_hop;
 pub use crate::upstream::UpstreamClient;
@@ -69,8 +69,7 @@ pub fn stack(
 pub(crate) fn relayed<B>(mut resp: Response<B>) -> Response<B> {
     strip_hop_by_hop(resp.headers_mut());
     if let Some(reason) = resp.extensions().get::<Denied>().copied() {
-        resp.headers_mut()
-            .insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
+        resp.headers_mut().insert(DENIED_HEADER.clone(), HeaderValue::from_static(reason.as_str()));
     }
     resp
 }

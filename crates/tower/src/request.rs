@@ -266,8 +266,7 @@ where
     }
     let now = dep.now();
     let sent = (slots.0, slots.1, booked.sent());
-    let call =
-        span.in_scope(|| {
+    let call = span.in_scope(|| {
         crate::cap::send(&dep, &mut svc, policy, this, sent, deadline, (now, None), target)
     });
     call.instrument(span).await
