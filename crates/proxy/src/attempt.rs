@@ -6,63 +6,22 @@
 //! a spent quota.
 //!
 //! An attempt's request carries no extension map of the proxy's: the request's [`AttemptLog`]
-//! travels in its body ([`OutgoingBody`]), copied with it for each attempt, and the layer's
+//! travels in its body ([`OutgoingBody`], `crate::outgoing`), copied with it for each attempt, and the layer's
 //! facts come typed (`stormguard_tower::Sending`), not as extensions.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
-use stormguard_http::body::{ReplayBody, ReplayError};
 use stormguard_http::classify::ProtocolError;
 use stormguard_http::stacked::ATTEMPT_HEADER;
 use stormguard_tower::{AttemptPolicy, BoxError, Sending};
 use tower::Service;
 
-use crate::body::CallerBody;
-
-/// Per request, shared by its attempts (each attempt's body carries it): how many were sent
-/// and how long the upstream took, for the access log.
-#[derive(Clone, Debug, Default)]
-pub struct AttemptLog(Arc<AttemptCounts>);
-
-#[derive(Debug, Default)]
-struct AttemptCounts {
-    attempts: AtomicU32,
-    /// The upstream of the last attempt.
-    target: AtomicUsize,
-    upstream_us: AtomicU64,
-    slot_wait_us: AtomicU64,
-}
-
-impl AttemptLog {
-    /// The upstream the last attempt went to (an index into the dependency's upstreams).
-    pub fn target(&self) -> usize {
-        self.0.target.load(Ordering::Relaxed)
-    }
-
-    /// Attempts sent to the upstream.
-    pub fn attempts(&self) -> u32 {
-        self.0.attempts.load(Ordering::Relaxed)
-    }
-
-    /// Time the attempts spent waiting for their slot (a primary in the queue; a retry never
-    /// waits).
-    pub fn slot_wait(&self) -> Duration {
-        Duration::from_micros(self.0.slot_wait_us.load(Ordering::Relaxed))
-    }
-
-    /// Time the attempts spent waiting for response headers from the upstream.
-    pub fn upstream_time(&self) -> Duration {
-        Duration::from_micros(self.0.upstream_us.load(Ordering::Relaxed))
-    }
-}
+pub use crate::outgoing::{AttemptLog, OutgoingBody};
 
 /// `x-stormguard-attempt: 1` on a first try that carries none (the layer numbers the retries).
 fn number_first<B>(req: &mut Request<B>) {
@@ -94,41 +53,7 @@ fn grpc_deadline<B>(time_left: Option<Duration>, req: &mut Request<B>) {
     }
 }
 
-/// An attempt's body: the caller's, copied while sent for the attempts after it
-/// ([`ReplayBody`]), with the request's [`AttemptLog`], which each copy carries to its attempt.
-pub struct OutgoingBody {
-    body: ReplayBody<CallerBody>,
-    log: AttemptLog,
-}
-
-impl OutgoingBody {
-    /// The caller's body, sent with `log`; copied for retries up to `limit` bytes.
-    pub(crate) fn new(body: CallerBody, limit: usize, log: AttemptLog) -> OutgoingBody {
-        OutgoingBody { body: ReplayBody::new(body, limit), log }
-    }
-}
-
-impl Body for OutgoingBody {
-    type Data = Bytes;
-    type Error = ReplayError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, ReplayError>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// The layer's policy for the proxy's requests: a body is copied as [`ReplayBody`] copies it,
+/// The layer's policy for the proxy's requests: a body is copied as its replay buffer allows ([`OutgoingBody`]),
 /// and an attempt is readied as the layer sends it — counted in its request's [`AttemptLog`]
 /// (with its slot wait), numbered, pointed at the upstream the request's life chose, told its
 /// gRPC deadline.
@@ -139,21 +64,15 @@ pub(crate) struct ProxyPolicy {
 
 impl AttemptPolicy<OutgoingBody> for ProxyPolicy {
     fn clone_body(&self, body: &OutgoingBody) -> Option<OutgoingBody> {
-        Some(OutgoingBody { body: body.body.clone(), log: body.log.clone() })
+        Some(body.clone())
     }
 
     fn is_replayable(&self, body: &OutgoingBody) -> bool {
-        body.body.is_replayable()
+        body.is_replayable()
     }
 
     fn sending(&self, req: &mut Request<OutgoingBody>, attempt: Sending) {
-        let log = &req.body().log.0;
-        log.attempts.fetch_add(1, Ordering::Relaxed);
-        log.target.store(attempt.target, Ordering::Relaxed);
-        if let Some(waited) = attempt.slot_wait {
-            let us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-            log.slot_wait_us.fetch_add(us, Ordering::Relaxed);
-        }
+        req.body().log().sent(attempt.target, attempt.slot_wait);
         number_first(req);
         failover(&self.upstreams, attempt.target, req);
         grpc_deadline(attempt.time_left, req);
@@ -197,10 +116,10 @@ impl Service<Outgoing> for Attempt {
     }
 
     fn call(&mut self, req: Outgoing) -> AttemptFuture {
-        let log = Some(req.body().log.clone());
+        let log = Some(req.body().log().clone());
         let started = Instant::now();
         // The upstream [`ProxyPolicy::sending`] just logged for this attempt.
-        self.peer.apply(&self.dependency, req.body().log.target());
+        self.peer.apply(&self.dependency, req.body().log().target());
         AttemptFuture {
             state: Sent::Call(self.client.call(req)),
             log,
@@ -244,8 +163,7 @@ impl Future for AttemptFuture {
             Sent::Call(call) => std::task::ready!(call.as_mut().poll(cx)),
         };
         if let Some(l) = this.log.take() {
-            let us = u64::try_from(this.started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            l.0.upstream_us.fetch_add(us, Ordering::Relaxed);
+            l.answered(this.started.elapsed());
         }
         let resp = match no_upgrade(result) {
             Ok(resp) => resp,

@@ -50,6 +50,7 @@ mod forward;
 pub mod grpc;
 mod hop;
 mod listener;
+mod outgoing;
 mod path;
 mod pool;
 mod provider;

@@ -14,9 +14,9 @@ use stormguard_core::signals::CallerRetryOutcome;
 use stormguard_tower::{Idempotent, RouteBudget};
 use tower::Service;
 
-use crate::attempt::OutgoingBody;
 use crate::callers::{Answered, CallerRetries};
 use crate::hop::strip_hop_by_hop;
+use crate::outgoing::OutgoingBody;
 use crate::stack::{AttemptLog, LocalError, ProxyBody, local};
 use crate::state::{DepRuntime, Shared, State};
 use crate::traffic::Caller;

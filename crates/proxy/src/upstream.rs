@@ -54,7 +54,7 @@ pub struct UpstreamClient {
 }
 
 /// The body sent upstream.
-type Outgoing = crate::attempt::OutgoingBody;
+type Outgoing = crate::outgoing::OutgoingBody;
 
 /// How a dependency's requests go out.
 #[derive(Clone, Debug)]

@@ -46,8 +46,8 @@ use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::RateCost;
 pub use crate::extensions::{BodyReceived, SlotWait, TimeLeft};
+use crate::policy::{AttemptPolicy, Sending};
 use crate::rate::{RateReservation, UsageTap};
-use crate::request::{AttemptPolicy, Sending};
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -37,6 +37,7 @@ pub mod extensions;
 pub mod hedge;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod policy;
 pub mod rate;
 pub mod record;
 pub mod request;
