@@ -6,8 +6,8 @@
 //! a spent quota.
 //!
 //! An attempt's request carries no extension map of the proxy's: the request's [`AttemptLog`]
-//! travels in its body ([`OutgoingBody`], `crate::outgoing`), copied with it for each attempt, and the layer's
-//! facts come typed (`stormguard_tower::Sending`), not as extensions.
+//! travels in its body ([`OutgoingBody`], `crate::outgoing`), copied with it for each attempt,
+//! and the layer's facts come typed (`stormguard_tower::Sending`), not as extensions.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +21,7 @@ use stormguard_http::stacked::ATTEMPT_HEADER;
 use stormguard_tower::{AttemptPolicy, BoxError, Sending};
 use tower::Service;
 
-pub use crate::outgoing::{AttemptLog, OutgoingBody};
+use crate::outgoing::{AttemptLog, OutgoingBody};
 
 /// `x-stormguard-attempt: 1` on a first try that carries none (the layer numbers the retries).
 fn number_first<B>(req: &mut Request<B>) {
@@ -53,10 +53,10 @@ fn grpc_deadline<B>(time_left: Option<Duration>, req: &mut Request<B>) {
     }
 }
 
-/// The layer's policy for the proxy's requests: a body is copied as its replay buffer allows ([`OutgoingBody`]),
-/// and an attempt is readied as the layer sends it — counted in its request's [`AttemptLog`]
-/// (with its slot wait), numbered, pointed at the upstream the request's life chose, told its
-/// gRPC deadline.
+/// The layer's policy for the proxy's requests: a body is copied as its replay buffer allows
+/// ([`OutgoingBody`]), and an attempt is readied as the layer sends it — counted in its
+/// request's [`AttemptLog`] (with its slot wait), numbered, pointed at the upstream the
+/// request's life chose, told its gRPC deadline.
 #[derive(Clone)]
 pub(crate) struct ProxyPolicy {
     pub(crate) upstreams: Arc<[http::Uri]>,

@@ -8,28 +8,26 @@ use http::header::{
     TRANSFER_ENCODING, UPGRADE,
 };
 
-/// The two fixed hop-by-hop names `http` has no constant for.
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-
-/// `name` if it is hop-by-hop whatever `Connection` says: `Connection`, `TE`, `Trailer`,
-/// `Transfer-Encoding`, `Upgrade`, and four that only ever name one connection — as a name the
+/// The names that are hop-by-hop whatever `Connection` says: `Connection`, `TE`, `Trailer`,
+/// `Transfer-Encoding`, `Upgrade`, and four that only ever name one connection — as names the
 /// map finds without parsing text (the standard ones by their index, the other two by a hash of
-/// their bytes). A match on the lowercase text (names are stored lowercase): a length test first,
-/// so most names are told apart without comparing a byte.
+/// their bytes).
+static FIXED: [HeaderName; 9] = [
+    CONNECTION,
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+];
+
+/// `name` if it is one of [`FIXED`]: a standard name is told by its index, another by its
+/// bytes (its length first), so most names are told apart without comparing a byte.
 fn always(name: &HeaderName) -> Option<&'static HeaderName> {
-    Some(match name.as_str() {
-        "connection" => &CONNECTION,
-        "te" => &TE,
-        "trailer" => &TRAILER,
-        "transfer-encoding" => &TRANSFER_ENCODING,
-        "upgrade" => &UPGRADE,
-        "keep-alive" => &KEEP_ALIVE,
-        "proxy-connection" => &PROXY_CONNECTION,
-        "proxy-authenticate" => &PROXY_AUTHENTICATE,
-        "proxy-authorization" => &PROXY_AUTHORIZATION,
-        _ => return None,
-    })
+    FIXED.iter().find(|f| *f == name)
 }
 
 /// Removes the hop-by-hop headers from `headers`, including those `Connection` names. One pass
@@ -49,21 +47,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             // A fixed name (`Connection` itself among them) goes below, once every value of
             // `Connection` has been read. A name that is not a valid header name is in no map:
             // nothing to remove.
-            let fixed = name.len() <= 19
-                && (name.eq_ignore_ascii_case("close")
-                    || [
-                        "connection",
-                        "keep-alive",
-                        "te",
-                        "trailer",
-                        "transfer-encoding",
-                        "upgrade",
-                        "proxy-connection",
-                        "proxy-authenticate",
-                        "proxy-authorization",
-                    ]
-                    .iter()
-                    .any(|f| name.eq_ignore_ascii_case(f)));
+            let fixed = name.eq_ignore_ascii_case("close")
+                || FIXED.iter().any(|f| name.eq_ignore_ascii_case(f.as_str()));
             if !fixed {
                 headers.remove(name);
             }

@@ -190,7 +190,8 @@ enum First {
 
 /// The answer with its body read ahead of the caller (see the module docs). An upstream body
 /// that breaks before its head went out makes the answer a `502` (what failed in
-/// `x-stormguard-error`). The proxy's own answers pass as they are.
+/// `x-stormguard-error`). Only an upstream's answers come here: the proxy's own are whole
+/// already (`crate::stack::refusal`).
 pub(crate) async fn read_ahead<B>(
     resp: Response<B>,
     config: RelayConfig,

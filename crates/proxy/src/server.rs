@@ -16,8 +16,8 @@ use tower::Service;
 
 use crate::callers::{Answered, CallerRetries};
 use crate::hop::strip_hop_by_hop;
-use crate::outgoing::OutgoingBody;
-use crate::stack::{AttemptLog, LocalError, ProxyBody, local};
+use crate::outgoing::{AttemptLog, OutgoingBody};
+use crate::stack::{LocalError, ProxyBody, local};
 use crate::state::{DepRuntime, Shared, State};
 use crate::traffic::Caller;
 

@@ -10,7 +10,6 @@ use stormguard_core::Denied;
 use stormguard_tower::{BoxError, Dependency, Stormguard, StormguardError, StormguardLayer};
 use tower::Layer;
 
-pub use crate::attempt::AttemptLog;
 use crate::attempt::{self, ProxyPolicy};
 use crate::config::ProxyDependency;
 use crate::hop::strip_hop_by_hop;
@@ -24,7 +23,8 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LocalAnswer;
 /// One dependency's stack: stormguard's layer over the attempt (cloned per request: its parts
-/// are shared, nothing is allocated). Its answer becomes the caller's with [`answer`].
+/// are shared, nothing is allocated). Its answer becomes the caller's with [`relayed`], its
+/// error with [`refusal`].
 pub(crate) type ProxyService = Stormguard<attempt::Attempt, ProxyPolicy>;
 
 /// The header that carries the reason stormguard refused (a primary) or did not retry.

@@ -20,7 +20,8 @@ use tower::Service;
 use crate::cap::BoxFuture;
 use crate::error::BoxError;
 use crate::extensions::RateCost;
-use crate::request::{Answer, AttemptPolicy, Rest, copy_request, send_admitted};
+use crate::policy::AttemptPolicy;
+use crate::request::{Answer, Rest, copy_request, send_admitted};
 use crate::span::attempt_span;
 
 /// A hedge in flight beside the first attempt.
@@ -75,9 +76,7 @@ where
     stormguard_http::stacked::mark_hedge(this.headers_mut(), number);
     stormguard_http::tree::mark_extra(this.headers_mut());
     let span = attempt_span(&dep, req, target, number - 1);
-    let (svc, policy, deadline, in_span) =
-        (rest.svc.clone(), rest.policy.clone(), rest.deadline, span.clone());
-    let fut =
-        async move { send_admitted(dep, svc, &policy, this, deadline, admitted, in_span).await };
+    let (svc, policy) = (rest.svc.clone(), rest.policy.clone());
+    let fut = send_admitted(dep, svc, policy, this, rest.deadline, admitted, span.clone());
     Some(SentHedge { fut: Box::pin(fut), span, id, number })
 }

@@ -52,12 +52,10 @@ pub use dependency::{
 };
 pub use error::{BoxError, StormguardError};
 pub use extensions::{CallerRetry, UpstreamTarget};
+pub use policy::{AttemptPolicy, CloneBody, Replay, Sending};
 pub use rate::Provider;
 pub use record::{Recorder, TraceEvent, TraceOp};
-pub use retry::{
-    AttemptPolicy, CloneBody, Deadline, Idempotent, Replay, RetryBody, RouteBudget, Sending,
-    Stormguard,
-};
+pub use retry::{Deadline, Idempotent, RetryBody, RouteBudget, Stormguard};
 pub use stormguard_core::Denied;
 pub use stormguard_core::limiter::Reader;
 pub use stormguard_core::scope::FanOutScope;

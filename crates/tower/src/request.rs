@@ -17,7 +17,7 @@ use crate::cap::PermitBody;
 use crate::dependency::Dependency;
 use crate::error::BoxError;
 use crate::extensions::{CallerRetry, Deadline, Idempotent, RouteBudget};
-pub use crate::policy::{AttemptPolicy, CloneBody, Replay, Sending};
+use crate::policy::AttemptPolicy;
 
 /// A request's start: its start time (read only when something needs it) and its deadline —
 /// the dependency's, or the caller's [`Deadline`] when sooner — with the request counted on its
@@ -157,7 +157,7 @@ impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
 pub(crate) async fn send_admitted<S, P, B, RB>(
     dep: Dependency,
     mut svc: S,
-    policy: &P,
+    policy: P,
     this: Request<B>,
     deadline: Option<Timestamp>,
     admitted: Admitted<crate::rate::RateReservation>,
@@ -179,7 +179,7 @@ where
     let now = dep.now();
     let sent = (slots.0, slots.1, booked.sent());
     let call = span.in_scope(|| {
-        crate::cap::send(&dep, &mut svc, policy, this, sent, deadline, (now, None), target)
+        crate::cap::send(&dep, &mut svc, &policy, this, sent, deadline, (now, None), target)
     });
     call.instrument(span).await
 }

@@ -44,11 +44,10 @@ use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::{CallerRetry, QuotaExhausted, RateCost};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
+pub use crate::policy::{AttemptPolicy, CloneBody, Replay};
 use crate::record::{TraceOp, reached_budget};
 use crate::request::{Answer, Rest, copy_request, request_facts, send_admitted};
-pub use crate::request::{
-    AttemptPolicy, CloneBody, Replay, Sending, request_start, scope_list, scopes,
-};
+pub use crate::request::{request_start, scope_list, scopes};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
 /// What the caller gets.
@@ -286,10 +285,9 @@ where
         }
     };
     mark_caller_retry(this.headers_mut(), caller.attempt, tree);
-    let svc = rest.svc.clone();
+    let (svc, policy) = (rest.svc.clone(), rest.policy.clone());
     let result =
-        send_admitted(dep.clone(), svc, &rest.policy, this, rest.deadline, admitted, span.clone())
-            .await;
+        send_admitted(dep.clone(), svc, policy, this, rest.deadline, admitted, span.clone()).await;
     let mut rest = rest;
     rest.life = Some(Box::new(life));
     after_failure(rest, result, span, attempt).await
@@ -665,7 +663,7 @@ where
                 let sent = send_admitted(
                     dep.clone(),
                     svc.clone(),
-                    &policy,
+                    policy.clone(),
                     this,
                     deadline,
                     admitted,
@@ -740,7 +738,7 @@ where
             first.instrument(span.clone()).await
         }
         Ok(admitted) => {
-            send_admitted(dep.clone(), svc, &policy, req, deadline, admitted, span.clone()).await
+            send_admitted(dep.clone(), svc, policy, req, deadline, admitted, span.clone()).await
         }
     };
     let resp = match answer {
