@@ -7,7 +7,7 @@
 //!
 //! | signal | metrics |
 //! | --- | --- |
-//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_hedges_total`, `stormguard_hedges_won_total`, `stormguard_hedges_denied_total{reason}`, `stormguard_caller_retries_total{outcome="allowed"\|"refused"\|"counted"}`, `stormguard_tree_attempts_total{kind="original"\|"extra_above"\|"extra_here"}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
+//! | retry fraction against the budget | `stormguard_requests_total`, `stormguard_retries_total`, `stormguard_denied_total{reason}`, `stormguard_shadow_denied_total{reason}`, `stormguard_hedges_total`, `stormguard_hedges_won_total`, `stormguard_hedges_denied_total{reason}`, `stormguard_caller_retries_total{outcome="allowed"\|"refused"\|"counted"}`, `stormguard_tree_attempts_total{kind="original"\|"extra_above"\|"extra_here"\|"extra_refunded"}`, `stormguard_budget_percent{policy}` (ratio: of original requests; concurrency: of everything in flight), `stormguard_budget_utilization`, `stormguard_budget_balance` |
 //! | in flight at the dependency | `stormguard_in_flight` (histogram, one bucket per integer up to the cap), `stormguard_in_flight_max` (exact high-water mark since the previous scrape), `stormguard_cap` (the cap in force), `stormguard_cap_configured`, `stormguard_queued`, `stormguard_held_slots` |
 //! | slot wait | `stormguard_slot_wait_seconds` (histogram; 1 ms and 10 ms are bucket bounds) |
 //! | wait versus execution | `stormguard_execution_seconds` (same buckets) |
@@ -183,11 +183,15 @@ pub fn encode_snapshot(s: &DependencySnapshot, mut enc: DescriptorEncoder) -> st
         &caller,
     )?;
     let t = &s.tree;
-    let tree: Vec<_> =
-        [("original", t.originals), ("extra_above", t.extras_above), ("extra_here", t.charged)]
-            .into_iter()
-            .map(|(kind, n)| (vec![("dependency", dep), ("kind", LabelValue(kind))], n))
-            .collect();
+    let tree: Vec<_> = [
+        ("original", t.originals),
+        ("extra_above", t.extras_above),
+        ("extra_here", t.charged),
+        ("extra_refunded", t.refunded),
+    ]
+    .into_iter()
+    .map(|(kind, n)| (vec![("dependency", dep), ("kind", LabelValue(kind))], n))
+    .collect();
     counter(
         &mut enc,
         "stormguard_tree_attempts",

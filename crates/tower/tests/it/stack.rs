@@ -236,9 +236,12 @@ async fn a_call_trees_allowance_bounds_retries_and_marks_them_below() {
     assert_eq!(refused, 20);
     assert_eq!((counts.originals, counts.extras_above, counts.charged), (20, 0, 2));
     let text = metrics_text(&tree_dep);
+    // Nothing charged here was refused after its charge (the cap had room for every retry).
+    assert_eq!(counts.refunded, 0);
     for line in [
         r#"stormguard_tree_attempts_total{dependency="dep",kind="original"} 20"#,
         r#"stormguard_tree_attempts_total{dependency="dep",kind="extra_here"} 2"#,
+        r#"stormguard_tree_attempts_total{dependency="dep",kind="extra_refunded"} 0"#,
         r#"stormguard_denied_total{dependency="dep",reason="tree"} 20"#,
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
