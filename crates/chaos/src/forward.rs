@@ -12,11 +12,10 @@
 //! The service's own failures (the phase's `error_rate`, resets, latency) are drawn before the
 //! call, as before; what it sees is counted as for any chaos server.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::ids::{REQUEST_ID, RequestIds};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HeaderValue;
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
@@ -56,16 +55,13 @@ impl Outbound {
 pub(crate) struct Forwarder {
     base: Uri,
     client: Client<HttpConnector, Empty<Bytes>>,
-    ids: AtomicU64,
-    run: u64,
+    ids: RequestIds,
 }
 
 impl Forwarder {
     pub(crate) fn new(base: Uri) -> Forwarder {
-        use std::hash::BuildHasher;
-        let run = std::hash::RandomState::new().hash_one(std::time::SystemTime::now());
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Forwarder { base, client, ids: AtomicU64::new(1), run }
+        Forwarder { base, client, ids: RequestIds::new() }
     }
 
     /// Calls the next hop and returns the service's own answer's status.
@@ -80,10 +76,7 @@ impl Forwarder {
             return StatusCode::BAD_GATEWAY;
         };
         *req.headers_mut() = out.carried;
-        let id = format!("{:016x}-{}", self.run, self.ids.fetch_add(1, Ordering::Relaxed));
-        if let Ok(v) = HeaderValue::from_str(&id) {
-            req.headers_mut().insert("x-request-id", v);
-        }
+        req.headers_mut().insert(REQUEST_ID.clone(), self.ids.next());
         match tokio::time::timeout(CALL_TIMEOUT, self.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let status = resp.status();

@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod forward;
+mod ids;
 pub mod load;
 pub mod provider;
 pub mod sampler;

@@ -450,10 +450,9 @@ where
             let span = span_for(dep, name, sent.target, sent.number - 1);
             // The breaker's probe first: the operation is called only for an attempt that goes
             // (a closure may start its work when called, before its future is polled).
-            let probe = probe(dep, sent.target, sent.at);
-            let call = probe.is_ok().then(|| op(attempt));
+            let call = probe(dep, sent.target, sent.at).map(|p| (p, op(attempt)));
             let classify = |r: &Result<T, E>| classify.classify(r);
-            let tried = guard(dep, sent, deadline, (probe, call), classify);
+            let tried = guard(dep, sent, deadline, call, classify);
             async move { (tried.instrument(span.clone()).await, span) }
         };
         let judge = |(tried, _): &(Tried<T, E>, Span)| tried.judged();
@@ -523,7 +522,7 @@ async fn guard<T, E, Fut>(
     dep: &Dependency,
     sent: Sent,
     deadline: Option<Timestamp>,
-    (probe, call): (Result<Option<BreakerPermit>, Denied>, Option<Fut>),
+    call: Result<(Option<BreakerPermit>, Fut), Denied>,
     classify: impl Fn(&Result<T, E>) -> Outcome,
 ) -> Tried<T, E>
 where
@@ -531,14 +530,14 @@ where
 {
     let now = sent.at;
     let target = sent.target;
-    let (probe, call) = match (probe, call) {
-        (Ok(p), Some(call)) => (p, call),
+    let (probe, call) = match call {
+        Ok(called) => called,
         // Refused by the breaker as it was sent: never called, its booking back.
-        (refused, _) => {
+        Err(reason) => {
             if let Some(b) = sent.booking {
                 b.refund(now);
             }
-            return Tried::Refused(refused.err().unwrap_or(Denied::Breaker));
+            return Tried::Refused(reason);
         }
     };
     let mut out = Outstanding::new(dep, (sent.permit, sent.total));

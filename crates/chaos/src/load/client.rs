@@ -1,6 +1,7 @@
 //! One request on the wire: connections, the request template, an exchange with its timeout, and the plain HTTP call the run uses for the upstream's stats.
 
 use super::*;
+use crate::ids::{REQUEST_ID, RequestIds};
 
 /// The request every send repeats, each as its own request: with an `x-request-id` of its own
 /// (unless the headers set one), as a service's requests carry from its edge, so a sidecar that
@@ -11,8 +12,8 @@ pub(super) struct Template {
     pub(super) uri: Uri,
     pub(super) headers: HeaderMap,
     pub(super) body: Bytes,
-    /// This run's random prefix and the next request's number, when the template numbers them.
-    ids: Option<(u64, std::sync::atomic::AtomicU64)>,
+    /// This run's request ids, when the template numbers its requests.
+    ids: Option<RequestIds>,
 }
 
 impl Template {
@@ -28,11 +29,7 @@ impl Template {
         Template {
             method: config.method.clone(),
             uri: path.parse().unwrap_or_else(|_| Uri::from_static("/")),
-            ids: (!headers.contains_key(&REQUEST_ID)).then(|| {
-                use std::hash::BuildHasher;
-                let run = std::hash::RandomState::new().hash_one(std::time::SystemTime::now());
-                (run, std::sync::atomic::AtomicU64::new(1))
-            }),
+            ids: (!headers.contains_key(&REQUEST_ID)).then(RequestIds::new),
             headers,
             body: config.body.clone(),
         }
@@ -43,18 +40,12 @@ impl Template {
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         *req.headers_mut() = self.headers.clone();
-        if let Some((run, next)) = &self.ids {
-            // Relaxed: a unique number is all it must be.
-            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if let Ok(v) = HeaderValue::from_str(&format!("{run:016x}-{n}")) {
-                req.headers_mut().insert(REQUEST_ID.clone(), v);
-            }
+        if let Some(ids) = &self.ids {
+            req.headers_mut().insert(REQUEST_ID.clone(), ids.next());
         }
         req
     }
 }
-
-static REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 /// One HTTP/1.1 connection; dropping it closes the socket at once.
 #[derive(Debug)]
