@@ -73,9 +73,10 @@ pub struct ReplayArgs {
     pub file: Option<PathBuf>,
 }
 
+/// One trace line, read.
 #[derive(Debug, Deserialize)]
-struct Event {
-    t_ms: u64,
+pub(crate) struct Event {
+    pub(crate) t_ms: u64,
     op: String,
     #[serde(default)]
     dependency: Option<String>,
@@ -305,6 +306,16 @@ impl<B: RetryBudget> Replay<B> {
     /// Applies one input line; returns the output line, if the event has one.
     pub(crate) fn apply(&mut self, line: &str, line_no: u64) -> Result<Option<String>, BadEvent> {
         let ev: Event = serde_json::from_str(line)?;
+        Ok(self.apply_event(&ev, line_no)?.map(|v| v.to_string()))
+    }
+
+    /// Applies one event, read from line `line_no` (several replays of one trace read each line
+    /// once); returns the output, if the event has one.
+    pub(crate) fn apply_event(
+        &mut self,
+        ev: &Event,
+        line_no: u64,
+    ) -> Result<Option<Value>, BadEvent> {
         if let Some(d) = &ev.dependency {
             match (&self.only, &self.seen) {
                 (Some(only), _) if only != d => return Ok(None),
@@ -368,12 +379,11 @@ impl<B: RetryBudget> Replay<B> {
                 } else {
                     s.denied_budget += 1;
                 }
-                match (ev.allowed_here, ev.denied) {
+                match (ev.allowed_here, &ev.denied) {
                     (Some(true), _) => s.recorded_allowed += 1,
                     (Some(false), reason) | (None, reason @ Some(_)) => {
-                        *s.recorded_denied
-                            .entry(reason.unwrap_or_else(|| "unknown".into()))
-                            .or_default() += 1;
+                        let reason = reason.as_deref().unwrap_or("unknown");
+                        *s.recorded_denied.entry(reason.to_string()).or_default() += 1;
                     }
                     (None, None) => {}
                 }
@@ -437,7 +447,7 @@ impl<B: RetryBudget> Replay<B> {
                 return Err(BadEvent::UnknownOp(other.to_string()));
             }
         };
-        Ok(output.map(|v| v.to_string()))
+        Ok(output)
     }
 }
 

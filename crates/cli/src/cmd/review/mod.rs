@@ -153,21 +153,24 @@ pub fn run(args: &ReviewArgs, out: &mut dyn Write) -> Result<(), Failure> {
         let r = match &args.trace {
             // A trace's candidates run through their policies themselves, event by event.
             Some(path) if args.prometheus.is_none() => {
-                let failed = std::cell::RefCell::new(None);
+                // Every candidate the review weighs, replayed in one reading of the trace.
+                let candidates: Vec<(f64, f64)> = config
+                    .percents
+                    .iter()
+                    .flat_map(|&p| config.floors.iter().map(move |&f| (p, f)))
+                    .collect();
+                let specs: Vec<String> = candidates
+                    .iter()
+                    .map(|&(percent, floor)| {
+                        Candidate { percent, floor, ..Candidate::default() }.spec()
+                    })
+                    .collect();
+                let allowed = source::replay(path, &name, args.step, &specs, h.steps.len())?;
                 let replayed = |percent: f64, floor: f64| {
-                    let spec = Candidate { percent, floor, ..Candidate::default() }.spec();
-                    source::replay(path, &name, args.step, &spec, h.steps.len()).unwrap_or_else(
-                        |e| {
-                            failed.borrow_mut().get_or_insert(e);
-                            Vec::new()
-                        },
-                    )
+                    let i = candidates.iter().position(|&c| c == (percent, floor));
+                    i.map_or_else(Vec::new, |i| allowed[i].clone())
                 };
-                let r = review_with(&h, &config, Some(&replayed));
-                if let Some(e) = failed.into_inner() {
-                    return Err(e);
-                }
-                r
+                review_with(&h, &config, Some(&replayed))
             }
             _ => review(&h, &config),
         };

@@ -350,30 +350,40 @@ fn each_line(
     Ok(())
 }
 
-/// The retries `spec` allows in each step of a trace's `dependency` (`steps` of them), its
-/// policy run over the recorded events by `stormguard replay`'s machinery.
+/// The retries each of `specs` allows in each step of a trace's `dependency` (`steps` of them),
+/// its policy run over the recorded events by `stormguard replay`'s machinery: one reading of
+/// the trace, each line read once and applied to every candidate's policy.
 pub fn replay(
     path: &Path,
     dependency: &str,
     step: Duration,
-    spec: &str,
+    specs: &[String],
     steps: usize,
-) -> Result<Vec<f64>, Failure> {
-    let budget: stormguard_core::budget::BudgetSpec =
-        spec.parse().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
-    let budget = budget.build().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
-    let mut replay = crate::cmd::replay::Replay::new(budget).only(Some(dependency.to_string()));
-    let mut allowed = vec![0.0; steps];
+) -> Result<Vec<Vec<f64>>, Failure> {
+    let mut replays = specs
+        .iter()
+        .map(|spec| {
+            let budget: stormguard_core::budget::BudgetSpec =
+                spec.parse().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
+            let budget =
+                budget.build().map_err(|e| Failure::runtime(format!("candidate {spec}: {e}")))?;
+            Ok(crate::cmd::replay::Replay::new(budget).only(Some(dependency.to_string())))
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
+    let mut allowed = vec![vec![0.0; steps]; specs.len()];
     let secs = step.as_secs_f64();
+    let bad =
+        |n: u64, e: &dyn std::fmt::Display| Failure::usage(format!("{}:{n}: {e}", path.display()));
     each_line(path, |line, n| {
-        let out = replay
-            .apply(line, n)
-            .map_err(|e| Failure::usage(format!("{}:{n}: {e}", path.display())))?;
-        let Some(out) = out else { return Ok(()) };
-        let v: Value = serde_json::from_str(&out).expect("replay writes JSON");
-        if v["op"] == "retry" && v["allowed"] == true {
-            let k = ((v["t_ms"].as_u64().unwrap_or(0) as f64 / 1000.0) / secs) as usize;
-            if let Some(a) = allowed.get_mut(k) {
+        let ev: crate::cmd::replay::Event = serde_json::from_str(line)
+            .map_err(|e| bad(n, &crate::cmd::replay::BadEvent::from(e)))?;
+        let k = ((ev.t_ms as f64 / 1000.0) / secs) as usize;
+        for (replay, allowed) in replays.iter_mut().zip(&mut allowed) {
+            let before = replay.summary.allowed;
+            replay.apply_event(&ev, n).map_err(|e| bad(n, &e))?;
+            if replay.summary.allowed > before
+                && let Some(a) = allowed.get_mut(k)
+            {
                 *a += 1.0;
             }
         }
