@@ -98,7 +98,7 @@ pub fn run(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if stormguard_sim::tree::is_call_tree(&text, &origin) {
         return run_call_tree(args, &origin, &text, out);
     }
-    let (mut scenario, text) = load(args.builtin.as_deref(), args.file.as_ref())?;
+    let mut scenario = scenario(args.builtin.as_deref(), &origin, &text)?;
     if args.print_scenario {
         out.write_all(text.as_bytes())?;
         return Ok(());
@@ -155,11 +155,15 @@ pub(crate) fn load(
             "{origin}: a call tree ([call_tree]) is run by `stormguard simulate` alone"
         )));
     }
-    let scenario = match builtin {
-        Some(name) => builtin::scenario(name).map_err(|e| Failure::usage(e.to_string()))?,
-        None => Scenario::parse(&origin, &text).map_err(|e| Failure::usage(e.to_string()))?,
-    };
-    Ok((scenario, text))
+    Ok((scenario(builtin, &origin, &text)?, text))
+}
+
+/// The scenario of `text`, read from `origin` (a built-in's own, when `builtin` names one).
+fn scenario(builtin: Option<&str>, origin: &str, text: &str) -> Result<Scenario, Failure> {
+    match builtin {
+        Some(name) => builtin::scenario(name).map_err(|e| Failure::usage(e.to_string())),
+        None => Scenario::parse(origin, text).map_err(|e| Failure::usage(e.to_string())),
+    }
 }
 
 /// Where the scenario comes from (for its errors), and its text.
@@ -204,14 +208,7 @@ fn run_call_tree(
     if let Some(seed) = args.seed {
         sc.seed = seed;
     }
-    if !args.policies.is_empty() {
-        if let Some(missing) =
-            args.policies.iter().find(|n| !sc.policies.iter().any(|p| &p.name == *n))
-        {
-            return Err(Failure::usage(format!("no policy `{missing}` in scenario {}", sc.name)));
-        }
-        sc.policies.retain(|p| args.policies.contains(&p.name));
-    }
+    keep_policies(&mut sc.policies, |p| &p.name, &sc.name, &args.policies)?;
     let report = stormguard_sim::tree::run(&sc);
     match args.json {
         true => out.write_all(report.to_json().as_bytes())?,
@@ -222,20 +219,30 @@ fn run_call_tree(
 
 /// Keeps only the `--policy` names given (all when none), refusing a name the scenario lacks.
 pub(crate) fn select(scenario: &mut Scenario, wanted: &[String]) -> Result<(), Failure> {
+    keep_policies(&mut scenario.policies, |p| &p.name, &scenario.name, wanted)
+}
+
+/// Keeps only the policies `wanted` names (all when none), refusing a name `scenario` lacks:
+/// a scenario's policies and a call tree's alike.
+fn keep_policies<P>(
+    policies: &mut Vec<P>,
+    name_of: impl Fn(&P) -> &String,
+    scenario: &str,
+    wanted: &[String],
+) -> Result<(), Failure> {
     if wanted.is_empty() {
         return Ok(());
     }
     for name in wanted {
-        if !scenario.policies.iter().any(|p| &p.name == name) {
-            let names: Vec<&str> = scenario.policies.iter().map(|p| p.name.as_str()).collect();
+        if !policies.iter().any(|p| name_of(p) == name) {
+            let names: Vec<&str> = policies.iter().map(|p| name_of(p).as_str()).collect();
             return Err(Failure::usage(format!(
-                "no policy `{name}` in scenario {} (it has: {})",
-                scenario.name,
+                "no policy `{name}` in scenario {scenario} (it has: {})",
                 names.join(", ")
             )));
         }
     }
-    scenario.policies.retain(|p| wanted.contains(&p.name));
+    policies.retain(|p| wanted.contains(name_of(p)));
     Ok(())
 }
 
