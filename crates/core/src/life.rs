@@ -128,6 +128,11 @@ pub struct Admitted<K> {
     pub total: Option<Permit>,
     /// Its turn in the provider's window, under rate admission.
     pub booking: Option<K>,
+    /// The call tree's context it carries to the hops below, when the request arrived with one
+    /// ([`Life::with_tree`]): one more spent on the path for a retry or a hedge sent here; for a
+    /// caller's retry, one more only if it was a tree original (a hop above that sent it as an
+    /// extra counted it already).
+    pub tree: Option<TreeContext>,
 }
 
 /// What to do after a failed attempt.
@@ -184,6 +189,8 @@ pub struct Life {
     first_target: usize,
     /// The request arrived as its caller's own retry.
     caller_retry: bool,
+    /// The call tree's context the request arrived with.
+    tree: Option<TreeContext>,
     /// The extra attempts in flight: where each went, and what it holds of the budget and
     /// the scopes.
     inflight: Vec<Inflight>,
@@ -202,9 +209,18 @@ impl Life {
             admitted: 0,
             first_target: target,
             caller_retry: false,
+            tree: None,
             inflight: Vec::new(),
             pending: None,
         }
+    }
+
+    /// The life of a request that arrived with a call tree's context (its [`Scope::Tree`] among
+    /// the scopes): each extra attempt carries it below with one more spent
+    /// ([`Admitted::tree`]).
+    pub fn with_tree(mut self, tree: Option<TreeContext>) -> Life {
+        self.tree = tree;
+        self
     }
 
     /// A request that is its caller's own retry — the caller's `number`th attempt, repeating a
@@ -228,7 +244,8 @@ impl Life {
         number: u32,
         kind: FailureKind,
     ) -> (Life, Result<Admitted<G::Booking>, Refused>) {
-        let mut life = Life::new(RequestFacts { stacked: true, ..facts }, scopes, target);
+        let mut life =
+            Life::new(RequestFacts { stacked: true, ..facts }, scopes, target).with_tree(tree);
         life.caller_retry = true;
         let policy = gates.policy();
         let above = tree.filter(|t| !t.is_original());
@@ -246,8 +263,8 @@ impl Life {
         };
         let admitted = life
             .admit(gates, now, ticket, target, Extra::Retry)
-            // Numbered as its caller numbered it.
-            .map(|a| Admitted { number, ..a })
+            // Numbered as its caller numbered it; an extra only if it was a tree original.
+            .map(|a| Admitted { number, tree: tree.map(|t| t.below(t.is_original())), ..a })
             .map_err(|reason| Refused { reason, admitting: true });
         if let (Some(ctx), Ok(_)) = (above, &admitted) {
             for scope in &life.scopes {
@@ -476,7 +493,8 @@ impl Life {
         };
         let permit = admitted.take_permit();
         self.inflight.push(Inflight { id, extra, target, charges: admitted.into_charges() });
-        Ok(Admitted { id, extra, number, target, permit, total, booking })
+        let tree = self.tree.map(|t| t.below(true));
+        Ok(Admitted { id, extra, number, target, permit, total, booking, tree })
     }
 }
 
@@ -694,6 +712,37 @@ mod tests {
         );
         assert_eq!(refused.unwrap_err(), Refused { reason: Denied::Budget, admitting: false });
         drop(a);
+    }
+
+    /// The context each attempt carries below: a retry here one more spent than the request
+    /// came with; a caller's retry one more only when it came as a tree original; a request
+    /// without a context, none.
+    #[test]
+    fn an_extra_carries_the_tree_below_with_one_more_spent() {
+        use crate::tree::TreeContext;
+        let w = world(RetryConfig::default(), None, None);
+        let came: TreeContext = "1.5;spent=1;id=ab".parse().unwrap();
+        let failed = FailedAttempt::from(AttemptFailure::Status(503));
+        let mut life = Life::new(RequestFacts::idempotent(), Vec::new(), 0).with_tree(Some(came));
+        let next = life.failed(&w, w.now(), AttemptId::FIRST, &failed, &mut SplitMix64::new(1));
+        let Next::Retry { wait, .. } = next else { panic!("{next:?}") };
+        w.clock.advance(wait);
+        let a = life.wait_elapsed(&w, w.now()).unwrap();
+        assert_eq!(a.tree, Some(came.below(true)));
+        assert_eq!(a.tree.map(|t| (t.spent, t.id)), Some((2, came.id)));
+        let fresh = world(RetryConfig::default(), None, None);
+        let (mut none, next) = fresh.failed();
+        let Next::Retry { wait, .. } = next else { panic!("{next:?}") };
+        fresh.clock.advance(wait);
+        assert_eq!(none.wait_elapsed(&fresh, fresh.now()).unwrap().tree, None);
+        let kind = AttemptFailure::Status(503).kind();
+        let original: TreeContext = "1.5".parse().unwrap();
+        for (ctx, carried) in [(came, came), (original, original.below(true))] {
+            let (w, facts) =
+                (world(RetryConfig::default(), None, None), RequestFacts::idempotent());
+            let (_, a) = Life::caller_retry(&w, w.now(), facts, Vec::new(), Some(ctx), 0, 2, kind);
+            assert_eq!(a.unwrap().tree, Some(carried), "{ctx}");
+        }
     }
 
     /// A caller's retry a hop above sent as an extra is not charged to the tree again: it is

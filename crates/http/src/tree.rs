@@ -70,11 +70,11 @@ pub fn write(headers: &mut HeaderMap, ctx: &TreeContext) {
     set(headers, Some(ours.as_bytes()));
 }
 
-/// Marks an extra attempt (a retry or a hedge this hop sends) on its copy of the request: the
-/// context it carries, if it reads, says one more was spent above the hops below.
-pub fn mark_extra(headers: &mut HeaderMap) {
-    if let Some(Ok(ctx)) = read(headers) {
-        write(headers, &ctx.below(true));
+/// Sets the context an attempt carries to the hops below (its request life's word:
+/// `stormguard_core::life::Admitted::tree`) on its copy of the request, when it has one.
+pub fn mark(headers: &mut HeaderMap, ctx: Option<&TreeContext>) {
+    if let Some(ctx) = ctx {
+        write(headers, ctx);
     }
 }
 

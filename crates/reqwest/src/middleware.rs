@@ -111,7 +111,7 @@ async fn run(
         }
     };
     let scopes = stormguard_tower::retry::scopes(dep, extensions, route.as_ref(), tree.as_ref());
-    let mut life = Life::new(facts, scopes, 0);
+    let mut life = Life::new(facts, scopes, 0).with_tree(tree);
     let gates = dep.gates(cost);
     let hedge_after = match (&spare, config.retry.hedge) {
         (Some(_), Some(_)) => dep.policy().hedge_after(dep.upstream(), || dep.now()),
@@ -133,7 +133,7 @@ async fn run(
                         true => stormguard_http::stacked::mark_hedge(r.headers_mut(), sent.number),
                         false => mark_attempt(r.headers_mut(), sent.number),
                     }
-                    stormguard_http::tree::mark_extra(r.headers_mut());
+                    stormguard_http::tree::mark(r.headers_mut(), sent.tree.as_ref());
                 }
                 req
             }
@@ -174,7 +174,7 @@ async fn run(
             Err(e) => Ok((span, Err(e))),
         }
     };
-    let first = Sent::first(admission, 0);
+    let first = Sent::first(admission, 0, tree);
     let driven = drive(dep, &gates, &mut life, first, hedge_after, send, judge, keep).await;
     let ((span, result), reason) = (driven.out, driven.refused);
     finish_at(&span, result, reason)

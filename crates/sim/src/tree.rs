@@ -259,11 +259,11 @@ impl Chain<'_> {
         let hop = &self.hops[h];
         hop.policy.on_admitted_in(now, ctx.as_ref().map(|c| (&hop.ledger, c)));
         let scopes: Vec<Scope> = ctx.iter().map(|_| Scope::Tree(hop.ledger.clone())).collect();
-        let mut life = Life::new(RequestFacts::idempotent(), scopes, 0);
-        let (mut id, mut extra) = (AttemptId::FIRST, false);
+        let mut life = Life::new(RequestFacts::idempotent(), scopes, 0).with_tree(ctx);
+        // The first try carries the context as it came; each extra, what its life gave it.
+        let (mut id, mut below) = (AttemptId::FIRST, ctx);
         loop {
             self.hops[h].attempts += 1;
-            let below = ctx.map(|c| c.below(extra));
             let answer = match self.sc.service_error_rate.get(h).copied().unwrap_or(0.0) {
                 own if own > 0.0 && unit(&mut self.rng) < own => {
                     Answer::Failed { stand_down: false }
@@ -293,7 +293,7 @@ impl Chain<'_> {
                 Next::Answer(reason) => reason,
                 Next::Retry { .. } => match life.wait_elapsed(hop, now) {
                     Ok(admitted) => {
-                        (id, extra) = (admitted.id, true);
+                        (id, below) = (admitted.id, admitted.tree);
                         continue;
                     }
                     Err(reason) => Some(reason),

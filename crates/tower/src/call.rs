@@ -436,7 +436,7 @@ where
         let scopes =
             crate::request::scope_list(dep, fan_out.as_ref(), route.as_ref(), tree.as_ref());
         let facts = RequestFacts { idempotent, replayable: true, stacked: false, deadline };
-        let mut life = Life::new(facts, scopes, target);
+        let mut life = Life::new(facts, scopes, target).with_tree(tree);
         let gates = dep.gates(cost);
         let classify = &classify;
         let send = |sent: Sent| {
@@ -445,7 +445,7 @@ where
                 hedge: sent.hedge,
                 upstream: sent.target,
                 time_left: deadline.map(|d| d.saturating_since(dep.now())),
-                tree: tree.map(|t| t.below(sent.number > 1)),
+                tree: sent.tree,
             };
             let span = span_for(dep, name, sent.target, sent.number - 1);
             // The breaker's probe first: the operation is called only for an attempt that goes
@@ -457,7 +457,7 @@ where
         };
         let judge = |(tried, _): &(Tried<T, E>, Span)| tried.judged();
         let keep = |out| std::future::ready(Ok(out));
-        let first = Sent::first(admission, target);
+        let first = Sent::first(admission, target, tree);
         let hedge_after = dep
             .config()
             .retry
@@ -611,11 +611,15 @@ pub struct Sent {
     /// When it was admitted: the time it is sent at (an attempt goes out as soon as it is
     /// admitted), so its send reads no clock of its own.
     pub at: Timestamp,
+    /// The call tree's context it carries below ([`Admitted::tree`]; a first try, the
+    /// request's own).
+    pub tree: Option<TreeContext>,
 }
 
 impl Sent {
-    /// The first try, admitted by [`admit_first_try`] to upstream `target`.
-    pub fn first(admission: Admission, target: usize) -> Sent {
+    /// The first try, admitted by [`admit_first_try`] to upstream `target`, carrying the call
+    /// tree's context the request arrived with.
+    pub fn first(admission: Admission, target: usize, tree: Option<TreeContext>) -> Sent {
         Sent {
             id: AttemptId::FIRST,
             number: 1,
@@ -625,6 +629,7 @@ impl Sent {
             total: admission.total,
             booking: admission.rate,
             at: admission.at,
+            tree,
         }
     }
 
@@ -639,6 +644,7 @@ impl Sent {
             total: a.total,
             booking: a.booking.map(Box::new),
             at,
+            tree: a.tree,
         }
     }
 }

@@ -74,7 +74,7 @@ where
     let req = &rest.req;
     let mut this = copy_request(req, body);
     stormguard_http::stacked::mark_hedge(this.headers_mut(), number);
-    stormguard_http::tree::mark_extra(this.headers_mut());
+    stormguard_http::tree::mark(this.headers_mut(), admitted.tree.as_ref());
     let span = attempt_span(&dep, req, target, number - 1);
     let (svc, policy) = (rest.svc.clone(), rest.policy.clone());
     let fut = send_admitted(dep, svc, policy, this, rest.deadline, admitted, span.clone());

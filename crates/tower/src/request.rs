@@ -141,11 +141,14 @@ impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
         let Rest { dep, policy, req, deadline, route, target, tree, life, .. } = self;
         life.get_or_insert_with(|| {
             let replayable = policy.is_replayable(req.body());
-            Box::new(Life::new(
-                request_facts(dep, req, *deadline, replayable),
-                scopes(dep, req.extensions(), route.as_ref(), tree.as_ref()),
-                *target,
-            ))
+            Box::new(
+                Life::new(
+                    request_facts(dep, req, *deadline, replayable),
+                    scopes(dep, req.extensions(), route.as_ref(), tree.as_ref()),
+                    *target,
+                )
+                .with_tree(*tree),
+            )
         })
     }
 }

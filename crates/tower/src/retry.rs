@@ -270,21 +270,21 @@ where
         }
     };
     policy.counters().caller_retry(CallerRetryOutcome::Allowed);
-    let attempt = (admitted.id, admitted.number);
+    let (attempt, below) = ((admitted.id, admitted.number), admitted.tree);
     let mut this = match rest.policy.clone_body(rest.req.body()) {
         Some(body) => copy_request(&rest.req, body),
         // A body that cannot be copied is sent itself, and its answer is final; the life,
         // holding its charges, ends with it.
         None => {
             let Rest { dep, svc, policy, mut req, deadline, id, .. } = *rest;
-            mark_caller_retry(req.headers_mut(), caller.attempt, tree);
+            mark_caller_retry(req.headers_mut(), caller.attempt, below.as_ref());
             let how = (deadline, now, admitted.target);
             let result = single(dep, svc, policy, req, how, id, span, Ok(admitted)).await;
             drop(life);
             return result;
         }
     };
-    mark_caller_retry(this.headers_mut(), caller.attempt, tree);
+    mark_caller_retry(this.headers_mut(), caller.attempt, below.as_ref());
     let (svc, policy) = (rest.svc.clone(), rest.policy.clone());
     let result =
         send_admitted(dep.clone(), svc, policy, this, rest.deadline, admitted, span.clone()).await;
@@ -293,13 +293,11 @@ where
     after_failure(rest, result, span, attempt).await
 }
 
-/// Marks a caller's own retry as it is sent: its number as the caller gave it, and, when it is
-/// an extra of this hop (no hop above sent it as one), the tree's context says so below.
-fn mark_caller_retry(headers: &mut http::HeaderMap, attempt: u32, tree: Option<TreeContext>) {
+/// Marks a caller's own retry as it is sent: its number as the caller gave it, and the call
+/// tree's context its life gave it for the hops below.
+fn mark_caller_retry(headers: &mut http::HeaderMap, attempt: u32, tree: Option<&TreeContext>) {
     mark_attempt(headers, attempt);
-    if tree.is_some_and(|t| t.is_original()) {
-        stormguard_http::tree::mark_extra(headers);
-    }
+    stormguard_http::tree::mark(headers, tree);
 }
 
 pin_project! {
@@ -659,7 +657,7 @@ where
                 (id, number) = (admitted.id, admitted.number);
                 let mut this = copy_request(&req, next_body);
                 mark_attempt(this.headers_mut(), number);
-                stormguard_http::tree::mark_extra(this.headers_mut());
+                stormguard_http::tree::mark(this.headers_mut(), admitted.tree.as_ref());
                 let sent = send_admitted(
                     dep.clone(),
                     svc.clone(),
