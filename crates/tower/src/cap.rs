@@ -207,6 +207,7 @@ async fn queued(
 /// otherwise, taking the readied service with it (a clone takes its place), and tells the
 /// service below how long it waited ([`SlotWait`]).
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn first_try<S, P, B, RB>(
     dep: &Dependency,
     inner: &mut S,
@@ -268,6 +269,7 @@ fn refused<T: Send + 'static>(reason: Denied) -> BoxFuture<Result<T, BoxError>> 
 /// it) at once, and returns the future that finishes the attempt. A first try's admission is
 /// [`first_try`]'s; a retry's or a hedge's, the request's life's.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn send<S, P, B, RB>(
     dep: &Dependency,
     inner: &mut S,
@@ -519,10 +521,29 @@ where
     type Output = Result<Response<PermitBody<RB>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_answer(cx, std::convert::identity)
+    }
+}
+
+impl<F, RB, E> CapFuture<F, RB, E>
+where
+    F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
+    RB: Body + Send + 'static,
+    E: Into<BoxError>,
+{
+    /// Polls the attempt, its answer's body (holding the slot) wrapped by `wrap` as the
+    /// response is made: the layer's first try gives its caller that response as it is,
+    /// without making it twice.
+    #[inline]
+    pub(crate) fn poll_answer<W>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        wrap: fn(PermitBody<RB>) -> W,
+    ) -> Poll<Result<Response<W>, BoxError>> {
         match self.project() {
-            CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx),
+            CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx).map_ok(|resp| resp.map(wrap)),
             CapProj::Sent { call, timer, attempt } => match ready!(poll_attempt(cx, call, timer)) {
-                Step::Answered(result) => Poll::Ready(finish(take(attempt), result)),
+                Step::Answered(result) => Poll::Ready(finish(take(attempt), result, wrap)),
                 Step::TimedOut => {
                     let a = take(attempt);
                     if a.caller_still_sending() {
@@ -539,7 +560,7 @@ where
                 let step = ready!(poll_attempt(cx, call.as_mut(), timer));
                 let (call, a) = (flight.call.take(), take(&mut flight.attempt));
                 match step {
-                    Step::Answered(result) => Poll::Ready(finish(a, result)),
+                    Step::Answered(result) => Poll::Ready(finish(a, result, wrap)),
                     // The caller still sends: the call is cut (dropped here).
                     Step::TimedOut if a.caller_still_sending() => {
                         Poll::Ready(Err(caller_too_slow(a)))
@@ -637,11 +658,13 @@ fn caller_too_slow(a: Attempt) -> BoxError {
     StormguardError::CallerBody { source: Box::new(crate::error::CallerTooSlow) }.into()
 }
 
-/// Records the attempt's result and moves the slot into the response body.
-fn finish<RB, E: Into<BoxError>>(
+/// Records the attempt's result and moves the slot into the response body (wrapped by `wrap`).
+#[inline]
+fn finish<RB, E: Into<BoxError>, W>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
-) -> Result<Response<PermitBody<RB>>, BoxError> {
+    wrap: fn(PermitBody<RB>) -> W,
+) -> Result<Response<W>, BoxError> {
     let Attempt { dep, mut permit, total, now, target, rare } = attempt;
     let (probe, _, rate) = Attempt::rare(rare);
     let sent_at = now;
@@ -660,7 +683,7 @@ fn finish<RB, E: Into<BoxError>>(
             if let Some(p) = &mut permit {
                 p.answered(overload_answer(resp.status()));
             }
-            Ok(resp.map(|body| PermitBody::new(body, permit, total, dep).with_rate(rate)))
+            Ok(resp.map(|body| wrap(PermitBody::new(body, permit, total, dep).with_rate(rate))))
         }
         Err(e) => {
             let e: BoxError = e.into();

@@ -50,6 +50,7 @@ pub fn request_start(
 pub(crate) type Answer<RB> = Result<Response<PermitBody<RB>>, BoxError>;
 
 /// Copies a request's head for another attempt, with a new body.
+#[inline]
 pub(crate) fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
     let mut r = Request::new(body);
     *r.method_mut() = req.method().clone();

@@ -37,7 +37,6 @@ use stormguard_http::classify::{classify_response, classify_transport};
 use stormguard_http::stacked::mark_attempt;
 use tower::Service;
 use tracing::Instrument;
-use tracing::instrument::Instrumented;
 
 use crate::cap::{BoxFuture, CapFuture, PermitBody};
 use crate::dependency::Dependency;
@@ -90,6 +89,7 @@ where
 
 /// Sends the first attempt at once (the request moves straight into the inner service), and
 /// returns the future that waits for it; the decision loop runs only if it fails.
+#[inline]
 fn start<S, P, B, RB>(
     dep: Dependency,
     policy: P,
@@ -134,7 +134,7 @@ where
         let svc = crate::cap::take_ready(first);
         let rest =
             Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, tree, life: None });
-        return RetryFuture::Boxed { fut: Box::pin(caller_retry(rest, caller)) };
+        return RetryFuture::boxed(Box::pin(caller_retry(rest, caller)));
     }
     let span = attempt_span(&dep, &req, target, 0);
     // The first attempt sends a copy too: the original keeps the body for the next one.
@@ -142,15 +142,16 @@ where
         // The readied service goes with the request (it may hold what `poll_ready` reserved).
         let svc = crate::cap::take_ready(first);
         let fut = single(dep, svc, policy, req, (deadline, now, target), id, span, Err(tree));
-        return RetryFuture::Boxed { fut: Box::pin(fut) };
+        return RetryFuture::boxed(Box::pin(fut));
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.
     let this = copy_request(&req, body);
     let spare = first.clone();
-    let attempt = span
-        .in_scope(|| crate::cap::first_try(&dep, first, &policy, this, deadline, target, now, tree))
-        .instrument(span);
+    let attempt = {
+        let _entered = span.enter();
+        crate::cap::first_try(&dep, first, &policy, this, deadline, target, now, tree)
+    };
     // With hedging on, a second attempt may follow this one; its timer is made only if the
     // first does not answer at once.
     let hedge = match dep.config().retry.hedge {
@@ -160,35 +161,49 @@ where
             None => Hedge::Off,
         },
     };
-    RetryFuture::First {
-        attempt,
-        rest: Some(Box::new(Rest {
-            dep,
-            policy,
-            svc: spare,
-            req,
-            deadline,
-            route,
-            id,
-            target,
-            tree,
-            life: None,
-        })),
-        hedge,
-    }
+    let rest = Rest { dep, policy, svc: spare, req, deadline, route, id, target, tree, life: None };
+    RetryFuture { state: State::First(Box::pin(First { attempt, span, rest: Some(rest), hedge })) }
 }
 
-/// The answer to an attempt that ran alone (or won a hedge): a success is the caller's, at
-/// once (`Ok`); a failure is the decision loop, in its own allocation (`Err`) — its state is
-/// large, and a request that succeeds should not carry it. `id` and `number` name the attempt
+/// Whether the answer to an attempt that ran alone (or won a hedge) is a success, which is the
+/// caller's at once: if so, the budget and the trace are told here. `id` names the attempt
 /// (the first, or the hedge that answered).
-#[allow(clippy::type_complexity)]
-pub(crate) fn first_answered<S, P, B, RB>(
-    mut rest: Box<Rest<S, P, B>>,
+pub(crate) fn answered_ok<S, P, B, T>(
+    rest: &mut Option<Rest<S, P, B>>,
+    result: &Result<Response<T>, BoxError>,
+    span: &tracing::Span,
+    id: AttemptId,
+) -> bool
+where
+    P: AttemptPolicy<B>,
+{
+    let r = rest.as_mut().expect(FINISHED);
+    let Ok(resp) = result else { return false };
+    if r.policy.classify(resp.status(), resp.headers()).is_some() {
+        return false;
+    }
+    record_response(span, resp.status(), None);
+    let dep = &r.dep;
+    match &mut r.life {
+        // A request that hedged: its life tells the budget and the winner's charges.
+        Some(life) => life.succeeded(dep.policy(), || dep.now(), id),
+        None => dep.policy().on_success_with(|| dep.now(), false),
+    }
+    if r.id.is_some() {
+        dep.record(r.id, dep.now(), TraceOp::Success(false));
+    }
+    true
+}
+
+/// The decision loop after a failed attempt that ran alone (or the last of a race), in its own
+/// allocation: its state is large, and a request that succeeds should not carry it. `id` and
+/// `number` name the attempt.
+pub(crate) fn answered_failed<S, P, B, RB>(
+    rest: &mut Option<Rest<S, P, B>>,
     result: Answer<RB>,
     span: &tracing::Span,
     (id, number): (AttemptId, u32),
-) -> Result<Out<RB>, BoxFuture<Out<RB>>>
+) -> BoxFuture<Out<RB>>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -199,22 +214,8 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    if let Ok(resp) = &result
-        && rest.policy.classify(resp.status(), resp.headers()).is_none()
-    {
-        record_response(span, resp.status(), None);
-        let dep = &rest.dep;
-        match &mut rest.life {
-            // A request that hedged: its life tells the budget and the winner's charges.
-            Some(life) => life.succeeded(dep.policy(), || dep.now(), id),
-            None => dep.policy().on_success_with(|| dep.now(), false),
-        }
-        if rest.id.is_some() {
-            rest.dep.record(rest.id, rest.dep.now(), TraceOp::Success(false));
-        }
-        return Ok(result.map(|resp| resp.map(RetryBody::live)));
-    }
-    Err(Box::pin(after_failure(rest, result, span.clone(), (id, number))))
+    let rest = rest.take().expect(FINISHED);
+    Box::pin(after_failure(rest, result, span.clone(), (id, number)))
 }
 
 /// A retry its caller sent itself ([`CallerRetry`]): admitted as a retry of stormguard's own
@@ -290,7 +291,7 @@ where
         send_admitted(dep.clone(), svc, policy, this, rest.deadline, admitted, span.clone()).await;
     let mut rest = rest;
     rest.life = Some(Box::new(life));
-    after_failure(rest, result, span, attempt).await
+    after_failure(*rest, result, span, attempt).await
 }
 
 /// Marks a caller's own retry as it is sent: its number as the caller gave it, and the call
@@ -300,30 +301,51 @@ fn mark_caller_retry(headers: &mut http::HeaderMap, attempt: u32, tree: Option<&
     stormguard_http::tree::mark(headers, tree);
 }
 
+/// The response future of [`Stormguard`]: the first attempt in flight, then (only after a
+/// failure) the decision loop.
+pub struct RetryFuture<S, P, B, RB>
+where
+    S: Service<Request<B>>,
+{
+    state: State<S, P, B, RB>,
+}
+
+enum State<S, P, B, RB>
+where
+    S: Service<Request<B>>,
+{
+    /// The first attempt in flight, with what its request needs after it, in one allocation:
+    /// the future itself is moved by every caller, and stays a pointer.
+    First(Pin<Box<First<S, P, B, RB>>>),
+    /// Retrying, or finished without a first attempt.
+    Boxed(BoxFuture<Out<RB>>),
+    /// Answered.
+    Done,
+}
+
 pin_project! {
-    /// The response future of [`Stormguard`]: the first attempt in flight, then (only after a
-    /// failure) the decision loop.
-    // pin-project-lite takes no attributes on fields, so the variants' fields (internal state,
-    // never built outside this module) are described in the variants' docs.
-    #[allow(missing_docs)]
-    #[project = RetryProj]
-    pub enum RetryFuture<S, P, B, RB>
+    /// The first attempt in flight, in its span; `rest` (the service, the policy and the
+    /// replayable request) is used only after a failure or for a hedge; `hedge`, with hedging
+    /// on, the hedge to come or in flight beside it.
+    #[project = FirstProj]
+    struct First<S, P, B, RB>
     where
         S: Service<Request<B>>,
     {
-        /// The first attempt is in flight, in its span; `rest` (the service, the policy and the
-        /// replayable request) is used only after a failure or for a hedge; `hedge`, with
-        /// hedging on, the hedge to come or in flight beside it.
-        First {
-            #[pin]
-            attempt: Instrumented<CapFuture<S::Future, RB, S::Error>>,
-            rest: Option<Box<Rest<S, P, B>>>,
-            hedge: Hedge<RB>,
-        },
-        /// Retrying, or finished without a first attempt.
-        Boxed { fut: BoxFuture<Out<RB>> },
-        /// Answered.
-        Done { answered: () },
+        #[pin]
+        attempt: CapFuture<S::Future, RB, S::Error>,
+        span: tracing::Span,
+        rest: Option<Rest<S, P, B>>,
+        hedge: Hedge<RB>,
+    }
+}
+
+impl<S, P, B, RB> RetryFuture<S, P, B, RB>
+where
+    S: Service<Request<B>>,
+{
+    fn boxed(fut: BoxFuture<Out<RB>>) -> Self {
+        RetryFuture { state: State::Boxed(fut) }
     }
 }
 
@@ -332,10 +354,10 @@ where
     S: Service<Request<B>>,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RetryFuture::First { .. } => f.write_str("RetryFuture::First"),
-            RetryFuture::Boxed { .. } => f.write_str("RetryFuture::Boxed"),
-            RetryFuture::Done { .. } => f.write_str("RetryFuture::Done"),
+        match self.state {
+            State::First(_) => f.write_str("RetryFuture::First"),
+            State::Boxed(_) => f.write_str("RetryFuture::Boxed"),
+            State::Done => f.write_str("RetryFuture::Done"),
         }
     }
 }
@@ -353,122 +375,163 @@ where
 {
     type Output = Out<RB>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let state = &mut self.get_mut().state;
         loop {
-            let next = match self.as_mut().project() {
-                RetryProj::Boxed { fut } => return fut.as_mut().poll(cx),
-                RetryProj::Done { .. } => panic!("a RetryFuture polled after it finished"),
-                RetryProj::First { mut attempt, rest, hedge } => loop {
-                    // The first attempt, unless it already failed beside its hedges.
-                    let first_failed = matches!(hedge, Hedge::Racing(race) if race.first_failed);
-                    if !first_failed && let Poll::Ready(result) = attempt.as_mut().poll(cx) {
-                        let mut r = rest.take().expect("a RetryFuture polled after it finished");
-                        match hedge {
-                            // Failed with hedges in flight: theirs decide.
-                            Hedge::Racing(race)
-                                if !race.sent.is_empty() && !succeeded(&r.policy, &result) =>
-                            {
-                                r.life().ended(AttemptId::FIRST);
-                                race.first_failed = true;
-                                *rest = Some(r);
-                            }
-                            // Hedges still in flight are dropped with this future: the cap
-                            // runs each on in the background, holding its slot (the
-                            // abandoned-attempt rules).
-                            _ => {
-                                let first = (AttemptId::FIRST, 1);
-                                let alone = matches!(hedge, Hedge::Off);
-                                match first_answered(r, result, attempt.span(), first) {
-                                    // Nothing else of the request in place (no hedge): the
-                                    // answer goes straight out, not through this future's
-                                    // state (the finished attempt goes with the future).
-                                    Ok(answer) if alone => return Poll::Ready(answer),
-                                    Ok(answer) => break Next::Answer(answer),
-                                    Err(decision_loop) => break Next::Loop(decision_loop),
-                                }
-                            }
-                        }
-                    }
-                    match hedge {
-                        Hedge::Off => return Poll::Pending,
-                        Hedge::Due { delay, timer } => {
-                            let t =
-                                timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(*delay)));
-                            if t.as_mut().poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            let delay = *delay;
-                            let r = rest.as_mut().expect("a RetryFuture polled after it finished");
-                            *hedge = match crate::hedge::send(r, AttemptId::FIRST) {
-                                Some(sent) => Hedge::Racing(Box::new(Race::new(sent, delay, r))),
-                                None => Hedge::Off,
-                            };
-                        }
-                        Hedge::Racing(race) => {
-                            // A hedge's answer: a success wins; a failure decides only when
-                            // nothing else of the request is in flight.
-                            let answered = race.sent.iter_mut().enumerate().find_map(|(i, h)| {
-                                match h.fut.as_mut().poll(cx) {
-                                    Poll::Ready(result) => Some((i, result)),
-                                    Poll::Pending => None,
-                                }
-                            });
-                            if let Some((i, result)) = answered {
-                                let h = race.sent.swap_remove(i);
-                                let mut r =
-                                    rest.take().expect("a RetryFuture polled after it finished");
-                                let others = race.sent.len() + usize::from(!race.first_failed);
-                                if !succeeded(&r.policy, &result) && others > 0 {
-                                    r.life().ended(h.id);
-                                    if race.hedged == h.id {
-                                        // The attempt the next hedge was for has answered.
-                                        race.next = None;
-                                    }
-                                    *rest = Some(r);
-                                    continue;
-                                }
-                                match first_answered(r, result, &h.span, (h.id, h.number)) {
-                                    Ok(answer) => break Next::Answer(answer),
-                                    Err(decision_loop) => break Next::Loop(decision_loop),
-                                }
-                            }
-                            // The next hedge, beside the last one, while `max_hedges` allows.
-                            let Some(t) = race.next.as_mut() else { return Poll::Pending };
-                            if t.as_mut().poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            race.next = None;
-                            let r = rest.as_mut().expect("a RetryFuture polled after it finished");
-                            if let Some(sent) = crate::hedge::send(r, race.hedged) {
-                                race.hedged = sent.id;
-                                race.sent.push(sent);
-                                race.arm(r);
-                            }
-                        }
-                    }
-                },
+            let mut then = Then::Stay;
+            let polled = match state {
+                State::Boxed(fut) => return fut.as_mut().poll(cx),
+                State::Done => panic!("{FINISHED}"),
+                State::First(first) => {
+                    let FirstProj { attempt, span, rest, hedge } = first.as_mut().project();
+                    poll_first(cx, attempt, span, rest, hedge, &mut then)
+                }
             };
-            match next {
-                Next::Loop(fut) => self.set(RetryFuture::Boxed { fut }),
-                Next::Answer(answer) => {
+            match then {
+                // Nothing else of the request in place (no hedge), or not answered yet: the
+                // answer goes straight out (the finished attempt goes with the future).
+                Then::Stay => return polled,
+                Then::Loop(fut) => *state = State::Boxed(fut),
+                Then::Done => {
                     // Hedges or a loser still in place go now (the cap runs each on with its
                     // slot), not when the caller drops this future.
-                    self.set(RetryFuture::Done { answered: () });
-                    return Poll::Ready(answer);
+                    *state = State::Done;
+                    return polled;
                 }
             }
         }
     }
 }
 
-/// What the first attempt's state came to: the caller's answer, or the decision loop.
-enum Next<T> {
-    Answer(T),
-    Loop(BoxFuture<T>),
+/// Polls the first attempt, in its span, and the hedges beside it.
+fn poll_first<S, P, B, RB>(
+    cx: &mut Context<'_>,
+    mut attempt: Pin<&mut CapFuture<S::Future, RB, S::Error>>,
+    span: &tracing::Span,
+    rest: &mut Option<Rest<S, P, B>>,
+    hedge: &mut Hedge<RB>,
+    then: &mut Then<RB>,
+) -> Poll<Out<RB>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
+    P: AttemptPolicy<B>,
+    B: Send + 'static,
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    loop {
+        // The first attempt, unless it already failed beside its hedges.
+        let first_failed = matches!(hedge, Hedge::Racing(race) if race.first_failed);
+        if !first_failed {
+            let polled = {
+                let _entered = span.enter();
+                attempt.as_mut().poll_answer(cx, RetryBody::live)
+            };
+            if let Poll::Ready(result) = &polled {
+                match hedge {
+                    // Failed with hedges in flight: theirs decide.
+                    Hedge::Racing(race)
+                        if !race.sent.is_empty()
+                            && !succeeded(&rest.as_ref().expect(FINISHED).policy, result) =>
+                    {
+                        rest.as_mut().expect(FINISHED).life().ended(AttemptId::FIRST);
+                        race.first_failed = true;
+                    }
+                    // Hedges still in flight are dropped with this future: the cap runs each
+                    // on in the background, holding its slot (the abandoned-attempt rules).
+                    _ => {
+                        if !matches!(hedge, Hedge::Off) {
+                            *then = Then::Done;
+                        }
+                        // A success goes out as it came (the body is the caller's already).
+                        if answered_ok(rest, result, span, AttemptId::FIRST) {
+                            return polled;
+                        }
+                        let Poll::Ready(result) = polled else { unreachable!("answered") };
+                        let failed = result.map(|resp| resp.map(RetryBody::into_live));
+                        let first = (AttemptId::FIRST, 1);
+                        *then = Then::Loop(answered_failed(rest, failed, span, first));
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+        match hedge {
+            Hedge::Off => return Poll::Pending,
+            Hedge::Due { delay, timer } => {
+                let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(*delay)));
+                if t.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let delay = *delay;
+                let r = rest.as_mut().expect(FINISHED);
+                *hedge = match crate::hedge::send(r, AttemptId::FIRST) {
+                    Some(sent) => Hedge::Racing(Box::new(Race::new(sent, delay, r))),
+                    None => Hedge::Off,
+                };
+            }
+            Hedge::Racing(race) => {
+                // A hedge's answer: a success wins; a failure decides only when nothing else
+                // of the request is in flight.
+                let answered = race.sent.iter_mut().enumerate().find_map(|(i, h)| {
+                    match h.fut.as_mut().poll(cx) {
+                        Poll::Ready(result) => Some((i, result)),
+                        Poll::Pending => None,
+                    }
+                });
+                if let Some((i, result)) = answered {
+                    let h = race.sent.swap_remove(i);
+                    let r = rest.as_mut().expect(FINISHED);
+                    let others = race.sent.len() + usize::from(!race.first_failed);
+                    if !succeeded(&r.policy, &result) && others > 0 {
+                        r.life().ended(h.id);
+                        if race.hedged == h.id {
+                            // The attempt the next hedge was for has answered.
+                            race.next = None;
+                        }
+                        continue;
+                    }
+                    *then = Then::Done;
+                    if answered_ok(rest, &result, &h.span, h.id) {
+                        return Poll::Ready(result.map(|resp| resp.map(RetryBody::live)));
+                    }
+                    let hedge = (h.id, h.number);
+                    *then = Then::Loop(answered_failed(rest, result, &h.span, hedge));
+                    return Poll::Pending;
+                }
+                // The next hedge, beside the last one, while `max_hedges` allows.
+                let Some(t) = race.next.as_mut() else { return Poll::Pending };
+                if t.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                race.next = None;
+                let r = rest.as_mut().expect(FINISHED);
+                if let Some(sent) = crate::hedge::send(r, race.hedged) {
+                    race.hedged = sent.id;
+                    race.sent.push(sent);
+                    race.arm(r);
+                }
+            }
+        }
+    }
+}
+
+const FINISHED: &str = "a RetryFuture polled after it finished";
+
+/// What becomes of the request's future after its first attempt's state was polled: nothing
+/// (not answered, or answered with nothing else of the request in place), done (answered:
+/// hedges still in place go now), or the decision loop.
+pub(crate) enum Then<RB> {
+    Stay,
+    Done,
+    Loop(BoxFuture<Out<RB>>),
 }
 
 /// Whether an attempt's answer is one the caller takes (not a failure to retry).
-fn succeeded<B, RB>(policy: &impl AttemptPolicy<B>, result: &Answer<RB>) -> bool {
+fn succeeded<B, T>(policy: &impl AttemptPolicy<B>, result: &Result<Response<T>, BoxError>) -> bool {
     result.as_ref().is_ok_and(|resp| policy.classify(resp.status(), resp.headers()).is_none())
 }
 
@@ -522,7 +585,7 @@ impl<RB> Race<RB> {
 /// header number `number`: 1 for the first try), `span` its span. The order of what happens is
 /// the request's [`Life`]'s; this loop only carries the request and the answers through it.
 async fn after_failure<S, P, B, RB>(
-    mut rest: Box<Rest<S, P, B>>,
+    mut rest: Rest<S, P, B>,
     mut result: Answer<RB>,
     mut span: tracing::Span,
     (mut id, mut number): (AttemptId, u32),
@@ -538,7 +601,7 @@ where
     RB::Error: Into<BoxError>,
 {
     rest.life();
-    let Rest { dep, policy, svc, req, deadline, id: trace, life, .. } = *rest;
+    let Rest { dep, policy, svc, req, deadline, id: trace, life, .. } = rest;
     let mut life = life.expect("made above");
     let config = dep.config();
     let gates = dep.gates(req.extensions().get::<RateCost>().copied().unwrap_or_default());
@@ -869,6 +932,12 @@ impl<B> std::fmt::Debug for RetryBody<B> {
 impl<B> RetryBody<B> {
     fn live(body: B) -> RetryBody<B> {
         RetryBody { rest: Some(body), kept: None }
+    }
+
+    /// The live body back, from a body made [`live`](Self::live).
+    fn into_live(self) -> B {
+        let RetryBody { rest, .. } = self;
+        rest.expect("a live body")
     }
 
     fn kept(kept: Kept, rest: Option<B>) -> RetryBody<B> {
