@@ -538,7 +538,7 @@ where
     pub(crate) fn poll_answer<W>(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        wrap: fn(PermitBody<RB>) -> W,
+        wrap: impl FnOnce(PermitBody<RB>) -> W,
     ) -> Poll<Result<Response<W>, BoxError>> {
         match self.project() {
             CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx).map_ok(|resp| resp.map(wrap)),
@@ -663,7 +663,7 @@ fn caller_too_slow(a: Attempt) -> BoxError {
 fn finish<RB, E: Into<BoxError>, W>(
     attempt: Attempt,
     result: Result<Response<RB>, E>,
-    wrap: fn(PermitBody<RB>) -> W,
+    wrap: impl FnOnce(PermitBody<RB>) -> W,
 ) -> Result<Response<W>, BoxError> {
     let Attempt { dep, mut permit, total, now, target, rare } = attempt;
     let (probe, _, rate) = Attempt::rare(rare);

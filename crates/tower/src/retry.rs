@@ -930,6 +930,7 @@ impl<B> std::fmt::Debug for RetryBody<B> {
 }
 
 impl<B> RetryBody<B> {
+    #[inline]
     fn live(body: B) -> RetryBody<B> {
         RetryBody { rest: Some(body), kept: None }
     }
