@@ -683,7 +683,7 @@ fn finish<RB, E: Into<BoxError>, W>(
             if let Some(p) = &mut permit {
                 p.answered(overload_answer(resp.status()));
             }
-            Ok(resp.map(|body| wrap(PermitBody::new(body, permit, total, dep).with_rate(rate))))
+            Ok(resp.map(|body| wrap(PermitBody::holding(body, (permit, total), dep, rate))))
         }
         Err(e) => {
             let e: BoxError = e.into();
@@ -844,6 +844,18 @@ impl<B> PermitBody<B> {
         dependency: Dependency,
     ) -> PermitBody<B> {
         PermitBody { inner, permit, total, dependency: Some(dependency), rate: None }
+    }
+
+    /// [`new`](Self::new) and [`with_rate`](Self::with_rate) at once (the body made in place).
+    #[inline]
+    fn holding(
+        inner: B,
+        (permit, total): (Option<Permit>, Option<Permit>),
+        dependency: Dependency,
+        rate: Option<RateReservation>,
+    ) -> PermitBody<B> {
+        let rate = rate.map(|r| Box::new((r, UsageTap::default())));
+        PermitBody { inner, permit, total, dependency: Some(dependency), rate }
     }
 
     /// The body also carries the attempt's booking in the provider's window (see

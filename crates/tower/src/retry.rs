@@ -900,15 +900,20 @@ where
     ))
 }
 
+/// The response body of the layer: the live body of the attempt that answered, or a failed
+/// response kept in memory while its retry was tried.
+pub struct RetryBody<B> {
+    // In its own allocation, made once for the answer: the response is moved by every future
+    // above (the caller's, a proxy's relay), and one whose body is a pointer is small enough to
+    // be copied in place rather than by a call to `memmove` at each.
+    inner: Pin<Box<BodyState<B>>>,
+}
+
 pin_project! {
-    /// The response body of the layer: the live body of the attempt that answered, or a
-    /// failed response kept in memory while its retry was tried.
-    pub struct RetryBody<B> {
+    struct BodyState<B> {
         #[pin]
         rest: Option<B>,
-        // What was kept of a failed response, in its own allocation: a live body (every
-        // success) does not carry it, and the response moves through every layer above.
-        kept: Option<Box<Kept>>,
+        kept: Option<Kept>,
     }
 }
 
@@ -923,8 +928,8 @@ struct Kept {
 impl<B> std::fmt::Debug for RetryBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetryBody")
-            .field("kept", &self.kept.as_ref().and_then(|k| k.head.as_ref().map(Bytes::len)))
-            .field("live", &self.rest.is_some())
+            .field("kept", &self.inner.kept.as_ref().and_then(|k| k.head.as_ref().map(Bytes::len)))
+            .field("live", &self.inner.rest.is_some())
             .finish()
     }
 }
@@ -932,17 +937,11 @@ impl<B> std::fmt::Debug for RetryBody<B> {
 impl<B> RetryBody<B> {
     #[inline]
     fn live(body: B) -> RetryBody<B> {
-        RetryBody { rest: Some(body), kept: None }
-    }
-
-    /// The live body back, from a body made [`live`](Self::live).
-    fn into_live(self) -> B {
-        let RetryBody { rest, .. } = self;
-        rest.expect("a live body")
+        RetryBody { inner: Box::pin(BodyState { rest: Some(body), kept: None }) }
     }
 
     fn kept(kept: Kept, rest: Option<B>) -> RetryBody<B> {
-        RetryBody { rest, kept: Some(Box::new(kept)) }
+        RetryBody { inner: Box::pin(BodyState { rest, kept: Some(kept) }) }
     }
 
     fn failed(e: BoxError) -> RetryBody<B> {
@@ -951,7 +950,15 @@ impl<B> RetryBody<B> {
 
     /// Whether this is a kept copy of a failed response (its attempt's slot already free).
     pub fn is_kept(&self) -> bool {
-        self.rest.is_none()
+        self.inner.rest.is_none()
+    }
+}
+
+impl<B: Unpin> RetryBody<B> {
+    /// The live body back, from a body made [`live`](Self::live).
+    fn into_live(self) -> B {
+        let BodyState { rest, .. } = *Pin::into_inner(self.inner);
+        rest.expect("a live body")
     }
 }
 
@@ -967,7 +974,7 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
+        let mut this = self.get_mut().inner.as_mut().project();
         if let Some(kept) = this.kept.as_mut() {
             if let Some(e) = kept.error.take() {
                 return Poll::Ready(Some(Err(e)));
@@ -995,14 +1002,16 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.kept.as_ref().is_none_or(|k| {
+        let s = &self.inner;
+        s.kept.as_ref().is_none_or(|k| {
             k.error.is_none() && k.head.as_ref().is_none_or(Bytes::is_empty) && k.trailers.is_none()
-        }) && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        }) && s.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        let head = self.kept.as_ref().and_then(|k| k.head.as_ref()).map_or(0, |h| h.len() as u64);
-        match &self.rest {
+        let s = &self.inner;
+        let head = s.kept.as_ref().and_then(|k| k.head.as_ref()).map_or(0, |h| h.len() as u64);
+        match &s.rest {
             None => SizeHint::with_exact(head),
             Some(r) => stormguard_http::body::hint_after(head, &r.size_hint()),
         }
