@@ -74,7 +74,7 @@ impl StackedHeaders {
     /// The attempt a request marked as a retry says it is (2 for a first retry; the highest
     /// when several markers say), or `None` when it is not marked as one.
     pub fn attempt(&self, headers: &HeaderMap) -> Option<u64> {
-        self.stated_attempt(headers).filter(|&n| n > 1)
+        retry_attempt(self.stated_attempt(headers))
     }
 
     /// The attempt the request's markers state, first tries included (`x-stormguard-attempt:
@@ -91,6 +91,12 @@ impl StackedHeaders {
             })
             .max()
     }
+}
+
+/// The attempt a stated attempt ([`StackedHeaders::stated_attempt`]) is as a retry: above the
+/// first, or `None`. For a caller that reads the markers once for both questions.
+pub fn retry_attempt(stated: Option<u64>) -> Option<u64> {
+    stated.filter(|&n| n > 1)
 }
 
 /// Sets `x-stormguard-attempt: attempt` (1 for the first try) on an outgoing request.

@@ -24,10 +24,20 @@ static FIXED: [HeaderName; 9] = [
     PROXY_AUTHORIZATION,
 ];
 
-/// `name` if it is one of [`FIXED`]: a standard name is told by its index, another by its
-/// bytes (its length first), so most names are told apart without comparing a byte.
+/// `name` if it is one of [`FIXED`]: by its length first (most names have a length none of
+/// the nine has), then against the one or two of that length.
 fn always(name: &HeaderName) -> Option<&'static HeaderName> {
-    FIXED.iter().find(|f| *f == name)
+    let of_length: &[usize] = match name.as_str().len() {
+        2 => &[1],
+        7 => &[2, 4],
+        10 => &[0, 5],
+        16 => &[6],
+        17 => &[3],
+        18 => &[7],
+        19 => &[8],
+        _ => return None,
+    };
+    of_length.iter().map(|&i| &FIXED[i]).find(|f| *f == name)
 }
 
 /// Removes the hop-by-hop headers from `headers`, including those `Connection` names. One pass
@@ -63,6 +73,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_fixed_name_is_found_by_its_length_and_no_other() {
+        for f in &FIXED {
+            assert_eq!(always(f), Some(f), "{f}");
+            let upper = HeaderName::from_bytes(f.as_str().to_ascii_uppercase().as_bytes()).unwrap();
+            assert_eq!(always(&upper), Some(f), "{f} in upper case");
+        }
+        for other in ["tk", "warning", "user-agent", "accept-encoding", "x-forwarded-proto"] {
+            assert_eq!(always(&HeaderName::from_static(other)), None, "{other}");
+        }
+    }
 
     #[test]
     fn removes_the_list_and_what_connection_names() {

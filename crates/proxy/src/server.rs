@@ -90,14 +90,15 @@ struct Recognised {
 fn caller_retry(
     dep: &DepRuntime,
     fingerprint: &crate::callers::Fingerprint,
-    headers: &http::HeaderMap,
+    stated: Option<u64>,
     now: Instant,
 ) -> Option<Recognised> {
-    let config = dep.dependency.config();
     let repeated = dep.callers.recognise(fingerprint, now);
-    let marked = config.stacked.attempt(headers).map(|attempt| stormguard_tower::CallerRetry {
-        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-        after: repeated.map_or(FailureKind::Error, |r| r.after),
+    let marked = stormguard_http::stacked::retry_attempt(stated).map(|attempt| {
+        stormguard_tower::CallerRetry {
+            attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+            after: repeated.map_or(FailureKind::Error, |r| r.after),
+        }
     });
     let recognised = match (marked, repeated) {
         (Some(retry), _) => Recognised { retry, marked: true },
@@ -204,8 +205,10 @@ pub(crate) async fn handle(
     let caller_retries = dep.config.0.caller_retries;
     // A sender that numbers its attempts is taken at its word: its first try (`1`) is never
     // another's retry, and leaves nothing for one.
-    let first_by_its_word =
-        dep.dependency.config().stacked.stated_attempt(&parts.headers) == Some(1);
+    // The markers are read once: what they state decides both this and, below, whether the
+    // request is a retry by its own word.
+    let stated = dep.dependency.config().stacked.stated_attempt(&parts.headers);
+    let first_by_its_word = stated == Some(1);
     let mut fingerprint = (caller_retries != CallerRetries::Off && !first_by_its_word).then(|| {
         let who = (named.as_deref(), named.is_none().then_some(peer.ip()));
         dep.callers.fingerprint(&who, peer, &parts)
@@ -285,7 +288,7 @@ pub(crate) async fn handle(
     }
     let caller_retry = fingerprint.as_mut().and_then(|f| {
         body.head_chunks().for_each(|chunk| f.body(chunk));
-        caller_retry(dep, f, &parts.headers, started)
+        caller_retry(dep, f, stated, started)
     });
     if let Some(r) = caller_retry
         && caller_retries == CallerRetries::Enforce
