@@ -168,7 +168,7 @@ where
 /// Whether the answer to an attempt that ran alone (or won a hedge) is a success, which is the
 /// caller's at once: if so, the budget and the trace are told here. `id` names the attempt
 /// (the first, or the hedge that answered).
-pub(crate) fn answered_ok<S, P, B, T>(
+fn answered_ok<S, P, B, T>(
     rest: &mut Option<Rest<S, P, B>>,
     result: &Result<Response<T>, BoxError>,
     span: &tracing::Span,
@@ -198,7 +198,7 @@ where
 /// The decision loop after a failed attempt that ran alone (or the last of a race), in its own
 /// allocation: its state is large, and a request that succeeds should not carry it. `id` and
 /// `number` name the attempt.
-pub(crate) fn answered_failed<S, P, B, RB>(
+fn answered_failed<S, P, B, RB>(
     rest: &mut Option<Rest<S, P, B>>,
     result: Answer<RB>,
     span: &tracing::Span,
@@ -524,7 +524,7 @@ const FINISHED: &str = "a RetryFuture polled after it finished";
 /// What becomes of the request's future after its first attempt's state was polled: nothing
 /// (not answered, or answered with nothing else of the request in place), done (answered:
 /// hedges still in place go now), or the decision loop.
-pub(crate) enum Then<RB> {
+enum Then<RB> {
     Stay,
     Done,
     Loop(BoxFuture<Out<RB>>),
