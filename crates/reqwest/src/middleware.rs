@@ -35,7 +35,7 @@ use crate::response;
 ///
 /// Request extensions (`RequestBuilder::with_extension`) it reads: [`Idempotent`] (any method
 /// may be retried), [`Deadline`] (the whole request's, shortening the dependency's),
-/// [`RouteBudget`] and [`FanOutScope`].
+/// [`RouteBudget`] and [`FanOutScope`](stormguard_tower::FanOutScope).
 #[derive(Clone, Debug)]
 pub struct StormguardMiddleware {
     dependency: Dependency,

@@ -557,7 +557,7 @@ impl Dependency {
     /// break ends, the dependency's pushback hold (a `Retry-After` it sent) lifts, under rate
     /// admission the provider's window has room for one more request, and, for a refusal for
     /// the budget (`reason`), the budget allows a retry again with no new traffic
-    /// ([`RetryBudget::retry_after`](stormguard_core::budget::RetryBudget::retry_after)),
+    /// ([`RetryBudget::retry_after`]),
     /// whichever is latest. `None` when none of these holds. What a refusal can tell its
     /// caller as `Retry-After`.
     pub fn retry_after(

@@ -14,7 +14,7 @@
 //! | [`BodyReceived`] | whoever reads the caller's body | the layer | a per-try timeout before it is the caller's slowness |
 //! | [`UpstreamTarget`] | the layer, on an attempt to any upstream but the first | the service under it | which upstream the attempt goes to |
 //! | [`TimeLeft`] | the layer, while a deadline applies | the service under it (gRPC's `grpc-timeout`) | the request's time left when the attempt was sent |
-//! | [`SlotWait`](crate::SlotWait) | the layer, on an attempt that waited for its slot | the service under it | how long it waited in the queue or for its turn in the provider's window |
+//! | [`SlotWait`] | the layer, on an attempt that waited for its slot | the service under it | how long it waited in the queue or for its turn in the provider's window |
 //! | [`QuotaExhausted`] (response) | the service under it (the proxy, for OpenAI) | the layer | the account's quota is spent: never retried |
 //! | [`Denied`](crate::Denied) (response) | the layer | the caller | why the last failure was not retried |
 //!

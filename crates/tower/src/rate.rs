@@ -3,7 +3,7 @@
 //!
 //! Each upstream gets its own [`Rates`] — requests, tokens, and (where the provider splits
 //! them, as Anthropic does) input and output tokens — each a core
-//! [`RateLimit`]. A first try books its request and its
+//! [`RateLimit`](stormguard_core::rate::RateLimit). A first try books its request and its
 //! estimated tokens ([`RateCost`]) before it queues for its slot:
 //! when the window has no room it waits for its turn (first come, first served; within the
 //! queue timeout and the deadline, else refused `rate`). A retry never waits: no room now is a
