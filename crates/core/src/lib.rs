@@ -12,7 +12,7 @@
 //! - [`plan`]: what a dependency sees at a given error rate, and the budget that fits a cap;
 //! - [`decimal`]: exact decimal parameters (no `f64` in budget arithmetic);
 //! - [`clock`]: timestamps, a monotonic clock and a manual one;
-//! - [`format`]: numbers and percents as every report prints them.
+//! - [`format`](mod@format): numbers and percents as every report prints them.
 
 #![warn(missing_docs)]
 

@@ -1,5 +1,5 @@
 //! What a model provider says of its rate limits and what a call costs, read into core's
-//! [`Observed`](stormguard_core::rate::Observed) and token counts.
+//! [`Observed`] and token counts.
 //!
 //! - [`read_limits`]: the limits and what is left of them, per quantity, from the headers each
 //!   provider sends on every answer, under their own names: OpenAI's

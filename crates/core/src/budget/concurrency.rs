@@ -60,7 +60,7 @@ impl ConcurrencyConfig {
     }
 }
 
-/// The concurrency retry budget. See the [module docs](self).
+/// The concurrency retry budget. See the [module docs](crate::budget).
 #[derive(Debug)]
 pub struct ConcurrencyBudget {
     config: ConcurrencyConfig,

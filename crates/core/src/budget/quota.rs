@@ -97,7 +97,7 @@ impl Bucket {
     }
 }
 
-/// The AWS-style retry quota. See the [module docs](self).
+/// The AWS-style retry quota. See the [module docs](crate::budget).
 #[derive(Debug)]
 pub struct QuotaBudget {
     config: QuotaConfig,

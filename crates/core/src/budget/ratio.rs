@@ -100,7 +100,7 @@ impl RatioConfig {
     }
 }
 
-/// The ratio retry budget. See the [module docs](self).
+/// The ratio retry budget. See the [module docs](crate::budget).
 #[derive(Debug)]
 pub struct RatioBudget {
     config: RatioConfig,

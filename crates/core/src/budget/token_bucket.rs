@@ -45,7 +45,7 @@ impl TokenBucketConfig {
     }
 }
 
-/// The gRPC-style token bucket. See the [module docs](self).
+/// The gRPC-style token bucket. See the [module docs](crate::budget).
 #[derive(Debug)]
 pub struct TokenBucket {
     config: TokenBucketConfig,

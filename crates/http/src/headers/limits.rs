@@ -60,7 +60,7 @@ impl LimitInfo {
 }
 
 /// Reads the dependency's limits from a response's headers, on any status. See the
-/// [module docs](self) and `docs/headers.md`.
+/// [module docs](crate::headers) and `docs/headers.md`.
 #[derive(Debug, Clone)]
 pub struct LimitHeaders {
     config: LimitHeadersConfig,

@@ -94,7 +94,7 @@ impl Default for PushbackHeadersConfig {
     }
 }
 
-/// Reads server pushback from a response's headers. See the [module docs](self) and
+/// Reads server pushback from a response's headers. See the [module docs](crate::headers) and
 /// `docs/headers.md`.
 #[derive(Debug, Clone)]
 pub struct PushbackHeaders {
