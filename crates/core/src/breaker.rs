@@ -205,7 +205,8 @@ impl AttemptResult {
     /// What the breaker counts of an attempt that ended as `failure` (`None`: a success): the
     /// dependency's own failures
     /// ([`AttemptFailure::counts_for_breaker`](crate::conditions::AttemptFailure::counts_for_breaker)),
-    /// never a caller's 4xx, a 429 or a refused stream. The one reading every placement's probe is recorded with.
+    /// never a caller's 4xx, a 429 or a refused stream. The one reading every placement's probe
+    /// is recorded with.
     pub fn of(failure: Option<crate::conditions::AttemptFailure>) -> AttemptResult {
         match failure {
             None => AttemptResult::Success,
