@@ -854,15 +854,20 @@ impl<B> PermitBody<B> {
         dependency: Dependency,
         rate: Option<RateReservation>,
     ) -> PermitBody<B> {
-        let rate = rate.map(|r| Box::new((r, UsageTap::default())));
-        PermitBody { inner, permit, total, dependency: Some(dependency), rate }
+        PermitBody {
+            inner,
+            permit,
+            total,
+            dependency: Some(dependency),
+            rate: settled_from_usage(rate),
+        }
     }
 
     /// The body also carries the attempt's booking in the provider's window (see
     /// [`crate::rate`]): settled from the `usage` the body states when it ends, kept at its
     /// estimate when it fails or is dropped.
     pub fn with_rate(mut self, rate: Option<RateReservation>) -> PermitBody<B> {
-        self.rate = rate.map(|r| Box::new((r, UsageTap::default())));
+        self.rate = settled_from_usage(rate);
         self
     }
 
@@ -875,6 +880,12 @@ impl<B> PermitBody<B> {
     pub fn holds_slot(&self) -> bool {
         self.permit.is_some()
     }
+}
+
+/// A booking, with the tap that reads the usage its answer states (see [`PermitBody::with_rate`]).
+#[allow(clippy::type_complexity)]
+fn settled_from_usage(rate: Option<RateReservation>) -> Option<Box<(RateReservation, UsageTap)>> {
+    rate.map(|r| Box::new((r, UsageTap::default())))
 }
 
 impl<B: Body> Body for PermitBody<B>
