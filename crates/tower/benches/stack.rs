@@ -14,7 +14,7 @@
 //! reads, less a run of 0 calls, per call:
 //!
 //!     BIN=$(cargo bench -p stormguard-tower --bench stack --no-run 2>&1 | grep -o 'target/[^)]*')
-//!     STACK_CALLS=200000 perf stat -e instructions:u $BIN stormguard
+//!     STACK_CALLS=200000 perf stat -e instructions:u $BIN stormguard    # or stormguard_std_clock
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -216,7 +216,19 @@ fn count(item: &str, n: u64) {
             let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
             calls(&rt, n, &mut svc, req);
         }
-        other => panic!("STACK_CALLS: no stack {other:?} (bare, tower, stormguard)"),
+        // The same over std's monotonic clock: what a build without tokio's `test-util` (on
+        // for this crate's benches and tests) reads.
+        "stormguard_std_clock" => {
+            let mut c = DependencyConfig::new("bench");
+            c.limiter.cap = 1_000;
+            let clock = Arc::new(stormguard_core::clock::MonotonicClock::new());
+            let dep = Dependency::with_clock(c, clock).unwrap();
+            let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
+            calls(&rt, n, &mut svc, req);
+        }
+        other => panic!(
+            "STACK_CALLS: no stack {other:?} (bare, tower, stormguard, stormguard_std_clock)"
+        ),
     }
 }
 
