@@ -64,7 +64,9 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 /// The gRPC status in `headers` (response headers of a trailers-only response, or trailers):
 /// `Some(code)` for a valid code 0..=16, `None` when absent or malformed.
 pub fn grpc_status(headers: &HeaderMap) -> Option<u8> {
-    let v = headers.get("grpc-status")?.to_str().ok()?.trim();
+    // By name, not text: a lookup by text parses the name before it hashes it.
+    static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+    let v = headers.get(&GRPC_STATUS)?.to_str().ok()?.trim();
     v.parse::<u8>().ok().filter(|c| *c <= 16)
 }
 
