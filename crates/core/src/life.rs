@@ -577,6 +577,19 @@ mod tests {
             (life, next)
         }
 
+        /// A caller's own retry (its `number`th attempt, after a 503) of an idempotent request
+        /// to upstream 0, with `scopes` and the call tree's context `tree`: its life and its
+        /// admission.
+        fn caller_retry(
+            &self,
+            scopes: Vec<Scope>,
+            tree: Option<TreeContext>,
+            number: u32,
+        ) -> (Life, Result<Admitted<u32>, Refused>) {
+            let (facts, kind) = (RequestFacts::idempotent(), AttemptFailure::Status(503).kind());
+            Life::caller_retry(self, self.now(), facts, scopes, tree, 0, number, kind)
+        }
+
         /// Whether the budget has a retry left (asked and given back).
         fn budget_left(&self) -> bool {
             match self.policy.budget().try_retry(self.now(), AttemptFailure::Timeout.kind()) {
@@ -686,30 +699,11 @@ mod tests {
     #[test]
     fn a_callers_retry_is_admitted_or_refused_at_once() {
         let w = world(RetryConfig::default(), None, Some(1));
-        let kind = AttemptFailure::Status(503).kind();
-        let (life, a) = Life::caller_retry(
-            &w,
-            w.now(),
-            RequestFacts::idempotent(),
-            Vec::new(),
-            None,
-            0,
-            3,
-            kind,
-        );
+        let (life, a) = w.caller_retry(Vec::new(), None, 3);
         let a = a.unwrap();
         assert_eq!(a.number, 3);
         assert!(life.facts().stacked);
-        let (_, refused) = Life::caller_retry(
-            &w,
-            w.now(),
-            RequestFacts::idempotent(),
-            Vec::new(),
-            None,
-            0,
-            2,
-            kind,
-        );
+        let (_, refused) = w.caller_retry(Vec::new(), None, 2);
         assert_eq!(refused.unwrap_err(), Refused { reason: Denied::Budget, admitting: false });
         drop(a);
     }
@@ -735,12 +729,10 @@ mod tests {
         let Next::Retry { wait, .. } = next else { panic!("{next:?}") };
         fresh.clock.advance(wait);
         assert_eq!(none.wait_elapsed(&fresh, fresh.now()).unwrap().tree, None);
-        let kind = AttemptFailure::Status(503).kind();
         let original: TreeContext = "1.5".parse().unwrap();
         for (ctx, carried) in [(came, came), (original, original.below(true))] {
-            let (w, facts) =
-                (world(RetryConfig::default(), None, None), RequestFacts::idempotent());
-            let (_, a) = Life::caller_retry(&w, w.now(), facts, Vec::new(), Some(ctx), 0, 2, kind);
+            let w = world(RetryConfig::default(), None, None);
+            let (_, a) = w.caller_retry(Vec::new(), Some(ctx), 2);
             assert_eq!(a.unwrap().tree, Some(carried), "{ctx}");
         }
     }
@@ -752,33 +744,14 @@ mod tests {
     fn a_callers_retry_charged_above_is_not_charged_to_the_tree_again() {
         use crate::tree::{TreeContext, TreeLedger};
         let w = world(RetryConfig::default(), None, None);
-        let kind = AttemptFailure::Status(503).kind();
         let ledger = TreeLedger::default();
         let scopes = vec![Scope::Tree(ledger.clone())];
         let above: TreeContext = "1.2;spent=1".parse().unwrap();
-        let (_, a) = Life::caller_retry(
-            &w,
-            w.now(),
-            RequestFacts::idempotent(),
-            scopes.clone(),
-            Some(above),
-            0,
-            2,
-            kind,
-        );
+        let (_, a) = w.caller_retry(scopes.clone(), Some(above), 2);
         assert!(a.is_ok(), "{a:?}");
         assert_eq!((ledger.counts().extras_above, ledger.counts().charged), (1, 0));
         let own: TreeContext = "1.2".parse().unwrap();
-        let (_, refused) = Life::caller_retry(
-            &w,
-            w.now(),
-            RequestFacts::idempotent(),
-            scopes,
-            Some(own),
-            0,
-            2,
-            kind,
-        );
+        let (_, refused) = w.caller_retry(scopes, Some(own), 2);
         assert_eq!(refused.unwrap_err(), Refused { reason: Denied::Tree, admitting: false });
     }
 }
