@@ -232,9 +232,63 @@ fn count(item: &str, n: u64) {
     }
 }
 
+/// `STACK_RATIO=ROUNDS`: the three stacks (`bare`, `tower`, `stormguard`) timed in turn, a batch
+/// of calls each per round, in one process; prints each stack's median and fastest batch, and
+/// the added time's ratio (stormguard's over tower's) per round's median and from the fastest
+/// batches. Interleaving by batch keeps a noisy machine's drift out of the ratio.
+fn ratio(rounds: usize) {
+    const BATCH: u64 = 20_000;
+    let rt = runtime();
+    let req = || Request::get("http://dep/x").body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+    let mut bare = noop::<Full<Bytes>>();
+    let policy = TowerPolicy(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)));
+    let mut tower =
+        ServiceBuilder::new().retry(policy).concurrency_limit(1_000).service(noop::<Full<Bytes>>());
+    let dep = {
+        let _guard = rt.enter();
+        let mut c = DependencyConfig::new("bench");
+        c.limiter.cap = 1_000;
+        Dependency::try_new(c).unwrap()
+    };
+    let mut sg = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
+    let ns = |d: Duration| d.as_nanos() as f64 / BATCH as f64;
+    let (mut b, mut t, mut s, mut r) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let x = ns(calls(&rt, BATCH, &mut bare, req));
+        let y = ns(calls(&rt, BATCH, &mut tower, req));
+        let z = ns(calls(&rt, BATCH, &mut sg, req));
+        r.push((z - x) / (y - x));
+        b.push(x);
+        t.push(y);
+        s.push(z);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let fastest = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (fb, ft, fs) = (fastest(&b), fastest(&t), fastest(&s));
+    println!(
+        "ns per call, median of {rounds} rounds: bare {:.0}, tower {:.0}, stormguard {:.0}; \
+         fastest: {fb:.0}, {ft:.0}, {fs:.0}",
+        median(&mut b),
+        median(&mut t),
+        median(&mut s)
+    );
+    println!(
+        "stormguard's added time over tower's: median of rounds {:.2}, of the fastest {:.2}",
+        median(&mut r),
+        (fs - fb) / (ft - fb)
+    );
+}
+
 criterion_group!(benches, bench);
 
 fn main() {
+    if let Ok(n) = std::env::var("STACK_RATIO") {
+        ratio(n.parse().expect("STACK_RATIO: a number of rounds"));
+        return;
+    }
     if let Ok(n) = std::env::var("STACK_CALLS") {
         let n = n.parse().expect("STACK_CALLS: a number of calls");
         let item = std::env::args().nth(1).expect("STACK_CALLS: name the stack");

@@ -212,7 +212,7 @@ pub(crate) fn first_try<S, P, B, RB>(
     dep: &Dependency,
     inner: &mut S,
     policy: &P,
-    req: Request<B>,
+    (req, cost): (impl FnOnce() -> Request<B>, RateCost),
     deadline: Option<Timestamp>,
     target: usize,
     now: Timestamp,
@@ -226,10 +226,6 @@ where
     B: Send + 'static,
     RB: Body + Send + 'static,
 {
-    let cost = match dep.rates_at(target) {
-        Some(_) => req.extensions().get::<RateCost>().copied().unwrap_or_default(),
-        None => RateCost::default(),
-    };
     match admit_first_try(dep, target, cost, deadline, now, tree) {
         FirstTry::Now(a) => send(
             dep,
@@ -243,15 +239,30 @@ where
         ),
         FirstTry::Refused(reason) => CapFuture::boxed(refused(reason)),
         FirstTry::Wait(admission) => {
+            let req = req();
             let mut inner = take_ready(inner);
             let (dep, policy) = (dep.clone(), policy.clone());
             CapFuture::boxed(Box::pin(async move {
                 let a = admission.await.map_err(|r| BoxError::from(StormguardError::Denied(r)))?;
                 let slots = (Some(a.permit), a.total, a.rate.map(|r| *r));
                 let at = (a.at, Some(a.at.saturating_since(now)));
-                send(&dep, &mut inner, &policy, req, slots, deadline, at, target).await
+                send(&dep, &mut inner, &policy, || req, slots, deadline, at, target).await
             }))
         }
+    }
+}
+
+/// What a request costs in its provider's window (the [`RateCost`] it carries), when upstream
+/// `target` is under rate admission.
+#[inline]
+pub(crate) fn rate_cost(
+    dep: &Dependency,
+    target: usize,
+    extensions: &http::Extensions,
+) -> RateCost {
+    match dep.rates_at(target) {
+        Some(_) => extensions.get::<RateCost>().copied().unwrap_or_default(),
+        None => RateCost::default(),
     }
 }
 
@@ -274,7 +285,7 @@ pub(crate) fn send<S, P, B, RB>(
     dep: &Dependency,
     inner: &mut S,
     policy: &P,
-    mut req: Request<B>,
+    req: impl FnOnce() -> Request<B>,
     (permit, total, rate): (Option<Permit>, Option<Permit>, Option<RateReservation>),
     deadline: Option<Timestamp>,
     (now, slot_wait): (Timestamp, Option<Duration>),
@@ -300,6 +311,7 @@ where
     };
     let per_try = per_try_limit(dep, now, deadline);
     let time_left = deadline.map(|d| d.saturating_since(now));
+    let mut req = req();
     policy.sending(&mut req, Sending { target, time_left, slot_wait });
     // The per-try timer, apart: most attempts never need one polled.
     let timer = per_try.map(|limit| Box::pin(tokio::time::sleep(limit)));

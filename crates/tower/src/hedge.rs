@@ -21,7 +21,7 @@ use crate::cap::BoxFuture;
 use crate::error::BoxError;
 use crate::extensions::RateCost;
 use crate::policy::AttemptPolicy;
-use crate::request::{Answer, Rest, copy_request, send_admitted};
+use crate::request::{Answer, Rest, send_admitted};
 use crate::span::attempt_span;
 
 /// A hedge in flight beside the first attempt.
@@ -52,9 +52,9 @@ where
     RB: Body + Send + 'static,
 {
     let now = rest.dep.now();
-    let body = rest.policy.clone_body(rest.req.body());
+    let body = rest.policy.clone_body(&rest.req.body);
     let replayable = body.is_some();
-    let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
+    let cost = rest.req.head.extensions.get::<RateCost>().copied().unwrap_or_default();
     let dep = rest.dep.clone();
     let gates = dep.gates(cost);
     let life = rest.life();
@@ -72,10 +72,10 @@ where
     let body = body?;
     let (id, number, target) = (admitted.id, admitted.number, admitted.target);
     let req = &rest.req;
-    let mut this = copy_request(req, body);
+    let mut this = req.copy(body);
     stormguard_http::stacked::mark_hedge(this.headers_mut(), number);
     stormguard_http::tree::mark(this.headers_mut(), admitted.tree.as_ref());
-    let span = attempt_span(&dep, req, target, number - 1);
+    let span = attempt_span(&dep, &req.head.method, &req.head.uri, target, number - 1);
     let (svc, policy) = (rest.svc.clone(), rest.policy.clone());
     let fut = send_admitted(dep, svc, policy, this, rest.deadline, admitted, span.clone());
     Some(SentHedge { fut: Box::pin(fut), span, id, number })

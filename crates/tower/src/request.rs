@@ -49,37 +49,52 @@ pub fn request_start(
 /// What an attempt came to: the answer with its slot (held by the body), or how it failed.
 pub(crate) type Answer<RB> = Result<Response<PermitBody<RB>>, BoxError>;
 
-/// Copies a request's head for another attempt, with a new body.
-#[inline]
-pub(crate) fn copy_request<B>(req: &Request<B>, body: B) -> Request<B> {
-    let mut r = Request::new(body);
-    *r.method_mut() = req.method().clone();
-    *r.uri_mut() = req.uri().clone();
-    *r.version_mut() = req.version();
-    *r.headers_mut() = req.headers().clone();
-    *r.extensions_mut() = req.extensions().clone();
-    r
+/// A request kept for the attempts after its first: its head and its body apart, so that each
+/// attempt's copy is the head cloned field by field with a new body (a copy made through
+/// `Request::new` builds a default head first, to be dropped field by field as it is
+/// overwritten).
+pub(crate) struct Original<B> {
+    pub(crate) head: http::request::Parts,
+    pub(crate) body: B,
 }
 
-/// What the retry rules need to know of a request (see [`RequestFacts`]).
-pub(crate) fn request_facts<B>(
+impl<B> Original<B> {
+    pub(crate) fn new(req: Request<B>) -> Original<B> {
+        let (head, body) = req.into_parts();
+        Original { head, body }
+    }
+
+    /// A copy of the request for another attempt, with `body`.
+    #[inline]
+    pub(crate) fn copy(&self, body: B) -> Request<B> {
+        Request::from_parts(self.head.clone(), body)
+    }
+
+    /// The request itself, for its one attempt (a body that cannot be copied).
+    pub(crate) fn into_request(self) -> Request<B> {
+        Request::from_parts(self.head, self.body)
+    }
+}
+
+/// What the retry rules need to know of a request, by its head (see [`RequestFacts`]).
+pub(crate) fn request_facts(
     dep: &Dependency,
-    req: &Request<B>,
+    head: &http::request::Parts,
     deadline: Option<Timestamp>,
     replayable: bool,
 ) -> RequestFacts {
     let config = dep.config();
     RequestFacts {
         idempotent: is_idempotent(
-            req.method(),
-            req.headers(),
+            &head.method,
+            &head.headers,
             &config.idempotency_key,
-            req.extensions().get::<Idempotent>().is_some(),
+            head.extensions.get::<Idempotent>().is_some(),
         ),
         replayable,
         // A caller's own retry is one, marked or not.
-        stacked: config.stacked.arrived_as_retry(req.headers())
-            || req.extensions().get::<CallerRetry>().is_some(),
+        stacked: config.stacked.arrived_as_retry(&head.headers)
+            || head.extensions.get::<CallerRetry>().is_some(),
         deadline,
     }
 }
@@ -122,7 +137,7 @@ pub(crate) struct Rest<S, P, B> {
     pub(crate) dep: Dependency,
     pub(crate) policy: P,
     pub(crate) svc: S,
-    pub(crate) req: Request<B>,
+    pub(crate) req: Original<B>,
     pub(crate) deadline: Option<Timestamp>,
     pub(crate) route: Option<RouteBudget>,
     /// The request's number in the recorded trace, when recording.
@@ -141,11 +156,11 @@ impl<S, P: AttemptPolicy<B>, B> Rest<S, P, B> {
     pub(crate) fn life(&mut self) -> &mut Life {
         let Rest { dep, policy, req, deadline, route, target, tree, life, .. } = self;
         life.get_or_insert_with(|| {
-            let replayable = policy.is_replayable(req.body());
+            let replayable = policy.is_replayable(&req.body);
             Box::new(
                 Life::new(
-                    request_facts(dep, req, *deadline, replayable),
-                    scopes(dep, req.extensions(), route.as_ref(), tree.as_ref()),
+                    request_facts(dep, &req.head, *deadline, replayable),
+                    scopes(dep, &req.head.extensions, route.as_ref(), tree.as_ref()),
                     *target,
                 )
                 .with_tree(*tree),
@@ -183,7 +198,7 @@ where
     let now = dep.now();
     let sent = (slots.0, slots.1, booked.sent());
     let call = span.in_scope(|| {
-        crate::cap::send(&dep, &mut svc, &policy, this, sent, deadline, (now, None), target)
+        crate::cap::send(&dep, &mut svc, &policy, || this, sent, deadline, (now, None), target)
     });
     call.instrument(span).await
 }

@@ -45,7 +45,7 @@ use crate::extensions::{CallerRetry, QuotaExhausted, RateCost};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 pub use crate::policy::{AttemptPolicy, CloneBody, Replay};
 use crate::record::{TraceOp, reached_budget};
-use crate::request::{Answer, Rest, copy_request, request_facts, send_admitted};
+use crate::request::{Answer, Original, Rest, request_facts, send_admitted};
 pub use crate::request::{request_start, scope_list, scopes};
 use crate::span::{attempt_span, record_denied, record_failure, record_response};
 
@@ -132,11 +132,12 @@ where
     if let Some(caller) = caller {
         // The readied service goes with the request, as below.
         let svc = crate::cap::take_ready(first);
+        let req = Original::new(req);
         let rest =
             Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, tree, life: None });
         return RetryFuture::boxed(Box::pin(caller_retry(rest, caller)));
     }
-    let span = attempt_span(&dep, &req, target, 0);
+    let span = attempt_span(&dep, req.method(), req.uri(), target, 0);
     // The first attempt sends a copy too: the original keeps the body for the next one.
     let Some(body) = policy.clone_body(req.body()) else {
         // The readied service goes with the request (it may hold what `poll_ready` reserved).
@@ -146,10 +147,12 @@ where
     };
     // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
     // attempt); retries carry their number.
-    let this = copy_request(&req, body);
     let spare = first.clone();
+    let cost = crate::cap::rate_cost(&dep, target, req.extensions());
+    let req = Original::new(req);
     let attempt = {
         let _entered = span.enter();
+        let this = (|| req.copy(body), cost);
         crate::cap::first_try(&dep, first, &policy, this, deadline, target, now, tree)
     };
     // With hedging on, a second attempt may follow this one; its timer is made only if the
@@ -236,12 +239,14 @@ where
     let dep = &rest.dep;
     let policy = dep.policy();
     let now = dep.now();
-    let span = attempt_span(dep, &rest.req, rest.target, caller.attempt.saturating_sub(1));
-    let cost = rest.req.extensions().get::<RateCost>().copied().unwrap_or_default();
+    let head = &rest.req.head;
+    let span =
+        attempt_span(dep, &head.method, &head.uri, rest.target, caller.attempt.saturating_sub(1));
+    let cost = head.extensions.get::<RateCost>().copied().unwrap_or_default();
     let gates = dep.gates(cost);
-    let facts = request_facts(dep, &rest.req, rest.deadline, true);
+    let facts = request_facts(dep, head, rest.deadline, true);
     let tree = rest.tree;
-    let scopes = scopes(dep, rest.req.extensions(), rest.route.as_ref(), tree.as_ref());
+    let scopes = scopes(dep, &head.extensions, rest.route.as_ref(), tree.as_ref());
     let (life, admitted) = Life::caller_retry(
         &gates,
         now,
@@ -272,12 +277,13 @@ where
     };
     policy.counters().caller_retry(CallerRetryOutcome::Allowed);
     let (attempt, below) = ((admitted.id, admitted.number), admitted.tree);
-    let mut this = match rest.policy.clone_body(rest.req.body()) {
-        Some(body) => copy_request(&rest.req, body),
+    let mut this = match rest.policy.clone_body(&rest.req.body) {
+        Some(body) => rest.req.copy(body),
         // A body that cannot be copied is sent itself, and its answer is final; the life,
         // holding its charges, ends with it.
         None => {
-            let Rest { dep, svc, policy, mut req, deadline, id, .. } = *rest;
+            let Rest { dep, svc, policy, req, deadline, id, .. } = *rest;
+            let mut req = req.into_request();
             mark_caller_retry(req.headers_mut(), caller.attempt, below.as_ref());
             let how = (deadline, now, admitted.target);
             let result = single(dep, svc, policy, req, how, id, span, Ok(admitted)).await;
@@ -604,7 +610,7 @@ where
     let Rest { dep, policy, svc, req, deadline, id: trace, life, .. } = rest;
     let mut life = life.expect("made above");
     let config = dep.config();
-    let gates = dep.gates(req.extensions().get::<RateCost>().copied().unwrap_or_default());
+    let gates = dep.gates(req.head.extensions.get::<RateCost>().copied().unwrap_or_default());
     let mut rng = dep.request_rng();
     loop {
         let now = dep.now();
@@ -669,7 +675,7 @@ where
                 dep.record(trace, now, TraceOp::RetryDone);
             }
         }
-        life.set_replayable(policy.is_replayable(req.body()));
+        life.set_replayable(policy.is_replayable(&req.body));
         let (wait, target) = match life.failed(&gates, now, id, &failed, &mut rng) {
             LifeNext::Answer(None) => {
                 tracing::debug!(parent: &span, dependency = dep.name(), attempt = number, %failure, "not retried: the failure is not in retry_on");
@@ -684,7 +690,7 @@ where
             }
             LifeNext::Retry { wait, target } => (wait, target),
         };
-        let Some(next_body) = policy.clone_body(req.body()) else {
+        let Some(next_body) = policy.clone_body(&req.body) else {
             life.give_up(dep.policy(), now);
             refused(&span, &dep, number, failure, Denied::Body);
             return finish(result, Some(Denied::Body));
@@ -711,14 +717,14 @@ where
         }
         // The retry's own span, open from the end of its backoff: a retry refused its slot now
         // is an attempt that never reached the dependency, with the reason.
-        span = attempt_span(&dep, &req, target, number);
+        span = attempt_span(&dep, &req.head.method, &req.head.uri, target, number);
         match life.wait_elapsed(&gates, dep.now()) {
             Ok(admitted) => {
                 if trace.is_some() {
                     dep.record(trace, now, TraceOp::Retry(kind, None));
                 }
                 (id, number) = (admitted.id, admitted.number);
-                let mut this = copy_request(&req, next_body);
+                let mut this = req.copy(next_body);
                 mark_attempt(this.headers_mut(), number);
                 stormguard_http::tree::mark(this.headers_mut(), admitted.tree.as_ref());
                 let sent = send_admitted(
@@ -794,7 +800,17 @@ where
         // A first try (with its call tree's context): `svc` is the service `poll_ready` readied.
         Err(tree) => {
             let first = span.in_scope(|| {
-                crate::cap::first_try(&dep, &mut svc, &policy, req, deadline, target, now, tree)
+                let cost = crate::cap::rate_cost(&dep, target, req.extensions());
+                crate::cap::first_try(
+                    &dep,
+                    &mut svc,
+                    &policy,
+                    (|| req, cost),
+                    deadline,
+                    target,
+                    now,
+                    tree,
+                )
             });
             first.instrument(span.clone()).await
         }
@@ -910,10 +926,13 @@ pub struct RetryBody<B> {
 }
 
 pin_project! {
+    // The kept failure apart, in its own allocation: a live answer's state is then small enough
+    // to be written into its box in place (with the kept failure inline it was copied there by
+    // a call to `memmove`).
     struct BodyState<B> {
         #[pin]
         rest: Option<B>,
-        kept: Option<Kept>,
+        kept: Option<Box<Kept>>,
     }
 }
 
@@ -941,7 +960,7 @@ impl<B> RetryBody<B> {
     }
 
     fn kept(kept: Kept, rest: Option<B>) -> RetryBody<B> {
-        RetryBody { inner: Box::pin(BodyState { rest, kept: Some(kept) }) }
+        RetryBody { inner: Box::pin(BodyState { rest, kept: Some(Box::new(kept)) }) }
     }
 
     fn failed(e: BoxError) -> RetryBody<B> {

@@ -24,7 +24,6 @@
 //! span: the macro checks the callsite's interest first, and recording into a disabled span is a
 //! no-op.
 
-use http::Request;
 use stormguard_core::Denied;
 use stormguard_core::conditions::AttemptFailure;
 use tracing::Span;
@@ -35,17 +34,18 @@ use crate::dependency::Dependency;
 /// The spans' target, for a filter: `stormguard::attempt=info`.
 pub const TARGET: &str = "stormguard::attempt";
 
-/// The span of one attempt of `req` to upstream `upstream`; `resend_count` is 0 for the first
-/// try, n for the nth retry. Disabled when no subscriber wants it (then nothing else is read).
-pub fn attempt_span<B>(
+/// The span of one attempt of a request (its `method` and `uri`) to upstream `upstream`;
+/// `resend_count` is 0 for the first try, n for the nth retry. Disabled when no subscriber
+/// wants it (then nothing else is read).
+pub fn attempt_span(
     dependency: &Dependency,
-    req: &Request<B>,
+    method: &http::Method,
+    uri: &http::Uri,
     upstream: usize,
     resend_count: u32,
 ) -> Span {
-    let span = span_for(dependency, req.method().as_str(), upstream, resend_count);
+    let span = span_for(dependency, method.as_str(), upstream, resend_count);
     if !span.is_disabled() && dependency.config().upstreams.len() <= 1 {
-        let uri = req.uri();
         let port = uri.port_u16().or(match uri.scheme_str() {
             Some("https") => Some(443),
             Some("http") => Some(80),
