@@ -393,8 +393,9 @@ where
             if let Some(resp) = resp {
                 // Its headers still tell rate admission what the provider said (a 429 among
                 // them holds the upstream).
-                crate::rate::answered_response(&on_answer, target, sent_at, &resp);
-                let mut body = std::pin::pin!(resp.into_body());
+                let (head, body) = resp.into_parts();
+                crate::rate::answered_head(&on_answer, target, sent_at, &head);
+                let mut body = std::pin::pin!(body);
                 // Each frame dropped where it is read, so no frame is held across an await.
                 while std::future::poll_fn(|cx| {
                     body.as_mut().poll_frame(cx).map(|f| matches!(f, Some(Ok(_))))
@@ -684,18 +685,21 @@ fn finish<RB, E: Into<BoxError>, W>(
     let now = if probe.is_some() { dep.now() } else { now };
     match result {
         Ok(resp) => {
+            // Taken apart at once: the head is read in place, and the answer made around it.
+            let (head, body) = resp.into_parts();
             if let Some(p) = probe {
-                let counted = AttemptResult::of(classify_response(resp.status(), resp.headers()));
+                let counted = AttemptResult::of(classify_response(head.status, &head.headers));
                 judge(&dep, target, p, now, counted);
             }
-            dep.apply_limits_at(target, resp.headers());
-            crate::rate::answered_response(&dep, target, sent_at, &resp);
+            dep.apply_limits_at(target, &head.headers);
+            crate::rate::answered_head(&dep, target, sent_at, &head);
             // The adaptive cap's sample (the upstream's: the total cap never adapts): latency
             // to the answer's head, or a drop.
             if let Some(p) = &mut permit {
-                p.answered(overload_answer(resp.status()));
+                p.answered(overload_answer(head.status));
             }
-            Ok(resp.map(|body| wrap(PermitBody::holding(body, (permit, total), dep, rate))))
+            let body = wrap(PermitBody::holding(body, (permit, total), dep, rate));
+            Ok(Response::from_parts(head, body))
         }
         Err(e) => {
             let e: BoxError = e.into();

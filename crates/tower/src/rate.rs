@@ -150,19 +150,19 @@ pub fn book_retry(
     }
 }
 
-/// [`answered`] for a response in tower: its status, headers and [`QuotaExhausted`] extension,
-/// read only under rate admission.
+/// [`answered`] for a response's head in tower: its status, headers and [`QuotaExhausted`]
+/// extension, read only under rate admission.
 ///
 /// [`QuotaExhausted`]: crate::extensions::QuotaExhausted
-pub(crate) fn answered_response<B>(
+pub(crate) fn answered_head(
     dep: &Dependency,
     target: usize,
     sent_at: Timestamp,
-    resp: &http::Response<B>,
+    head: &http::response::Parts,
 ) {
     if dep.rates_at(target).is_some() {
-        let quota = resp.extensions().get::<crate::extensions::QuotaExhausted>().is_some();
-        answered(dep, target, sent_at, resp.status(), resp.headers(), quota);
+        let quota = head.extensions.get::<crate::extensions::QuotaExhausted>().is_some();
+        answered(dep, target, sent_at, head.status, &head.headers, quota);
     }
 }
 
