@@ -80,92 +80,87 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    /// Sends the first attempt at once (the request moves straight into the inner service), and
+    /// returns the future that waits for it; the decision loop runs only if it fails. The
+    /// future keeps one clone of the readied service for the retries (each readied again
+    /// before it is used).
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // The first attempt is sent now, on the service `poll_ready` readied; the future keeps
-        // one clone of it for the retries (each readied again before it is used).
-        start(self.dependency.clone(), self.policy.clone(), &mut self.inner, req)
-    }
-}
-
-/// Sends the first attempt at once (the request moves straight into the inner service), and
-/// returns the future that waits for it; the decision loop runs only if it fails.
-#[inline]
-fn start<S, P, B, RB>(
-    dep: Dependency,
-    policy: P,
-    first: &mut S,
-    req: Request<B>,
-) -> RetryFuture<S, P, B, RB>
-where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
-    P: AttemptPolicy<B>,
-    B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
-{
-    let route = req.extensions().get::<RouteBudget>().cloned();
-    // A caller's own retry is no original request: neither budget hears of it as one.
-    let caller = req.extensions().get::<CallerRetry>().copied();
-    let (start, deadline) = request_start(
-        &dep,
-        route.as_ref().filter(|_| caller.is_none()),
-        req.extensions().get::<Deadline>().copied(),
-    );
-    // One clock read for the request's start and its first try's admission.
-    let now = start.unwrap_or_else(|| dep.now());
-    // The call tree's context, read once: it enters the ledger as the first try is admitted.
-    let tree = dep.tree_context(req.headers());
-    let id = dep.trace_id();
-    if id.is_some() && caller.is_none() {
-        dep.record(id, now, TraceOp::Request);
-    }
-    // With several upstreams, the first whose breaker is not open.
-    let target = match dep.upstream_count() {
-        1 => 0,
-        _ => {
-            dep.primary_target(now, req.extensions().get::<RateCost>().copied().unwrap_or_default())
+        let (dep, policy, first) = (self.dependency.clone(), self.policy.clone(), &mut self.inner);
+        let route = req.extensions().get::<RouteBudget>().cloned();
+        // A caller's own retry is no original request: neither budget hears of it as one.
+        let caller = req.extensions().get::<CallerRetry>().copied();
+        let (start, deadline) = request_start(
+            &dep,
+            route.as_ref().filter(|_| caller.is_none()),
+            req.extensions().get::<Deadline>().copied(),
+        );
+        // One clock read for the request's start and its first try's admission.
+        let now = start.unwrap_or_else(|| dep.now());
+        // The call tree's context, read once: it enters the ledger as the first try is admitted.
+        let tree = dep.tree_context(req.headers());
+        let id = dep.trace_id();
+        if id.is_some() && caller.is_none() {
+            dep.record(id, now, TraceOp::Request);
         }
-    };
-    if let Some(caller) = caller {
-        // The readied service goes with the request, as below.
-        let svc = crate::cap::take_ready(first);
+        // With several upstreams, the first whose breaker is not open.
+        let target = match dep.upstream_count() {
+            1 => 0,
+            _ => dep.primary_target(
+                now,
+                req.extensions().get::<RateCost>().copied().unwrap_or_default(),
+            ),
+        };
+        if let Some(caller) = caller {
+            // The readied service goes with the request, as below.
+            let svc = crate::cap::take_ready(first);
+            let req = Original::new(req);
+            let rest = Box::new(Rest {
+                dep,
+                policy,
+                svc,
+                req,
+                deadline,
+                route,
+                id,
+                target,
+                tree,
+                life: None,
+            });
+            return RetryFuture::boxed(Box::pin(caller_retry(rest, caller)));
+        }
+        let span = attempt_span(&dep, req.method(), req.uri(), target, 0);
+        // The first attempt sends a copy too: the original keeps the body for the next one.
+        let Some(body) = policy.clone_body(req.body()) else {
+            // The readied service goes with the request (it may hold what `poll_ready` reserved).
+            let svc = crate::cap::take_ready(first);
+            let fut = single(dep, svc, policy, req, (deadline, now, target), id, span, Err(tree));
+            return RetryFuture::boxed(Box::pin(fut));
+        };
+        // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
+        // attempt); retries carry their number.
+        let spare = first.clone();
+        let cost = crate::cap::rate_cost(&dep, target, req.extensions());
         let req = Original::new(req);
-        let rest =
-            Box::new(Rest { dep, policy, svc, req, deadline, route, id, target, tree, life: None });
-        return RetryFuture::boxed(Box::pin(caller_retry(rest, caller)));
-    }
-    let span = attempt_span(&dep, req.method(), req.uri(), target, 0);
-    // The first attempt sends a copy too: the original keeps the body for the next one.
-    let Some(body) = policy.clone_body(req.body()) else {
-        // The readied service goes with the request (it may hold what `poll_ready` reserved).
-        let svc = crate::cap::take_ready(first);
-        let fut = single(dep, svc, policy, req, (deadline, now, target), id, span, Err(tree));
-        return RetryFuture::boxed(Box::pin(fut));
-    };
-    // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
-    // attempt); retries carry their number.
-    let spare = first.clone();
-    let cost = crate::cap::rate_cost(&dep, target, req.extensions());
-    let req = Original::new(req);
-    let attempt = {
-        let _entered = span.enter();
-        let this = (|| req.copy(body), cost);
-        crate::cap::first_try(&dep, first, &policy, this, deadline, target, now, tree)
-    };
-    // With hedging on, a second attempt may follow this one; its timer is made only if the
-    // first does not answer at once.
-    let hedge = match dep.config().retry.hedge {
-        None => Hedge::Off,
-        Some(_) => match dep.policy().hedge_after(dep.upstream_at(target), || now) {
-            Some(delay) => Hedge::Due { delay, timer: None },
+        let attempt = {
+            let _entered = span.enter();
+            let this = (|| req.copy(body), cost);
+            crate::cap::first_try(&dep, first, &policy, this, deadline, target, now, tree)
+        };
+        // With hedging on, a second attempt may follow this one; its timer is made only if the
+        // first does not answer at once.
+        let hedge = match dep.config().retry.hedge {
             None => Hedge::Off,
-        },
-    };
-    let rest = Rest { dep, policy, svc: spare, req, deadline, route, id, target, tree, life: None };
-    RetryFuture { state: State::First(Box::pin(First { attempt, span, rest: Some(rest), hedge })) }
+            Some(_) => match dep.policy().hedge_after(dep.upstream_at(target), || now) {
+                Some(delay) => Hedge::Due { delay, timer: None },
+                None => Hedge::Off,
+            },
+        };
+        let rest =
+            Rest { dep, policy, svc: spare, req, deadline, route, id, target, tree, life: None };
+        RetryFuture {
+            state: State::First(Box::pin(First { attempt, span, rest: Some(rest), hedge })),
+        }
+    }
 }
 
 /// Whether the answer to an attempt that ran alone (or won a hedge) is a success, which is the
