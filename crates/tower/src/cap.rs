@@ -232,7 +232,7 @@ where
             inner,
             policy,
             req,
-            (Some(a.permit), a.total, a.rate.map(|r| *r)),
+            (Some(a.permit), a.total, a.rate),
             deadline,
             (now, None),
             target,
@@ -244,7 +244,7 @@ where
             let (dep, policy) = (dep.clone(), policy.clone());
             CapFuture::boxed(Box::pin(async move {
                 let a = admission.await.map_err(|r| BoxError::from(StormguardError::Denied(r)))?;
-                let slots = (Some(a.permit), a.total, a.rate.map(|r| *r));
+                let slots = (Some(a.permit), a.total, a.rate);
                 let at = (a.at, Some(a.at.saturating_since(now)));
                 send(&dep, &mut inner, &policy, || req, slots, deadline, at, target).await
             }))
@@ -286,7 +286,7 @@ pub(crate) fn send<S, P, B, RB>(
     inner: &mut S,
     policy: &P,
     req: impl FnOnce() -> Request<B>,
-    (permit, total, rate): (Option<Permit>, Option<Permit>, Option<RateReservation>),
+    (permit, total, rate): (Option<Permit>, Option<Permit>, Option<Box<RateReservation>>),
     deadline: Option<Timestamp>,
     (now, slot_wait): (Timestamp, Option<Duration>),
     target: usize,
@@ -298,16 +298,21 @@ where
     P: AttemptPolicy<B>,
     RB: Body + Send + 'static,
 {
-    let probe = match probe(dep, target, now) {
-        Ok(p) => p,
-        Err(reason) => {
-            // Open, or half-open with every probe place taken, since this attempt was admitted.
-            drop((permit, total));
-            if let Some(r) = rate {
-                r.refund(now);
+    // Without a breaker, no probe (and no result made to be read back).
+    let probe = match dep.upstream_at(target).breaker {
+        None => None,
+        Some(_) => match probe(dep, target, now) {
+            Ok(p) => p,
+            Err(reason) => {
+                // Open, or half-open with every probe place taken, since this attempt was
+                // admitted.
+                drop((permit, total));
+                if let Some(r) = rate {
+                    r.refund(now);
+                }
+                return CapFuture::boxed(refused(reason));
             }
-            return CapFuture::boxed(refused(reason));
-        }
+        },
     };
     let per_try = per_try_limit(dep, now, deadline);
     let time_left = deadline.map(|d| d.saturating_since(now));
@@ -321,21 +326,23 @@ where
     let movable = dep.config().background.is_some();
     // What most attempts never have, in one allocation that only they make.
     let rare = (probe.is_some() || body.is_some() || rate.is_some())
-        .then(|| Box::new(Rare { probe, body, rate }));
-    let attempt = Attempt { dep: dep.clone(), permit, total, now, target, rare };
+        .then(|| Box::new(Rare { probe, body, rate: rate.map(|r| *r) }));
+    // The attempt is made where it is kept (made apart and moved in, it was written field by
+    // field and read back whole: a stall on every call).
     if movable {
         // A call that outlives its caller (a timeout, a dropped future) runs on in the
         // background until the dependency answers: box it so it can be moved there.
         CapFuture::Movable {
             flight: InFlight {
                 call: Some(Box::pin(call)),
-                attempt: Some(attempt),
+                attempt: Some(Attempt { dep: dep.clone(), permit, total, now, target, rare }),
                 run_on: run_on::<S::Future, RB, S::Error>,
             },
             timer,
         }
     } else {
-        CapFuture::Sent { call, timer, attempt: Some(attempt) }
+        let attempt = Some(Attempt { dep: dep.clone(), permit, total, now, target, rare });
+        CapFuture::Sent { call, timer, attempt }
     }
 }
 

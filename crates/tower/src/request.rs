@@ -196,7 +196,7 @@ where
         return Err(e.into());
     }
     let now = dep.now();
-    let sent = (slots.0, slots.1, booked.sent());
+    let sent = (slots.0, slots.1, booked.sent().map(Box::new));
     let call = span.in_scope(|| {
         crate::cap::send(&dep, &mut svc, &policy, || this, sent, deadline, (now, None), target)
     });
