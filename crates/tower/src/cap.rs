@@ -474,7 +474,8 @@ impl Attempt {
         self.rare.as_ref().and_then(|r| r.body.as_ref()).is_some_and(|b| !b.is_received())
     }
 
-    /// The probe, the body flag and the booking, taken apart.
+    /// The probe, the body flag and the booking, taken apart (inlined, as [`take`] is).
+    #[inline(always)]
     fn rare(
         rare: Option<Box<Rare>>,
     ) -> (Option<BreakerPermit>, Option<BodyReceived>, Option<RateReservation>) {
@@ -563,7 +564,7 @@ where
         match self.project() {
             CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx).map_ok(|resp| resp.map(wrap)),
             CapProj::Sent { call, timer, attempt } => match ready!(poll_attempt(cx, call, timer)) {
-                Step::Answered(result) => Poll::Ready(finish(take(attempt), result, wrap)),
+                Step::Answered(result) => Poll::Ready(finish(attempt, result, wrap)),
                 Step::TimedOut => {
                     let a = take(attempt);
                     if a.caller_still_sending() {
@@ -578,23 +579,23 @@ where
             CapProj::Movable { flight, timer } => {
                 let call = flight.call.as_mut().expect("a CapFuture polled after it finished");
                 let step = ready!(poll_attempt(cx, call.as_mut(), timer));
-                let (call, a) = (flight.call.take(), take(&mut flight.attempt));
-                match step {
-                    Step::Answered(result) => Poll::Ready(finish(a, result, wrap)),
-                    // The caller still sends: the call is cut (dropped here).
-                    Step::TimedOut if a.caller_still_sending() => {
-                        Poll::Ready(Err(caller_too_slow(a)))
+                let call = flight.call.take();
+                let a = match step {
+                    Step::Answered(result) => {
+                        return Poll::Ready(finish(&mut flight.attempt, result, wrap));
                     }
-                    Step::TimedOut => {
-                        // The dependency is still working on it: the call runs on to its
-                        // answer, then gives the slot back (the hold gives it back first if it
-                        // passes).
-                        if let Some(call) = call {
-                            (flight.run_on)(call, a, Orphaned::TimedOut);
-                        }
-                        Poll::Ready(Err(StormguardError::Timeout.into()))
-                    }
+                    Step::TimedOut => take(&mut flight.attempt),
+                };
+                // The caller still sends: the call is cut (dropped here).
+                if a.caller_still_sending() {
+                    return Poll::Ready(Err(caller_too_slow(a)));
                 }
+                // The dependency is still working on it: the call runs on to its answer, then
+                // gives the slot back (the hold gives it back first if it passes).
+                if let Some(call) = call {
+                    (flight.run_on)(call, a, Orphaned::TimedOut);
+                }
+                Poll::Ready(Err(StormguardError::Timeout.into()))
             }
         }
     }
@@ -625,7 +626,9 @@ fn poll_attempt<F: Future>(
     }
 }
 
-/// The attempt of a sent future, taken once it ends.
+/// The attempt of a sent future, taken once it ends (inlined: made out of line, the attempt is
+/// written to its return place and read back at once, a stall on every answer).
+#[inline(always)]
 fn take(attempt: &mut Option<Attempt>) -> Attempt {
     attempt.take().expect("a CapFuture polled after it finished")
 }
@@ -681,11 +684,11 @@ fn caller_too_slow(a: Attempt) -> BoxError {
 /// Records the attempt's result and moves the slot into the response body (wrapped by `wrap`).
 #[inline]
 fn finish<RB, E: Into<BoxError>, W>(
-    attempt: Attempt,
+    attempt: &mut Option<Attempt>,
     result: Result<Response<RB>, E>,
     wrap: impl FnOnce(PermitBody<RB>) -> W,
 ) -> Result<Response<W>, BoxError> {
-    let Attempt { dep, mut permit, total, now, target, rare } = attempt;
+    let Attempt { dep, mut permit, total, now, target, rare } = take(attempt);
     let (probe, _, rate) = Attempt::rare(rare);
     let sent_at = now;
     // The clock only for the breaker: the permit reads it when the body ends.

@@ -158,7 +158,7 @@ where
         let rest =
             Rest { dep, policy, svc: spare, req, deadline, route, id, target, tree, life: None };
         RetryFuture {
-            state: State::First(Box::pin(First { attempt, span, rest: Some(rest), hedge })),
+            state: State::First(Some(Box::pin(First { attempt, span, rest: Some(rest), hedge }))),
         }
     }
 }
@@ -316,12 +316,12 @@ where
     S: Service<Request<B>>,
 {
     /// The first attempt in flight, with what its request needs after it, in one allocation:
-    /// the future itself is moved by every caller, and stays a pointer.
-    First(Pin<Box<First<S, P, B, RB>>>),
+    /// the future itself is moved by every caller, and stays a pointer. `None` once answered:
+    /// with two states the future is two words, which its caller gets back in registers (in
+    /// memory, written word by word and read back whole, it stalled every call).
+    First(Option<Pin<Box<First<S, P, B, RB>>>>),
     /// Retrying, or finished without a first attempt.
     Boxed(BoxFuture<Out<RB>>),
-    /// Answered.
-    Done,
 }
 
 pin_project! {
@@ -356,9 +356,9 @@ where
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.state {
-            State::First(_) => f.write_str("RetryFuture::First"),
+            State::First(Some(_)) => f.write_str("RetryFuture::First"),
             State::Boxed(_) => f.write_str("RetryFuture::Boxed"),
-            State::Done => f.write_str("RetryFuture::Done"),
+            State::First(None) => f.write_str("RetryFuture::Done"),
         }
     }
 }
@@ -382,8 +382,8 @@ where
             let mut then = Then::Stay;
             let polled = match state {
                 State::Boxed(fut) => return fut.as_mut().poll(cx),
-                State::Done => panic!("{FINISHED}"),
-                State::First(first) => {
+                State::First(None) => panic!("{FINISHED}"),
+                State::First(Some(first)) => {
                     let FirstProj { attempt, span, rest, hedge } = first.as_mut().project();
                     poll_first(cx, attempt, span, rest, hedge, &mut then)
                 }
@@ -396,7 +396,7 @@ where
                 Then::Done => {
                     // Hedges or a loser still in place go now (the cap runs each on with its
                     // slot), not when the caller drops this future.
-                    *state = State::Done;
+                    *state = State::First(None);
                     return polled;
                 }
             }
