@@ -157,9 +157,8 @@ where
         };
         let rest =
             Rest { dep, policy, svc: spare, req, deadline, route, id, target, tree, life: None };
-        RetryFuture {
-            state: State::First(Some(Box::pin(First { attempt, span, rest: Some(rest), hedge }))),
-        }
+        let first = First { attempt: Some(attempt), span, rest: Some(rest), hedge, then: None };
+        RetryFuture::boxed(Box::pin(first))
     }
 }
 
@@ -303,67 +302,61 @@ fn mark_caller_retry(headers: &mut http::HeaderMap, attempt: u32, tree: Option<&
 }
 
 /// The response future of [`Stormguard`]: the first attempt in flight, then (only after a
-/// failure) the decision loop.
-pub struct RetryFuture<S, P, B, RB>
-where
-    S: Service<Request<B>>,
-{
-    state: State<S, P, B, RB>,
+/// failure) the decision loop. One boxed future, so two words: its caller gets it back in
+/// registers (a larger future is written to memory word by word and read back whole, which
+/// stalled every call).
+pub struct RetryFuture<S, P, B, RB> {
+    inner: BoxFuture<Out<RB>>,
+    _types: Types<S, P, B>,
 }
 
-enum State<S, P, B, RB>
-where
-    S: Service<Request<B>>,
-{
-    /// The first attempt in flight, with what its request needs after it, in one allocation:
-    /// the future itself is moved by every caller, and stays a pointer. `None` once answered:
-    /// with two states the future is two words, which its caller gets back in registers (in
-    /// memory, written word by word and read back whole, it stalled every call).
-    First(Option<Pin<Box<First<S, P, B, RB>>>>),
-    /// Retrying, or finished without a first attempt.
-    Boxed(BoxFuture<Out<RB>>),
-}
+/// The service, policy and body types a [`RetryFuture`] was made for (the future itself is
+/// boxed: it holds none of them in its own type).
+type Types<S, P, B> = std::marker::PhantomData<fn() -> (S, P, B)>;
 
 pin_project! {
     /// The first attempt in flight, in its span; `rest` (the service, the policy and the
     /// replayable request) is used only after a failure or for a hedge; `hedge`, with hedging
-    /// on, the hedge to come or in flight beside it.
+    /// on, the hedge to come or in flight beside it; `then`, the decision loop once the first
+    /// attempt (and its hedges) failed. The first attempt and the hedges go as soon as the
+    /// request is answered (`None`, `Hedge::Off`): a loser still in flight runs on in the
+    /// background with its slot, not until the caller drops this future.
     #[project = FirstProj]
     struct First<S, P, B, RB>
     where
         S: Service<Request<B>>,
     {
         #[pin]
-        attempt: CapFuture<S::Future, RB, S::Error>,
+        attempt: Option<CapFuture<S::Future, RB, S::Error>>,
         span: tracing::Span,
         rest: Option<Rest<S, P, B>>,
         hedge: Hedge<RB>,
+        then: Option<BoxFuture<Out<RB>>>,
     }
 }
 
-impl<S, P, B, RB> RetryFuture<S, P, B, RB>
-where
-    S: Service<Request<B>>,
-{
-    fn boxed(fut: BoxFuture<Out<RB>>) -> Self {
-        RetryFuture { state: State::Boxed(fut) }
+impl<S, P, B, RB> RetryFuture<S, P, B, RB> {
+    fn boxed(inner: BoxFuture<Out<RB>>) -> Self {
+        RetryFuture { inner, _types: std::marker::PhantomData }
     }
 }
 
-impl<S, P, B, RB> std::fmt::Debug for RetryFuture<S, P, B, RB>
-where
-    S: Service<Request<B>>,
-{
+impl<S, P, B, RB> std::fmt::Debug for RetryFuture<S, P, B, RB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.state {
-            State::First(Some(_)) => f.write_str("RetryFuture::First"),
-            State::Boxed(_) => f.write_str("RetryFuture::Boxed"),
-            State::First(None) => f.write_str("RetryFuture::Done"),
-        }
+        f.write_str("RetryFuture")
     }
 }
 
-impl<S, P, B, RB> Future for RetryFuture<S, P, B, RB>
+impl<S, P, B, RB> Future for RetryFuture<S, P, B, RB> {
+    type Output = Out<RB>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<S, P, B, RB> Future for First<S, P, B, RB>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -377,28 +370,25 @@ where
     type Output = Out<RB>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let state = &mut self.get_mut().state;
-        loop {
-            let mut then = Then::Stay;
-            let polled = match state {
-                State::Boxed(fut) => return fut.as_mut().poll(cx),
-                State::First(None) => panic!("{FINISHED}"),
-                State::First(Some(first)) => {
-                    let FirstProj { attempt, span, rest, hedge } = first.as_mut().project();
-                    poll_first(cx, attempt, span, rest, hedge, &mut then)
-                }
-            };
-            match then {
-                // Nothing else of the request in place (no hedge), or not answered yet: the
-                // answer goes straight out (the finished attempt goes with the future).
-                Then::Stay => return polled,
-                Then::Loop(fut) => *state = State::Boxed(fut),
-                Then::Done => {
-                    // Hedges or a loser still in place go now (the cap runs each on with its
-                    // slot), not when the caller drops this future.
-                    *state = State::First(None);
-                    return polled;
-                }
+        let FirstProj { mut attempt, span, rest, hedge, then: looping } = self.project();
+        if let Some(fut) = looping {
+            return fut.as_mut().poll(cx);
+        }
+        let mut then = Then::Stay;
+        let first = attempt.as_mut().as_pin_mut().expect(FINISHED);
+        let polled = poll_first(cx, first, span, rest, hedge, &mut then);
+        match then {
+            // Nothing else of the request in place (no hedge), or not answered yet: the answer
+            // goes straight out (the finished attempt goes with the future).
+            Then::Stay => polled,
+            Then::Loop(fut) => looping.insert(fut).as_mut().poll(cx),
+            Then::Done => {
+                // Hedges or a loser still in place go now (the cap runs each on with its slot),
+                // not when the caller drops this future.
+                attempt.set(None);
+                *hedge = Hedge::Off;
+                *rest = None;
+                polled
             }
         }
     }
