@@ -340,7 +340,7 @@ impl Limiter {
 
     /// [`try_acquire`](Self::try_acquire) at `now`, for callers that already read the clock
     /// (`now` must come from the limiter's clock).
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_at(&self, kind: AttemptKind, now: Timestamp) -> Result<Permit, Denied> {
         self.inner.reclaim_holds(now);
         match self.inner.try_take(now) {

@@ -85,6 +85,7 @@ pub enum FirstTry {
 /// total cap, its slot first), else queue for it; a hold that began while it queued (a 429,
 /// a spent quota) is waited out, holding the slot, while the queue timeout allows. Each refusal
 /// is counted once.
+#[inline]
 pub fn admit_first_try(
     dep: &Dependency,
     target: usize,
