@@ -37,6 +37,7 @@ pub const TARGET: &str = "stormguard::attempt";
 /// The span of one attempt of a request (its `method` and `uri`) to upstream `upstream`;
 /// `resend_count` is 0 for the first try, n for the nth retry. Disabled when no subscriber
 /// wants it (then nothing else is read).
+#[inline]
 pub fn attempt_span(
     dependency: &Dependency,
     method: &http::Method,
@@ -58,6 +59,7 @@ pub fn attempt_span(
 
 /// [`attempt_span`] for request types other than `http::Request`: the method, the upstream's
 /// index and the resend count; add where it goes with [`record_server`].
+#[inline]
 pub fn span_for(dependency: &Dependency, method: &str, upstream: usize, resend_count: u32) -> Span {
     let span = tracing::info_span!(
         target: "stormguard::attempt",
@@ -102,6 +104,7 @@ pub fn record_server(span: &Span, host: Option<&str>, port: Option<u16>) {
 }
 
 /// Records the status an attempt got, and its failure if it is one.
+#[inline]
 pub fn record_response(span: &Span, status: http::StatusCode, failure: Option<AttemptFailure>) {
     span.record("http.response.status_code", status.as_u16());
     if let Some(f) = failure {
