@@ -247,7 +247,9 @@ where
                 let a = admission.await.map_err(|r| BoxError::from(StormguardError::Denied(r)))?;
                 let slots = (Some(a.permit), a.total, a.rate);
                 let at = (a.at, Some(a.at.saturating_since(now)));
-                send(&dep, &mut inner, &policy, || req, slots, deadline, at, target).await
+                send(&dep, &mut inner, &policy, || req, slots, deadline, at, target)
+                    .answer(&dep)
+                    .await
             }))
         }
     }
@@ -336,13 +338,14 @@ where
         CapFuture::Movable {
             flight: InFlight {
                 call: Some(Box::pin(call)),
-                attempt: Some(Attempt { dep: dep.clone(), permit, total, now, target, rare }),
+                attempt: Some(Attempt { permit, total, now, target, rare }),
+                dep: dep.clone(),
                 run_on: run_on::<S::Future, RB, S::Error>,
             },
             timer,
         }
     } else {
-        let attempt = Some(Attempt { dep: dep.clone(), permit, total, now, target, rare });
+        let attempt = Some(Attempt { permit, total, now, target, rare });
         CapFuture::Sent { call, timer, attempt }
     }
 }
@@ -361,15 +364,17 @@ enum Orphaned {
 struct InFlight<F> {
     call: Option<Pin<Box<F>>>,
     attempt: Option<Attempt>,
+    /// Its dependency, which the background needs (the caller's is gone with it).
+    dep: Dependency,
     /// [`run_on`] for this call's types: a function pointer, so that `Drop` (which cannot
     /// require the bounds spawning needs) can still call it.
-    run_on: fn(Pin<Box<F>>, Attempt, Orphaned),
+    run_on: fn(Pin<Box<F>>, Attempt, &Dependency, Orphaned),
 }
 
 impl<F> Drop for InFlight<F> {
     fn drop(&mut self) {
         if let (Some(call), Some(attempt)) = (self.call.take(), self.attempt.take()) {
-            (self.run_on)(call, attempt, Orphaned::Abandoned);
+            (self.run_on)(call, attempt, &self.dep, Orphaned::Abandoned);
         }
     }
 }
@@ -378,21 +383,21 @@ impl<F> Drop for InFlight<F> {
 /// has answered (the whole body read and discarded: until then it is still sending, and still
 /// counts the request as in flight), or until the hold passes, when the call is cut. Runs
 /// only with a spawner (the `Movable` state).
-fn run_on<F, RB, E>(call: Pin<Box<F>>, a: Attempt, why: Orphaned)
+fn run_on<F, RB, E>(call: Pin<Box<F>>, a: Attempt, dep: &Dependency, why: Orphaned)
 where
     F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
     RB: Body + Send + 'static,
     E: 'static,
 {
-    let Some(spawner) = a.dep.config().background.clone() else { return };
+    let Some(spawner) = dep.config().background.clone() else { return };
     let hold = match why {
-        Orphaned::TimedOut => a.dep.config().timeout_slot_hold,
-        Orphaned::Abandoned => a.dep.config().abandon_hold,
+        Orphaned::TimedOut => dep.config().timeout_slot_hold,
+        Orphaned::Abandoned => dep.config().abandon_hold,
     };
-    let dep = a.dep.clone();
     let target = a.target;
     let sent_at = a.now;
-    let (held, total) = hold_slots(a, hold, why);
+    let (held, total) = hold_slots(a, dep, hold, why);
+    let dep = dep.clone();
     let on_answer = dep.clone();
     spawner.spawn(Box::pin(async move {
         let answered = tokio::time::timeout(hold, async move {
@@ -447,7 +452,6 @@ where
 /// What an attempt in flight holds besides its call. Small, because the response future that
 /// holds it is moved as a whole: what only some attempts have is boxed apart ([`Rare`]).
 struct Attempt {
-    dep: Dependency,
     permit: Option<Permit>,
     /// Its slot under the dependency's total cap, if there is one.
     total: Option<Permit>,
@@ -534,25 +538,22 @@ impl<F, RB, E> CapFuture<F, RB, E> {
     }
 }
 
-impl<F, RB, E> Future for CapFuture<F, RB, E>
-where
-    F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
-    RB: Body + Send + 'static,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<PermitBody<RB>>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.poll_answer(cx, std::convert::identity)
-    }
-}
-
 impl<F, RB, E> CapFuture<F, RB, E>
 where
     F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
     RB: Body + Send + 'static,
     E: Into<BoxError>,
 {
+    /// The attempt's answer, its body holding the slot, for a caller that holds the attempt's
+    /// dependency (the attempt borrows it rather than keeping a clone of its own).
+    pub(crate) async fn answer(
+        self,
+        dep: &Dependency,
+    ) -> Result<Response<PermitBody<RB>>, BoxError> {
+        let mut this = std::pin::pin!(self);
+        std::future::poll_fn(|cx| this.as_mut().poll_answer(cx, dep, std::convert::identity)).await
+    }
+
     /// Polls the attempt, its answer's body (holding the slot) wrapped by `wrap` as the
     /// response is made: the layer's first try gives its caller that response as it is,
     /// without making it twice.
@@ -560,20 +561,21 @@ where
     pub(crate) fn poll_answer<W>(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
+        dep: &Dependency,
         wrap: impl FnOnce(PermitBody<RB>) -> W,
     ) -> Poll<Result<Response<W>, BoxError>> {
         match self.project() {
             CapProj::Boxed { fut, .. } => fut.as_mut().poll(cx).map_ok(|resp| resp.map(wrap)),
             CapProj::Sent { call, timer, attempt } => match ready!(poll_attempt(cx, call, timer)) {
-                Step::Answered(result) => Poll::Ready(finish(attempt, result, wrap)),
+                Step::Answered(result) => Poll::Ready(finish(attempt, dep, result, wrap)),
                 Step::TimedOut => {
                     let a = take(attempt);
                     if a.caller_still_sending() {
-                        return Poll::Ready(Err(caller_too_slow(a)));
+                        return Poll::Ready(Err(caller_too_slow(a, dep)));
                     }
                     // No spawner: the call is dropped, and its slots held for the whole hold.
-                    let hold = a.dep.config().timeout_slot_hold;
-                    drop(hold_slots(a, hold, Orphaned::TimedOut));
+                    let hold = dep.config().timeout_slot_hold;
+                    drop(hold_slots(a, dep, hold, Orphaned::TimedOut));
                     Poll::Ready(Err(StormguardError::Timeout.into()))
                 }
             },
@@ -583,18 +585,18 @@ where
                 let call = flight.call.take();
                 let a = match step {
                     Step::Answered(result) => {
-                        return Poll::Ready(finish(&mut flight.attempt, result, wrap));
+                        return Poll::Ready(finish(&mut flight.attempt, dep, result, wrap));
                     }
                     Step::TimedOut => take(&mut flight.attempt),
                 };
                 // The caller still sends: the call is cut (dropped here).
                 if a.caller_still_sending() {
-                    return Poll::Ready(Err(caller_too_slow(a)));
+                    return Poll::Ready(Err(caller_too_slow(a, dep)));
                 }
                 // The dependency is still working on it: the call runs on to its answer, then
                 // gives the slot back (the hold gives it back first if it passes).
                 if let Some(call) = call {
-                    (flight.run_on)(call, a, Orphaned::TimedOut);
+                    (flight.run_on)(call, a, dep, Orphaned::TimedOut);
                 }
                 Poll::Ready(Err(StormguardError::Timeout.into()))
             }
@@ -640,6 +642,7 @@ fn take(attempt: &mut Option<Attempt>) -> Attempt {
 /// unjudged: its caller leaving says nothing of the dependency.
 fn hold_slots(
     a: Attempt,
+    dep: &Dependency,
     hold: Duration,
     why: Orphaned,
 ) -> (Option<stormguard_core::limiter::HeldSlot>, Option<stormguard_core::limiter::HeldSlot>) {
@@ -647,7 +650,7 @@ fn hold_slots(
     if let Some(p) = probe
         && why == Orphaned::TimedOut
     {
-        judge(&a.dep, a.target, p, a.dep.now(), AttemptResult::UpstreamFailure);
+        judge(dep, a.target, p, dep.now(), AttemptResult::UpstreamFailure);
     }
     let mut permit = a.permit;
     if let Some(p) = &mut permit
@@ -669,15 +672,15 @@ pub fn overload_answer(status: http::StatusCode) -> bool {
 /// The per-try timeout passed while the caller was still sending its body: the caller's
 /// failure. The call is cut (the dependency never had the whole request), the slots come back
 /// at once, and the breaker does not count it.
-fn caller_too_slow(a: Attempt) -> BoxError {
+fn caller_too_slow(a: Attempt, dep: &Dependency) -> BoxError {
     let (probe, _, rate) = Attempt::rare(a.rare);
     if let Some(p) = probe {
-        p.record(a.dep.now(), AttemptResult::NotCounted);
+        p.record(dep.now(), AttemptResult::NotCounted);
     }
     drop((a.permit, a.total));
     if let Some(r) = rate {
         // The provider never had the whole request.
-        r.refund(a.dep.now());
+        r.refund(dep.now());
     }
     StormguardError::CallerBody { source: Box::new(crate::error::CallerTooSlow) }.into()
 }
@@ -686,10 +689,11 @@ fn caller_too_slow(a: Attempt) -> BoxError {
 #[inline]
 fn finish<RB, E: Into<BoxError>, W>(
     attempt: &mut Option<Attempt>,
+    dep: &Dependency,
     result: Result<Response<RB>, E>,
     wrap: impl FnOnce(PermitBody<RB>) -> W,
 ) -> Result<Response<W>, BoxError> {
-    let Attempt { dep, mut permit, total, now, target, rare } = take(attempt);
+    let Attempt { mut permit, total, now, target, rare } = take(attempt);
     let (probe, _, rate) = Attempt::rare(rare);
     let sent_at = now;
     // The clock only for the breaker: the permit reads it when the body ends.
@@ -700,10 +704,10 @@ fn finish<RB, E: Into<BoxError>, W>(
             let (head, body) = resp.into_parts();
             if let Some(p) = probe {
                 let counted = AttemptResult::of(classify_response(head.status, &head.headers));
-                judge(&dep, target, p, now, counted);
+                judge(dep, target, p, now, counted);
             }
             dep.apply_limits_at(target, &head.headers);
-            crate::rate::answered_head(&dep, target, sent_at, &head);
+            crate::rate::answered_head(dep, target, sent_at, &head);
             // The adaptive cap's sample (the upstream's: the total cap never adapts): latency
             // to the answer's head, or a drop.
             if let Some(p) = &mut permit {
@@ -729,7 +733,7 @@ fn finish<RB, E: Into<BoxError>, W>(
             let kind = classify_error(&*e);
             if let Some(p) = probe {
                 let (failure, _) = stormguard_http::classify::classify_transport(kind);
-                judge(&dep, target, p, now, AttemptResult::of(Some(failure)));
+                judge(dep, target, p, now, AttemptResult::of(Some(failure)));
             }
             drop((permit, total));
             if let Some(r) = rate {
@@ -878,16 +882,13 @@ impl<B> PermitBody<B> {
     fn holding(
         inner: B,
         (permit, total): (Option<Permit>, Option<Permit>),
-        dependency: Dependency,
+        dep: &Dependency,
         rate: Option<RateReservation>,
     ) -> PermitBody<B> {
-        PermitBody {
-            inner,
-            permit,
-            total,
-            dependency: Some(dependency),
-            rate: settled_from_usage(rate),
-        }
+        // The dependency only where the body's end needs it: one clock read for both slots, or
+        // the booking's settlement (a lone slot reads its limiter's clock, the same, itself).
+        let dependency = (total.is_some() || rate.is_some()).then(|| dep.clone());
+        PermitBody { inner, permit, total, dependency, rate: settled_from_usage(rate) }
     }
 
     /// The body also carries the attempt's booking in the provider's window (see

@@ -200,5 +200,5 @@ where
     let call = span.in_scope(|| {
         crate::cap::send(&dep, &mut svc, &policy, || this, sent, deadline, (now, None), target)
     });
-    call.instrument(span).await
+    call.answer(&dep).instrument(span).await
 }

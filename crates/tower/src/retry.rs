@@ -419,7 +419,8 @@ where
         if !first_failed {
             let polled = {
                 let _entered = span.enter();
-                attempt.as_mut().poll_answer(cx, RetryBody::live)
+                let dep = &rest.as_ref().expect(FINISHED).dep;
+                attempt.as_mut().poll_answer(cx, dep, RetryBody::live)
             };
             if let Poll::Ready(result) = &polled {
                 match hedge {
@@ -797,7 +798,7 @@ where
                     tree,
                 )
             });
-            first.instrument(span.clone()).await
+            first.answer(&dep).instrument(span.clone()).await
         }
         Ok(admitted) => {
             send_admitted(dep.clone(), svc, policy, req, deadline, admitted, span.clone()).await
