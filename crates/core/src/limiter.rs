@@ -632,8 +632,9 @@ impl Inner {
     }
 
     /// Records an admission and wraps it in a permit.
-    /// `in_flight` is the count this attempt saw, itself included.
-    #[inline]
+    /// `in_flight` is the count this attempt saw, itself included. (Inlined, as its callers
+    /// are: made out of line, the permit is written to memory and read back at once.)
+    #[inline(always)]
     fn admitted(
         this: &Arc<Self>,
         (slot, in_flight): (usize, u64),
