@@ -15,6 +15,13 @@
 //!
 //!     BIN=$(cargo bench -p stormguard-tower --bench stack --no-run 2>&1 | grep -o 'target/[^)]*')
 //!     STACK_CALLS=200000 perf stat -e instructions:u $BIN stormguard    # or stormguard_std_clock
+//!
+//! Timed in one run: with `STACK_RATIO=ROUNDS`, the three stacks are timed in turn, a batch of
+//! 20 000 calls each per round, and the binary prints each one's median and fastest batch and
+//! the added time's ratio (stormguard's over tower's). A process's memory layout moves every
+//! stack's time by up to a tenth, so run several processes and take their median:
+//!
+//!     for i in $(seq 20); do STACK_RATIO=40 taskset -c 1 $BIN | tail -1; done
 
 use std::convert::Infallible;
 use std::hint::black_box;
