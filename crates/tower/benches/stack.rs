@@ -196,6 +196,22 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// tower's own stack over the no-op service: `Retry` with a `TpsBudget`, over
+/// `ConcurrencyLimit`.
+fn tower_stack() -> impl Service<Request<Full<Bytes>>, Response = Resp, Error = Infallible> {
+    let policy = TowerPolicy(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)));
+    ServiceBuilder::new().retry(policy).concurrency_limit(1_000).service(noop::<Full<Bytes>>())
+}
+
+/// The dependency the counted and interleaved modes put the no-op service under (on tokio's
+/// clock, as `Dependency::try_new` is).
+fn counted_dependency(rt: &tokio::runtime::Runtime) -> Dependency {
+    let _guard = rt.enter();
+    let mut c = DependencyConfig::new("bench");
+    c.limiter.cap = 1_000;
+    Dependency::try_new(c).unwrap()
+}
+
 /// `STACK_CALLS=N`: N calls through the stack named by the first argument, not timed.
 fn count(item: &str, n: u64) {
     let rt = runtime();
@@ -206,22 +222,11 @@ fn count(item: &str, n: u64) {
             calls(&rt, n, &mut svc, req);
         }
         "tower" => {
-            let policy = TowerPolicy(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)));
-            let mut svc = ServiceBuilder::new()
-                .retry(policy)
-                .concurrency_limit(1_000)
-                .service(noop::<Full<Bytes>>());
-            calls(&rt, n, &mut svc, req);
+            calls(&rt, n, &mut tower_stack(), req);
         }
         "stormguard" => {
-            let dep = {
-                let _guard = rt.enter();
-                let mut c = DependencyConfig::new("bench");
-                c.limiter.cap = 1_000;
-                Dependency::try_new(c).unwrap()
-            };
-            let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
-            calls(&rt, n, &mut svc, req);
+            let layer = StormguardLayer::new(counted_dependency(&rt)).with_policy(CloneBody);
+            calls(&rt, n, &mut layer.layer(noop()), req);
         }
         // The same over std's monotonic clock: what a build without tokio's `test-util` (on
         // for this crate's benches and tests) reads.
@@ -248,16 +253,8 @@ fn ratio(rounds: usize) {
     let rt = runtime();
     let req = || Request::get("http://dep/x").body(Full::new(Bytes::from_static(b"{}"))).unwrap();
     let mut bare = noop::<Full<Bytes>>();
-    let policy = TowerPolicy(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)));
-    let mut tower =
-        ServiceBuilder::new().retry(policy).concurrency_limit(1_000).service(noop::<Full<Bytes>>());
-    let dep = {
-        let _guard = rt.enter();
-        let mut c = DependencyConfig::new("bench");
-        c.limiter.cap = 1_000;
-        Dependency::try_new(c).unwrap()
-    };
-    let mut sg = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
+    let mut tower = tower_stack();
+    let mut sg = StormguardLayer::new(counted_dependency(&rt)).with_policy(CloneBody).layer(noop());
     let ns = |d: Duration| d.as_nanos() as f64 / BATCH as f64;
     let (mut b, mut t, mut s, mut r) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
