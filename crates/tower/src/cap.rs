@@ -52,6 +52,41 @@ use crate::rate::{RateReservation, UsageTap};
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
+/// The service under the layer, as every function that sends an attempt needs it: sendable
+/// and `'static` with its calls (a call may run on in the background), its errors boxable.
+pub(crate) trait Inner<B, RB>:
+    Service<
+        Request<B>,
+        Response = Response<RB>,
+        Future: Send + 'static,
+        Error: Into<BoxError> + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<S, B, RB> Inner<B, RB> for S
+where
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + 'static,
+{
+}
+
+/// The body of an answer the decision loop may keep (read to its end) or hand on.
+pub(crate) trait LiveBody:
+    Body<Data: Send, Error: Into<BoxError>> + Send + Unpin + 'static
+{
+}
+
+impl<RB> LiveBody for RB
+where
+    RB: Body + Send + Unpin + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+}
+
 /// A first try's slots (under its upstream's cap, and under the total cap when there is one)
 /// and its booking in the provider's window, once admitted.
 #[derive(Debug)]
@@ -220,9 +255,7 @@ pub(crate) fn first_try<S, P, B, RB>(
     tree: Option<TreeContext>,
 ) -> CapFuture<S::Future, RB, S::Error>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
@@ -295,9 +328,7 @@ pub(crate) fn send<S, P, B, RB>(
     target: usize,
 ) -> CapFuture<S::Future, RB, S::Error>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB>,
     P: AttemptPolicy<B>,
     RB: Body + Send + 'static,
 {

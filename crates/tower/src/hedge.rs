@@ -12,13 +12,10 @@
 //! as abandoned). When all fail, the decision loop goes on from the last failure, as after any
 //! failed attempt. A retry is never hedged.
 
-use http::{Request, Response};
 use http_body::Body;
 use stormguard_core::life::AttemptId;
-use tower::Service;
 
-use crate::cap::BoxFuture;
-use crate::error::BoxError;
+use crate::cap::{BoxFuture, Inner};
 use crate::extensions::RateCost;
 use crate::policy::AttemptPolicy;
 use crate::request::{Answer, Rest, send_admitted};
@@ -44,9 +41,7 @@ pub(crate) fn send<S, P, B, RB>(
     hedged: AttemptId,
 ) -> Option<SentHedge<RB>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,

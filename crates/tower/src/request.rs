@@ -10,10 +10,10 @@ use stormguard_core::life::{Admitted, Life};
 use stormguard_core::scope::{FanOutScope, Scope};
 use stormguard_core::tree::TreeContext;
 use stormguard_http::classify::is_idempotent;
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 use tracing::Instrument;
 
-use crate::cap::PermitBody;
+use crate::cap::{Inner, PermitBody};
 use crate::dependency::Dependency;
 use crate::error::BoxError;
 use crate::extensions::{CallerRetry, Deadline, Idempotent, RouteBudget};
@@ -183,9 +183,7 @@ pub(crate) async fn send_admitted<S, P, B, RB>(
     span: tracing::Span,
 ) -> Answer<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB>,
     P: AttemptPolicy<B>,
     RB: Body + Send + 'static,
 {

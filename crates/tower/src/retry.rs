@@ -38,7 +38,7 @@ use stormguard_http::stacked::mark_attempt;
 use tower::Service;
 use tracing::Instrument;
 
-use crate::cap::{BoxFuture, CapFuture, PermitBody};
+use crate::cap::{BoxFuture, CapFuture, Inner, LiveBody, PermitBody};
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
 use crate::extensions::{CallerRetry, QuotaExhausted, RateCost};
@@ -202,14 +202,10 @@ fn answered_failed<S, P, B, RB>(
     (id, number): (AttemptId, u32),
 ) -> BoxFuture<Out<RB>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
+    RB: LiveBody,
 {
     let rest = rest.take().expect(FINISHED);
     Box::pin(after_failure(rest, result, span.clone(), (id, number)))
@@ -221,14 +217,10 @@ where
 /// any attempt's (which, the request being stacked, does not retry it again by default).
 async fn caller_retry<S, P, B, RB>(rest: Box<Rest<S, P, B>>, caller: CallerRetry) -> Out<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
+    RB: LiveBody,
 {
     let dep = &rest.dep;
     let policy = dep.policy();
@@ -358,14 +350,10 @@ impl<S, P, B, RB> Future for RetryFuture<S, P, B, RB> {
 
 impl<S, P, B, RB> Future for First<S, P, B, RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
+    RB: LiveBody,
 {
     type Output = Out<RB>;
 
@@ -404,14 +392,10 @@ fn poll_first<S, P, B, RB>(
     then: &mut Then<RB>,
 ) -> Poll<Out<RB>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
+    RB: LiveBody,
 {
     loop {
         // The first attempt, unless it already failed beside its hedges.
@@ -583,14 +567,10 @@ async fn after_failure<S, P, B, RB>(
     (mut id, mut number): (AttemptId, u32),
 ) -> Out<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
-    RB: Body + Send + Unpin + 'static,
-    RB::Data: Send,
-    RB::Error: Into<BoxError>,
+    RB: LiveBody,
 {
     rest.life();
     let Rest { dep, policy, svc, req, deadline, id: trace, life, .. } = rest;
@@ -775,9 +755,7 @@ async fn single<S, P, B, RB>(
     admitted: Result<Admitted<crate::rate::RateReservation>, Option<TreeContext>>,
 ) -> Out<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + 'static,
+    S: Inner<B, RB> + Clone,
     P: AttemptPolicy<B>,
     B: Send + 'static,
     RB: Body + Send + 'static,
