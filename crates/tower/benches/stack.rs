@@ -14,7 +14,7 @@
 //! reads, less a run of 0 calls, per call:
 //!
 //!     BIN=$(cargo bench -p stormguard-tower --bench stack --no-run 2>&1 | grep -o 'target/[^)]*')
-//!     STACK_CALLS=200000 perf stat -e instructions:u $BIN stormguard    # or stormguard_std_clock
+//!     STACK_CALLS=200000 perf stat -e instructions:u $BIN stormguard
 //!
 //! Timed in one run: with `STACK_RATIO=ROUNDS`, the three stacks are timed in turn, a batch of
 //! 20 000 calls each per round, and the binary prints each one's median and fastest batch and
@@ -144,18 +144,6 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
     });
 
-    // The same over std's monotonic clock: tokio's `Instant::now()` checks for paused time
-    // when tokio's `test-util` feature is on, as it is in this crate's benches and tests.
-    g.bench_function("stormguard_clone_body_std_clock", |b| {
-        let mut c = DependencyConfig::new("bench");
-        c.limiter.cap = 1_000;
-        let dep =
-            Dependency::with_clock(c, Arc::new(stormguard_core::clock::MonotonicClock::new()))
-                .unwrap();
-        let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop::<Full<Bytes>>());
-        b.iter_custom(|iters| calls(&rt, iters, &mut svc, req))
-    });
-
     // A background spawner (as the proxy always has: a timed-out or abandoned attempt runs on),
     // no hedging: the baseline of the next item.
     g.bench_function("stormguard_clone_body_background", |b| {
@@ -204,7 +192,7 @@ fn tower_stack() -> impl Service<Request<Full<Bytes>>, Response = Resp, Error = 
 }
 
 /// The dependency the counted and interleaved modes put the no-op service under (on tokio's
-/// clock, as `Dependency::try_new` is).
+/// clock, as `Dependency::try_new` is: time runs, so it reads the monotonic clock directly).
 fn counted_dependency(rt: &tokio::runtime::Runtime) -> Dependency {
     let _guard = rt.enter();
     let mut c = DependencyConfig::new("bench");
@@ -228,19 +216,7 @@ fn count(item: &str, n: u64) {
             let layer = StormguardLayer::new(counted_dependency(&rt)).with_policy(CloneBody);
             calls(&rt, n, &mut layer.layer(noop()), req);
         }
-        // The same over std's monotonic clock: what a build without tokio's `test-util` (on
-        // for this crate's benches and tests) reads.
-        "stormguard_std_clock" => {
-            let mut c = DependencyConfig::new("bench");
-            c.limiter.cap = 1_000;
-            let clock = Arc::new(stormguard_core::clock::MonotonicClock::new());
-            let dep = Dependency::with_clock(c, clock).unwrap();
-            let mut svc = StormguardLayer::new(dep).with_policy(CloneBody).layer(noop());
-            calls(&rt, n, &mut svc, req);
-        }
-        other => panic!(
-            "STACK_CALLS: no stack {other:?} (bare, tower, stormguard, stormguard_std_clock)"
-        ),
+        other => panic!("STACK_CALLS: no stack {other:?} (bare, tower, stormguard)"),
     }
 }
 

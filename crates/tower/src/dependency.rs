@@ -377,8 +377,10 @@ fn upstream_limiter(config: &DependencyConfig, i: usize) -> LimiterConfig {
 }
 
 impl Dependency {
-    /// Builds a dependency on tokio's clock (paused time moves it too). Must be called inside a
-    /// tokio runtime only if time is paused; otherwise anywhere.
+    /// Builds a dependency on tokio's clock ([`TokioClock::new`]: paused time moves it too when
+    /// time is paused as it is built). Must be called inside a tokio runtime only if time is
+    /// paused; otherwise anywhere. A test that pauses time after building its dependency builds
+    /// it with [`with_clock`](Self::with_clock) on [`TokioClock::reading_tokio`].
     pub fn try_new(config: DependencyConfig) -> Result<Dependency, DependencyError> {
         let clock = TokioClock::new();
         Dependency::build(config, Arc::new(clock), Some(clock), None)
@@ -395,8 +397,8 @@ impl Dependency {
         Dependency::build(config, Arc::new(clock), Some(clock), Some(budget))
     }
 
-    /// Builds a dependency on another clock (a manual clock in a simulation). Sleeps still use
-    /// tokio's timer.
+    /// Builds a dependency on another clock (a manual clock in a simulation, or
+    /// [`TokioClock::reading_tokio`]). Sleeps still use tokio's timer.
     pub fn with_clock(
         config: DependencyConfig,
         clock: Arc<dyn Clock>,
