@@ -317,6 +317,9 @@ pub struct RetryPolicy {
     config: RetryConfig,
     backoff: Backoff,
     budget: Arc<dyn RetryBudget>,
+    /// The budget's [`RetryBudget::counts_successes`], read once: a success asks it beside
+    /// the request's other hot data, without a call through the budget.
+    counts_successes: bool,
     counters: Counters,
     /// Shadow mode off (`true`) or on, starting from `config.enforce`; flipped at run time.
     enforce: AtomicBool,
@@ -347,6 +350,7 @@ impl RetryPolicy {
             enforce: AtomicBool::new(config.enforce),
             retries_enabled: AtomicBool::new(true),
             config,
+            counts_successes: budget.counts_successes(),
             budget,
             counters: Counters::default(),
             hedge_delay: crate::hedge::HedgeDelay::new(),
@@ -424,7 +428,7 @@ impl RetryPolicy {
     /// [`on_success`](Self::on_success), reading the time only if the budget counts successes.
     #[inline]
     pub fn on_success_with(&self, now: impl FnOnce() -> Timestamp, retried: bool) {
-        if self.budget.counts_successes() {
+        if self.counts_successes {
             self.on_success(now(), retried);
         } else {
             self.counters.succeeded();

@@ -140,7 +140,9 @@ pub trait RetryBudget: Send + Sync + fmt::Debug {
     fn snapshot(&self, now: Timestamp) -> BudgetSnapshot;
 
     /// Whether [`record_outcome`](RetryBudget::record_outcome) does anything with a success
-    /// (so a caller can skip reading the clock when it does not). Default true.
+    /// (so a caller can skip reading the clock when it does not). Default true. Fixed for the
+    /// budget's life: a [`RetryPolicy`](crate::decision::RetryPolicy) reads it once, when it is
+    /// built over the budget.
     fn counts_successes(&self) -> bool {
         true
     }
