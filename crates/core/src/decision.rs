@@ -399,6 +399,7 @@ impl RetryPolicy {
     }
 
     /// An original request was admitted to a slot: counted, and deposited in the budget.
+    #[inline]
     pub fn on_admitted(&self, now: Timestamp) {
         self.counters.primary();
         self.budget.record_request(now);
@@ -407,6 +408,7 @@ impl RetryPolicy {
     /// [`on_admitted`](Self::on_admitted) for a request of a call tree: the budget's deposit,
     /// then the tree's entry in the dependency's ledger ([`TreeLedger::arrived`]) — both for a
     /// request that reached the dependency, none for one refused before it.
+    #[inline]
     pub fn on_admitted_in(&self, now: Timestamp, tree: Option<(&TreeLedger, &TreeContext)>) {
         self.on_admitted(now);
         if let Some((ledger, ctx)) = tree {

@@ -755,9 +755,16 @@ impl Inner {
     #[inline]
     fn reclaim_holds(&self, now: Timestamp) {
         // One load on the hot path; the lock only when a hold is due.
-        if now.as_nanos() < self.earliest_hold.load(Ordering::Acquire) {
-            return;
+        if now.as_nanos() >= self.earliest_hold.load(Ordering::Acquire) {
+            self.reclaim_due(now);
         }
+    }
+
+    /// [`reclaim_holds`](Self::reclaim_holds) once a hold is due (apart, so the check stays
+    /// inline where a slot is taken).
+    #[cold]
+    #[inline(never)]
+    fn reclaim_due(&self, now: Timestamp) {
         let due: Vec<usize> = {
             let mut slow = self.slow.lock();
             let mut due = Vec::new();

@@ -943,6 +943,7 @@ impl<B> PermitBody<B> {
 
 /// A booking, with the tap that reads the usage its answer states (see [`PermitBody::with_rate`]).
 #[allow(clippy::type_complexity)]
+#[inline]
 fn settled_from_usage(rate: Option<RateReservation>) -> Option<Box<(RateReservation, UsageTap)>> {
     rate.map(|r| Box::new((r, UsageTap::default())))
 }
@@ -1038,6 +1039,7 @@ pub fn probe(
 }
 
 /// How long an attempt sent at `now` may run: the per-try timeout, cut short by the deadline.
+#[inline]
 pub fn per_try_limit(
     dep: &Dependency,
     now: Timestamp,

@@ -538,6 +538,7 @@ impl Dependency {
     }
 
     /// The time on the dependency's clock.
+    #[inline]
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
     }
@@ -594,11 +595,13 @@ impl Dependency {
     }
 
     /// Rate admission's limits on upstream `i`, when it is on.
+    #[inline]
     pub fn rates_at(&self, i: usize) -> Option<&Rates> {
         self.inner.rates.get(i)
     }
 
     /// The total cap across the upstreams, when there are several and `total_cap` is set.
+    #[inline]
     pub fn total(&self) -> Option<&Limiter> {
         self.inner.total.as_ref()
     }

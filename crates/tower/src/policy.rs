@@ -53,6 +53,7 @@ pub struct Sending {
 impl Sending {
     /// The extensions [`AttemptPolicy::sending`] writes by default: [`UpstreamTarget`] when
     /// the target is not 0, [`TimeLeft`] and [`SlotWait`] when known.
+    #[inline]
     pub fn insert_into(self, extensions: &mut http::Extensions) {
         if self.target != 0 {
             extensions.insert(UpstreamTarget(self.target));

@@ -31,6 +31,7 @@ pub use stormguard_http::rate::{PROVIDER_RETRY_ON, Provider, RateAdmission, Unkn
 /// `Ok(None)` without rate admission; the booking and the wait before its turn (zero: now);
 /// or `Err(Denied::Rate)`, counted as a refused first try, when the turn is past the queue
 /// timeout or the deadline. One step of [`admit_first_try`](crate::cap::admit_first_try).
+#[inline]
 pub(crate) fn book_first_try(
     dep: &Dependency,
     target: usize,
@@ -38,7 +39,21 @@ pub(crate) fn book_first_try(
     deadline: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<Option<(RateReservation, Duration)>, stormguard_core::Denied> {
-    let Some(r) = dep.rates_at(target) else { return Ok(None) };
+    match dep.rates_at(target) {
+        None => Ok(None),
+        Some(r) => book(dep, r, cost, deadline, now),
+    }
+}
+
+/// [`book_first_try`] on an upstream under rate admission (apart: the check above is all most
+/// first tries make, inline).
+fn book(
+    dep: &Dependency,
+    r: &Rates,
+    cost: RateCost,
+    deadline: Option<Timestamp>,
+    now: Timestamp,
+) -> Result<Option<(RateReservation, Duration)>, stormguard_core::Denied> {
     let mut max_wait = dep.config().limiter.queue_timeout;
     if let Some(d) = deadline {
         max_wait = max_wait.min(d.saturating_since(now));
@@ -154,6 +169,7 @@ pub fn book_retry(
 /// extension, read only under rate admission.
 ///
 /// [`QuotaExhausted`]: crate::extensions::QuotaExhausted
+#[inline]
 pub(crate) fn answered_head(
     dep: &Dependency,
     target: usize,
