@@ -297,7 +297,7 @@ pub(crate) fn rate_cost(
     extensions: &http::Extensions,
 ) -> RateCost {
     match dep.rates_at(target) {
-        Some(_) => extensions.get::<RateCost>().copied().unwrap_or_default(),
+        Some(_) => crate::extensions::rate_cost_in(extensions),
         None => RateCost::default(),
     }
 }

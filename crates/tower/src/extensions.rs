@@ -120,6 +120,12 @@ impl BodyReceived {
 /// books (an estimate from a body, [`stormguard_http::provider::estimate`], is one already).
 pub type RateCost = stormguard_core::rate::Tokens;
 
+/// A request's [`RateCost`] from its extensions: none is zero tokens.
+#[inline]
+pub(crate) fn rate_cost_in(extensions: &http::Extensions) -> RateCost {
+    extensions.get::<RateCost>().copied().unwrap_or_default()
+}
+
 /// A response extension: the provider said the account's quota is spent (OpenAI's
 /// `insufficient_quota`), not that a rate was passed. The answer is never retried, and rate
 /// admission holds its upstream for the quota hold. Set by whoever reads the answer's body

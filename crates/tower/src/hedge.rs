@@ -16,7 +16,6 @@ use http_body::Body;
 use stormguard_core::life::AttemptId;
 
 use crate::cap::{BoxFuture, Inner};
-use crate::extensions::RateCost;
 use crate::policy::AttemptPolicy;
 use crate::request::{Answer, Rest, send_admitted};
 use crate::span::attempt_span;
@@ -49,7 +48,7 @@ where
     let now = rest.dep.now();
     let body = rest.policy.clone_body(&rest.req.body);
     let replayable = body.is_some();
-    let cost = rest.req.head.extensions.get::<RateCost>().copied().unwrap_or_default();
+    let cost = crate::extensions::rate_cost_in(&rest.req.head.extensions);
     let dep = rest.dep.clone();
     let gates = dep.gates(cost);
     let life = rest.life();

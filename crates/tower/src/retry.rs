@@ -41,7 +41,7 @@ use tracing::Instrument;
 use crate::cap::{BoxFuture, CapFuture, Inner, LiveBody, PermitBody};
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{CallerRetry, QuotaExhausted, RateCost};
+use crate::extensions::{CallerRetry, QuotaExhausted};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 pub use crate::policy::{AttemptPolicy, CloneBody, Replay};
 use crate::record::{TraceOp, reached_budget};
@@ -105,10 +105,7 @@ where
         // With several upstreams, the first whose breaker is not open.
         let target = match dep.upstream_count() {
             1 => 0,
-            _ => dep.primary_target(
-                now,
-                req.extensions().get::<RateCost>().copied().unwrap_or_default(),
-            ),
+            _ => dep.primary_target(now, crate::extensions::rate_cost_in(req.extensions())),
         };
         if let Some(caller) = caller {
             // The readied service goes with the request, as below.
@@ -228,7 +225,7 @@ where
     let head = &rest.req.head;
     let span =
         attempt_span(dep, &head.method, &head.uri, rest.target, caller.attempt.saturating_sub(1));
-    let cost = head.extensions.get::<RateCost>().copied().unwrap_or_default();
+    let cost = crate::extensions::rate_cost_in(&head.extensions);
     let gates = dep.gates(cost);
     let facts = request_facts(dep, head, rest.deadline, true);
     let tree = rest.tree;
@@ -576,7 +573,7 @@ where
     let Rest { dep, policy, svc, req, deadline, id: trace, life, .. } = rest;
     let mut life = life.expect("made above");
     let config = dep.config();
-    let gates = dep.gates(req.head.extensions.get::<RateCost>().copied().unwrap_or_default());
+    let gates = dep.gates(crate::extensions::rate_cost_in(&req.head.extensions));
     let mut rng = dep.request_rng();
     loop {
         let now = dep.now();
