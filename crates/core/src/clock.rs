@@ -126,15 +126,13 @@ impl MonotonicClock {
         MonotonicClock::with_origin(Instant::now())
     }
 
-    /// A clock whose zero is `origin`. Read directly, the origin is placed within a read's
-    /// time (tens of nanoseconds) of `origin`: a timestamp and [`timestamp_of`] of the same
-    /// moment may differ by that much.
+    /// A clock whose zero is `origin`. Read directly, the origin's reading is taken between two
+    /// reads of `Instant` (the closest of a few tries): the clock may run behind
+    /// [`timestamp_of`] by up to that gap (tens of nanoseconds), never ahead of it.
     ///
     /// [`timestamp_of`]: Self::timestamp_of
     pub fn with_origin(origin: Instant) -> MonotonicClock {
-        let direct = direct::nanos();
-        let since = duration_nanos(Instant::now().saturating_duration_since(origin));
-        MonotonicClock { origin, direct_origin: direct.saturating_sub(since) }
+        MonotonicClock { origin, direct_origin: direct_origin(origin) }
     }
 
     /// The `Timestamp` of an `Instant` (zero for instants before the origin).
@@ -158,6 +156,35 @@ impl Clock for MonotonicClock {
             self.timestamp_of(Instant::now())
         }
     }
+}
+
+/// The direct clock's reading at `origin`, or a little after it: `Instant` is read, then the
+/// clock, then `Instant` again, and the reading less the time from `origin` to the first read
+/// is kept — never before the origin's own reading, later by at most the gap between the two
+/// reads of `Instant`. A try whose gap is wide (the thread was preempted between the reads) is
+/// made again, a few times at most, keeping the closest.
+fn direct_origin(origin: Instant) -> u64 {
+    if !direct::READS {
+        return 0;
+    }
+    let mut closest = (u64::MAX, 0);
+    for _ in 0..8 {
+        let before = Instant::now();
+        let reading = direct::nanos();
+        let gap = duration_nanos(Instant::now().saturating_duration_since(before));
+        if gap < closest.0 {
+            let at_origin = match origin.checked_duration_since(before) {
+                // An origin still to come: its reading is later than this one.
+                Some(ahead) => reading.saturating_add(duration_nanos(ahead)),
+                None => reading.saturating_sub(duration_nanos(before.duration_since(origin))),
+            };
+            closest = (gap, at_origin);
+        }
+        if gap < 1_000 {
+            break;
+        }
+    }
+    closest.1
 }
 
 /// The monotonic clock without `Instant`.
@@ -235,6 +262,27 @@ mod tests {
         assert_eq!(c.now(), Timestamp::from_millis(10));
         c.advance(Duration::from_millis(1));
         assert_eq!(c.now().as_millis(), 11);
+    }
+
+    #[test]
+    fn the_monotonic_clock_never_runs_ahead_of_instant() {
+        // Read directly (Linux), a timestamp is never later than the same clock's reading of
+        // an `Instant` taken after it, and moves with it.
+        let c = MonotonicClock::new();
+        let past = MonotonicClock::with_origin(Instant::now() - Duration::from_millis(50));
+        let future = MonotonicClock::with_origin(Instant::now() + Duration::from_secs(60));
+        for _ in 0..10_000 {
+            let (t, p, f) = (c.now(), past.now(), future.now());
+            let i = Instant::now();
+            assert!(t <= c.timestamp_of(i), "{t:?} against {:?}", c.timestamp_of(i));
+            assert!(p <= past.timestamp_of(i) && p >= Timestamp::from_millis(50));
+            // Before its origin, zero either way.
+            assert_eq!((f, future.timestamp_of(i)), (Timestamp::ZERO, Timestamp::ZERO));
+        }
+        let (t0, i0) = (c.now(), Instant::now());
+        std::thread::sleep(Duration::from_millis(2));
+        let (i1, t1) = (Instant::now(), c.now());
+        assert!(t1.nanos_since(t0) >= duration_nanos(i1 - i0));
     }
 
     #[test]
