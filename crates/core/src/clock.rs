@@ -111,8 +111,8 @@ impl<C: Clock + ?Sized> Clock for &C {
 ///
 /// On Linux a read is `CLOCK_MONOTONIC` (the clock std's [`Instant`] reads there) taken as
 /// nanoseconds and less the origin's: one subtraction, where going through `Instant` costs
-/// std's checked `Timespec` arithmetic and a `Duration` on every read (about 10 ns of a
-/// permit's two reads each, on the tower stack's bench). Elsewhere it reads `Instant`.
+/// std's checked `Timespec` arithmetic and a `Duration` on every read (about 10 ns a read on
+/// the tower stack's bench, which reads twice a request). Elsewhere it reads `Instant`.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     origin: Instant,
