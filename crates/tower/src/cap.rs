@@ -288,16 +288,12 @@ where
     }
 }
 
-/// What a request costs in its provider's window (the [`RateCost`] it carries), when upstream
-/// `target` is under rate admission.
+/// What a request costs in upstream `target`'s provider window: the [`RateCost`] it carries
+/// (`asked`, read from its extensions once), when that upstream is under rate admission.
 #[inline]
-pub(crate) fn rate_cost(
-    dep: &Dependency,
-    target: usize,
-    extensions: &http::Extensions,
-) -> RateCost {
+pub(crate) fn rate_cost(dep: &Dependency, target: usize, asked: RateCost) -> RateCost {
     match dep.rates_at(target) {
-        Some(_) => crate::extensions::rate_cost_in(extensions),
+        Some(_) => asked,
         None => RateCost::default(),
     }
 }

@@ -102,10 +102,12 @@ where
         if id.is_some() && caller.is_none() {
             dep.record(id, now, TraceOp::Request);
         }
-        // With several upstreams, the first whose breaker is not open.
+        // The request's cost in a provider's window, read once; with several upstreams, the
+        // first whose breaker is not open (and whose window has room for it).
+        let asked = crate::extensions::rate_cost_in(req.extensions());
         let target = match dep.upstream_count() {
             1 => 0,
-            _ => dep.primary_target(now, crate::extensions::rate_cost_in(req.extensions())),
+            _ => dep.primary_target(now, asked),
         };
         if let Some(caller) = caller {
             // The readied service goes with the request, as below.
@@ -136,7 +138,7 @@ where
         // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
         // attempt); retries carry their number.
         let spare = first.clone();
-        let cost = crate::cap::rate_cost(&dep, target, req.extensions());
+        let cost = crate::cap::rate_cost(&dep, target, asked);
         let req = Original::new(req);
         let attempt = {
             let _entered = span.enter();
@@ -761,7 +763,8 @@ where
         // A first try (with its call tree's context): `svc` is the service `poll_ready` readied.
         Err(tree) => {
             let first = span.in_scope(|| {
-                let cost = crate::cap::rate_cost(&dep, target, req.extensions());
+                let asked = crate::extensions::rate_cost_in(req.extensions());
+                let cost = crate::cap::rate_cost(&dep, target, asked);
                 crate::cap::first_try(
                     &dep,
                     &mut svc,
