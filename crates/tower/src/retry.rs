@@ -41,7 +41,7 @@ use tracing::Instrument;
 use crate::cap::{BoxFuture, CapFuture, Inner, LiveBody, PermitBody};
 use crate::dependency::Dependency;
 use crate::error::{BoxError, StormguardError, classify_error};
-use crate::extensions::{CallerRetry, QuotaExhausted};
+use crate::extensions::{CallerRetry, QuotaExhausted, RateCost};
 pub use crate::extensions::{Deadline, Idempotent, RouteBudget};
 pub use crate::policy::{AttemptPolicy, CloneBody, Replay};
 use crate::record::{TraceOp, reached_budget};
@@ -128,17 +128,18 @@ where
             return RetryFuture::boxed(Box::pin(caller_retry(rest, caller)));
         }
         let span = attempt_span(&dep, req.method(), req.uri(), target, 0);
+        let cost = crate::cap::rate_cost(&dep, target, asked);
         // The first attempt sends a copy too: the original keeps the body for the next one.
         let Some(body) = policy.clone_body(req.body()) else {
             // The readied service goes with the request (it may hold what `poll_ready` reserved).
             let svc = crate::cap::take_ready(first);
-            let fut = single(dep, svc, policy, req, (deadline, now, target), id, span, Err(tree));
+            let admitted = Err((tree, cost));
+            let fut = single(dep, svc, policy, req, (deadline, now, target), id, span, admitted);
             return RetryFuture::boxed(Box::pin(fut));
         };
         // The first attempt goes unmarked (a request without `x-stormguard-attempt` is a first
         // attempt); retries carry their number.
         let spare = first.clone();
-        let cost = crate::cap::rate_cost(&dep, target, asked);
         let req = Original::new(req);
         let attempt = {
             let _entered = span.enter();
@@ -741,7 +742,8 @@ fn not_retried(source: BoxError, reason: Denied) -> BoxError {
 }
 
 /// Sends a request whose body can't be copied, once, with no retry, in `span`: a first try
-/// (`Err`, with its call tree's context) or an attempt already admitted.
+/// (`Err`, with its call tree's context and its cost in the provider's window) or an attempt
+/// already admitted.
 #[allow(clippy::too_many_arguments)]
 async fn single<S, P, B, RB>(
     dep: Dependency,
@@ -751,7 +753,7 @@ async fn single<S, P, B, RB>(
     (deadline, now, target): (Option<Timestamp>, Timestamp, usize),
     id: Option<u64>,
     span: tracing::Span,
-    admitted: Result<Admitted<crate::rate::RateReservation>, Option<TreeContext>>,
+    admitted: Result<Admitted<crate::rate::RateReservation>, (Option<TreeContext>, RateCost)>,
 ) -> Out<RB>
 where
     S: Inner<B, RB> + Clone,
@@ -761,10 +763,8 @@ where
 {
     let answer = match admitted {
         // A first try (with its call tree's context): `svc` is the service `poll_ready` readied.
-        Err(tree) => {
+        Err((tree, cost)) => {
             let first = span.in_scope(|| {
-                let asked = crate::extensions::rate_cost_in(req.extensions());
-                let cost = crate::cap::rate_cost(&dep, target, asked);
                 crate::cap::first_try(
                     &dep,
                     &mut svc,
