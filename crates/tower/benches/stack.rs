@@ -18,10 +18,14 @@
 //!
 //! Timed in one run: with `STACK_RATIO=ROUNDS`, the three stacks are timed in turn, a batch of
 //! 20 000 calls each per round, and the binary prints each one's median and fastest batch and
-//! the added time's ratio (stormguard's over tower's). A process's memory layout moves every
-//! stack's time by up to a tenth, so run several processes and take their median:
+//! the added time's ratio (stormguard's over tower's). A process's memory layout (address
+//! randomisation draws a new one each run) moves every stack's time by up to a tenth and one
+//! process's ratio by up to ±0.4, so run many processes and take their median:
 //!
-//!     for i in $(seq 20); do STACK_RATIO=40 taskset -c 1 $BIN | tail -1; done
+//!     for i in $(seq 60); do STACK_RATIO=40 taskset -c 1 $BIN | tail -1; done
+//!
+//! (With `setarch -R` before `taskset` every process gets the same layout, and one process's
+//! ratio stays within ±0.03: good for comparing two builds, but it is one layout's figure.)
 
 use std::convert::Infallible;
 use std::hint::black_box;
